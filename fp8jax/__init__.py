@@ -1,0 +1,30 @@
+"""fp8jax: DeepSeek-V3-style fine-grained FP8 training in JAX.
+
+Public contract (see DESIGN.md): formats, quantize/dequantize, Recipe and its
+presets, and a differentiable FP8 ``dot_general``.
+"""
+
+from fp8jax import formats, recipes, scaling
+from fp8jax.formats import E4M3, E4M3FNUZ, E5M2, E5M2FNUZ, E8M0, saturating_cast
+from fp8jax.quant import QTensor, dequantize, quantize
+from fp8jax.recipes import Accumulation, DelayedConfig, GemmSpec, QuantSpec, Recipe
+
+__all__ = [
+    "E4M3",
+    "E5M2",
+    "E4M3FNUZ",
+    "E5M2FNUZ",
+    "E8M0",
+    "saturating_cast",
+    "QTensor",
+    "quantize",
+    "dequantize",
+    "Recipe",
+    "QuantSpec",
+    "GemmSpec",
+    "Accumulation",
+    "DelayedConfig",
+    "formats",
+    "recipes",
+    "scaling",
+]

@@ -1,0 +1,257 @@
+"""Recipes: the one place that decides the precision of every GEMM.
+
+A linear layer y = x W runs three GEMMs:
+
+* **fprop**  y  = x  @ W     contraction over K (features in)
+* **dgrad**  dx = dy @ W^T   contraction over N (features out)
+* **wgrad**  dW = x^T @ dy   contraction over M (tokens)
+
+A :class:`Recipe` gives, for each GEMM, a :class:`QuantSpec` for each of its
+two operands.  Granularities are *relative to that GEMM's contraction axis*:
+
+* ``"tensor"``: one scale for the whole operand;
+* ``"row"``: one scale per index of the non-contracted axis (a row of x, a
+  column of W), i.e. reduced over the whole contraction axis;
+* ``"tile"``: one scale per 1 x ``tile`` slice along the contraction axis
+  (DeepSeek-V3's 1x128 activation tiles; for wgrad the contraction axis is the
+  token axis, so these are the 128x1 tiles of the paper);
+* ``"block"``: one scale per ``tile`` x ``tile`` block over (contraction,
+  non-contracted) -- the 128x128 weight blocks, which serve W and W^T alike.
+
+``fmt=None`` means "no quantization": the operand is cast to
+``Recipe.compute_dtype`` (bfloat16 in the bf16 baseline).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import jax.numpy as jnp
+
+GRANULARITIES = ("tensor", "row", "tile", "block")
+SCALINGS = ("current", "delayed")
+IMPLS = ("auto", "xla", "pallas")
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one operand of one GEMM is quantized.
+
+    Attributes:
+      fmt: format name ("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz") or None for no
+        quantization (cast to the recipe's compute dtype).
+      granularity: one of GRANULARITIES, relative to the GEMM's contraction axis.
+      tile: tile / block edge (128 in DeepSeek-V3).
+      scaling: "current" (scale from this tensor's own amax, every step) or
+        "delayed" (scale from an amax history of previous steps).
+      pow2: round every scale up to a power of two (UE8M0 scales).
+      amax_floor: amax is clamped to at least this before dividing by the
+        format max (0 keeps only the amax == 0 guard).
+    """
+
+    fmt: str | None = "e4m3"
+    granularity: str = "tile"
+    tile: int = 128
+    scaling: str = "current"
+    pow2: bool = False
+    amax_floor: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(
+                f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}"
+            )
+        if self.scaling not in SCALINGS:
+            raise ValueError(f"scaling must be one of {SCALINGS}, got {self.scaling!r}")
+        if self.tile <= 0:
+            raise ValueError(f"tile must be positive, got {self.tile}")
+        if self.scaling == "delayed" and self.granularity != "tensor":
+            # A delayed history is one amax per tensor; per-tile histories would
+            # need shape-dependent state. Fine-grained scaling is online.
+            raise ValueError("delayed scaling is supported for granularity='tensor' only")
+
+    @property
+    def quantized(self) -> bool:
+        return self.fmt is not None
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """Quantization of the two operands of one GEMM (lhs @ rhs)."""
+
+    lhs: QuantSpec
+    rhs: QuantSpec
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """Limited-precision accumulation model of an FP8 tensor core.
+
+    Within each group of ``block`` products (plus the running accumulator),
+    values are aligned to the group's largest exponent and truncated toward
+    zero to ``frac_bits`` fraction bits below it; the group is summed exactly
+    and the result truncated to ``frac_bits``.  Every ``promote_every``
+    elements of K the partial sum is added into an FP32 accumulator and reset
+    (None: never promoted).  Defaults: the Hopper model, with DeepSeek-V3's
+    promotion interval N_C = 128.
+    """
+
+    block: int = 32
+    frac_bits: int = 13
+    promote_every: int | None = 128
+
+
+@dataclass(frozen=True)
+class DelayedConfig:
+    """Amax-history settings for delayed scaling (Transformer Engine style).
+
+    scale = 2^-margin * amax_from_history / fmt_max, with amax_from_history the
+    max over the history ("max") or its newest entry ("most_recent").
+    """
+
+    history_len: int = 16
+    algo: str = "max"
+    margin: int = 0
+
+    def __post_init__(self) -> None:
+        if self.algo not in ("max", "most_recent"):
+            raise ValueError(f"amax algo must be 'max' or 'most_recent', got {self.algo!r}")
+        if self.history_len < 1:
+            raise ValueError("history_len must be >= 1")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Precision of the three GEMMs of a linear layer.
+
+    fprop: (x, w); dgrad: (dy, w); wgrad: (x, dy).
+    ``compute_dtype`` is what unquantized operands are cast to; ``accumulation``
+    switches on the (slow) tensor-core accumulation emulator for analysis runs;
+    ``impl`` picks the GEMM implementation ("auto": a Pallas FP8 kernel on
+    Hopper GPUs when one exists for the recipe, XLA elsewhere; "xla" never
+    uses the kernel; "pallas" insists on it).  ``dequant_dtype`` is what the
+    XLA path dequantizes FP8 operands into before a float32-accumulated dot:
+    "float32" is exact up to one rounding of data * scale; "bfloat16" is
+    exact for power-of-two scales, else adds <= 2^-9 relative rounding, and
+    is 2-3x faster on CPU.
+    """
+
+    name: str
+    fprop: GemmSpec
+    dgrad: GemmSpec
+    wgrad: GemmSpec
+    compute_dtype: str = "bfloat16"
+    accumulation: Accumulation | None = None
+    delayed: DelayedConfig = field(default_factory=DelayedConfig)
+    impl: str = "auto"
+    dequant_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
+        if self.dequant_dtype not in ("float32", "bfloat16"):
+            raise ValueError("dequant_dtype must be 'float32' or 'bfloat16'")
+
+    @property
+    def compute(self) -> jnp.dtype:
+        return jnp.dtype(self.compute_dtype)
+
+    def specs(self) -> dict[str, QuantSpec]:
+        """All six operand specs by name: fprop_x, fprop_w, dgrad_dy, ..."""
+        return {
+            "fprop_x": self.fprop.lhs,
+            "fprop_w": self.fprop.rhs,
+            "dgrad_dy": self.dgrad.lhs,
+            "dgrad_w": self.dgrad.rhs,
+            "wgrad_x": self.wgrad.lhs,
+            "wgrad_dy": self.wgrad.rhs,
+        }
+
+    @property
+    def is_fp8(self) -> bool:
+        return any(s.quantized for s in self.specs().values())
+
+
+def needs_state(recipe: Recipe) -> bool:
+    """True when the recipe uses delayed scaling (a DelayedGemmState is needed)."""
+    return any(s.quantized and s.scaling == "delayed" for s in recipe.specs().values())
+
+
+def replace(recipe: Recipe, **changes) -> Recipe:
+    """dataclasses.replace, re-exported for convenience."""
+    return dataclasses.replace(recipe, **changes)
+
+
+def _uniform(name: str, spec_x: QuantSpec, spec_w: QuantSpec, spec_dy: QuantSpec, **kw) -> Recipe:
+    return Recipe(
+        name=name,
+        fprop=GemmSpec(spec_x, spec_w),
+        dgrad=GemmSpec(spec_dy, spec_w),
+        wgrad=GemmSpec(spec_x, spec_dy),
+        **kw,
+    )
+
+
+def deepseek_v3(pow2: bool = False, accumulation: Accumulation | None = None) -> Recipe:
+    """DeepSeek-V3: unified E4M3, online scaling, 1x128 tiles / 128x128 blocks.
+
+    Activations and gradients: 1x128 tiles along each GEMM's contraction axis
+    (128x1 along tokens for wgrad); weights: 128x128 blocks.  amax is clamped
+    to >= 1e-4 as in DeepSeek's training framework.  ``accumulation`` enables
+    the emulated 14-bit accumulation with promotion every 128 (analysis only).
+    """
+    act = QuantSpec("e4m3", "tile", 128, "current", pow2, 1e-4)
+    wgt = QuantSpec("e4m3", "block", 128, "current", pow2, 1e-4)
+    return _uniform("deepseek_v3", act, wgt, act, accumulation=accumulation)
+
+
+def hybrid_delayed(history_len: int = 16, algo: str = "max", margin: int = 0) -> Recipe:
+    """Transformer Engine / Flax default: per-tensor delayed scaling, E4M3 fwd, E5M2 grads."""
+    fwd = QuantSpec("e4m3", "tensor", scaling="delayed")
+    bwd = QuantSpec("e5m2", "tensor", scaling="delayed")
+    return _uniform(
+        "hybrid_delayed", fwd, fwd, bwd, delayed=DelayedConfig(history_len, algo, margin)
+    )
+
+
+def current_tensor(fmt_grad: str = "e4m3") -> Recipe:
+    """Per-tensor current scaling (scale from this step's amax), E4M3 everywhere."""
+    fwd = QuantSpec("e4m3", "tensor")
+    return _uniform("current_tensor", fwd, fwd, QuantSpec(fmt_grad, "tensor"))
+
+
+def rowwise() -> Recipe:
+    """Per-row (activations, gradients) / per-column (weights) current scaling, E4M3."""
+    spec = QuantSpec("e4m3", "row")
+    return _uniform("rowwise", spec, spec, spec)
+
+
+def bf16() -> Recipe:
+    """The baseline: every GEMM in bfloat16 with float32 accumulation."""
+    spec = QuantSpec(None, "tensor")
+    return _uniform("bf16", spec, spec, spec)
+
+
+def fp32() -> Recipe:
+    """Everything in float32 (a reference for numerics experiments)."""
+    spec = QuantSpec(None, "tensor")
+    return _uniform("fp32", spec, spec, spec, compute_dtype="float32")
+
+
+PRESETS = {
+    "deepseek_v3": deepseek_v3,
+    "hybrid_delayed": hybrid_delayed,
+    "current_tensor": current_tensor,
+    "rowwise": rowwise,
+    "bf16": bf16,
+    "fp32": fp32,
+}
+
+
+def get(name: str) -> Recipe:
+    """A preset by name (see PRESETS)."""
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ValueError(f"unknown recipe {name!r}; presets: {sorted(PRESETS)}") from None
