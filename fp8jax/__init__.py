@@ -5,9 +5,10 @@ presets, and a differentiable FP8 ``dot_general``.
 """
 
 from fp8jax import formats, recipes, scaling
+from fp8jax.dot_general import dot_general, make_dot_general
 from fp8jax.formats import E4M3, E4M3FNUZ, E5M2, E5M2FNUZ, E8M0, saturating_cast
 from fp8jax.quant import QTensor, dequantize, quantize
-from fp8jax.recipes import Accumulation, DelayedConfig, GemmSpec, QuantSpec, Recipe
+from fp8jax.recipes import Accumulation, DelayedConfig, GemmSpec, QuantSpec, Recipe, needs_state
 
 __all__ = [
     "E4M3",
@@ -16,6 +17,9 @@ __all__ = [
     "E5M2FNUZ",
     "E8M0",
     "saturating_cast",
+    "dot_general",
+    "make_dot_general",
+    "needs_state",
     "QTensor",
     "quantize",
     "dequantize",
