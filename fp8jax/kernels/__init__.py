@@ -1,0 +1,37 @@
+"""FP8 GEMM kernels: block-scaled (DeepSeek-V3 1x128 / 128x128) Pallas kernels and dispatch.
+
+See docs/kernels.md.  The Pallas kernels use the Triton lowering on Hopper+
+NVIDIA GPUs and Pallas interpret mode elsewhere (tests).
+"""
+
+from fp8jax.kernels.block_gemm import (
+    block_scaled_matmul,
+    block_scaled_matmul_nt,
+    block_scaled_matmul_reference,
+)
+from fp8jax.kernels.dispatch import (
+    kernel_available,
+    maybe_block_gemm,
+    maybe_grouped_block_gemm,
+    resolve_impl,
+)
+from fp8jax.kernels.grouped_block_gemm import (
+    aligned_group_layout,
+    grouped_block_scaled_matmul,
+    grouped_block_scaled_matmul_aligned,
+    grouped_block_scaled_matmul_reference,
+)
+
+__all__ = [
+    "aligned_group_layout",
+    "block_scaled_matmul",
+    "block_scaled_matmul_nt",
+    "block_scaled_matmul_reference",
+    "grouped_block_scaled_matmul",
+    "grouped_block_scaled_matmul_aligned",
+    "grouped_block_scaled_matmul_reference",
+    "kernel_available",
+    "maybe_block_gemm",
+    "maybe_grouped_block_gemm",
+    "resolve_impl",
+]
