@@ -1,0 +1,248 @@
+"""Block-scaled FP8 GEMM kernel (Pallas interpret mode on CPU) vs a float64 numpy oracle."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fp8jax.kernels import block_gemm as bg
+from fp8jax.kernels import dispatch
+
+E4M3 = ml_dtypes.float8_e4m3fn
+E5M2 = ml_dtypes.float8_e5m2
+U32 = 2.0**-24  # unit roundoff of float32
+U_BF16 = 2.0**-8  # unit roundoff of bfloat16
+
+
+# ----------------------------------------------------------------------------
+# independent float64 oracle
+# ----------------------------------------------------------------------------
+
+
+def fp8(rng, shape, dtype=E4M3, spread=100.0):
+    """Random FP8 data covering most of the E4M3 range (saturated by clipping)."""
+    x = rng.standard_normal(shape) * spread
+    fmax = float(ml_dtypes.finfo(dtype).max)
+    return np.clip(x, -fmax, fmax).astype(dtype)
+
+
+def scales(rng, shape):
+    """Non-power-of-two float32 scales over three decades."""
+    return (10.0 ** rng.uniform(-4, -1, shape)).astype(np.float32)
+
+
+def dequant_rows(data, scale):
+    """(M, K) data with one scale per 1x128 tile -> float64."""
+    k = data.shape[1]
+    return data.astype(np.float64) * np.repeat(scale.astype(np.float64), 128, axis=1)[:, :k]
+
+
+def dequant_blocks(data, scale):
+    """(K, N) data with one scale per 128x128 block -> float64."""
+    k, n = data.shape
+    s = np.repeat(np.repeat(scale.astype(np.float64), 128, axis=0), 128, axis=1)[:k, :n]
+    return data.astype(np.float64) * s
+
+
+def oracle(a, sa, b, sb):
+    """Exact result (float64) and |A| @ |B| (the scale of rounding errors)."""
+    a64, b64 = dequant_rows(a, sa), dequant_blocks(b, sb)
+    return a64 @ b64, np.abs(a64) @ np.abs(b64)
+
+
+def tolerance(mag, ref, k, out_dtype):
+    """FP32 accumulation bound plus one rounding to the output dtype.
+
+    Each 128-chunk sum (<= 127 roundings), two scale products and one add per
+    chunk into the accumulator: error <= (k + 3 * ceil(k/128) + 4) * u32 * (|A|@|B|).
+    """
+    kc = bg.cdiv(k, 128)
+    tol = (k + 3 * kc + 4) * U32 * mag
+    if jnp.dtype(out_dtype) == jnp.bfloat16:
+        tol = tol + U_BF16 * np.abs(ref)
+    return tol + 1e-30
+
+
+def make_case(seed, m, k, n, dtype=E4M3):
+    rng = np.random.default_rng(seed)
+    a, b = fp8(rng, (m, k), dtype), fp8(rng, (k, n), dtype)
+    sa, sb = scales(rng, (m, bg.cdiv(k, 128))), scales(rng, (bg.cdiv(k, 128), bg.cdiv(n, 128)))
+    return a, sa, b, sb
+
+
+def assert_close(got, a, sa, b, sb, out_dtype):
+    ref, mag = oracle(a, sa, b, sb)
+    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    assert got.shape == ref.shape
+    err = np.abs(got - ref)
+    tol = tolerance(mag, ref, a.shape[1], out_dtype)
+    worst = np.unravel_index(np.argmax(err / tol), err.shape)
+    assert np.all(err <= tol), f"max err/tol {np.max(err / tol):.3g} at {worst}"
+
+
+# ----------------------------------------------------------------------------
+# kernel in interpret mode
+# ----------------------------------------------------------------------------
+
+# (M, K, N, block_m, block_n): ragged in every dim, several tiles and K chunks,
+# a single row, and an exact multiple of the tiles.
+SHAPES = [
+    (37, 300, 200, 16, 64),
+    (64, 256, 256, 32, 128),
+    (1, 130, 7, 16, 32),
+    (20, 128, 129, 16, 128),
+]
+
+
+@pytest.mark.parametrize(
+    "m,k,n,bm,bn,out_dtype",
+    [(*s, jnp.float32) for s in SHAPES] + [(*s, jnp.bfloat16) for s in SHAPES[::2]],
+)
+def test_kernel_matches_float64(m, k, n, bm, bn, out_dtype):
+    a, sa, b, sb = make_case(m * 7 + k + n, m, k, n)
+    got = bg.block_scaled_matmul(
+        a, sa, b, sb, out_dtype=out_dtype, block_m=bm, block_n=bn, interpret=True
+    )
+    assert got.dtype == jnp.dtype(out_dtype)
+    assert_close(got, a, sa, b, sb, out_dtype)
+
+
+@pytest.mark.parametrize("m,k,n,bm,bn", SHAPES[:2])
+def test_kernel_nt_layout_matches_float64(m, k, n, bm, bn):
+    a, sa, b, sb = make_case(1 + m, m, k, n)
+    got = bg.block_scaled_matmul_nt(
+        a,
+        sa,
+        np.ascontiguousarray(b.T),
+        np.ascontiguousarray(sb.T),
+        out_dtype=jnp.float32,
+        block_m=bm,
+        block_n=bn,
+        interpret=True,
+    )
+    assert_close(got, a, sa, b, sb, jnp.float32)
+
+
+def test_kernel_e5m2_operands():
+    a, sa, b, sb = make_case(3, 24, 260, 70, dtype=E5M2)
+    got = bg.block_scaled_matmul(a, sa, b, sb, out_dtype=jnp.float32, block_m=16, interpret=True)
+    assert_close(got, a, sa, b, sb, jnp.float32)
+
+
+def test_scales_are_applied_per_chunk_and_block():
+    """Scaling one K chunk of one row, or one 128x128 block of B, changes exactly its share."""
+    a, sa, b, sb = make_case(5, 16, 256, 256)
+    base = np.asarray(bg.block_scaled_matmul(a, sa, b, sb, out_dtype=jnp.float32, interpret=True))
+    sb2 = sb.copy()
+    sb2[1, 0] *= 4.0  # K chunk 1, N block 0
+    got = np.asarray(bg.block_scaled_matmul(a, sa, b, sb2, out_dtype=jnp.float32, interpret=True))
+    assert_close(got, a, sa, b, sb2, jnp.float32)
+    np.testing.assert_array_equal(got[:, 128:], base[:, 128:])
+    assert np.all(got[:, :128] != base[:, :128])
+
+
+def test_reference_matches_float64():
+    for m, k, n, _, _ in SHAPES[:2]:
+        a, sa, b, sb = make_case(11 + k, m, k, n)
+        for out_dtype in (jnp.float32, jnp.bfloat16):
+            got = bg.block_scaled_matmul_reference(a, sa, b, sb, out_dtype=out_dtype)
+            assert_close(got, a, sa, b, sb, out_dtype)
+
+
+def test_kernel_jits_and_has_no_padding_leak():
+    """Inside jit, with inputs whose padded region would matter if not zero/one."""
+    a, sa, b, sb = make_case(9, 17, 140, 33)
+    f = jax.jit(lambda *xs: bg.block_scaled_matmul(*xs, out_dtype=jnp.float32, interpret=True))
+    assert_close(f(a, sa, b, sb), a, sa, b, sb, jnp.float32)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda a, sa, b, sb: (a, sa[:, :1], b, sb), "a_scale"),
+        (lambda a, sa, b, sb: (a, sa, b, sb[:1]), "b_scale"),
+        (lambda a, sa, b, sb: (a, sa, b[:-1], sb), "contraction"),
+        (lambda a, sa, b, sb: (a, sa.astype(np.float64), b, sb), "float32"),
+        (lambda a, sa, b, sb: (a, sa, b.astype(E5M2), sb), "share a dtype"),
+        (lambda a, sa, b, sb: (a.astype(np.float32), sa, b, sb), "float8"),
+    ],
+)
+def test_bad_inputs_raise(change, match):
+    args = change(*make_case(0, 8, 256, 128))
+    with pytest.raises((ValueError, TypeError), match=match):
+        bg.block_scaled_matmul(*args, interpret=True)
+
+
+@pytest.mark.parametrize("bm,bn", [(24, 128), (8, 128), (128, 256), (128, 96)])
+def test_bad_blocks_raise(bm, bn):
+    a, sa, b, sb = make_case(0, 8, 128, 128)
+    with pytest.raises(ValueError, match="block_"):
+        bg.block_scaled_matmul(a, sa, b, sb, block_m=bm, block_n=bn, interpret=True)
+
+
+def test_bad_out_dtype_raises():
+    a, sa, b, sb = make_case(0, 8, 128, 128)
+    with pytest.raises(TypeError, match="out_dtype"):
+        bg.block_scaled_matmul(a, sa, b, sb, out_dtype=jnp.float16, interpret=True)
+
+
+# ----------------------------------------------------------------------------
+# dispatch
+# ----------------------------------------------------------------------------
+
+
+def test_resolve_impl():
+    assert dispatch.resolve_impl("xla") == "xla"
+    assert dispatch.resolve_impl("pallas") == "pallas"
+    assert dispatch.resolve_impl("auto") == ("pallas" if dispatch.kernel_available() else "xla")
+    with pytest.raises(ValueError, match="impl"):
+        dispatch.resolve_impl("cublas")
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="CPU-only expectation")
+def test_kernel_not_available_on_cpu():
+    assert dispatch.kernel_available() is False
+
+
+def test_maybe_block_gemm():
+    a, sa, b, sb = make_case(21, 20, 200, 140)
+    assert dispatch.maybe_block_gemm(a, sa, b, sb, impl="xla") is None
+    got = dispatch.maybe_block_gemm(a, sa, b, sb, impl="pallas", out_dtype=jnp.float32)
+    assert_close(got, a, sa, b, sb, jnp.float32)
+    got_nt = dispatch.maybe_block_gemm(
+        a, sa, b.T.copy(), sb.T.copy(), impl="pallas", out_dtype=jnp.float32, b_layout="nk"
+    )
+    assert_close(got_nt, a, sa, b, sb, jnp.float32)
+
+
+# ----------------------------------------------------------------------------
+# GPU (compiled Triton kernel); skipped on CPU
+# ----------------------------------------------------------------------------
+
+
+def tensor_core_tolerance(mag, ref, out_dtype):
+    """Hopper sums each 128-product chunk with ~13 fraction bits (DESIGN.md): allow 2^-11."""
+    tol = 2.0**-11 * mag
+    if jnp.dtype(out_dtype) == jnp.bfloat16:
+        tol = tol + U_BF16 * np.abs(ref)
+    return tol
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not dispatch.kernel_available(), reason="needs a Hopper+ NVIDIA GPU")
+@pytest.mark.parametrize("m,k,n", [(256, 512, 384), (300, 7168 // 8, 257), (4096, 1024, 512)])
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_gpu_kernel_matches_float64(m, k, n, layout):
+    a, sa, b, sb = make_case(m + n, m, k, n)
+    if layout == "kn":
+        got = bg.block_scaled_matmul(a, sa, b, sb, out_dtype=jnp.bfloat16, interpret=False)
+    else:
+        got = bg.block_scaled_matmul_nt(
+            a, sa, b.T.copy(), sb.T.copy(), out_dtype=jnp.bfloat16, interpret=False
+        )
+    ref, mag = oracle(a, sa, b, sb)
+    err = np.abs(np.asarray(jnp.asarray(got, jnp.float32), np.float64) - ref)
+    assert np.all(err <= tensor_core_tolerance(mag, ref, jnp.bfloat16))

@@ -1,0 +1,183 @@
+"""Grouped (MoE contiguous layout) block-scaled FP8 GEMM vs a float64 numpy oracle."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp8jax.kernels import dispatch
+from fp8jax.kernels import grouped_block_gemm as gg
+from tests.test_kernels_block_gemm import (
+    U32,
+    U_BF16,
+    dequant_blocks,
+    dequant_rows,
+    fp8,
+    scales,
+    tensor_core_tolerance,
+)
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def make_grouped(seed, m, k, n, group_sizes):
+    rng = np.random.default_rng(seed)
+    e = len(group_sizes)
+    a, b = fp8(rng, (m, k)), fp8(rng, (e, k, n))
+    sa = scales(rng, (m, cdiv(k, 128)))
+    sb = scales(rng, (e, cdiv(k, 128), cdiv(n, 128)))
+    return a, sa, b, sb, np.asarray(group_sizes, np.int32)
+
+
+def grouped_oracle(a, sa, b, sb, group_sizes):
+    """float64 result: row m uses expert e(m); rows past sum(group_sizes) are zero."""
+    m, n = a.shape[0], b.shape[2]
+    a64 = dequant_rows(a, sa)
+    ref, mag = np.zeros((m, n)), np.zeros((m, n))
+    start = 0
+    for e, g in enumerate(group_sizes):
+        if g:
+            b64 = dequant_blocks(b[e], sb[e])
+            ref[start : start + g] = a64[start : start + g] @ b64
+            mag[start : start + g] = np.abs(a64[start : start + g]) @ np.abs(b64)
+        start += g
+    return ref, mag
+
+
+def assert_grouped_close(got, a, sa, b, sb, gs, out_dtype, tensor_core=False):
+    ref, mag = grouped_oracle(a, sa, b, sb, gs)
+    got = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    assert got.shape == ref.shape
+    if tensor_core:
+        tol = tensor_core_tolerance(mag, ref, out_dtype)
+    else:
+        k = a.shape[1]
+        tol = (k + 3 * cdiv(k, 128) + 4) * U32 * mag
+        if jnp.dtype(out_dtype) == jnp.bfloat16:
+            tol = tol + U_BF16 * np.abs(ref)
+    err = np.abs(got - ref)
+    assert np.all(err <= tol), f"max err/tol {np.max(err / (tol + 1e-300)):.3g}"
+    # Rows that belong to no expert are exactly zero.
+    assert np.all(got[int(np.sum(gs)) :] == 0)
+
+
+# group sizes: ragged, an empty expert, rows left over past sum(group_sizes)
+CASES = [
+    (50, 200, 136, [7, 0, 30, 5], 16, 64),
+    (40, 256, 128, [16, 24], 16, 128),
+    (33, 130, 40, [0, 0, 20], 32, 32),
+]
+
+
+@pytest.mark.parametrize(
+    "m,k,n,gs,bm,bn,out_dtype",
+    [(*CASES[0], jnp.bfloat16), (*CASES[1], jnp.float32), (*CASES[2], jnp.float32)],
+)
+def test_grouped_kernel_matches_float64(m, k, n, gs, bm, bn, out_dtype):
+    a, sa, b, sb, gs = make_grouped(m + k, m, k, n, gs)
+    got = gg.grouped_block_scaled_matmul(
+        a, sa, b, sb, gs, out_dtype=out_dtype, block_m=bm, block_n=bn, interpret=True
+    )
+    assert got.dtype == jnp.dtype(out_dtype)
+    assert_grouped_close(got, a, sa, b, sb, gs, out_dtype)
+
+
+def test_grouped_kernel_nk_layout_under_jit():
+    a, sa, b, sb, gs = make_grouped(4, 45, 260, 150, [9, 20, 0, 11])
+    bt, sbt = (
+        np.ascontiguousarray(b.transpose(0, 2, 1)),
+        np.ascontiguousarray(sb.transpose(0, 2, 1)),
+    )
+    f = jax.jit(
+        lambda *xs: gg.grouped_block_scaled_matmul(
+            *xs, out_dtype=jnp.float32, block_m=16, b_layout="nk", interpret=True
+        )
+    )
+    assert_grouped_close(f(a, sa, bt, sbt, gs), a, sa, b, sb, gs, jnp.float32)
+
+
+def test_grouped_reference_matches_float64():
+    m, k, n, gs, _, _ = CASES[0]
+    a, sa, b, sb, gs = make_grouped(8, m, k, n, gs)
+    got = gg.grouped_block_scaled_matmul_reference(a, sa, b, sb, gs, out_dtype=jnp.float32)
+    assert_grouped_close(got, a, sa, b, sb, gs, jnp.float32)
+
+
+def test_aligned_group_layout():
+    gs = np.array([5, 0, 17, 16, 1], np.int32)
+    m, bm = 45, 16
+    lay = jax.tree.map(np.asarray, gg.aligned_group_layout(jnp.asarray(gs), m, bm))
+    mp = gg.aligned_rows(m, len(gs), bm)
+    assert lay.src_row.shape == (mp,) and lay.block_group.shape == (mp // bm,)
+    # expected: groups start at multiples of bm, tiles tagged with their group
+    want_tiles = [0, 2, 2, 3, 4]  # 5 -> 1 tile, 0 -> none, 17 -> 2, 16 -> 1, 1 -> 1
+    np.testing.assert_array_equal(lay.block_group[: len(want_tiles)], want_tiles)
+    assert np.all(lay.block_group[len(want_tiles) :] == -1)
+    starts = np.cumsum(gs) - gs
+    n_in = int(gs.sum())
+    assert np.all(lay.in_group[:n_in]) and not np.any(lay.in_group[n_in:])
+    for row in range(n_in):
+        dst = lay.dst_row[row]
+        e = np.searchsorted(np.cumsum(gs), row, side="right")
+        assert lay.row_valid[dst] and lay.src_row[dst] == row
+        assert lay.block_group[dst // bm] == e
+        # placement: the group's aligned start plus the row's offset in its group
+        assert dst - (row - starts[e]) == np.sum(-(-gs[:e] // bm)) * bm
+    assert lay.row_valid.sum() == n_in
+
+
+def test_aligned_entry_point_skips_padding_tiles():
+    a, sa, b, sb, _ = make_grouped(2, 64, 128, 128, [0, 0])
+    block_group = np.array([1, -1, 0, -1], np.int32)
+    got = np.asarray(
+        gg.grouped_block_scaled_matmul_aligned(
+            a, sa, b, sb, block_group, out_dtype=jnp.float32, block_m=16, interpret=True
+        )
+    )
+    # tiles 0 and 2 use experts 1 and 0; tiles 1 and 3 are zeros
+    a64 = dequant_rows(a, sa)
+    for t, e in enumerate(block_group):
+        rows = slice(16 * t, 16 * (t + 1))
+        if e < 0:
+            assert np.all(got[rows] == 0)
+        else:
+            ref = a64[rows] @ dequant_blocks(b[e], sb[e])
+            np.testing.assert_allclose(got[rows], ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
+
+
+def test_grouped_bad_inputs_raise():
+    a, sa, b, sb, gs = make_grouped(0, 32, 128, 128, [16, 16])
+    with pytest.raises(ValueError, match="group_sizes"):
+        gg.grouped_block_scaled_matmul(a, sa, b, sb, gs[:1], interpret=True)
+    with pytest.raises(ValueError, match="b_scale"):
+        gg.grouped_block_scaled_matmul(a, sa, b, sb[:1], gs, interpret=True)
+    with pytest.raises(ValueError, match="multiple of block_m"):
+        gg.grouped_block_scaled_matmul_aligned(
+            a[:30], sa[:30], b, sb, np.zeros(2, np.int32), block_m=16, interpret=True
+        )
+
+
+def test_maybe_grouped_block_gemm():
+    a, sa, b, sb, gs = make_grouped(6, 30, 140, 70, [10, 0, 15])
+    assert dispatch.maybe_grouped_block_gemm(a, sa, b, sb, gs, impl="xla") is None
+    got = dispatch.maybe_grouped_block_gemm(a, sa, b, sb, gs, impl="pallas", out_dtype=jnp.float32)
+    assert_grouped_close(got, a, sa, b, sb, gs, jnp.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not dispatch.kernel_available(), reason="needs a Hopper+ NVIDIA GPU")
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_gpu_grouped_kernel_matches_float64(layout):
+    a, sa, b, sb, gs = make_grouped(7, 1000, 512, 384, [300, 0, 129, 500, 1])
+    if layout == "nk":
+        b_in, sb_in = b.transpose(0, 2, 1).copy(), sb.transpose(0, 2, 1).copy()
+    else:
+        b_in, sb_in = b, sb
+    got = gg.grouped_block_scaled_matmul(
+        a, sa, b_in, sb_in, gs, out_dtype=jnp.bfloat16, b_layout=layout, interpret=False
+    )
+    assert_grouped_close(got, a, sa, b, sb, gs, jnp.bfloat16, tensor_core=True)
