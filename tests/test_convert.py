@@ -1,0 +1,245 @@
+"""Checkpoint conversion: safetensors I/O, correct rounding and multi-shard round trips."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_convert_helpers import (  # noqa: E402
+    BF16,
+    E4M3,
+    FP8_WEIGHTS,
+    HARD_SCALE,
+    HIGH_PRECISION,
+    ref_round_bf16,
+    write_fp8_checkpoint,
+)
+
+from fp8jax import convert  # noqa: E402
+from fp8jax.convert import blockwise  # noqa: E402
+
+# -- safetensors I/O ---------------------------------------------------------------
+
+
+def test_safetensors_roundtrip_and_official_reader(tmp_path):
+    rng = np.random.default_rng(1)
+    tensors = {
+        "f32": rng.standard_normal((3, 5)).astype(np.float32),
+        "bf16": rng.standard_normal((4,)).astype(BF16),
+        "e4m3": np.array([1.5, -448, 0.001953125], dtype=E4M3),
+        "e5m2": np.array([57344, -1.5e-5], dtype=ml_dtypes.float8_e5m2),
+        "i64": np.arange(7, dtype=np.int64),
+        "empty": np.zeros((0, 3), np.float16),
+        "scalar": np.array(2.5, np.float32),
+    }
+    p = tmp_path / "a.safetensors"
+    convert.save_file(p, tensors, {"format": "pt"})
+    back = convert.load_file(p)
+    assert list(back) == list(tensors)
+    for k, v in tensors.items():
+        assert back[k].dtype == v.dtype and back[k].shape == v.shape
+        assert back[k].tobytes() == v.tobytes()
+    with convert.SafetensorsFile(p) as f:
+        assert f.metadata == {"format": "pt"}
+        assert (f.data_start % 8) == 0
+        np.testing.assert_array_equal(f.rows("f32", 1, 3), tensors["f32"][1:3])
+    # The reference implementation reads our file ...
+    st = pytest.importorskip("safetensors")
+    ref = dict(st.deserialize(p.read_bytes()))
+    for k, v in tensors.items():
+        assert ref[k]["dtype"] == convert.safetensors_io.dtype_name(v.dtype)
+        assert list(ref[k]["shape"]) == list(v.shape)
+        assert bytes(ref[k]["data"]) == v.tobytes()
+    # ... and we read a file put together by hand: unpadded header, data stored in
+    # the reverse order of the header entries.
+    names = list(tensors)[::-1]
+    blob, header, off = b"", {}, 0
+    for k in names:
+        raw = tensors[k].tobytes()
+        header[k] = {
+            "dtype": convert.safetensors_io.dtype_name(tensors[k].dtype),
+            "shape": list(tensors[k].shape),
+            "data_offsets": [off, off + len(raw)],
+        }
+        blob, off = blob + raw, off + len(raw)
+    hdr = json.dumps(dict(reversed(list(header.items())))).encode()
+    q = tmp_path / "b.safetensors"
+    q.write_bytes(struct.pack("<Q", len(hdr)) + hdr + blob)
+    back2 = convert.load_file(q)
+    for k, v in tensors.items():
+        assert back2[k].tobytes() == v.tobytes() and back2[k].shape == v.shape
+
+
+def test_writer_checks_order_and_completeness(tmp_path):
+    w = convert.SafetensorsWriter(
+        tmp_path / "x.safetensors", [("a", "F32", (2,)), ("b", "F32", (1,))]
+    )
+    with pytest.raises(ValueError, match="in order"):
+        w.write("b", np.zeros(1, np.float32))
+    w.write("a", np.zeros(2, np.float32))
+    with pytest.raises(ValueError, match="not written in full"):
+        w.close()
+
+
+# -- rounding ------------------------------------------------------------------------
+
+
+def test_round_to_is_correct_where_a_plain_cast_double_rounds():
+    # 1 + 2^-8 + 2^-40 is above the midpoint between 1 and 1 + 2^-7: it must round up.
+    x = np.array([1 + 2**-8 + 2**-40, 1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8 + 2**-40)])
+    got = convert.round_to(x, BF16).astype(np.float64)
+    np.testing.assert_array_equal(got, [1 + 2**-7, 1.0, 1 + 2 * 2**-7, -(1 + 2**-7)])
+    assert x[:1].astype(BF16).astype(np.float64)[0] == 1.0  # what ml_dtypes' cast gives
+    # Random values of every magnitude, subnormals included.
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal(200_000) * 2.0 ** rng.integers(-140, 120, 200_000)
+    np.testing.assert_array_equal(convert.round_to(v, BF16).astype(np.float64), ref_round_bf16(v))
+    # E4M3: 1 + 2^-4 + 2^-30 rounds up to 1.125.
+    assert convert.round_to(np.array([1 + 2**-4 + 2**-30]), E4M3).astype(float)[0] == 1.125
+
+
+def test_dequant_rows_matches_float64_reference():
+    rng = np.random.default_rng(3)
+    w = rng.integers(0, 256, (200, 300), dtype=np.uint8)
+    w[(w & 0x7F) == 0x7F] = 0
+    w = w.view(E4M3)
+    s = (2.0 ** rng.uniform(-20, 10, (2, 3))).astype(np.float32)
+    w[5, 7], s[0, 0] = 1.25, HARD_SCALE
+    out = blockwise.dequant_rows(w, s)
+    assert float(out[5, 7]) == 1 + 2**-7  # not 1.0, what float32 rounding then BF16 gives
+    ref = np.empty((200, 300))
+    for i in range(200):
+        for j in range(0, 300, 64):  # 64 divides 128: no run crosses a block edge
+            ref[i, j : j + 64] = w[i, j : j + 64].astype(np.float64) * float(s[i // 128, j // 128])
+    np.testing.assert_array_equal(out.astype(np.float64), ref_round_bf16(ref))
+
+
+# -- whole checkpoints ---------------------------------------------------------------
+
+
+def _load_dir(root: Path) -> dict[str, np.ndarray]:
+    idx = json.loads((root / "model.safetensors.index.json").read_text())
+    out = {}
+    for shard in sorted(set(idx["weight_map"].values())):
+        part = convert.load_file(root / shard)
+        for k in part:
+            assert idx["weight_map"][k] == shard
+        out.update(part)
+    assert set(out) == set(idx["weight_map"])
+    return out
+
+
+def test_fp8_to_bf16_is_bit_exact_reference(tmp_path):
+    src, dst = tmp_path / "fp8", tmp_path / "bf16"
+    tensors = write_fp8_checkpoint(src)
+    err = io.StringIO()
+    rep = convert.fp8_to_bf16(src, dst, progress_stream=err)
+    assert rep.converted == len(FP8_WEIGHTS) and rep.shards == 3
+    assert "fp8-to-bf16 [" in err.getvalue() and "100.0%" in err.getvalue()
+    out = _load_dir(dst)
+    assert not any(k.endswith("_scale_inv") for k in out)
+    assert set(out) == {n for n, _ in FP8_WEIGHTS} | {n for n, _ in HIGH_PRECISION}
+    for name, shape in FP8_WEIGHTS:
+        assert out[name].dtype == BF16 and out[name].shape == shape
+        w = tensors[name].astype(np.float64)
+        s = tensors[name + "_scale_inv"].astype(np.float64)
+        ref = np.empty(shape)
+        for bi in range(s.shape[0]):
+            for bj in range(s.shape[1]):
+                blk = (slice(bi * 128, (bi + 1) * 128), slice(bj * 128, (bj + 1) * 128))
+                ref[blk] = w[blk] * s[bi, bj]
+        np.testing.assert_array_equal(out[name].astype(np.float64), ref_round_bf16(ref))
+    for name, _ in HIGH_PRECISION:
+        assert out[name].tobytes() == tensors[name].tobytes()
+    cfg = json.loads((dst / "config.json").read_text())
+    assert "quantization_config" not in cfg
+    assert (dst / "tokenizer.json").read_text() == '{"dummy": true}'
+    idx = json.loads((dst / "model.safetensors.index.json").read_text())
+    assert idx["metadata"]["total_size"] == sum(v.nbytes for v in out.values())
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_bf16_to_fp8_to_bf16_within_e4m3_error(tmp_path):
+    src, fp8, back = tmp_path / "fp8src", tmp_path / "bf16", tmp_path / "fp8"
+    write_fp8_checkpoint(src, seed=5)
+    convert.fp8_to_bf16(src, fp8, quiet=True)
+    original = _load_dir(fp8)
+    # Make the weights less tame: heavy tails and an all-zero block.
+    rng = np.random.default_rng(9)
+    name0 = FP8_WEIGHTS[0][0]
+    x = original[name0].astype(np.float64) * np.exp(2 * rng.standard_normal(original[name0].shape))
+    x[:128, :128] = 0.0
+    original[name0] = x.astype(BF16)
+    idx = json.loads((fp8 / "model.safetensors.index.json").read_text())
+    shard0 = idx["weight_map"][name0]
+    part = convert.load_file(fp8 / shard0)
+    part[name0] = original[name0]
+    convert.save_file(fp8 / shard0, part)
+
+    convert.bf16_to_fp8(fp8, back, keep=[r"down_proj"], quiet=True)
+    q = _load_dir(back)
+    roundtrip = tmp_path / "rt"
+    convert.fp8_to_bf16(back, roundtrip, quiet=True)
+    rt = _load_dir(roundtrip)
+    assert json.loads((back / "config.json").read_text())["quantization_config"][
+        "weight_block_size"
+    ] == [128, 128]
+
+    for name, shape in FP8_WEIGHTS:
+        if "down_proj" in name:  # kept by the user's pattern
+            assert q[name].dtype == BF16 and name + "_scale_inv" not in q
+            continue
+        assert q[name].dtype == E4M3
+        s = q[name + "_scale_inv"]
+        assert s.dtype == np.float32 and s.shape == (-(-shape[0] // 128), -(-shape[1] // 128))
+        x = original[name].astype(np.float64)
+        # DeepSeek's scale: amax / 448 as a float32 division, per 128x128 block.
+        for bi in range(s.shape[0]):
+            for bj in range(s.shape[1]):
+                blk = x[bi * 128 : (bi + 1) * 128, bj * 128 : (bj + 1) * 128]
+                amax = np.float32(np.abs(blk).max())
+                want = amax / np.float32(448) if amax > 0 else np.float32(1)
+                assert s[bi, bj] == want
+        # E4M3 keeps 4 significant bits: relative error <= 2^-4 for normals, and
+        # <= half the subnormal step (2^-10 * scale) below; BF16 rounding adds 2^-8.
+        scale = np.repeat(np.repeat(s.astype(np.float64), 128, 0), 128, 1)[: shape[0], : shape[1]]
+        y = rt[name].astype(np.float64)
+        tol = (2.0**-4 + 2.0**-8) * np.abs(x) * (1 + 2.0**-8) + 2.0**-10 * scale
+        assert np.all(np.abs(y - x) <= tol), name
+        assert np.abs(y - x).max() > 0  # it did quantize
+    for name, _ in HIGH_PRECISION:
+        assert q[name].dtype == BF16 and q[name].tobytes() == original[name].tobytes()
+    assert np.all(rt[name0].astype(np.float64)[:128, :128] == 0)
+
+
+def test_single_file_without_index(tmp_path):
+    src, dst = tmp_path / "s", tmp_path / "d"
+    src.mkdir()
+    w = np.array([[1.0, -2.0, 3.0]], dtype=np.float32).astype(E4M3)
+    convert.save_file(
+        src / "model.safetensors",
+        {"l.weight": w, "l.weight_scale_inv": np.array([[0.5]], np.float32)},
+    )
+    convert.fp8_to_bf16(src, dst, quiet=True)
+    out = convert.load_file(dst / "model.safetensors")
+    np.testing.assert_array_equal(out["l.weight"].astype(np.float32), [[0.5, -1.0, 1.5]])
+    assert not (dst / "model.safetensors.index.json").exists()
+
+
+def test_destination_must_not_exist(tmp_path):
+    src = tmp_path / "src"
+    write_fp8_checkpoint(src)
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("x")
+    with pytest.raises(convert.ConversionError, match="exists"):
+        convert.fp8_to_bf16(src, dst, quiet=True)
+    assert (dst / "keep.txt").read_text() == "x"
