@@ -1,0 +1,51 @@
+"""Numerics lab: compensated and pairwise summation in JAX, error metrics, and
+demonstrations of the classic floating-point losses with their remedies.
+
+>>> from fp8jax import numerics
+>>> print(numerics.format_demos())
+"""
+
+from fp8jax.numerics.demos import (
+    Demo,
+    absorption,
+    all_demos,
+    float64_to_float32,
+    format_demos,
+    fp8_overflow,
+    large_integers,
+    nan_propagation,
+    subnormals,
+    summation_order,
+)
+from fp8jax.numerics.metrics import (
+    flushed_fraction,
+    max_relative_error,
+    relative_error,
+    saturated_fraction,
+    sqnr_db,
+    ulp_distance,
+)
+from fp8jax.numerics.summation import kahan_sum, naive_sum, neumaier_sum, pairwise_sum
+
+__all__ = [
+    "Demo",
+    "absorption",
+    "all_demos",
+    "float64_to_float32",
+    "flushed_fraction",
+    "format_demos",
+    "fp8_overflow",
+    "kahan_sum",
+    "large_integers",
+    "max_relative_error",
+    "naive_sum",
+    "nan_propagation",
+    "neumaier_sum",
+    "pairwise_sum",
+    "relative_error",
+    "saturated_fraction",
+    "sqnr_db",
+    "subnormals",
+    "summation_order",
+    "ulp_distance",
+]

@@ -1,0 +1,122 @@
+"""Numerics lab: summation accuracy against float64/exact references, metrics, demos."""
+
+import math
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fp8jax import numerics
+from fp8jax.numerics import metrics
+
+
+def _exact(x: np.ndarray) -> float:
+    # math.fsum is the correctly rounded float64 of the exact sum.
+    return math.fsum(x.astype(np.float64).tolist())
+
+
+def test_kahan_beats_naive_on_a_million_float32():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.0, 1.0, 10**6).astype(np.float32)
+    ref = _exact(x)
+    naive = float(numerics.naive_sum(x))
+    kahan = float(numerics.kahan_sum(x))
+    err_naive, err_kahan = abs(naive - ref), abs(kahan - ref)
+    # naive_sum is the sequential float32 recursion: numpy's cumsum does the same.
+    assert naive == float(np.cumsum(x)[-1])
+    ulp = float(np.spacing(np.float32(ref)))
+    assert err_kahan <= ulp  # within one float32 ulp of the exact sum
+    assert err_naive > 20 * max(err_kahan, ulp / 2)
+    # The lane-parallel variant is just as accurate.
+    assert abs(float(numerics.kahan_sum(x, lanes=256)) - ref) <= ulp
+
+
+@pytest.mark.parametrize("fn", [numerics.neumaier_sum, numerics.pairwise_sum])
+def test_other_sums_beat_naive(fn):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(200_000) * 10.0 ** rng.integers(-3, 4, 200_000)).astype(np.float32)
+    ref = _exact(x)
+    err = abs(float(fn(x)) - ref)
+    err_naive = abs(float(numerics.naive_sum(x)) - ref)
+    assert err < err_naive / 5
+
+
+def test_neumaier_survives_large_addends_kahan_does_not():
+    x = jnp.asarray([1.0, 1e30, 1.0, -1e30], jnp.float32)
+    assert float(numerics.neumaier_sum(x)) == 2.0
+    assert float(numerics.neumaier_sum(x, lanes=2)) == 2.0
+    assert float(numerics.kahan_sum(x)) != 2.0  # the known weakness of plain Kahan
+
+
+def test_sums_are_jittable_and_handle_odd_lengths():
+    x = jnp.arange(1, 1001, dtype=jnp.float32)
+    for f in (numerics.naive_sum, numerics.kahan_sum, numerics.neumaier_sum, numerics.pairwise_sum):
+        assert float(jax.jit(f)(x)) == 500500.0
+    assert float(numerics.kahan_sum(x, lanes=7)) == 500500.0
+    assert float(numerics.pairwise_sum(jnp.zeros((0,), jnp.float32))) == 0.0
+    with pytest.raises(TypeError):
+        numerics.kahan_sum(jnp.arange(3))
+
+
+def test_metrics_against_hand_values():
+    ref = np.array([3.0, 4.0])
+    assert numerics.relative_error(ref + [0.0, 0.5], ref) == pytest.approx(0.1)
+    assert numerics.sqnr_db(ref + [0.0, 0.5], ref) == pytest.approx(10 * math.log10(25 / 0.25))
+    assert numerics.sqnr_db(ref, ref) == math.inf
+    assert numerics.max_relative_error([3.3, 4.0], ref) == pytest.approx(0.1)
+    one = np.float32(1.0)
+    assert numerics.ulp_distance(one, np.nextafter(one, np.float32(2)))[()] == 1
+    assert numerics.ulp_distance(np.float32(-0.0), np.float32(0.0))[()] == 0
+    tiny = np.float32(1.4e-45)  # smallest subnormal: one step on each side of zero
+    assert numerics.ulp_distance(-tiny, tiny)[()] == 2
+    assert numerics.ulp_distance(np.float64(1.0), 1.0 + 4 * 2.0**-52)[()] == 4
+    assert numerics.ulp_distance(np.float64(-1.0), np.float64(1.0))[()] == 2 * 0x3FF0000000000000
+    e4 = ml_dtypes.float8_e4m3fn
+    assert numerics.ulp_distance(np.array([448.0], e4), np.array([416.0], e4))[0] == 1
+    assert numerics.ulp_distance(np.array([1.0], ml_dtypes.bfloat16), np.array([1.0078125]))[0] == 1
+    assert np.isnan(numerics.ulp_distance(np.float32(np.nan), np.float32(1.0))[()])
+
+
+def test_saturation_and_flush_fractions():
+    e4 = ml_dtypes.float8_e4m3fn
+    x = np.array([1000.0, 460.0, 448.0, 1e-4, 0.0, 1.0])
+    data = np.clip(x, -448, 448).astype(e4)
+    deq = data.astype(np.float64)
+    # 1000 was clipped; 460 rounds to 448 anyway (< 448 + 16); 1e-4 flushes to 0.
+    assert metrics.half_ulp_above_max(e4) == 464.0
+    assert numerics.saturated_fraction(x, deq, data, e4) == pytest.approx(1 / 6)
+    assert numerics.flushed_fraction(x, deq) == pytest.approx(1 / 5)
+
+
+def test_demos_show_loss_and_remedy():
+    demos = {d.name: d for d in numerics.all_demos()}
+    assert set(demos) >= {
+        "absorption",
+        "summation order",
+        "float64 -> float32",
+        "integers above 2^53",
+        "NaN propagation",
+        "subnormals",
+    }
+    a = demos["absorption"]
+    assert (a.lossy, a.remedy, a.exact) == (0.0, 1.0, 1)
+    i = demos["integers above 2^53"]
+    assert i.exact == 2**53 + 1 and i.remedy == 2**53 + 1 and i.lossy == 2.0**53
+    assert i.lossy_error == pytest.approx(1 / (2**53 + 1))
+    n = demos["NaN propagation"]
+    assert math.isnan(n.lossy) and n.remedy == 3.0
+    f = demos["float64 -> float32"]
+    assert f.lossy == 16777216.0 and f.remedy == 16777217.0
+    s = demos["subnormals"]
+    assert s.lossy == 2.0**-149
+    assert s.remedy_error < 1e-7 < s.lossy_error
+    o = demos["summation order"]
+    assert o.lossy == 1.0 and o.remedy_error < 1e-5 < o.lossy_error
+    assert float(Fraction(o.exact)) == pytest.approx(1.001)
+    fp8 = demos["FP8 overflow"]
+    assert math.isnan(fp8.lossy) and fp8.remedy == 500.0
+    text = numerics.format_demos()
+    assert "9007199254740993" in text and "absorption" in text
