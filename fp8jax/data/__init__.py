@@ -1,0 +1,26 @@
+"""Byte-level LM data (vocabulary 256): corpora and deterministic batches.
+
+Also holds package data files (accelerators.csv, read by fp8jax.hardware).
+"""
+
+from fp8jax.data.corpus import (
+    VOCAB_SIZE,
+    Corpus,
+    load_corpus,
+    stdlib_corpus,
+    synthetic_corpus,
+    text_corpus,
+    train_batch,
+    val_batches,
+)
+
+__all__ = [
+    "VOCAB_SIZE",
+    "Corpus",
+    "load_corpus",
+    "stdlib_corpus",
+    "synthetic_corpus",
+    "text_corpus",
+    "train_batch",
+    "val_batches",
+]
