@@ -1,0 +1,295 @@
+"""Tests of fp8jax.bench: the sweep writes well-formed outputs; the reference GEMM's numerics.
+
+No test asserts a time: timings are only checked to be positive and finite.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fp8jax import bench
+from fp8jax.bench import hlo
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- reference GEMM numerics
+
+
+def _np_quant(x64: np.ndarray, fmt) -> tuple[np.ndarray, np.float32]:
+    """Independent per-tensor quantization: scale = amax / max (f32), saturate, round."""
+    fmax = float(ml_dtypes.finfo(fmt).max)
+    scale = np.float32(np.float32(np.max(np.abs(x64))) / np.float32(fmax))
+    y = np.clip(x64.astype(np.float32) / scale, -fmax, fmax)
+    return y.astype(fmt), scale
+
+
+def _np_dq_bf16(q: np.ndarray, scale: np.float32) -> np.ndarray:
+    # Convert and scale multiply both in bf16, as the canonical XLA pattern does.
+    s = np.float32(ml_dtypes.bfloat16(scale))
+    return (q.astype(np.float32) * s).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def _fwd_bwd(x, w, dy):
+    y, vjp = jax.vjp(bench.fp8_per_tensor_matmul, x, w)
+    return (y, *vjp(dy))
+
+
+def test_reference_fp8_per_tensor_matches_numpy():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((48, 96)) * 3.0
+    w = rng.standard_normal((96, 40)) * 0.1
+    dy = rng.standard_normal((48, 40))
+    xb, wb, dyb = (jnp.asarray(a, jnp.bfloat16) for a in (x, w, dy))
+    y, dx, dw = jax.jit(_fwd_bwd)(xb, wb, dyb)
+    assert y.dtype == jnp.bfloat16 and dx.dtype == jnp.bfloat16 and dw.dtype == jnp.bfloat16
+
+    x64, w64, dy64 = (np.asarray(a, np.float32).astype(np.float64) for a in (xb, wb, dyb))
+    xq, sx = _np_quant(x64, ml_dtypes.float8_e4m3fn)
+    wq, sw = _np_quant(w64, ml_dtypes.float8_e4m3fn)
+    gq, sg = _np_quant(dy64, ml_dtypes.float8_e5m2)
+    xd, wd, gd = _np_dq_bf16(xq, sx), _np_dq_bf16(wq, sw), _np_dq_bf16(gq, sg)
+    for got, a, b in ((y, xd, wd), (dx, gd, wd.T), (dw, xd.T, gd)):
+        want = a @ b
+        # bf16 output rounding (2^-8) plus rare one-ulp FP8 code differences from
+        # XLA's division: bounded relative to sum |a||b|.
+        bound = 2.0**-6 * (np.abs(a) @ np.abs(b)) + 1e-6
+        err = np.abs(np.asarray(got, np.float32) - want)
+        assert np.all(err <= bound), float(np.max(err / bound))
+    # And it is a real FP8 approximation: far from exact, close to the true product.
+    rel = np.linalg.norm(np.asarray(y, np.float32) - x64 @ w64) / np.linalg.norm(x64 @ w64)
+    assert 1e-4 < rel < 0.1
+
+
+def test_reference_rejects_non_2d():
+    with pytest.raises(ValueError, match="2-D"):
+        bench.fp8_per_tensor_matmul(jnp.ones((2, 3, 4)), jnp.ones((4, 5)))
+
+
+# ---------------------------------------------------------------- shapes and variants
+
+
+def test_shapes_and_flops():
+    shapes = bench.gemm_shapes(["square", "dsv3", "moe"], m_tokens=128, square_sizes=(256,))
+    names = [s.name for s in shapes]
+    assert names[0] == "sq256"
+    assert {(s.k, s.n) for s in shapes if s.group == "dsv3"} == {
+        (7168, 2112),
+        (7168, 24576),
+        (7168, 4096),
+        (7168, 7168),
+    }
+    assert {(s.k, s.n) for s in shapes if s.group == "moe"} == {(7168, 4096), (2048, 7168)}
+    assert all(s.m == 128 for s in shapes if s.group != "square")
+    s = bench.parse_shape("8x16x32")
+    assert (s.m, s.k, s.n) == (8, 16, 32)
+    assert s.flops("fwd") == 2 * 8 * 16 * 32 and s.flops("fwd_bwd") == 6 * 8 * 16 * 32
+    with pytest.raises(ValueError):
+        bench.parse_shape("8x16")
+    with pytest.raises(ValueError):
+        bench.gemm_shapes(["nope"])
+    with pytest.raises(ValueError):
+        s.flops("bwd")
+
+
+def test_variants_cover_presets_and_dequant_dtypes():
+    variants, skipped = bench.backend_variants(impls=["xla", "reference"])
+    names = {v.name for v in variants}
+    assert "bf16/xla" in names and "fp32/xla" in names
+    for r in ("deepseek_v3", "hybrid_delayed", "current_tensor", "rowwise"):
+        assert {f"{r}/xla-deqf32", f"{r}/xla-deqbf16"} <= names
+    assert "xla_fp8_per_tensor/xla" in names
+    v = next(v for v in variants if v.name == "deepseek_v3/xla-deqbf16")
+    r = v.make_recipe()
+    assert r.impl == "xla" and r.dequant_dtype == "bfloat16"
+    with pytest.raises(ValueError):
+        bench.backend_variants(impls=["cuda"])
+
+
+# ---------------------------------------------------------------- HLO inspection
+
+
+_GPU_HLO = """HloModule jit_f, entry_computation_layout={(f8e4m3fn[64,128]{1,0}, f8e4m3fn[128,256]{1,0})->bf16[64,256]{1,0}}
+
+ENTRY %main.9 (a.1: f8e4m3fn[64,128], b.1: f8e4m3fn[256,128], sa: f32[], sb: f32[]) -> bf16[64,256] {
+  %a.1 = f8e4m3fn[64,128]{1,0} parameter(0)
+  %b.1 = f8e4m3fn[256,128]{1,0} parameter(1)
+  %sa = f32[] parameter(2)
+  %sb = f32[] parameter(3)
+  %cublas-gemm.1 = (bf16[64,256]{1,0}, s8[33554432]{0}) custom-call(%a.1, %b.1, %sa, %sb), custom_call_target="__cublas$lt$matmul$f8", backend_config={"gemm_backend_config":{"alpha_real":1}}
+  ROOT %get-tuple-element = bf16[64,256]{1,0} get-tuple-element(%cublas-gemm.1), index=0
+}
+"""
+
+
+def test_hlo_finds_cublaslt_fp8_call():
+    s = hlo.summarize_hlo(_GPU_HLO)
+    assert s["cublaslt_fp8"] and s["fp8_gemm"]
+    (g,) = s["gemms"]
+    assert g["target"] == hlo.CUBLASLT_FP8_TARGET
+    assert g["operand_types"][:2] == ["f8e4m3fn", "f8e4m3fn"]
+    assert g["result_type"] == "bf16"
+    assert hlo.kernel_path(s, "gpu").startswith("cuBLASLt FP8 GEMM (f8e4m3fnxf8e4m3fn)")
+
+
+def test_hlo_of_a_cpu_fp8_dot_general_reports_dequantized_dot():
+    import fp8jax
+    from fp8jax import recipes
+
+    x = jnp.ones((32, 64), jnp.float32)
+    w = jnp.ones((64, 48), jnp.float32)
+    f = lambda x, w: fp8jax.dot_general(
+        x, w, (((1,), (0,)), ((), ())), recipe=recipes.current_tensor()
+    )
+    txt = jax.jit(f).lower(x, w).compile().as_text()
+    s = hlo.summarize_hlo(txt)
+    assert not s["cublaslt_fp8"]
+    assert len(s["gemms"]) >= 1
+    assert s["fp8_values"]  # the quantize is there ...
+    if jax.default_backend() == "cpu":
+        # ... but XLA on CPU dots the dequantized float32 operands.
+        assert not s["fp8_gemm"]
+        assert all(t == "f32" for g in s["gemms"] for t in g["operand_types"][:2])
+        assert hlo.kernel_path(s, "cpu").startswith("FP8 dequantized, then XLA CPU dot")
+
+
+# ---------------------------------------------------------------- the sweep end to end
+
+
+def test_sweep_writes_wellformed_outputs(tmp_path):
+    shape = bench.parse_shape("32x64x48")
+    cfg = bench.SweepConfig(
+        shapes=[shape],
+        recipes=["bf16", "hybrid_delayed"],
+        impls=["xla", "reference"],
+        dequant_dtypes=("bfloat16",),
+        warmup=0,
+        iters=2,
+        moe_step=False,
+    )
+    res = bench.run_sweep(cfg, log=lambda *_: None)
+    paths = bench.write_results(res, str(tmp_path))
+    variants = ["bf16/xla", "hybrid_delayed/xla-deqbf16"]
+    variants.append("xla_fp8_per_tensor/xla")
+
+    data = json.loads(Path(paths["json"]).read_text())
+    assert data["device"]["backend"] == jax.default_backend()
+    recs = data["records"]
+    assert sorted((r["variant"], r["pass"]) for r in recs) == sorted(
+        (v, p) for v in variants for p in ("fwd", "fwd_bwd")
+    )
+    for r in recs:
+        assert r["status"] == "ok", r.get("error")
+        assert r["flops"] == shape.flops(r["pass"])
+        assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"]
+        assert math.isfinite(r["tflops"]) and r["tflops"] > 0
+        assert r["peak_bytes"] is None or r["peak_bytes"] > 0
+        assert r["kernel_path"] and r["kernel_path"] != "no GEMM found in HLO"
+        assert r["cublaslt_fp8"] in (
+            ("found", "not found") if data["device"]["backend"] == "gpu" else ("n/a",)
+        )
+        assert r["time_ratio_to_bf16"] * r["speedup_vs_bf16"] == pytest.approx(1.0)
+        if r["recipe"] == "bf16":
+            assert r["speedup_vs_bf16"] == pytest.approx(1.0)
+        # fwd_bwd runs three GEMMs (Fprop, Dgrad, Wgrad), fwd at least one.
+        assert len(r["gemms"]) >= (3 if r["pass"] == "fwd_bwd" else 1)
+
+    with open(paths["csv"]) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(recs)
+    assert set(bench.sweep.CSV_FIELDS) == set(rows[0])
+    assert all(float(r["median_s"]) > 0 for r in rows)
+
+    for key in ("png_time", "png_tflops", "png_ratio_bf16", "png_memory"):
+        assert Path(paths[key]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = bench.summary_table(data, "fwd")
+    assert "| bf16/xla | 1.00 |" in table
+
+
+def test_sweep_time_budget_marks_cases_skipped(tmp_path):
+    cfg = bench.SweepConfig(
+        shapes=[bench.parse_shape("16x32x16")],
+        recipes=["bf16"],
+        impls=["xla"],
+        warmup=0,
+        iters=1,
+        time_budget_s=0.0,
+        moe_step=False,
+    )
+    res = bench.run_sweep(cfg, log=lambda *_: None)
+    assert [r["status"] for r in res["records"]] == ["skipped", "skipped"]
+    paths = bench.write_results(res, str(tmp_path), plots=True)
+    assert Path(paths["png_time"]).exists()
+
+
+def test_time_call_rejects_bad_counts():
+    with pytest.raises(ValueError):
+        bench.time_call(lambda: jnp.zeros(()), (), iters=0)
+    with pytest.raises(ValueError):
+        bench.time_call(lambda: jnp.zeros(()), (), warmup=-1)
+
+
+def test_bench_sweep_entry_point(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "experiments" / "bench_sweep.py"),
+            "--shapes=16x32x24",
+            "--recipes=bf16,deepseek_v3",
+            "--impls=xla",
+            "--dequant_dtypes=float32",
+            "--passes=fwd",
+            "--warmup=0",
+            "--iters=1",
+            "--moe_step=false",
+            f"--out_dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**__import__("os").environ, "MPLBACKEND": "Agg", "JAX_PLATFORMS": "cpu"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "deepseek_v3/xla-deqf32" in proc.stdout
+    data = json.loads((out / "results.json").read_text())
+    assert {r["variant"] for r in data["records"]} == {"bf16/xla", "deepseek_v3/xla-deqf32"}
+    for name in ("results.csv", "time.png", "tflops.png", "ratio_bf16.png", "memory.png"):
+        assert (out / name).stat().st_size > 0
+
+
+@pytest.mark.slow  # compiles the MoE model's train step per recipe: minutes on 2 cores
+def test_moe_step_sweep(tmp_path):
+    from fp8jax.bench import moe_step
+
+    models, why = moe_step._import_models()
+    if models is None:
+        recs, note = moe_step.run_moe_step_sweep(["bf16"], batch=2, seq=8, iters=1)
+        assert recs == [] and note.startswith("skipped")
+        pytest.skip(why)
+    recs, note = moe_step.run_moe_step_sweep(
+        ["bf16", "current_tensor"],
+        preset="tiny",
+        batch=2,
+        seq=8,
+        warmup=0,
+        iters=1,
+        log=lambda *_: None,
+    )
+    assert [r["recipe"] for r in recs] == ["bf16", "current_tensor"]
+    for r in recs:
+        assert r["status"] == "ok", r.get("error")
+        assert r["tokens_per_s"] > 0 and r["n_gemms"] > 0
+    assert recs[0]["speedup_vs_bf16"] == pytest.approx(1.0)
