@@ -246,3 +246,47 @@ def test_gpu_kernel_matches_float64(m, k, n, layout):
     ref, mag = oracle(a, sa, b, sb)
     err = np.abs(np.asarray(jnp.asarray(got, jnp.float32), np.float64) - ref)
     assert np.all(err <= tensor_core_tolerance(mag, ref, jnp.bfloat16))
+
+
+# ----------------------------------------------------------------------------
+# Triton IR (lowered for CUDA on any machine; no GPU needed)
+# ----------------------------------------------------------------------------
+
+
+def triton_ir(monkeypatch, capsys, module, fn, args) -> str:
+    """Lower ``fn`` for CUDA and return the Triton module text Pallas prints with debug=True."""
+    orig = module.pl.pallas_call
+    monkeypatch.setattr(module.pl, "pallas_call", lambda *a, **k: orig(*a, **{**k, "debug": True}))
+    try:
+        jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+    except Exception as e:  # a jaxlib without the Triton dialect
+        pytest.skip(f"cannot lower for CUDA here: {e!r}")
+    text = capsys.readouterr().out
+    return text[text.index("The Triton module") :]
+
+
+def check_fp8_mma_ir(text: str) -> None:
+    dots = [line for line in text.splitlines() if "tt.dot" in line]
+    assert len(dots) == 1, dots
+    # FP8 operands straight into the MMA, FP32 result, native accumulation
+    # within the chunk (no per-wgmma partial adds).
+    assert "f8E4M3FN" in dots[0] and "xf32" in dots[0]
+    assert "maxNumImpreciseAcc = 1073741824" in dots[0]
+    # The K loop is a pipelinable scf.for around the MMA.
+    assert text.index("scf.for") < text.index("tt.dot")
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_triton_ir_uses_fp8_dot(monkeypatch, capsys, layout):
+    f8 = jnp.float8_e4m3fn
+    m, k, n = 256, 384, 256
+    b_shape, sb_shape = ((k, n), (3, 2)) if layout == "kn" else ((n, k), (2, 3))
+    args = (
+        jax.ShapeDtypeStruct((m, k), f8),
+        jax.ShapeDtypeStruct((m, 3), jnp.float32),
+        jax.ShapeDtypeStruct(b_shape, f8),
+        jax.ShapeDtypeStruct(sb_shape, jnp.float32),
+    )
+    fn = bg.block_scaled_matmul if layout == "kn" else bg.block_scaled_matmul_nt
+    text = triton_ir(monkeypatch, capsys, bg, lambda *x: fn(*x, interpret=False), args)
+    check_fp8_mma_ir(text)

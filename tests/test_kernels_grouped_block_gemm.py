@@ -6,10 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from fp8jax.kernels import dispatch
-from fp8jax.kernels import grouped_block_gemm as gg
-from tests.test_kernels_block_gemm import (
+from test_kernels_block_gemm import (
     U32,
     U_BF16,
     dequant_blocks,
@@ -18,6 +15,9 @@ from tests.test_kernels_block_gemm import (
     scales,
     tensor_core_tolerance,
 )
+
+from fp8jax.kernels import dispatch
+from fp8jax.kernels import grouped_block_gemm as gg
 
 
 def cdiv(a, b):
@@ -181,3 +181,20 @@ def test_gpu_grouped_kernel_matches_float64(layout):
         a, sa, b_in, sb_in, gs, out_dtype=jnp.bfloat16, b_layout=layout, interpret=False
     )
     assert_grouped_close(got, a, sa, b, sb, gs, jnp.bfloat16, tensor_core=True)
+
+
+def test_grouped_triton_ir_uses_fp8_dot(monkeypatch, capsys):
+    from test_kernels_block_gemm import check_fp8_mma_ir, triton_ir
+
+    f8 = jnp.float8_e4m3fn
+    args = (
+        jax.ShapeDtypeStruct((300, 256), f8),
+        jax.ShapeDtypeStruct((300, 2), jnp.float32),
+        jax.ShapeDtypeStruct((3, 256, 256), f8),
+        jax.ShapeDtypeStruct((3, 2, 2), jnp.float32),
+        jax.ShapeDtypeStruct((3,), jnp.int32),
+    )
+    fn = lambda *x: gg.grouped_block_scaled_matmul(*x, interpret=False)
+    text = triton_ir(monkeypatch, capsys, gg, fn, args)
+    check_fp8_mma_ir(text)
+    assert "scf.if" in text  # padding tiles skip the MMA loop
