@@ -14,6 +14,8 @@ Selected shapes only:
 
 from __future__ import annotations
 
+import os
+
 from absl import app, flags
 
 from fp8jax import bench
@@ -43,6 +45,7 @@ _MOE_PRESET = flags.DEFINE_string(
 )
 _MOE_BATCH = flags.DEFINE_integer("moe_batch", 8, "MoE step batch size.")
 _MOE_SEQ = flags.DEFINE_integer("moe_seq", None, "MoE step sequence length (default max_seq_len).")
+_DUMP = flags.DEFINE_bool("dump_hlo", False, "Save the first shape's compiled HLO to out_dir/hlo.")
 _PLOTS = flags.DEFINE_bool("plots", True, "Write PNG plots.")
 
 
@@ -69,6 +72,7 @@ def main(argv):
         moe_batch=_MOE_BATCH.value,
         moe_seq=_MOE_SEQ.value,
         moe_iters=3 if small else 10,
+        hlo_dump_dir=os.path.join(_OUT.value, "hlo") if _DUMP.value else None,
     )
     results = bench.run_sweep(cfg)
     paths = bench.write_results(results, _OUT.value, plots=_PLOTS.value)

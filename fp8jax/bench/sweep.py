@@ -81,6 +81,7 @@ class SweepConfig:
     moe_batch: int = 8
     moe_seq: int | None = None
     moe_iters: int = 5
+    hlo_dump_dir: str | None = None  # optimized HLO of the first shape's cases goes here
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -112,6 +113,7 @@ def run_case(
     *,
     warmup: int,
     iters: int,
+    hlo_dump_dir: str | None = None,
 ) -> dict[str, Any]:
     """Compile, inspect and time one case; a record (status "ok" or "error")."""
     backend = jax.default_backend()
@@ -134,7 +136,13 @@ def run_case(
         t0 = time.perf_counter()
         compiled = jax.jit(fn).lower(*args).compile()
         rec["compile_s"] = time.perf_counter() - t0
-        summary = summarize_hlo(compiled.as_text())
+        text = compiled.as_text()
+        if hlo_dump_dir:
+            os.makedirs(hlo_dump_dir, exist_ok=True)
+            fname = f"{shape.name}__{variant.name.replace('/', '_')}__{pass_}.hlo.txt"
+            with open(os.path.join(hlo_dump_dir, fname), "w") as f:
+                f.write(text)
+        summary = summarize_hlo(text)
         rec["kernel_path"] = kernel_path(summary, backend)
         rec["fp8_gemm"] = summary["fp8_gemm"]
         rec["cublaslt_fp8"] = _cublaslt_field(summary, backend)
@@ -183,7 +191,7 @@ def run_sweep(cfg: SweepConfig, log=print) -> dict[str, Any]:
     def over_budget() -> bool:
         return cfg.time_budget_s is not None and time.perf_counter() - t_start > cfg.time_budget_s
 
-    for shape in cfg.shapes:
+    for i_shape, shape in enumerate(cfg.shapes):
         inputs = None if over_budget() else gemm_lib.make_inputs(shape, dtype)
         for variant in variants:
             for pass_ in cfg.passes:
@@ -207,7 +215,15 @@ def run_sweep(cfg: SweepConfig, log=print) -> dict[str, Any]:
                         }
                     )
                     continue
-                rec = run_case(shape, variant, pass_, inputs, warmup=cfg.warmup, iters=cfg.iters)
+                rec = run_case(
+                    shape,
+                    variant,
+                    pass_,
+                    inputs,
+                    warmup=cfg.warmup,
+                    iters=cfg.iters,
+                    hlo_dump_dir=cfg.hlo_dump_dir if i_shape == 0 else None,
+                )
                 records.append(rec)
                 if rec["status"] == "ok":
                     log(
