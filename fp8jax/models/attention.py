@@ -1,0 +1,142 @@
+"""Attention: multi-head with RoPE, or DeepSeek-V3 multi-head latent attention (MLA).
+
+Every projection is an fp8jax layer (its GEMMs follow the recipe); the
+attention core -- QK^T, softmax and PV -- runs in float32, as DeepSeek-V3
+keeps it in high precision.  RMSNorm (also used by the transformer blocks)
+computes in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from fp8jax.models.config import ModelConfig
+from fp8jax.nn import Dense
+from fp8jax.nn._stats import StatsDict
+from fp8jax.recipes import Recipe
+
+
+class RMSNorm(nnx.Module):
+    """y = x / sqrt(mean(x^2) + eps) * g, computed in float32, returned in ``dtype``."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-6, dtype=jnp.bfloat16, param_dtype=jnp.float32):
+        self.eps = eps
+        self.dtype = jnp.dtype(dtype)
+        self.scale = nnx.Param(jnp.ones((dim,), jnp.dtype(param_dtype)))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        # Norms stay in float32 (paper): the mean of squares of bf16 values
+        # would lose the small channels.
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+
+def rope(x_BxTxHxD: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding (half-split pairs), positions 0..T-1, in float32."""
+    _, t, _, d = x_BxTxHxD.shape
+    half = d // 2
+    inv = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) / half))
+    ang = jnp.arange(t, dtype=jnp.float32)[:, None] * inv[None, :]  # (T, half)
+    cos = jnp.cos(ang)[None, :, None, :]
+    sin = jnp.sin(ang)[None, :, None, :]
+    # Rotation in float32: positions up to max_seq_len need more than bf16's 8 bits.
+    xf = x_BxTxHxD.astype(jnp.float32)
+    x1, x2 = xf[..., :half], xf[..., half:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BxTxHxD.dtype)
+
+
+def attention_core(q, k, v, scale: float) -> jax.Array:
+    """Causal softmax(q k^T * scale) v in float32.
+
+    q, k: (B, T, H, Dk); v: (B, T, H, Dv) -> (B, T, H, Dv) float32.
+    """
+    # High-precision core (paper): float32 logits, softmax and PV.
+    qf, kf, vf = (a.astype(jnp.float32) for a in (q, k, v))
+    logits = jnp.einsum("bthd,bshd->bhts", qf, kf, precision=jax.lax.Precision.HIGHEST) * scale
+    t = q.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    logits = jnp.where(causal[None, None], logits, -jnp.inf)
+    probs = jax.nn.softmax(logits, axis=-1)
+    return jnp.einsum("bhts,bshd->bthd", probs, vf, precision=jax.lax.Precision.HIGHEST)
+
+
+class MHA(nnx.Module):
+    """Multi-head attention with RoPE; fused QKV projection and an output projection."""
+
+    def __init__(self, cfg: ModelConfig, recipe: Recipe, *, name: str, rngs: nnx.Rngs):
+        h, hd, d = cfg.n_heads, cfg.head_dim, cfg.d_model
+        kw = dict(recipe=recipe, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+        self.cfg = cfg
+        self.wqkv = Dense(d, (3, h, hd), name=f"{name}/wqkv", **kw)
+        self.wo = Dense((h, hd), d, name=f"{name}/wo", **kw)
+
+    def __call__(self, x_BxTxD: jax.Array, stats: StatsDict | None = None) -> jax.Array:
+        qkv = self.wqkv(x_BxTxD, stats)  # (B, T, 3, H, hd)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        q = rope(q, self.cfg.rope_theta)
+        k = rope(k, self.cfg.rope_theta)
+        o = attention_core(q, k, v, 1.0 / math.sqrt(self.cfg.head_dim))
+        # Back to the activation dtype for the FP8/bf16 output projection.
+        return self.wo(o.astype(self.cfg.dtype), stats)
+
+
+class MLA(nnx.Module):
+    """DeepSeek-V3 multi-head latent attention (training form, no KV-cache absorption).
+
+    q = W_qb RMSNorm(W_qa x) (or W_q x when q_lora_rank == 0), split into a
+    no-RoPE part (qk_nope_head_dim) and a RoPE part (qk_rope_head_dim) per head;
+    [c_kv, k_pe] = W_kva x: c_kv is the compressed latent (kv_lora_rank),
+    k_pe a single RoPE key shared by all heads (decoupled RoPE);
+    [k_nope, v] = W_kvb RMSNorm(c_kv).  Scores use [q_nope, q_pe] . [k_nope, k_pe].
+    """
+
+    def __init__(self, cfg: ModelConfig, recipe: Recipe, *, name: str, rngs: nnx.Rngs):
+        h, d = cfg.n_heads, cfg.d_model
+        nope, rp, vd = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        kw = dict(recipe=recipe, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+        nkw = dict(eps=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+        self.cfg = cfg
+        if cfg.q_lora_rank > 0:
+            self.wq_a = Dense(d, cfg.q_lora_rank, name=f"{name}/wq_a", **kw)
+            self.q_norm = RMSNorm(cfg.q_lora_rank, **nkw)
+            self.wq_b = Dense(cfg.q_lora_rank, (h, nope + rp), name=f"{name}/wq_b", **kw)
+            self.wq = None
+        else:
+            self.wq_a = self.q_norm = self.wq_b = None
+            self.wq = Dense(d, (h, nope + rp), name=f"{name}/wq", **kw)
+        self.wkv_a = Dense(d, cfg.kv_lora_rank + rp, name=f"{name}/wkv_a", **kw)
+        self.kv_norm = RMSNorm(cfg.kv_lora_rank, **nkw)
+        self.wkv_b = Dense(cfg.kv_lora_rank, (h, nope + vd), name=f"{name}/wkv_b", **kw)
+        self.wo = Dense((h, vd), d, name=f"{name}/wo", **kw)
+
+    def __call__(self, x_BxTxD: jax.Array, stats: StatsDict | None = None) -> jax.Array:
+        cfg = self.cfg
+        nope, rp = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+        if self.wq is not None:
+            q = self.wq(x_BxTxD, stats)
+        else:
+            q = self.wq_b(self.q_norm(self.wq_a(x_BxTxD, stats)), stats)
+        q_nope, q_pe = q[..., :nope], rope(q[..., nope:], cfg.rope_theta)
+        kv_a = self.wkv_a(x_BxTxD, stats)
+        c_kv, k_pe = kv_a[..., : cfg.kv_lora_rank], kv_a[..., cfg.kv_lora_rank :]
+        # One RoPE key per token, shared by all heads (decoupled RoPE).
+        k_pe = rope(k_pe[:, :, None, :], cfg.rope_theta)
+        kv = self.wkv_b(self.kv_norm(c_kv), stats)  # (B, T, H, nope + v)
+        k_nope, v = kv[..., :nope], kv[..., nope:]
+        k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pe, k_nope.shape[:-1] + (rp,))], -1)
+        qf = jnp.concatenate([q_nope, q_pe], -1)
+        o = attention_core(qf, k, v, 1.0 / math.sqrt(nope + rp))
+        # Back to the activation dtype for the output projection.
+        return self.wo(o.astype(cfg.dtype), stats)
+
+
+def make_attention(cfg: ModelConfig, recipe: Recipe, *, name: str, rngs: nnx.Rngs):
+    if cfg.attention == "mla":
+        return MLA(cfg, recipe, name=name, rngs=rngs)
+    return MHA(cfg, recipe, name=name, rngs=rngs)

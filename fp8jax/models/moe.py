@@ -1,0 +1,152 @@
+"""Feed-forward blocks: dense SwiGLU and the DeepSeek-V3 MoE (shared + routed experts).
+
+Routed experts are computed dropless: every (token, expert) pair selected by
+the router is one row of the grouped expert GEMM (rows sorted by expert, see
+:func:`fp8jax.nn.grouped_dot`); nothing is dropped and no capacity factor
+exists.  Outputs are combined with the router's gate weights in float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from fp8jax.models.config import ModelConfig
+from fp8jax.models.router import Router, expert_load, route, seq_balance_loss
+from fp8jax.nn import Dense, grouped_dot
+from fp8jax.nn._stats import StatsDict, record
+from fp8jax.nn.dense import fan_in_init
+from fp8jax.nn.variables import FP8State
+from fp8jax.recipes import Recipe, needs_state
+from fp8jax.scaling import init_delayed_gemm_state
+
+
+def inject_massive(h: jax.Array, scale: float, count: int) -> jax.Array:
+    """Add ``scale`` x mean|h| to channels 0..count-1 of the first token (outlier stress).
+
+    h: (B, T, C).  The magnitude is a stop-gradient constant of this call.
+    """
+    if scale <= 0 or count <= 0:
+        return h
+    mag = jax.lax.stop_gradient(jnp.mean(jnp.abs(h.astype(jnp.float32)))) * scale
+    # Added in float32 then rounded once to the activation dtype.
+    h0 = h[:, 0, :count].astype(jnp.float32) + mag
+    return h.at[:, 0, :count].set(h0.astype(h.dtype))
+
+
+def swiglu(h: jax.Array, dtype) -> jax.Array:
+    """silu(gate) * up on a (..., 2, F) tensor, in float32, returned in ``dtype``."""
+    # The nonlinearity runs in float32; its output is the next GEMM's input.
+    hf = h.astype(jnp.float32)
+    return (jax.nn.silu(hf[..., 0, :]) * hf[..., 1, :]).astype(dtype)
+
+
+class SwiGLU(nnx.Module):
+    """Dense SwiGLU FFN: W_down (silu(x W_gate) * (x W_up)), gate/up fused in one GEMM."""
+
+    def __init__(self, cfg: ModelConfig, recipe: Recipe, d_ff: int, *, name: str, rngs: nnx.Rngs):
+        kw = dict(recipe=recipe, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+        self.cfg = cfg
+        self.w13 = Dense(cfg.d_model, (2, d_ff), name=f"{name}/w13", **kw)
+        self.w2 = Dense(d_ff, cfg.d_model, name=f"{name}/w2", **kw)
+
+    def __call__(self, x_BxTxD: jax.Array, stats: StatsDict | None = None) -> jax.Array:
+        h = swiglu(self.w13(x_BxTxD, stats), self.cfg.dtype)
+        if self.cfg.massive_activation_site == "ffn_hidden":
+            h = inject_massive(
+                h, self.cfg.massive_activation_scale, self.cfg.massive_activation_count
+            )
+        return self.w2(h, stats)
+
+
+def sort_by_expert(idx_TxK: jax.Array, n_experts: int):
+    """Dispatch plan: (row order, token of each sorted row, group sizes int32 (E,)).
+
+    Row r of the sorted layout is the (token, slot) pair ``order[r]`` of the
+    flattened (T*K,) assignments; the sort is stable so tokens keep their order
+    within each expert.
+    """
+    k = idx_TxK.shape[1]
+    flat = idx_TxK.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    token = (order // k).astype(jnp.int32)
+    group_sizes = jnp.zeros((n_experts,), jnp.int32).at[flat].add(1)
+    return order, token, group_sizes
+
+
+class MoE(nnx.Module):
+    """Shared experts + dropless routed SwiGLU experts (DeepSeek-V3 style)."""
+
+    def __init__(self, cfg: ModelConfig, recipe: Recipe, *, name: str, rngs: nnx.Rngs):
+        e, d, f = cfg.n_routed_experts, cfg.d_model, cfg.d_expert
+        pdt = jnp.dtype(cfg.param_dtype)
+        self.cfg = cfg
+        self.recipe = recipe
+        self.name = name
+        self.router = Router(d, e, rngs=rngs)
+        self.w13 = nnx.Param(fan_in_init(d)(rngs.params(), (e, d, 2 * f), pdt))
+        self.w2 = nnx.Param(fan_in_init(f)(rngs.params(), (e, f, d), pdt))
+        delayed = needs_state(recipe)
+        self.w13_state = FP8State(init_delayed_gemm_state(recipe)) if delayed else None
+        self.w2_state = FP8State(init_delayed_gemm_state(recipe)) if delayed else None
+        self.shared = (
+            SwiGLU(cfg, recipe, cfg.n_shared_experts * f, name=f"{name}/shared", rngs=rngs)
+            if cfg.n_shared_experts > 0
+            else None
+        )
+
+    def __call__(
+        self, x_BxTxD: jax.Array, bias_E: jax.Array, stats: StatsDict | None = None
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Returns (output (B, T, D) in cfg.dtype, {"load": (E,), "balance_loss": ()})."""
+        cfg = self.cfg
+        b, t, d = x_BxTxD.shape
+        e, k = cfg.n_routed_experts, cfg.top_k
+        x = x_BxTxD.reshape(b * t, d)
+        scores = self.router(x)  # float32 (BT, E)
+        idx, gates = route(scores, bias_E, k, n_groups=cfg.n_groups, topk_groups=cfg.topk_groups)
+        gates = gates * cfg.routed_scaling
+        order, token, group_sizes = sort_by_expert(idx, e)
+        xs = x[token]  # (BT*k, D), sorted by expert
+        st = self.w13_state.get_value() if self.w13_state is not None else None
+        h = grouped_dot(
+            xs,
+            self.w13[...],
+            group_sizes,
+            recipe=self.recipe,
+            state=st,
+            preferred_element_type=cfg.dtype,
+            return_stats=stats is not None,
+        )
+        if stats is not None:
+            h, s = h
+            record(stats, f"{self.name}/experts_w13", s)
+        f = cfg.d_expert
+        act = swiglu(h.reshape(-1, 2, f), cfg.dtype)
+        st = self.w2_state.get_value() if self.w2_state is not None else None
+        y = grouped_dot(
+            act,
+            self.w2[...],
+            group_sizes,
+            recipe=self.recipe,
+            state=st,
+            preferred_element_type=cfg.dtype,
+            return_stats=stats is not None,
+        )
+        if stats is not None:
+            y, s = y
+            record(stats, f"{self.name}/experts_w2", s)
+        # Combine in float32: un-sort the rows (a gather) and sum the k slots
+        # weighted by their gates.
+        inv = jnp.argsort(order)
+        y_tk = y[inv].astype(jnp.float32).reshape(b * t, k, d)
+        out = jnp.einsum("tkd,tk->td", y_tk, gates)
+        if self.shared is not None:
+            out = out + self.shared(x_BxTxD, stats).reshape(b * t, d).astype(jnp.float32)
+        aux = {"load": expert_load(idx, e)}
+        if cfg.seq_aux_loss_coef > 0:
+            aux["balance_loss"] = seq_balance_loss(scores.reshape(b, t, e), idx.reshape(b, t, k))
+        else:
+            aux["balance_loss"] = jnp.zeros((), jnp.float32)
+        return out.reshape(b, t, d).astype(cfg.dtype), aux

@@ -1,0 +1,122 @@
+"""Dense (DenseGeneral) layer whose GEMM runs through :func:`fp8jax.dot_general`.
+
+y = x W (+ b): the recipe decides the precision of the Fprop, Dgrad and Wgrad
+GEMMs (DeepSeek-V3: E4M3 with 1x128 activation tiles and 128x128 weight
+blocks, float32 accumulation).  The kernel is stored in ``param_dtype``
+(float32 master weights); the output is returned in ``dtype``.
+
+With a delayed-scaling recipe (``fp8jax.needs_state(recipe)``) the layer owns
+an :class:`~fp8jax.nn.FP8State` variable holding the amax histories of its
+GEMM; otherwise it holds only its parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from fp8jax.dot_general import dot_general
+from fp8jax.nn._stats import StatsDict, record
+from fp8jax.nn.variables import FP8State
+from fp8jax.recipes import Recipe, needs_state
+from fp8jax.scaling import init_delayed_gemm_state
+
+
+def _as_tuple(v: int | Sequence[int]) -> tuple[int, ...]:
+    return (int(v),) if isinstance(v, int) else tuple(int(a) for a in v)
+
+
+def fan_in_init(fan_in: int) -> nnx.Initializer:
+    """Truncated normal with std 1/sqrt(fan_in) (LeCun), for any kernel layout."""
+    std = 1.0 / math.sqrt(max(fan_in, 1))
+
+    def init(key: jax.Array, shape, dtype=jnp.float32) -> jax.Array:
+        # 0.8796... makes the truncated (at +-2 sigma) normal have unit variance.
+        z = jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32) / 0.87962566
+        return (z * std).astype(dtype)
+
+    return init
+
+
+class Dense(nnx.Module):
+    """DenseGeneral through fp8jax: contracts ``axis`` of x with the kernel's leading axes.
+
+    Args:
+      in_features: size(s) of the contracted input axes.
+      out_features: size(s) of the output feature axes.
+      recipe: precision of the layer's three GEMMs.
+      axis: input axes to contract (default the last ``len(in_features)``).
+      use_bias: add a float32 bias after the GEMM.
+      dtype: output (activation) dtype.
+      param_dtype: storage dtype of the kernel (float32 master weights).
+      name: telemetry name of this GEMM.
+      rngs: nnx.Rngs for the initializer.
+    """
+
+    def __init__(
+        self,
+        in_features: int | Sequence[int],
+        out_features: int | Sequence[int],
+        *,
+        recipe: Recipe,
+        axis: int | Sequence[int] | None = None,
+        use_bias: bool = False,
+        dtype=jnp.bfloat16,
+        param_dtype=jnp.float32,
+        kernel_init: nnx.Initializer | None = None,
+        name: str = "dense",
+        rngs: nnx.Rngs,
+    ):
+        self.in_features = _as_tuple(in_features)
+        self.out_features = _as_tuple(out_features)
+        n_in = len(self.in_features)
+        if axis is None:
+            axis = tuple(range(-n_in, 0))
+        self.axis = _as_tuple(axis)
+        if len(self.axis) != n_in:
+            raise ValueError(f"axis {self.axis} does not match in_features {self.in_features}")
+        self.recipe = recipe
+        self.dtype = jnp.dtype(dtype)
+        self.name = name
+        init = kernel_init or fan_in_init(math.prod(self.in_features))
+        self.kernel = nnx.Param(
+            init(rngs.params(), self.in_features + self.out_features, jnp.dtype(param_dtype))
+        )
+        self.bias = (
+            nnx.Param(jnp.zeros(self.out_features, jnp.dtype(param_dtype))) if use_bias else None
+        )
+        self.fp8_state = FP8State(init_delayed_gemm_state(recipe)) if needs_state(recipe) else None
+
+    def __call__(self, x: jax.Array, stats: StatsDict | None = None) -> jax.Array:
+        axes = tuple(a % x.ndim for a in self.axis)
+        for a, n in zip(axes, self.in_features):
+            if x.shape[a] != n:
+                raise ValueError(
+                    f"{self.name}: input axis {a} has size {x.shape[a]}, expected {n} "
+                    f"(input shape {x.shape})"
+                )
+        dn = ((axes, tuple(range(len(axes)))), ((), ()))
+        state = self.fp8_state.get_value() if self.fp8_state is not None else None
+        out = dot_general(
+            x,
+            self.kernel[...],
+            dn,
+            recipe=self.recipe,
+            state=state,
+            # GEMM output straight in the activation dtype (accumulation is float32).
+            preferred_element_type=self.dtype,
+            return_stats=stats is not None,
+        )
+        if stats is not None:
+            out, st = out
+            record(stats, self.name, st)
+        # dot_general puts x's free axes first, then the kernel's: the DenseGeneral layout
+        # when the contracted axes are the trailing ones; otherwise move them back.
+        if self.bias is not None:
+            # Bias added in float32, then one rounding to the activation dtype.
+            out = (out.astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(self.dtype)
+        return out
