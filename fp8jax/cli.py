@@ -1,0 +1,234 @@
+"""The ``fp8jax`` console script.
+
+    fp8jax formats                      number formats (bits, range, eps, ...)
+    fp8jax gpus [--sources]             accelerator table
+    fp8jax plan --model deepseek-r1 --gpu h800
+    fp8jax convert fp8-to-bf16 SRC DST  (or bf16-to-fp8)
+    fp8jax quant-error FILE [--tensor NAME]
+    fp8jax numerics                     floating-point losses and their remedies
+
+Every subcommand prints plain text (``--json`` for machine-readable output
+where it makes sense).  Errors go to stderr with a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+
+
+def _dump(obj) -> str:
+    # inf/nan are not JSON: write them as strings.
+    def fix(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return str(v)
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [fix(x) for x in v]
+        return v
+
+    return json.dumps(fix(obj), indent=2)
+
+
+def _cmd_formats(args) -> int:
+    from fp8jax import catalog
+
+    if args.json:
+        print(_dump([r.asdict() for r in catalog.catalog()]))
+    else:
+        print(catalog.format_table())
+    return 0
+
+
+def _cmd_gpus(args) -> int:
+    from dataclasses import asdict
+
+    from fp8jax import hardware
+
+    if args.json:
+        print(_dump([asdict(a) for a in hardware.accelerators()]))
+    else:
+        print(hardware.format_table(sources=args.sources))
+    return 0
+
+
+def _cmd_plan(args) -> int:
+    from fp8jax import hardware, planner
+
+    custom = [args.params, args.active, args.layers, args.kv_per_layer]
+    if args.model and any(v is not None for v in custom):
+        raise ValueError(
+            "give either --model or --params/--active/--layers/--kv-per-layer, not both"
+        )
+    if args.model:
+        model = planner.get_model(args.model)
+    elif args.params is not None:
+        model = planner.ModelSpec(
+            name=args.name,
+            total_params=args.params,
+            active_params=args.active if args.active is not None else args.params,
+            n_layers=args.layers if args.layers is not None else 1,
+            kv_elems_per_layer=args.kv_per_layer if args.kv_per_layer is not None else 0,
+            kv_kind=f"{args.kv_per_layer or 0} elements per token per layer",
+        )
+    else:
+        raise ValueError(f"give --model (one of {sorted(planner.MODELS)}) or --params")
+    p = planner.plan(
+        model,
+        hardware.get(args.gpu),
+        weights=args.weights,
+        kv_dtype=args.kv_cache,
+        context=args.context,
+        batch=args.batch,
+        overhead=args.overhead,
+        node_size=args.node_size,
+        memory_gb=args.memory_gb,
+        bandwidth_gbs=args.bandwidth,
+    )
+    if args.json:
+        d = {
+            k: getattr(p, k)
+            for k in p.__dataclass_fields__
+            if k not in ("model", "accel", "weights", "notes")
+        }
+        d.update(
+            model=model.name, accelerator=p.accel.key, weights=p.weights.name, notes=list(p.notes)
+        )
+        print(_dump(d))
+    else:
+        print(p.format())
+    return 0
+
+
+def _cmd_convert(args) -> int:
+    from fp8jax.convert import convert_checkpoint
+
+    rep = convert_checkpoint(args.direction, args.src, args.dst, keep=args.keep, quiet=args.quiet)
+    print(
+        f"converted {rep.converted} of {rep.tensors_in} tensors in {rep.shards} shard(s): "
+        f"{rep.bytes_in / 1e9:.3f} GB -> {rep.bytes_out / 1e9:.3f} GB, {rep.tensors_out} tensors, "
+        f"written to {rep.dst} ({rep.seconds:.1f} s)"
+    )
+    return 0
+
+
+def _cmd_quant_error(args) -> int:
+    from fp8jax.numerics import quant_error as qe
+
+    x64, desc = qe.load_tensor(args.path, args.tensor)
+    rows = qe.quant_error_report(x64, axis=args.axis, gemm=not args.no_gemm, tokens=args.tokens)
+    if args.json:
+        print(_dump({"tensor": desc, "rows": qe.rows_as_dicts(rows)}))
+    else:
+        print(qe.format_report(rows, f"tensor {desc}, contraction axis {args.axis}"), end="")
+    return 0
+
+
+def _cmd_numerics(args) -> int:
+    from fp8jax import numerics
+
+    print(numerics.format_demos(), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="fp8jax",
+        description="Precision and hardware toolkit: formats, accelerators, deployment plans, "
+        "FP8 <-> BF16 checkpoint conversion, quantization error.",
+    )
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("formats", help="number formats: bits, range, precision")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_formats)
+
+    p = sub.add_parser("gpus", help="accelerator table (dense TFLOP/s, memory, bandwidth)")
+    p.add_argument("--sources", action="store_true", help="print each row's source and note")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_gpus)
+
+    p = sub.add_parser("plan", help="memory, cards, nodes and decode bound of a deployment")
+    p.add_argument(
+        "--model", help="named config: deepseek-v3, deepseek-r1, llama-3.1-{8b,70b,405b}"
+    )
+    p.add_argument("--params", type=float, help="custom model: total parameters (e.g. 70e9)")
+    p.add_argument("--active", type=float, help="custom model: active parameters per token")
+    p.add_argument("--layers", type=int, help="custom model: layers")
+    p.add_argument("--kv-per-layer", type=int, help="custom model: KV elements per token per layer")
+    p.add_argument("--name", default="custom model")
+    p.add_argument("--gpu", required=True, help="accelerator key or name (fp8jax gpus)")
+    p.add_argument(
+        "--weights", default="auto", help="auto (FP8 if native, else BF16), fp8, bf16, fp16, fp32"
+    )
+    p.add_argument("--kv-cache", default="bf16", help="KV cache precision: bf16, fp16, fp8, fp32")
+    p.add_argument("--context", type=int, default=32768, help="tokens per sequence (default 32768)")
+    p.add_argument("--batch", type=int, default=32, help="concurrent sequences (default 32)")
+    p.add_argument(
+        "--overhead", type=float, default=0.10, help="fraction of weights + KV (default 0.10)"
+    )
+    p.add_argument("--node-size", type=int, default=8, help="cards per node (default 8)")
+    p.add_argument("--memory-gb", type=float, help="override the card's memory")
+    p.add_argument("--bandwidth", type=float, help="override the card's bandwidth, GB/s")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser(
+        "convert", help="convert a checkpoint between FP8 (DeepSeek layout) and BF16"
+    )
+    p.add_argument("direction", choices=["fp8-to-bf16", "bf16-to-fp8"])
+    p.add_argument("src", help="source checkpoint directory")
+    p.add_argument("dst", help="new output directory (must not exist)")
+    p.add_argument(
+        "--keep",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="bf16-to-fp8: also keep tensors whose name matches REGEX in high precision (repeatable)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser("quant-error", help="quantization error of a tensor under each recipe")
+    p.add_argument("path", help=".npy file, or .safetensors file (with --tensor)")
+    p.add_argument("--tensor", help="tensor name in a .safetensors file")
+    p.add_argument("--axis", type=int, default=-1, help="contraction axis (default -1)")
+    p.add_argument(
+        "--tokens", type=int, default=128, help="rows of the Gaussian activation for the GEMM"
+    )
+    p.add_argument("--no-gemm", action="store_true", help="skip the dot_general section")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_quant_error)
+
+    p = sub.add_parser("numerics", help="classic floating-point losses and their remedies")
+    p.set_defaults(func=_cmd_numerics)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 ok, 1 error, 2 usage)."""
+    from fp8jax.convert import ConversionError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        # Output piped into `head` and closed early: not an error of ours.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (ConversionError, ValueError, OSError) as e:
+        print(f"fp8jax {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"fp8jax {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
