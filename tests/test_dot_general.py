@@ -120,7 +120,7 @@ def test_massive_activations_stats_and_tile_advantage():
     errs = {}
     for name in ["current_tensor", "deepseek_v3"]:
         f = jax.jit(
-            lambda x, w, r=fp8jax.recipes.get(name): dot_general(
+            lambda x, w, r=fp8jax.recipes.get(name): dot_general(  # noqa: B008
                 x, w, DN, recipe=r, return_stats=True
             )
         )
