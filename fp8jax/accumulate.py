@@ -75,6 +75,8 @@ experiment script and notebook 03 run.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -342,6 +344,11 @@ def emulated_dot_reference_numpy(a, b, acc: Accumulation) -> np.ndarray:
     return out[0] if squeeze else out
 
 
+# One compilation cache shared by every study helper (acc is static and hashable).
+_emulated_jit = jax.jit(emulated_matmul, static_argnames=("acc",))
+# The FP32 baseline: full float32 products and sums, no bf16 passes.
+_f32_matmul_jit = jax.jit(functools.partial(jnp.matmul, precision=lax.Precision.HIGHEST))
+
 # --------------------------------------------------------------------------- #
 # Study helpers (experiments/accumulation.py, notebooks/03_accumulation.py)
 # --------------------------------------------------------------------------- #
@@ -349,6 +356,7 @@ def emulated_dot_reference_numpy(a, b, acc: Accumulation) -> np.ndarray:
 DISTRIBUTIONS = ("uniform", "gaussian", "llm")
 
 
+@functools.partial(jax.jit, static_argnames=("dist", "m", "k", "n"))
 def sample_operands(dist: str, key: jax.Array, m: int, k: int, n: int):
     """Raw float32 operands x (M, K), w (K, N) of a GEMM y = x w.
 
@@ -377,6 +385,7 @@ def sample_operands(dist: str, key: jax.Array, m: int, k: int, n: int):
     return x, w
 
 
+@functools.partial(jax.jit, static_argnames=("fmt",))
 def deepseek_dequantized(x: jax.Array, w: jax.Array, fmt=E4M3):
     """DeepSeek-V3 fprop quantization, returned dequantized (float32).
 
@@ -418,19 +427,19 @@ def error_vs_k(
     reports a plain float32 matmul for reference.
     """
     base = acc or Accumulation()
-    import dataclasses
-
     no_prom = dataclasses.replace(base, promote_every=None)
     prom = dataclasses.replace(base, promote_every=promote_every)
-    f_none = jax.jit(lambda a, b: emulated_matmul(a, b, no_prom))
-    f_prom = jax.jit(lambda a, b: emulated_matmul(a, b, prom))
-    f_32 = jax.jit(lambda a, b: jnp.matmul(a, b, precision=lax.Precision.HIGHEST))
+    gemms = (
+        ("no_promotion", functools.partial(_emulated_jit, acc=no_prom)),
+        ("promote", functools.partial(_emulated_jit, acc=prom)),
+        ("fp32", _f32_matmul_jit),
+    )
     rows = []
     for i, k in enumerate(ks):
         x, w = sample_operands(dist, jax.random.key(seed * 1000 + i), m, k, n)
         xq, wq = deepseek_dequantized(x, w)
         row = {"dist": dist, "K": int(k)}
-        for name, f in (("no_promotion", f_none), ("promote", f_prom), ("fp32", f_32)):
+        for name, f in gemms:
             err = relative_error(f(xq, wq), xq, wq)
             row[f"{name}_max"] = float(err.max())
             row[f"{name}_mean"] = float(err.mean())
@@ -443,8 +452,8 @@ def time_vs_f32(m: int, k: int, n: int, acc: Accumulation | None = None, repeats
     acc = acc or Accumulation()
     a = jax.random.uniform(jax.random.key(1), (1, m, k), jnp.float32)
     b = jax.random.uniform(jax.random.key(2), (1, k, n), jnp.float32)
-    emu = jax.jit(lambda x, y: emulated_matmul(x, y, acc))
-    ref = jax.jit(lambda x, y: jnp.matmul(x, y))
+    emu = functools.partial(_emulated_jit, acc=acc)
+    ref = _f32_matmul_jit
 
     def best(f):
         f(a, b).block_until_ready()  # compile outside the timing
@@ -457,3 +466,54 @@ def time_vs_f32(m: int, k: int, n: int, acc: Accumulation | None = None, repeats
 
     t_emu, t_ref = best(emu), best(ref)
     return {"emulated_s": t_emu, "f32_s": t_ref, "slowdown": t_emu / t_ref}
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """The rows of :func:`error_vs_k` as a fixed-width text table."""
+    head = (
+        f"{'dist':>9} {'K':>6} | {'no promotion':^21} | {'promote every 128':^21} | "
+        f"{'fp32 dot':^21}\n{'':>9} {'':>6} | {'max':>10} {'mean':>10} | {'max':>10} "
+        f"{'mean':>10} | {'max':>10} {'mean':>10}"
+    )
+    lines = [head, "-" * len(head.splitlines()[0])]
+    for r in rows:
+        lines.append(
+            f"{r['dist']:>9} {r['K']:>6} | {r['no_promotion_max']:10.3e} "
+            f"{r['no_promotion_mean']:10.3e} | {r['promote_max']:10.3e} "
+            f"{r['promote_mean']:10.3e} | {r['fp32_max']:10.3e} {r['fp32_mean']:10.3e}"
+        )
+    return "\n".join(lines)
+
+
+def plot_error_vs_k(rows: Sequence[dict], path: str | None = None, title: str = ""):
+    """Log-log plot of max (solid) and mean (dotted) relative error vs K, one panel per distribution.
+
+    Saves a PNG when ``path`` is given; returns the matplotlib figure.
+    """
+    import matplotlib.pyplot as plt
+
+    dists = list(dict.fromkeys(r["dist"] for r in rows))
+    fig, axes = plt.subplots(1, len(dists), figsize=(4.5 * len(dists), 3.8), squeeze=False)
+    styles = {
+        "no_promotion": ("tab:red", "13-bit accumulation, no promotion"),
+        "promote": ("tab:blue", "promote to FP32 every 128"),
+        "fp32": ("tab:gray", "FP32 dot (XLA)"),
+    }
+    for ax, dist in zip(axes[0], dists):
+        sub = [r for r in rows if r["dist"] == dist]
+        ks = [r["K"] for r in sub]
+        for key, (color, label) in styles.items():
+            ax.loglog(ks, [r[f"{key}_max"] for r in sub], "o-", color=color, label=label + " (max)")
+            ax.loglog(ks, [r[f"{key}_mean"] for r in sub], ":", color=color)
+        ax.set_xscale("log", base=2)
+        ax.set_title(dist)
+        ax.set_xlabel("K (contraction length)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("relative error  |y - xw| / (|x||w|)")
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
