@@ -5,15 +5,12 @@ from __future__ import annotations
 import io
 import json
 import struct
-import sys
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_convert_helpers import (  # noqa: E402
+from test_convert_helpers import (
     BF16,
     E4M3,
     FP8_WEIGHTS,
@@ -23,8 +20,8 @@ from test_convert_helpers import (  # noqa: E402
     write_fp8_checkpoint,
 )
 
-from fp8jax import convert  # noqa: E402
-from fp8jax.convert import blockwise  # noqa: E402
+from fp8jax import convert
+from fp8jax.convert import blockwise
 
 # -- safetensors I/O ---------------------------------------------------------------
 

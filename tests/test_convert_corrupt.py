@@ -5,17 +5,14 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import sys
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+from test_convert_helpers import FP8_WEIGHTS, write_fp8_checkpoint, write_index
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_convert_helpers import FP8_WEIGHTS, write_fp8_checkpoint, write_index  # noqa: E402
-
-from fp8jax import convert  # noqa: E402
+from fp8jax import convert
 
 WEIGHT = FP8_WEIGHTS[1][0]  # model.layers.0.mlp.down_proj.weight, (130, 257)
 SCALE = WEIGHT + "_scale_inv"
