@@ -1,0 +1,48 @@
+"""Cost of the numerics core on this backend, printed as ratios from one run.
+
+    python experiments/bench_core.py                  # 4096^2 quantize, 2048^3 GEMM
+    python experiments/bench_core.py --size=512 --quant_rows=1024   # quick
+
+Prints: tile-quantize / astype(bf16) time (goal <= 1.0x), deepseek_v3
+dot_general fwd+bwd / bf16 fwd+bwd time (goal <= 1.2x; also for the
+bf16-dequant variants), and residual bytes deepseek_v3 / bf16 (goal <= 0.55).
+"""
+
+import json
+
+import jax
+from absl import app, flags
+
+from fp8jax.analysis.bench_core import gemm_ratio, quantize_ratio
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("size", 2048, "M = K = N of the GEMM")
+flags.DEFINE_integer("quant_rows", 4096, "rows (and columns) of the quantized tensor")
+flags.DEFINE_integer("iters", 5, "timed iterations (median)")
+flags.DEFINE_string("out", None, "optional JSON output path")
+
+
+def main(argv):
+    del argv
+    print(f"backend: {jax.default_backend()} ({jax.devices()[0].device_kind})")
+    q = quantize_ratio(FLAGS.quant_rows, FLAGS.quant_rows, iters=2 * FLAGS.iters)
+    print(
+        f"tile quantize / astype(bf16) [{FLAGS.quant_rows}x{FLAGS.quant_rows}]: "
+        f"{q['ratio']:.2f}x  ({q['t_tile_quantize_s'] * 1e3:.1f} ms vs "
+        f"{q['t_astype_bf16_s'] * 1e3:.1f} ms; goal <= 1.0x)"
+    )
+    g = gemm_ratio(FLAGS.size, iters=FLAGS.iters)
+    for k, v in g.items():
+        if k.startswith("ratio_"):
+            print(f"fwd+bwd {k[6:]} / bf16 at {FLAGS.size}^3: {v:.2f}x (goal <= 1.2x)")
+    print(
+        f"residual bytes deepseek_v3 / bf16: {g['residual_ratio']:.3f} "
+        f"({g['residual_bytes_deepseek_v3']} / {g['residual_bytes_bf16']}; goal <= 0.55)"
+    )
+    if FLAGS.out:
+        with open(FLAGS.out, "w") as f:
+            json.dump({"quantize": q, "gemm": g, "size": FLAGS.size}, f, indent=2)
+
+
+if __name__ == "__main__":
+    app.run(main)

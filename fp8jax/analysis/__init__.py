@@ -1,0 +1,1 @@
+"""Importable logic behind the experiments/ scripts (GEMM error, core benchmarks)."""
