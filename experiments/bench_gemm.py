@@ -62,7 +62,7 @@ def main(argv):
     dense_impls = ["bf16", "fp8_tensor_xla", "block_xla"]
     shapes = bench.SMALL_SHAPES if small else bench.FULL_SHAPES
     if on_kernel_gpu:
-        dense_impls += ["pallas_kn", "pallas_nt"]
+        dense_impls += ["pallas_kn", "pallas_nt", "pallas_tn_wgrad"]
     for name, m, k, n in shapes:
         results += bench.bench_dense(
             name, m, k, n, impls=dense_impls, iters=iters, reps=reps, interpret=False

@@ -290,3 +290,107 @@ def test_triton_ir_uses_fp8_dot(monkeypatch, capsys, layout):
     fn = bg.block_scaled_matmul if layout == "kn" else bg.block_scaled_matmul_nt
     text = triton_ir(monkeypatch, capsys, bg, lambda *x: fn(*x, interpret=False), args)
     check_fp8_mma_ir(text)
+
+
+# ----------------------------------------------------------------------------
+# 1D1D (Wgrad) variant: 128x1 tiles on both operands, A read transposed
+# ----------------------------------------------------------------------------
+
+
+def make_tn_case(seed, t, m, n):
+    rng = np.random.default_rng(seed)
+    at, b = fp8(rng, (t, m)), fp8(rng, (t, n))
+    sat, sb = scales(rng, (bg.cdiv(t, 128), m)), scales(rng, (bg.cdiv(t, 128), n))
+    return at, sat, b, sb
+
+
+def tn_oracle(at, sat, b, sb):
+    t = at.shape[0]
+    a64 = at.astype(np.float64) * np.repeat(sat.astype(np.float64), 128, axis=0)[:t]
+    b64 = b.astype(np.float64) * np.repeat(sb.astype(np.float64), 128, axis=0)[:t]
+    return a64.T @ b64, np.abs(a64).T @ np.abs(b64)
+
+
+@pytest.mark.parametrize("t,m,n,bm,bn", [(300, 70, 140, 32, 64), (128, 16, 256, 16, 128)])
+def test_tn_kernel_matches_float64(t, m, n, bm, bn):
+    at, sat, b, sb = make_tn_case(t + m, t, m, n)
+    got = bg.block_scaled_matmul_tn(
+        at, sat, b, sb, out_dtype=jnp.float32, block_m=bm, block_n=bn, interpret=True
+    )
+    ref, mag = tn_oracle(at, sat, b, sb)
+    err = np.abs(np.asarray(got, np.float64) - ref)
+    assert np.all(err <= tolerance(mag, ref, t, jnp.float32))
+    got_ref = bg.block_scaled_matmul_tn_reference(at, sat, b, sb, out_dtype=jnp.bfloat16)
+    err = np.abs(np.asarray(got_ref.astype(jnp.float32), np.float64) - ref)
+    assert np.all(err <= tolerance(mag, ref, t, jnp.bfloat16))
+
+
+def test_tn_bad_scale_raises():
+    at, sat, b, sb = make_tn_case(0, 130, 16, 16)
+    with pytest.raises(ValueError, match="b_scale"):
+        bg.block_scaled_matmul_tn(at, sat, b, sb[:1], interpret=True)
+
+
+def test_triton_ir_tn_variant(monkeypatch, capsys):
+    f8 = jnp.float8_e4m3fn
+    args = (
+        jax.ShapeDtypeStruct((384, 256), f8),
+        jax.ShapeDtypeStruct((3, 256), jnp.float32),
+        jax.ShapeDtypeStruct((384, 256), f8),
+        jax.ShapeDtypeStruct((3, 256), jnp.float32),
+    )
+    fn = lambda *x: bg.block_scaled_matmul_tn(*x, interpret=False)
+    check_fp8_mma_ir(triton_ir(monkeypatch, capsys, bg, fn, args))
+
+
+# ----------------------------------------------------------------------------
+# integration with fp8jax.dot_general's canonical GEMMs
+# ----------------------------------------------------------------------------
+
+
+def np_dequant(q) -> np.ndarray:
+    """float64 dequantization of a 3D QTensor from its data and scale layout alone."""
+    data = np.asarray(q.data).astype(np.float64)
+    s = np.asarray(q.scale, np.float64)
+    if q.granularity == "tile":
+        s = np.repeat(s, q.tile, axis=q.axis)
+    else:  # block
+        s = np.repeat(np.repeat(s, q.tile, axis=-2), q.tile, axis=-1)
+    return data * s[tuple(slice(0, d) for d in data.shape)]
+
+
+@pytest.mark.parametrize("canon", ["fprop", "dgrad", "wgrad"])
+def test_integration_canonical_gemms(canon):
+    import dataclasses
+
+    import fp8jax
+    from fp8jax.kernels import integration
+
+    recipe = dataclasses.replace(fp8jax.recipes.deepseek_v3(), impl="pallas")
+    rng = np.random.default_rng(3)
+    e4 = fp8jax.E4M3
+    bsz, m, k, n = 2, 40, 200, 136
+    if canon == "fprop":  # x (B,M,K) tiles along K, w (B,K,N) blocks
+        a = fp8jax.quantize(jnp.asarray(rng.standard_normal((bsz, m, k))), e4, "tile", axis=2)
+        b = fp8jax.quantize(jnp.asarray(rng.standard_normal((bsz, k, n))), e4, "block")
+        ref_fn = lambda a64, b64: a64 @ b64
+    elif canon == "dgrad":  # dy (B,M,N) tiles along N, w (B,K,N) blocks
+        a = fp8jax.quantize(jnp.asarray(rng.standard_normal((bsz, m, n))), e4, "tile", axis=2)
+        b = fp8jax.quantize(jnp.asarray(rng.standard_normal((bsz, k, n))), e4, "block")
+        ref_fn = lambda a64, b64: a64 @ np.swapaxes(b64, 1, 2)
+    else:  # x (B,M,K) and dy (B,M,N), 128x1 tiles along M
+        a = fp8jax.quantize(jnp.asarray(rng.standard_normal((bsz, m, k))), e4, "tile", axis=1)
+        b = fp8jax.quantize(jnp.asarray(rng.standard_normal((bsz, m, n))), e4, "tile", axis=1)
+        ref_fn = lambda a64, b64: np.swapaxes(a64, 1, 2) @ b64
+    got = integration.block_gemm_or_none(a, b, recipe, canon)
+    assert got is not None and got.dtype == jnp.float32
+    a64, b64 = np_dequant(a), np_dequant(b)
+    ref, mag = ref_fn(a64, b64), ref_fn(np.abs(a64), np.abs(b64))
+    contraction = {"fprop": k, "dgrad": n, "wgrad": m}[canon]
+    err = np.abs(np.asarray(got, np.float64) - ref)
+    assert np.all(err <= tolerance(mag, ref, contraction, jnp.float32))
+    # impl="xla" and per-tensor operands leave the GEMM to XLA
+    xla = dataclasses.replace(recipe, impl="xla")
+    assert integration.block_gemm_or_none(a, b, xla, canon) is None
+    qt = fp8jax.quantize(jnp.ones((bsz, m, k)), e4, "tensor")
+    assert integration.block_gemm_or_none(qt, b, recipe, canon) is None

@@ -8,6 +8,8 @@ from fp8jax.kernels.block_gemm import (
     block_scaled_matmul,
     block_scaled_matmul_nt,
     block_scaled_matmul_reference,
+    block_scaled_matmul_tn,
+    block_scaled_matmul_tn_reference,
 )
 from fp8jax.kernels.dispatch import (
     kernel_available,
@@ -27,6 +29,8 @@ __all__ = [
     "block_scaled_matmul",
     "block_scaled_matmul_nt",
     "block_scaled_matmul_reference",
+    "block_scaled_matmul_tn",
+    "block_scaled_matmul_tn_reference",
     "grouped_block_scaled_matmul",
     "grouped_block_scaled_matmul_aligned",
     "grouped_block_scaled_matmul_reference",

@@ -40,41 +40,46 @@ fp8_mma_p = Primitive("fp8jax_fp8_mma")
 _MAX_NUM_IMPRECISE_ACC = 2**30
 
 
-def fp8_mma(a: jax.Array, b: jax.Array, *, trans_b: bool = False) -> jax.Array:
-    """FP32 product of two FP8 tiles: ``a @ b`` (``trans_b``: ``a @ b.T``).
+def fp8_mma(
+    a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = False
+) -> jax.Array:
+    """FP32 product of two FP8 tiles: ``op(a) @ op(b)``, ``op`` transposing when asked.
 
-    ``a``: (bm, bk) FP8; ``b``: (bk, bn) FP8, or (bn, bk) when ``trans_b``.
-    Both operands must have the same FP8 dtype (a Triton requirement).
+    ``a``: (bm, bk) FP8, or (bk, bm) when ``trans_a``; ``b``: (bk, bn), or
+    (bn, bk) when ``trans_b``.  Both operands must have the same FP8 dtype (a
+    Triton requirement).
     """
-    return fp8_mma_p.bind(a, b, trans_b=trans_b)
+    return fp8_mma_p.bind(a, b, trans_a=trans_a, trans_b=trans_b)
 
 
-def _dot_f32(a, b, *, trans_b):
+def _dot_f32(a, b, *, trans_a=False, trans_b=False):
+    lhs_contract = 0 if trans_a else 1
     rhs_contract = 1 if trans_b else 0
     # preferred_element_type=float32: FP8 x FP8 products are exact in FP32 and
     # the sum is kept in FP32 (XLA on CPU upcasts the FP8 operands to FP32).
     return lax.dot_general(
         a,
         b,
-        (((1,), (rhs_contract,)), ((), ())),
+        (((lhs_contract,), (rhs_contract,)), ((), ())),
         preferred_element_type=jnp.float32,
     )
 
 
-def _abstract_eval(a, b, *, trans_b):
+def _abstract_eval(a, b, *, trans_a, trans_b):
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError(f"fp8_mma wants 2D tiles, got {a.shape} and {b.shape}")
+    m, k_a = (a.shape[1], a.shape[0]) if trans_a else a.shape
     k_b = b.shape[1] if trans_b else b.shape[0]
     n = b.shape[0] if trans_b else b.shape[1]
-    if a.shape[1] != k_b:
+    if k_a != k_b:
         raise ValueError(f"fp8_mma contraction mismatch: {a.shape} x {b.shape} (trans_b={trans_b})")
     if a.dtype != b.dtype:
         raise ValueError(f"fp8_mma wants equal operand dtypes, got {a.dtype} and {b.dtype}")
-    return jax.core.ShapedArray((a.shape[0], n), jnp.float32)
+    return jax.core.ShapedArray((m, n), jnp.float32)
 
 
 fp8_mma_p.def_abstract_eval(_abstract_eval)
-fp8_mma_p.def_impl(functools.partial(jax.jit, static_argnames="trans_b")(_dot_f32))
+fp8_mma_p.def_impl(functools.partial(jax.jit, static_argnames=("trans_a", "trans_b"))(_dot_f32))
 mlir.register_lowering(fp8_mma_p, mlir.lower_fun(_dot_f32, multiple_results=False))
 
 
@@ -89,7 +94,9 @@ def _register_triton_rule() -> bool:
     except Exception:  # pragma: no cover - depends on the jax build
         return False
 
-    def rule(ctx, a, b, *, trans_b):
+    def rule(ctx, a, b, *, trans_a, trans_b):
+        if trans_a:
+            a = tt_dialect.trans(a, (1, 0))
         if trans_b:
             b = tt_dialect.trans(b, (1, 0))
         [out_aval] = ctx.avals_out

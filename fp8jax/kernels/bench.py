@@ -15,6 +15,7 @@ Implementations:
 * ``block_xla``: the block-scaled math through XLA (the jnp reference: a scan
   of per-chunk dots) - the path fp8jax takes without the kernel.
 * ``pallas_kn`` / ``pallas_nt``: the Pallas kernel with B as (K, N) / (N, K).
+* ``pallas_tn_wgrad``: the 1D1D kernel computing the Wgrad of the same layer.
 """
 
 from __future__ import annotations
@@ -148,6 +149,17 @@ def bench_dense(
         fns["pallas_nt"] = (
             jax.jit(lambda *x: bg.block_scaled_matmul_nt(*x, interpret=interpret, **kernel_kwargs)),
             (a, sa, bt, sbt),
+        )
+    if "pallas_tn_wgrad" in impls:
+        # Wgrad of the same layer: dW (K, N) = x^T dy, 128x1 tiles along the
+        # M tokens on both operands; same 2MNK FLOPs.
+        dy = jnp.clip(jax.random.normal(jax.random.key(3), (m, n)) * 64, -448, 448).astype(a.dtype)
+        mc = bg.cdiv(m, bg.CHUNK)
+        sx = jnp.full((mc, k), 1e-2, jnp.float32)
+        sdy = jnp.full((mc, n), 1e-2, jnp.float32)
+        fns["pallas_tn_wgrad"] = (
+            jax.jit(lambda *x: bg.block_scaled_matmul_tn(*x, interpret=interpret, **kernel_kwargs)),
+            (a, sx, dy, sdy),
         )
     results = []
     for impl, (fn, args) in fns.items():

@@ -212,44 +212,69 @@ def tile_ij(pid, n_m: int, n_n: int, group_m: int):
     return first_m + lax.rem(local, size), lax.div(local, size)
 
 
-def _mma(a, b, *, trans_b):
+def _mma(a, b, *, trans_a, trans_b):
     if _fp8_mma.TRITON_RULE_INSTALLED:
-        return _fp8_mma.fp8_mma(a, b, trans_b=trans_b)
-    return _fp8_mma._dot_f32(a, b, trans_b=trans_b)
+        return _fp8_mma.fp8_mma(a, b, trans_a=trans_a, trans_b=trans_b)
+    return _fp8_mma._dot_f32(a, b, trans_a=trans_a, trans_b=trans_b)
 
 
-def chunk_loop(load_a, load_b, load_sa, load_sb, n_k: int, bm: int, bn: int, trans_b: bool):
-    """FP32 accumulator of one output tile: the two-level accumulation over ``n_k`` chunks."""
+def chunk_loop(
+    load_a,
+    load_b,
+    load_sa,
+    load_sb,
+    n_k: int,
+    bm: int,
+    bn: int,
+    *,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    b_cols: bool = False,
+):
+    """FP32 accumulator of one output tile: the two-level accumulation over ``n_k`` chunks.
+
+    ``load_sa(c)``: (bm,) row scales of chunk c; ``load_sb(c)``: a scalar (one
+    128x128 block of B) or, with ``b_cols``, (bn,) per-column scales.
+    """
 
     def body(c, acc):
-        a = load_a(c)  # (bm, 128) FP8
+        a = load_a(c)  # (bm, 128) FP8, or (128, bm) when trans_a
         b = load_b(c)  # (128, bn) FP8, or (bn, 128) when trans_b
-        partial = _mma(a, b, trans_b=trans_b)  # fresh FP32 partial of this chunk
-        # Promotion: scale the FP32 partial by the row scales of A's 1x128
-        # tiles and the scalar scale of B's 128x128 block, then add in FP32.
+        partial = _mma(a, b, trans_a=trans_a, trans_b=trans_b)  # fresh FP32 partial
+        # Promotion: scale the FP32 partial by the row scales of A's tiles and
+        # B's block (or column) scales of this chunk, then add in FP32.
+        if b_cols:
+            return acc + partial * load_sa(c)[:, None] * load_sb(c)[None, :]
         scale = load_sa(c) * load_sb(c)  # (bm,)
         return acc + partial * scale[:, None]
 
     return lax.fori_loop(0, n_k, body, jnp.zeros((bm, bn), jnp.float32))
 
 
-def _kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *, n_k, bm, bn, trans_b):
+def _kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *, n_k, bm, bn, trans_a, trans_b, b_cols):
+    def chunk(c):
+        return pl.ds(pl.multiple_of(c * CHUNK, CHUNK), CHUNK)
+
     def load_a(c):
-        return a_ref[:, pl.ds(pl.multiple_of(c * CHUNK, CHUNK), CHUNK)]
+        return a_ref[chunk(c), :] if trans_a else a_ref[:, chunk(c)]
 
     def load_b(c):
-        ks = pl.ds(pl.multiple_of(c * CHUNK, CHUNK), CHUNK)
-        return b_ref[:, ks] if trans_b else b_ref[ks, :]
+        return b_ref[:, chunk(c)] if trans_b else b_ref[chunk(c), :]
+
+    def load_sb(c):
+        return sb_ref[c, :] if b_cols else sb_ref[c, 0]
 
     acc = chunk_loop(
         load_a,
         load_b,
         lambda c: sa_ref[c, :],
-        lambda c: sb_ref[c, 0],
+        load_sb,
         n_k,
         bm,
         bn,
-        trans_b,
+        trans_a=trans_a,
+        trans_b=trans_b,
+        b_cols=b_cols,
     )
     # Single rounding of the FP32 accumulator to the output dtype.
     o_ref[...] = acc.astype(o_ref.dtype)
@@ -274,7 +299,9 @@ def _compiler_params(num_warps: int | None, num_stages: int | None, interpret: b
         "out_dtype",
         "block_m",
         "block_n",
+        "a_layout",
         "b_layout",
+        "b_cols",
         "group_m",
         "num_warps",
         "num_stages",
@@ -283,21 +310,31 @@ def _compiler_params(num_warps: int | None, num_stages: int | None, interpret: b
 )
 def _block_scaled_matmul(
     a_data,
-    a_scale,
+    sa_t,
     b_data,
-    b_scale_kn,
+    sb,
     *,
     out_dtype,
     block_m,
     block_n,
+    a_layout,
     b_layout,
+    b_cols,
     group_m,
     num_warps,
     num_stages,
     interpret,
 ):
+    """Launch the kernel.
+
+    a_data: (M, K) ("mk") or (K, M) ("km"); sa_t: (Kc, M) row scales per chunk.
+    b_data: (K, N) ("kn") or (N, K) ("nk"); sb: (Kc, Nc) block scales, or with
+    ``b_cols`` (Kc, N) per-column scales.
+    """
+    trans_a = a_layout == "km"
     trans_b = b_layout == "nk"
-    m, k = a_data.shape
+    m = a_data.shape[1] if trans_a else a_data.shape[0]
+    k = a_data.shape[0] if trans_a else a_data.shape[1]
     n = b_data.shape[0] if trans_b else b_data.shape[1]
     bm, bn = block_m, block_n
     mp, kp, np_ = round_up(m, bm), round_up(k, CHUNK), round_up(n, CHUNK)
@@ -305,18 +342,19 @@ def _block_scaled_matmul(
     n_m, n_n = mp // bm, np_ // bn
 
     # Zero data padding adds exact zeros; unit scale padding keeps it inert.
-    a_p = _pad_to(a_data, (mp, kp), 0)
+    a_p = _pad_to(a_data, (kp, mp) if trans_a else (mp, kp), 0)
     b_p = _pad_to(b_data, (np_, kp) if trans_b else (kp, np_), 0)
-    # A's scales transposed to (Kc, Mp): the kernel loads one contiguous row of
-    # bm scales per chunk.
-    sa_t = _pad_to(a_scale, (mp, kc), 1.0).T
-    sb = _pad_to(b_scale_kn, (kc, nc), 1.0)
+    # A's scales as (Kc, Mp): the kernel loads one contiguous row of bm scales
+    # per chunk.
+    sa_t = _pad_to(sa_t, (kc, mp), 1.0)
+    sb = _pad_to(sb, (kc, np_) if b_cols else (kc, nc), 1.0)
 
     def ij(pid):
         return tile_ij(pid, n_m, n_n, group_m)
 
     def a_map(pid):
-        return ij(pid)[0], 0
+        i = ij(pid)[0]
+        return (0, i) if trans_a else (i, 0)
 
     def sa_map(pid):
         return 0, ij(pid)[0]
@@ -326,21 +364,26 @@ def _block_scaled_matmul(
         return (j, 0) if trans_b else (0, j)
 
     def sb_map(pid):
+        if b_cols:
+            return 0, ij(pid)[1]
         # bn divides 128: tile j lies in scale block (j * bn) // 128.
         return 0, lax.div(ij(pid)[1] * bn, CHUNK)
 
     def o_map(pid):
         return ij(pid)
 
+    kernel = functools.partial(
+        _kernel, n_k=kc, bm=bm, bn=bn, trans_a=trans_a, trans_b=trans_b, b_cols=b_cols
+    )
     out = pl.pallas_call(
-        functools.partial(_kernel, n_k=kc, bm=bm, bn=bn, trans_b=trans_b),
+        kernel,
         out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
         grid=(n_m * n_n,),
         in_specs=[
-            pl.BlockSpec((bm, kp), a_map),
+            pl.BlockSpec((kp, bm) if trans_a else (bm, kp), a_map),
             pl.BlockSpec((kc, bm), sa_map),
             pl.BlockSpec((bn, kp) if trans_b else (kp, bn), b_map),
-            pl.BlockSpec((kc, 1), sb_map),
+            pl.BlockSpec((kc, bn) if b_cols else (kc, 1), sb_map),
         ],
         out_specs=pl.BlockSpec((bm, bn), o_map),
         compiler_params=_compiler_params(num_warps, num_stages, interpret),
@@ -376,9 +419,12 @@ def block_scaled_matmul(
     check_int32_offsets(a_data, b_data)
     return _block_scaled_matmul(
         a_data,
-        a_scale,
+        # (M, Kc) -> (Kc, M): one contiguous row of block_m scales per chunk.
+        a_scale.T,
         b_data,
         b_scale,
+        a_layout="mk",
+        b_cols=False,
         **_launch_args(
             out_dtype, block_m, block_n, "kn", group_m, num_warps, num_stages, interpret
         ),
@@ -412,12 +458,116 @@ def block_scaled_matmul_nt(
     check_int32_offsets(a_data, bt_data)
     return _block_scaled_matmul(
         a_data,
-        a_scale,
+        a_scale.T,
         bt_data,
         # Scales are tiny: keep one (Kc, Nc) layout inside the kernel.
         bt_scale.T,
+        a_layout="mk",
+        b_cols=False,
         **_launch_args(
             out_dtype, block_m, block_n, "nk", group_m, num_warps, num_stages, interpret
+        ),
+    )
+
+
+def check_tn_operands(at_data, at_scale, b_data, b_scale, out_dtype) -> tuple[int, int, int]:
+    """Validate the 1D1D (Wgrad) operands; return (M, K, N) with K the contraction."""
+    if at_data.ndim != 2 or b_data.ndim != 2:
+        raise ValueError(f"at_data and b_data must be 2D, got {at_data.shape} and {b_data.shape}")
+    for name, x in (("at_data", at_data), ("b_data", b_data)):
+        if jnp.dtype(x.dtype) not in _FP8_DTYPES:
+            raise TypeError(f"{name} must be float8_e4m3fn or float8_e5m2, got {x.dtype}")
+    if at_data.dtype != b_data.dtype:
+        raise TypeError(
+            f"at_data and b_data must share a dtype, got {at_data.dtype}, {b_data.dtype}"
+        )
+    if jnp.dtype(out_dtype) not in _OUT_DTYPES:
+        raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
+    k, m = at_data.shape
+    kb, n = b_data.shape
+    if kb != k:
+        raise ValueError(f"contraction mismatch: at_data {at_data.shape}, b_data {b_data.shape}")
+    kc = cdiv(k, CHUNK)
+    if at_scale.shape != (kc, m):
+        raise ValueError(
+            f"at_scale must have shape (ceil(K/128), M) = {(kc, m)}, got {at_scale.shape}"
+        )
+    if b_scale.shape != (kc, n):
+        raise ValueError(
+            f"b_scale must have shape (ceil(K/128), N) = {(kc, n)}, got {b_scale.shape}"
+        )
+    for name, sc in (("at_scale", at_scale), ("b_scale", b_scale)):
+        if jnp.dtype(sc.dtype) != jnp.float32:
+            raise TypeError(f"{name} must be float32, got {sc.dtype}")
+    return m, k, n
+
+
+def block_scaled_matmul_tn_reference(
+    at_data: jax.Array,
+    at_scale: jax.Array,
+    b_data: jax.Array,
+    b_scale: jax.Array,
+    *,
+    out_dtype=jnp.bfloat16,
+) -> jax.Array:
+    """Same math as ``block_scaled_matmul_tn`` in plain jnp (scan over K chunks)."""
+    m, k, n = check_tn_operands(at_data, at_scale, b_data, b_scale, out_dtype)
+    kc = cdiv(k, CHUNK)
+    a_chunks = _pad_to(at_data, (kc * CHUNK, m), 0).reshape(kc, CHUNK, m)
+    b_chunks = _pad_to(b_data, (kc * CHUNK, n), 0).reshape(kc, CHUNK, n)
+
+    def step(acc, xs):
+        a_c, b_c, sa_c, sb_c = xs
+        # FP8 products are exact in FP32; the chunk sum is an FP32 partial.
+        partial = lax.dot_general(
+            a_c, b_c, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        # Both operands' 128x1 tile scales are applied to the FP32 partial.
+        return acc + partial * sa_c[:, None] * sb_c[None, :], None
+
+    acc, _ = lax.scan(step, jnp.zeros((m, n), jnp.float32), (a_chunks, b_chunks, at_scale, b_scale))
+    # One rounding to the output dtype, after all FP32 accumulation.
+    return acc.astype(out_dtype)
+
+
+def block_scaled_matmul_tn(
+    at_data: jax.Array,
+    at_scale: jax.Array,
+    b_data: jax.Array,
+    b_scale: jax.Array,
+    *,
+    out_dtype=jnp.bfloat16,
+    block_m: int = 128,
+    block_n: int = 128,
+    interpret: bool | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    group_m: int = 8,
+) -> jax.Array:
+    """Wgrad-style GEMM with 128x1 tiles on both operands ("1D1D"): ``at.T @ b``.
+
+    ``at_data`` (K, M) FP8 with ``at_scale`` (ceil(K/128), M), ``b_data`` (K, N)
+    with ``b_scale`` (ceil(K/128), N); K (the token axis in Wgrad) is contracted::
+
+        out[m, n] = sum_c (sum_{k in c} at[k, m] b[k, n]) * at_scale[c, m] * b_scale[c, n]
+
+    With x (T, K_in) and dy (T, N) quantized in 128x1 tiles along T, Wgrad
+    ``dW = x^T dy`` is ``block_scaled_matmul_tn(x, sx, dy, sdy)`` with no copy.
+    Both operands are token-major (MN-major for the MMA), so Triton transposes
+    their tiles on the way to shared memory.
+    """
+    check_tn_operands(at_data, at_scale, b_data, b_scale, out_dtype)
+    check_blocks(block_m, block_n)
+    check_int32_offsets(at_data, b_data)
+    return _block_scaled_matmul(
+        at_data,
+        at_scale,
+        b_data,
+        b_scale,
+        a_layout="km",
+        b_cols=True,
+        **_launch_args(
+            out_dtype, block_m, block_n, "kn", group_m, num_warps, num_stages, interpret
         ),
     )
 

@@ -183,7 +183,7 @@ def _grouped_kernel(
             n_k,
             bm,
             bn,
-            trans_b,
+            trans_b=trans_b,
         )
         # Single rounding of the FP32 accumulator to the output dtype.
         o_ref[...] = acc.astype(o_ref.dtype)
