@@ -6,7 +6,8 @@ e.g. --config.recipe=bf16 --config.steps=200.
 
 import json
 
-from absl import app, flags
+import jax
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from fp8jax.train.loop import train
@@ -15,11 +16,21 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Run directory (checkpoints, metrics, TensorBoard)."
 )
+_CACHE = flags.DEFINE_string(
+    "jax_cache_dir",
+    "/tmp/fp8jax_jax_cache",
+    "Persistent XLA compilation cache ('' = off): reruns and other seeds skip recompiling.",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
     del argv
+    # Orbax logs every checkpoint step at INFO; keep the progress lines readable.
+    logging.set_verbosity(logging.WARNING)
+    if _CACHE.value:
+        jax.config.update("jax_compilation_cache_dir", _CACHE.value)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     s = train(_CONFIG.value, _WORKDIR.value)
     keys = ("recipe", "steps", "final_train_loss", "final_val_loss", "tokens_per_s", "wall_s")
     print("summary:", json.dumps({k: s[k] for k in keys}))

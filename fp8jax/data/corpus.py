@@ -201,29 +201,30 @@ def _windows(stream: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
     return stream[idx].astype(np.int32)
 
 
-def train_batch(corpus: Corpus, step: int, batch_size: int, seq_len: int, seed: int) -> np.ndarray:
-    """Tokens [batch_size, seq_len + 1] for ``step``: a pure function of (seed, step).
+def train_batch(corpus: Corpus, step: int, batch_size: int, length: int, seed: int) -> np.ndarray:
+    """Tokens int32 [batch_size, length] for ``step``: a pure function of (seed, step).
 
     Window starts are drawn uniformly from the train stream with a generator
-    seeded by (seed, step); the model predicts tokens[:, 1:] from tokens[:, :-1].
+    seeded by (seed, step); a model predicts tokens[:, 1:] from the prefixes,
+    i.e. ``length - 1`` predictions per row.
     """
-    n = corpus.train.size - (seq_len + 1)
-    if n <= 0:
-        raise ValueError(f"train stream ({corpus.train.size} bytes) shorter than seq_len + 1")
+    n = corpus.train.size - length
+    if n <= 0 or length < 2:
+        raise ValueError(f"train stream ({corpus.train.size} bytes) too short for length {length}")
     rng = np.random.default_rng([seed, step])
     starts = rng.integers(0, n + 1, size=batch_size)
-    return _windows(corpus.train, starts, seq_len + 1)
+    return _windows(corpus.train, starts, length)
 
 
-def val_batches(corpus: Corpus, n_batches: int, batch_size: int, seq_len: int) -> np.ndarray:
-    """A fixed validation set [n_batches, batch_size, seq_len + 1].
+def val_batches(corpus: Corpus, n_batches: int, batch_size: int, length: int) -> np.ndarray:
+    """A fixed validation set int32 [n_batches, batch_size, length].
 
     Evenly spaced windows over the validation stream (no randomness), the same
     for every run, recipe and seed that uses this corpus.
     """
-    n = corpus.val.size - (seq_len + 1)
-    if n < 0:
-        raise ValueError(f"val stream ({corpus.val.size} bytes) shorter than seq_len + 1")
+    n = corpus.val.size - length
+    if n < 0 or length < 2:
+        raise ValueError(f"val stream ({corpus.val.size} bytes) too short for length {length}")
     total = n_batches * batch_size
     starts = np.linspace(0, n, total).astype(np.int64)
-    return _windows(corpus.val, starts, seq_len + 1).reshape(n_batches, batch_size, seq_len + 1)
+    return _windows(corpus.val, starts, length).reshape(n_batches, batch_size, length)

@@ -188,7 +188,8 @@ def train(config, workdir: str | Path, *, stop_at: int | None = None, stream=Non
     writer = metrics_lib.MetricsWriter(
         workdir,
         total_steps=total,
-        tokens_per_step=batch_size * seq_len,
+        # Predicted tokens per step (each row of seq_len tokens gives seq_len - 1).
+        tokens_per_step=batch_size * (seq_len - 1),
         start_step=start,
         tensorboard=bool(config.get("tensorboard", True)),
         print_every=int(config.log_every),

@@ -1,6 +1,6 @@
 """The jitted training step and the evaluation step.
 
-One step on a batch ``tokens [B, T+1]`` split into ``M`` microbatches:
+One step on a batch ``tokens [B, T]`` split into ``M`` microbatches:
 
 1. ``lax.scan`` over microbatches: loss and gradients w.r.t. (params, fp8).
    Param gradients are *averaged* (equal microbatch sizes, so this is the
@@ -107,7 +107,7 @@ def make_train_step(
     fp8_amax_growth: float = 1.0,
     donate: bool = True,
 ):
-    """A jitted ``step(state, tokens [B, T+1]) -> (state, metrics)``.
+    """A jitted ``step(state, tokens [B, T]) -> (state, metrics)``.
 
     Outlier-stress knobs for delayed scaling (off by default):
       fp8_reset_every: every this many steps, replace the FP8 state by
@@ -153,7 +153,7 @@ def make_train_step(
             gf_max = scaling.merge_delayed_states(gf_max, gf)
             if load_sum is not None:
                 load_sum = load_sum + aux["expert_load"].astype(jnp.float32)
-            return (loss_sum + loss, aux_sum + aux_l, gp_sum, gf_max, load_sum), aux.get("fp8")
+            return (loss_sum + loss, aux_sum + aux_l, gp_sum, gf_max, load_sum), aux.get("fp8", {})
 
         init = (
             jnp.zeros((), jnp.float32),
@@ -203,7 +203,7 @@ def make_train_step(
 
 
 def make_eval_step(graphdef, loss_fn: LossFn):
-    """A jitted ``eval(state, tokens [N, B, T+1]) -> mean cross-entropy`` (aux loss excluded)."""
+    """A jitted ``eval(state, tokens [N, B, T]) -> mean cross-entropy`` (aux loss excluded)."""
 
     def ce_of(state: TrainState, toks):
         model = nnx.merge(graphdef, state.params, state.fp8, state.bias, state.rest)
