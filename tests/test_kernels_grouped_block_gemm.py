@@ -75,7 +75,11 @@ CASES = [
 
 @pytest.mark.parametrize(
     "m,k,n,gs,bm,bn,out_dtype",
-    [(*CASES[0], jnp.bfloat16), (*CASES[1], jnp.float32), (*CASES[2], jnp.float32)],
+    [
+        pytest.param(*CASES[0], jnp.bfloat16, marks=pytest.mark.slow),
+        (*CASES[0], jnp.float32),
+        (*CASES[2], jnp.float32),
+    ],
 )
 def test_grouped_kernel_matches_float64(m, k, n, gs, bm, bn, out_dtype):
     a, sa, b, sb, gs = make_grouped(m + k, m, k, n, gs)
@@ -161,9 +165,14 @@ def test_grouped_bad_inputs_raise():
         )
 
 
-def test_maybe_grouped_block_gemm():
+def test_maybe_grouped_block_gemm_xla_is_none():
     a, sa, b, sb, gs = make_grouped(6, 30, 140, 70, [10, 0, 15])
     assert dispatch.maybe_grouped_block_gemm(a, sa, b, sb, gs, impl="xla") is None
+
+
+@pytest.mark.slow
+def test_maybe_grouped_block_gemm_pallas():
+    a, sa, b, sb, gs = make_grouped(6, 30, 140, 70, [10, 0, 15])
     got = dispatch.maybe_grouped_block_gemm(a, sa, b, sb, gs, impl="pallas", out_dtype=jnp.float32)
     assert_grouped_close(got, a, sa, b, sb, gs, jnp.float32)
 
