@@ -38,14 +38,41 @@ def round_to(x64: np.ndarray, dtype) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         f = x64.astype(np.float32)
         back = f.astype(np.float64)
-    inexact = (back != x64) & ~np.isnan(x64)
     # Round-to-odd: truncate toward zero, then set the last bit if inexact.
-    # For sign-magnitude floats, one step toward zero is bits - 1.
-    bits = f.view(np.uint32).copy()
-    toward_zero = inexact & (np.abs(back) > np.abs(x64))
-    bits[toward_zero] -= np.uint32(1)
-    bits[inexact] |= np.uint32(1)
-    return bits.view(np.float32).astype(dtype)
+    # For sign-magnitude floats one step toward zero is bits - 1.  (NaN compares
+    # unequal to itself: its last bit gets set, and it stays NaN.)
+    toward_zero = np.abs(back) > np.abs(x64)
+    bits = f.view(np.uint32)
+    bits -= toward_zero
+    bits |= back != x64
+    return f.astype(dtype)
+
+
+# Exponent-field masks: a value is inf/NaN when all its exponent bits are set
+# (E4M3FN: NaN is S.1111.111 and it has no inf).
+_NONFINITE_MASKS = {
+    np.dtype(np.float64): (np.uint64, 0x7FF0000000000000),
+    np.dtype(np.float32): (np.uint32, 0x7F800000),
+    np.dtype(np.float16): (np.uint16, 0x7C00),
+    np.dtype(ml_dtypes.bfloat16): (np.uint16, 0x7F80),
+    np.dtype(ml_dtypes.float8_e5m2): (np.uint8, 0x7C),
+    np.dtype(ml_dtypes.float8_e4m3fn): (np.uint8, 0x7F),
+}
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """True if no element is inf or NaN; a bit test for the checkpoint dtypes (no float cast)."""
+    a = np.asarray(a)
+    m = _NONFINITE_MASKS.get(a.dtype)
+    if m is None:
+        if not (
+            np.issubdtype(a.dtype, np.floating) or a.dtype.kind == "V" or "float" in a.dtype.name
+        ):
+            return True
+        return bool(np.isfinite(a.astype(np.float32)).all())
+    ut, mask = m
+    u = np.ascontiguousarray(a).view(ut)
+    return not bool(np.any((u & ut(mask)) == ut(mask)))
 
 
 def scale_shape(shape: tuple[int, int], block: int = BLOCK) -> tuple[int, int]:
@@ -59,6 +86,28 @@ def expand_blocks(s: np.ndarray, rows: int, cols: int, block: int = BLOCK) -> np
     return np.repeat(np.repeat(s, block, axis=0)[:rows], block, axis=1)[:, :cols]
 
 
+def _times_blocks(x64: np.ndarray, s64: np.ndarray, op) -> np.ndarray:
+    """op(x, scale of x's block) for a stripe of rows starting at a block edge.
+
+    Broadcasts the (rows, ceil(cols/BLOCK)) row-expanded scales over 128-column
+    groups instead of materialising a full-size scale array.
+    """
+    r, c = x64.shape
+    srow = np.repeat(s64, BLOCK, axis=0)[:r]
+    out = np.empty((r, c), np.float64)
+    main = (c // BLOCK) * BLOCK
+    if main:
+        nb = main // BLOCK
+        op(
+            x64[:, :main].reshape(r, nb, BLOCK),
+            srow[:, :nb, None],
+            out=out[:, :main].reshape(r, nb, BLOCK),
+        )
+    if main < c:
+        op(x64[:, main:], srow[:, -1:], out=out[:, main:])
+    return out
+
+
 def dequant_rows(w: np.ndarray, scale_rows: np.ndarray, out_dtype=ml_dtypes.bfloat16) -> np.ndarray:
     """Dequantize a stripe of rows of an FP8 weight.
 
@@ -66,9 +115,8 @@ def dequant_rows(w: np.ndarray, scale_rows: np.ndarray, out_dtype=ml_dtypes.bflo
     ``scale_rows``: the (ceil(r/BLOCK), ceil(cols/BLOCK)) scales of those rows.
     Returns ``round_to(float64(w) * float64(scale), out_dtype)``.
     """
-    r, c = w.shape
     # float64 holds every FP8 x float32 product exactly (4 + 24 significant bits).
-    prod = w.astype(np.float64) * expand_blocks(scale_rows.astype(np.float64), r, c)
+    prod = _times_blocks(w.astype(np.float64), scale_rows.astype(np.float64), np.multiply)
     return round_to(prod, out_dtype)
 
 
@@ -82,19 +130,22 @@ def quant_rows(
     data are zeros either way, and a scale of 0 would divide by zero);
     ``data = round_to(clip(x / scale, -max, max))``.  ``x`` must be finite.
     """
+    if block != BLOCK:
+        raise ValueError(f"only {BLOCK}x{BLOCK} blocks are supported")
     r, c = x.shape
     fmax = float(ml_dtypes.finfo(fmt).max)
-    x64 = x.astype(np.float64)
+    # Every input element is a float32 value (BF16/F16/F32): float32 holds it,
+    # its absolute value and the block max exactly.
+    ax = np.abs(x.astype(np.float32))
     sr, sc = scale_shape((r, c), block)
-    pad = np.zeros((sr * block, sc * block), np.float64)
-    pad[:r, :c] = np.abs(x64)
+    pad = np.zeros((sr * block, sc * block), np.float32)
+    pad[:r, :c] = ax
     amax = pad.reshape(sr, block, sc, block).max(axis=(1, 3))
-    # Every input element is a float32 value (BF16/F16/F32), so amax is exact in
-    # float32 and the float32 division rounds once.
-    scale = amax.astype(np.float32) / np.float32(fmax)
+    # The float32 division rounds once, as in DeepSeek's kernels.
+    scale = amax / np.float32(fmax)
     scale = np.where(amax > 0, scale, np.float32(1.0)).astype(np.float32)
-    q = x64 / expand_blocks(scale.astype(np.float64), r, c, block)
+    q = _times_blocks(x.astype(np.float64), scale.astype(np.float64), np.divide)
     # Clip before the cast: E4M3FN has no inf, and 448 * (1 + tiny) from the
     # division must saturate, not become NaN.
-    data = round_to(np.clip(q, -fmax, fmax), fmt)
-    return data, scale
+    np.clip(q, -fmax, fmax, out=q)
+    return round_to(q, fmt), scale

@@ -42,7 +42,7 @@ from typing import TextIO
 
 import numpy as np
 
-from fp8jax.convert.blockwise import BLOCK, dequant_rows, quant_rows, scale_shape
+from fp8jax.convert.blockwise import BLOCK, all_finite, dequant_rows, quant_rows, scale_shape
 from fp8jax.convert.safetensors_io import (
     DTYPES,
     FLOAT_DTYPES,
@@ -338,7 +338,7 @@ def _write_shard(
                 scale = source.locate(a.scale).get(a.scale)
                 for r0, r1 in iter_row_chunks(t.shape[0], t.shape[1], BLOCK, CHUNK_ELEMS):
                     out = dequant_rows(f.rows(a.name, r0, r1), scale[r0 // BLOCK : -(-r1 // BLOCK)])
-                    if not np.isfinite(out.astype(np.float32)).all():
+                    if not all_finite(out):
                         raise ConversionError(
                             f"dequantized {a.name!r} overflows BF16 (rows {r0}..{r1}): scale too large"
                         )
@@ -351,7 +351,7 @@ def _write_shard(
                 chunks = list(iter_row_chunks(t.shape[0], t.shape[1], BLOCK, CHUNK_ELEMS))
                 for r0, r1 in chunks:
                     x = f.rows(a.name, r0, r1)
-                    if not np.isfinite(x.astype(np.float32)).all():
+                    if not all_finite(x):
                         raise ConversionError(
                             f"non-finite values in {a.name!r} (rows {r0}..{r1}) of {shard}"
                         )
@@ -386,7 +386,7 @@ def _verify_shard(path: Path, acts: list[Action]) -> int:
                 continue
             row = math.prod(shape[1:])
             for r0, r1 in iter_row_chunks(shape[0], row, 1, CHUNK_ELEMS):
-                if not np.isfinite(f.rows(n, r0, r1).astype(np.float32)).all():
+                if not all_finite(f.rows(n, r0, r1)):
                     raise ConversionError(
                         f"verification failed: {n!r} in {path.name} has non-finite values"
                     )
