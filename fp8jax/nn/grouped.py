@@ -322,8 +322,16 @@ def _grouped_bwd(recipe, dtypes, with_stats, res, g):
     dx = jnp.where(_valid_rows(group_sizes, m), dx, 0.0).astype(x_dtype)
     # Wgrad: dw[e] = x_e^T dy_e, contraction over the tokens of expert e.
     # x comes from its cached FP8 copy, requantized in 128x1 tiles per group.
-    x_hp = _materialize(qx, jnp.float32)
-    x_w = _quant_tokens(x_hp, recipe.wgrad.lhs, group_sizes, recipe, _part(state, "x"))
+    if (
+        isinstance(qx, QTensor)
+        and recipe.wgrad.lhs == recipe.fprop.lhs
+        and qx.granularity == "tensor"
+    ):
+        # One tensor scale does not depend on the contraction axis: reuse the cache.
+        x_w = qx
+    else:
+        x_hp = _materialize(qx, jnp.float32)
+        x_w = _quant_tokens(x_hp, recipe.wgrad.lhs, group_sizes, recipe, _part(state, "x"))
     dy_w = _quant_tokens(dy, recipe.wgrad.rhs, group_sizes, recipe, _part(state, "dy"))
     dw = grouped_gemm(x_w, dy_w, group_sizes, recipe, "wgrad").astype(w_dtype)
     if state is None:

@@ -1,0 +1,191 @@
+"""Grouped expert GEMM vs an independent per-expert float64 loop reference."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+import reference as ref
+
+import fp8jax
+from fp8jax.nn import grouped_dot
+from fp8jax.nn.grouped import token_tiles
+
+M, K, N = 300, 200, 160
+# Expert 1 gets no token, expert 0 spans two 128-row wgrad tiles (128 + 2),
+# and the last 27 rows belong to no expert.
+GROUPS = np.array([130, 0, 100, 3, 40], np.int32)
+E = len(GROUPS)
+
+
+def _inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    # Columns with very different magnitudes make per-tile scales matter.
+    x *= np.exp(rng.uniform(-3, 3, (1, K))).astype(np.float32)
+    w = (rng.standard_normal((E, K, N)) / np.sqrt(K)).astype(np.float32)
+    dy = rng.standard_normal((M, N)).astype(np.float32)
+    return x, w, dy
+
+
+def _bf16(a):
+    return a.astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def _qdq(t, spec, caxis, groups=None):
+    """Quantize-dequantize ``t`` per spec; returns (float64 value, float32 value)."""
+    if spec.fmt is None:
+        v = _bf16(t)
+        return v, v.astype(np.float32)
+    groups = groups if groups is not None else ref.groups_for(t.shape, spec.granularity, caxis, spec.tile)
+    data, s = ref.ref_quantize_groups(t, groups, ref.FMTS[spec.fmt], spec.pow2, spec.amax_floor)
+    # The float32 product is what a dequantized FP8 cache holds.
+    return data.astype(np.float64) * s, data.astype(np.float32) * s.astype(np.float32)
+
+
+def _token_groups(shape, spec, gs):
+    """Scale groups of a wgrad operand: along tokens, within each expert's rows."""
+    if spec.granularity == "tensor":
+        return ref.groups_for(shape, "tensor", 0)
+    out, off = [], 0
+    for g in gs:
+        for grp in ref.groups_for((int(g), shape[1]), spec.granularity, 0, spec.tile):
+            rows, cols = grp
+            start, stop, _ = rows.indices(int(g))
+            out.append((slice(off + start, off + stop), cols))
+        off += int(g)
+    return out
+
+
+def reference(x, w, dy, gs, recipe):
+    """y, dx, dw of the grouped GEMM, one expert at a time, float64."""
+    f, d, wg = recipe.fprop, recipe.dgrad, recipe.wgrad
+    xq, xq32 = _qdq(x, f.lhs, 1)
+    wq, wq32 = _qdq(w, f.rhs, 1)
+    dyq, _ = _qdq(dy, d.lhs, 1)
+    if d.rhs == f.rhs and d.rhs.granularity in ("tensor", "block"):
+        wd = wq
+    else:
+        wd, _ = _qdq(wq32, d.rhs, 2)
+    if wg.lhs == f.lhs and wg.lhs.granularity == "tensor":
+        xw = xq
+    elif wg.lhs.fmt is None:
+        xw = _bf16(xq32)
+    else:
+        xw, _ = _qdq(xq32, wg.lhs, 0, _token_groups(x.shape, wg.lhs, gs))
+    if wg.rhs.fmt is None:
+        dyw = _bf16(dy)
+    else:
+        dyw, _ = _qdq(dy, wg.rhs, 0, _token_groups(dy.shape, wg.rhs, gs))
+    y = np.zeros((M, N))
+    dx = np.zeros((M, K))
+    dw = np.zeros((E, K, N))
+    off = 0
+    for e, g in enumerate(gs):
+        r = slice(off, off + int(g))
+        y[r] = xq[r] @ wq[e]
+        dx[r] = dyq[r] @ wd[e].T
+        dw[e] = xw[r].T @ dyw[r]
+        off += int(g)
+    return y, dx, dw
+
+
+def _run(x, w, dy, gs, recipe, state=None):
+    def f(x, w, state):
+        y = grouped_dot(
+            x, w, gs, recipe=recipe, state=state, preferred_element_type=jnp.float32
+        )
+        return jnp.sum(y * dy), y
+
+    (_, y), (dx, dw, dstate) = jax.jit(jax.value_and_grad(f, (0, 1, 2), has_aux=True))(
+        jnp.asarray(x), jnp.asarray(w), state
+    )
+    return np.asarray(y), np.asarray(dx), np.asarray(dw), dstate
+
+
+def _relerr(a, b):
+    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / np.max(np.abs(b)))
+
+
+def _froberr(a, b):
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "current_tensor", "rowwise", "bf16"])
+def test_matches_per_expert_reference(name):
+    recipe = fp8jax.recipes.get(name)
+    x, w, dy = _inputs()
+    gs = jnp.asarray(GROUPS)
+    y, dx, dw, _ = _run(x, w, dy, gs, recipe)
+    ry, rdx, rdw = reference(x, w, dy, GROUPS, recipe)
+    # Same quantized values; only float32 accumulation order differs.
+    assert _relerr(y, ry) < 1e-5
+    assert _relerr(dx, rdx) < 1e-5
+    assert _relerr(dw, rdw) < 1e-5
+    # Expert 1 received no token: zero weight gradient; unassigned rows: zero.
+    assert np.all(dw[1] == 0)
+    assert np.all(y[GROUPS.sum() :] == 0) and np.all(dx[GROUPS.sum() :] == 0)
+
+
+def test_deepseek_close_to_exact_and_pow2():
+    x, w, dy = _inputs(1)
+    gs = jnp.asarray(GROUPS)
+    recipe = fp8jax.recipes.deepseek_v3(pow2=True)
+    y, dx, dw, _ = _run(x, w, dy, gs, recipe)
+    ry, rdx, rdw = reference(x, w, dy, GROUPS, recipe)
+    assert _relerr(y, ry) < 1e-5 and _relerr(dx, rdx) < 1e-5 and _relerr(dw, rdw) < 1e-5
+    # And within FP8 error of the unquantized product.
+    ey, edx, edw = reference(x, w, dy, GROUPS, fp8jax.recipes.fp32())
+    assert _froberr(y, ey) < 0.05 and _froberr(dx, edx) < 0.05 and _froberr(dw, edw) < 0.05
+
+
+def test_wgrad_tiles_do_not_straddle_experts():
+    """A tile shared by two experts would give the small expert the big one's scale."""
+    x, w, dy = _inputs(2)
+    gs_np = np.array([5, 123, 0, 100, 72], np.int32)
+    # Expert 0's tokens are tiny: with a straddling tile they would flush to zero.
+    x[:5] *= 1e-6
+    recipe = fp8jax.recipes.deepseek_v3()
+    _, _, dw, _ = _run(x, w, dy, jnp.asarray(gs_np), recipe)
+    exact = x[:5].astype(np.float64).T @ dy[:5].astype(np.float64)
+    assert _froberr(dw[0], exact) < 0.1
+
+
+def test_token_tiles_layout():
+    gs = jnp.asarray([3, 0, 5, 1], jnp.int32)
+    tid, n = token_tiles(gs, 12, 2)
+    # group 0: rows 0-2 -> tiles 0,0,1; group 2: rows 3-7 -> 2,2,3,3,4; group 3: row 8 -> 5.
+    np.testing.assert_array_equal(np.asarray(tid)[:9], [0, 0, 1, 2, 2, 3, 3, 4, 5])
+    assert np.all(np.asarray(tid)[9:] == n - 1)
+
+
+def test_delayed_state_gradient_is_updated_state():
+    recipe = fp8jax.recipes.hybrid_delayed()
+    x, w, dy = _inputs(3)
+    x = x / np.abs(x).max()  # inside E4M3 range at the fresh scale of 1
+    gs = jnp.asarray(GROUPS)
+    st = fp8jax.scaling.init_delayed_gemm_state(recipe)
+    y, dx, dw, new = _run(x, w, dy, gs, recipe, st)
+    np.testing.assert_allclose(float(new.x.amax_history[0]), np.abs(x).max(), rtol=1e-6)
+    np.testing.assert_allclose(float(new.w.amax_history[0]), np.abs(w).max(), rtol=1e-6)
+    np.testing.assert_allclose(float(new.dy.amax_history[0]), np.abs(dy).max(), rtol=1e-6)
+    ey, _, _ = reference(x, w, dy, GROUPS, fp8jax.recipes.fp32())
+    assert _froberr(y, ey) < 0.1
+
+
+def test_bad_inputs():
+    r = fp8jax.recipes.bf16()
+    with pytest.raises(ValueError):
+        grouped_dot(jnp.ones((4, 3)), jnp.ones((2, 4, 5)), jnp.array([2, 2]), recipe=r)
+    with pytest.raises(ValueError):
+        grouped_dot(jnp.ones((4, 3)), jnp.ones((2, 3, 5)), jnp.array([4]), recipe=r)
+    blk = dataclasses.replace(
+        fp8jax.recipes.deepseek_v3(),
+        fprop=fp8jax.GemmSpec(fp8jax.QuantSpec("e4m3", "block"), fp8jax.QuantSpec("e4m3", "block")),
+    )
+    with pytest.raises(ValueError, match="block"):
+        grouped_dot(jnp.ones((4, 3)), jnp.ones((2, 3, 5)), jnp.array([2, 2]), recipe=blk)
