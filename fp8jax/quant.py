@@ -121,22 +121,37 @@ def compute_scale(
     amax_floor: float = 0.0,
 ) -> jnp.ndarray:
     """The online scale layout of ``x`` (see module docstring for shapes)."""
+    amax = group_amax(x, granularity, axis, tile, finite_only=True)
+    return scale_from_amax(amax, fmt, pow2=pow2, amax_floor=amax_floor)
+
+
+def _plain_amax(x, axis=None, keepdims=False):
+    return jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axis, keepdims=keepdims)
+
+
+def group_amax(
+    x: jnp.ndarray, granularity: str, axis: int = -1, tile: int = 128, *, finite_only: bool = True
+) -> jnp.ndarray:
+    """max |x| per scale group (the scale layout's shape), float32.
+
+    ``finite_only`` ignores NaN / Inf elements; without it a non-finite
+    element makes its group's amax non-finite (cheaper: no select per element).
+    """
+    red = finite_amax if finite_only else _plain_amax
     axis = _norm_axis(axis, x.ndim) if x.ndim else 0
     if granularity == "tensor":
-        amax = finite_amax(x)
-    elif granularity == "row":
-        amax = finite_amax(x, axis=axis, keepdims=True)
-    elif granularity == "tile":
-        amax = finite_amax(_split_axis(x, axis, tile), axis=axis + 1)
-    elif granularity == "block":
+        return red(x)
+    if granularity == "row":
+        return red(x, axis=axis, keepdims=True)
+    if granularity == "tile":
+        return red(_split_axis(x, axis, tile), axis=axis + 1)
+    if granularity == "block":
         if x.ndim < 2:
             raise ValueError("block granularity needs at least 2 dimensions")
         xb = _split_axis(_split_axis(x, x.ndim - 1, tile), x.ndim - 2, tile)
         # xb: (..., R/t, t, C/t, t)
-        amax = finite_amax(xb, axis=(-3, -1))
-    else:
-        raise ValueError(f"unknown granularity {granularity!r}")
-    return scale_from_amax(amax, fmt, pow2=pow2, amax_floor=amax_floor)
+        return red(xb, axis=(-3, -1))
+    raise ValueError(f"unknown granularity {granularity!r}")
 
 
 def quantize_with_scale(
@@ -146,11 +161,17 @@ def quantize_with_scale(
     granularity: str = "tile",
     axis: int = -1,
     tile: int = 128,
+    *,
+    assume_finite: bool = False,
 ) -> QTensor:
-    """Quantize with a given scale layout (delayed scaling passes its own)."""
+    """Quantize with a given scale layout (delayed scaling passes its own).
+
+    ``assume_finite`` skips the clipping of +-Inf to float32's max, which
+    only matters when x holds Inf.
+    """
     fmt = as_format(fmt)
     axis = _norm_axis(axis, x.ndim) if x.ndim else 0
-    xf = _to_f32_finite(x)
+    xf = x.astype(jnp.float32) if assume_finite else _to_f32_finite(x)
     scale = scale.astype(jnp.float32)
     if granularity in ("tensor", "row"):
         y = exact_div(xf, scale)
@@ -185,10 +206,25 @@ def quantize(
     """Online-scaled quantization of ``x`` to ``fmt`` (see module docstring)."""
     if x.ndim == 0:
         raise ValueError("quantize needs at least a 1-d tensor")
-    if granularity == "tile" and tile <= 0:
+    if tile <= 0:
         raise ValueError("tile must be positive")
-    scale = compute_scale(x, fmt, granularity, axis, tile, pow2=pow2, amax_floor=amax_floor)
-    return quantize_with_scale(x, scale, fmt, granularity, axis, tile)
+    if granularity not in ("tensor", "row", "tile", "block"):
+        raise ValueError(f"unknown granularity {granularity!r}")
+    # Fast path for the common all-finite tensor: a plain amax (no per-element
+    # isfinite select) and no Inf clipping.  If any group's amax is NaN/Inf,
+    # the robust path recomputes it over the finite elements only.  lax.cond
+    # runs one branch (both under vmap, where it becomes a select).
+    amax = group_amax(x, granularity, axis, tile, finite_only=False)
+
+    def fast(x):
+        scale = scale_from_amax(amax, fmt, pow2=pow2, amax_floor=amax_floor)
+        return quantize_with_scale(x, scale, fmt, granularity, axis, tile, assume_finite=True)
+
+    def robust(x):
+        scale = compute_scale(x, fmt, granularity, axis, tile, pow2=pow2, amax_floor=amax_floor)
+        return quantize_with_scale(x, scale, fmt, granularity, axis, tile)
+
+    return jax.lax.cond(jnp.all(jnp.isfinite(amax)), fast, robust, x)
 
 
 def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:
