@@ -510,7 +510,8 @@ def plot_error_vs_k(rows: Sequence[dict], path: str | None = None, title: str = 
         ax.set_xlabel("K (contraction length)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("relative error  |y - xw| / (|x||w|)")
-    axes[0][0].legend(fontsize=7, loc="lower right")
+    axes[0][0].plot([], [], ":", color="k", label="dotted: mean over outputs")
+    axes[0][0].legend(fontsize=7, loc="center right")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
