@@ -285,9 +285,9 @@ def format_table(rows: list[FormatInfo] | None = None) -> str:
             ]
         )
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip() for b in body]
     typed = [r.name for r in rows if r.source.startswith("typed in")]
     lines.append("")
     lines.append(

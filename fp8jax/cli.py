@@ -104,13 +104,17 @@ def _cmd_plan(args) -> int:
     return 0
 
 
+def _size(b: float) -> str:
+    return f"{b / 1e9:.2f} GB" if b >= 1e9 else f"{b / 1e6:.2f} MB"
+
+
 def _cmd_convert(args) -> int:
     from fp8jax.convert import convert_checkpoint
 
     rep = convert_checkpoint(args.direction, args.src, args.dst, keep=args.keep, quiet=args.quiet)
     print(
         f"converted {rep.converted} of {rep.tensors_in} tensors in {rep.shards} shard(s): "
-        f"{rep.bytes_in / 1e9:.3f} GB -> {rep.bytes_out / 1e9:.3f} GB, {rep.tensors_out} tensors, "
+        f"{_size(rep.bytes_in)} -> {_size(rep.bytes_out)}, {rep.tensors_out} tensors, "
         f"written to {rep.dst} ({rep.seconds:.1f} s)"
     )
     return 0

@@ -164,8 +164,11 @@ def format_table(rows: tuple[Accelerator, ...] | None = None, sources: bool = Fa
         for a in rows
     ]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
-    out += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    out = [
+        "  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip(),
+        "  ".join("-" * w for w in widths),
+    ]
+    out += ["  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip() for b in body]
     out.append("")
     out.append("Dense peak TFLOP/s (never the sparsity figure); '-' = no figure found in a source.")
     if sources:

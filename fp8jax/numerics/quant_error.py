@@ -362,8 +362,8 @@ def format_report(rows: list[ErrorRow], title: str) -> str:
             for r in part
         ]
         widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
-        out.append("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-        out += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+        out.append("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
+        out += ["  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip() for b in body]
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 
