@@ -75,6 +75,18 @@ def test_safetensors_roundtrip_and_official_reader(tmp_path):
         assert back2[k].tobytes() == v.tobytes() and back2[k].shape == v.shape
 
 
+def test_views_outlive_close(tmp_path):
+    """Arrays handed out stay readable after close (the mapping is not torn down under them)."""
+    p = tmp_path / "v.safetensors"
+    convert.save_file(p, {"a": np.arange(6, dtype=np.float32)})
+    f = convert.SafetensorsFile(p)
+    v = f.get("a")
+    f.close()
+    np.testing.assert_array_equal(v, np.arange(6))
+    with pytest.raises(convert.SafetensorsError, match="closed"):
+        f.get("a")
+
+
 def test_writer_checks_order_and_completeness(tmp_path):
     w = convert.SafetensorsWriter(
         tmp_path / "x.safetensors", [("a", "F32", (2,)), ("b", "F32", (1,))]

@@ -138,6 +138,7 @@ class SafetensorsFile:
         for name, rec in header.items():
             self._infos[name] = self._parse_entry(name, rec, data_size)
         self._mm = np.memmap(p, dtype=np.uint8, mode="r") if size > self.data_start else None
+        self._closed = False
 
     def _parse_entry(self, name: str, rec, data_size: int) -> TensorInfo:
         p = self.path
@@ -191,8 +192,13 @@ class SafetensorsFile:
         except KeyError:
             raise SafetensorsError(f"shard {self.path} has no tensor {name!r}") from None
 
+    def _require_open(self) -> None:
+        if self._mm is None and self._closed:
+            raise SafetensorsError(f"shard {self.path} is closed")
+
     def get(self, name: str) -> np.ndarray:
         """The whole tensor as a read-only view of the memory map (no copy)."""
+        self._require_open()
         t = self.info(name)
         if t.nbytes == 0 or self._mm is None:
             return np.zeros(t.shape, t.np_dtype)
@@ -201,6 +207,7 @@ class SafetensorsFile:
 
     def rows(self, name: str, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) of a tensor (along its first axis) as a view."""
+        self._require_open()
         t = self.info(name)
         if not t.shape:
             raise SafetensorsError(f"{name!r} is a scalar; it has no rows")
@@ -213,9 +220,11 @@ class SafetensorsFile:
         return raw.view(t.np_dtype).reshape((stop - start, *t.shape[1:]))
 
     def close(self) -> None:
-        mm, self._mm = self._mm, None
-        if mm is not None:
-            mm._mmap.close()  # release the mapping now, not at garbage collection
+        # Drop our reference only: arrays handed out by get()/rows() are views of
+        # the mapping, and unmapping under them would crash on their next read.
+        # The mapping goes away when the last view does.
+        self._mm = None
+        self._closed = True
 
     def __enter__(self) -> SafetensorsFile:
         return self
