@@ -4,7 +4,7 @@ Public contract (see DESIGN.md): formats, quantize/dequantize, Recipe and its
 presets, and a differentiable FP8 ``dot_general``.
 """
 
-from fp8jax import formats, recipes, scaling
+from fp8jax import accumulate, formats, recipes, scaling
 from fp8jax.dot_general import dot_general, make_dot_general
 from fp8jax.formats import E4M3, E4M3FNUZ, E5M2, E5M2FNUZ, E8M0, saturating_cast
 from fp8jax.quant import QTensor, dequantize, quantize
@@ -28,6 +28,7 @@ __all__ = [
     "GemmSpec",
     "Accumulation",
     "DelayedConfig",
+    "accumulate",
     "formats",
     "recipes",
     "scaling",
