@@ -30,6 +30,7 @@ _SQUARE = flags.DEFINE_list(
     "square_sizes", [], "Square sizes (default 1024..8192; small 256..1024)."
 )
 _M = flags.DEFINE_integer("m_tokens", None, "M (tokens) of DeepSeek-V3 shapes (4096; small 64).")
+_DSV3_N = flags.DEFINE_list("dsv3_n", [], "N of the DeepSeek-V3 K=7168 shapes (default all four).")
 _EM = flags.DEFINE_integer("expert_m", None, "M of the MoE expert shapes (default --m_tokens).")
 _RECIPES = flags.DEFINE_list("recipes", [], "Recipe presets (default: all of recipes.PRESETS).")
 _IMPLS = flags.DEFINE_list("impls", [], "Implementations: xla,pallas,reference (default: all).")
@@ -56,7 +57,8 @@ def main(argv):
         shapes = [bench.parse_shape(s) for s in _SHAPES.value]
     else:
         sq = [int(s) for s in _SQUARE.value] or None
-        shapes = bench.default_shapes(small, _GROUPS.value, _M.value, _EM.value, sq)
+        dsv3_n = [int(n) for n in _DSV3_N.value] or None
+        shapes = bench.default_shapes(small, _GROUPS.value, _M.value, _EM.value, sq, dsv3_n)
     cfg = bench.SweepConfig(
         shapes=shapes,
         recipes=_RECIPES.value or None,

@@ -332,6 +332,7 @@ def default_shapes(
     m_tokens: int | None = None,
     expert_m: int | None = None,
     square_sizes: Sequence[int] | None = None,
+    dsv3_n: Sequence[int] | None = None,
 ) -> list[gemm_lib.Shape]:
     """The shape list: full sizes, or CPU-sized ones with ``small`` (M = 64 tokens)."""
     if square_sizes is None:
@@ -339,5 +340,9 @@ def default_shapes(
     if m_tokens is None:
         m_tokens = 64 if small else 4096
     return gemm_lib.gemm_shapes(
-        groups, m_tokens=m_tokens, expert_m=expert_m, square_sizes=square_sizes
+        groups,
+        m_tokens=m_tokens,
+        expert_m=expert_m,
+        square_sizes=square_sizes,
+        dsv3_n=dsv3_n or gemm_lib.DSV3_N,
     )
