@@ -33,6 +33,8 @@ def get_config():
             name="granularity",
             labels=["bf16", "tensor", "row", "tile_block"],
             baseline="bf16",
+            # Shared with the other tiny comparisons: identical runs are trained once.
+            run_root="/tmp/fp8jax_cmp/runs_tiny",
             seeds=[0, 1],
             notes=(
                 "Tiny MoE model, stdlib corpus, E4M3 everywhere with online scaling: one scale per "
@@ -41,9 +43,9 @@ def get_config():
             ),
             runs=_runs(
                 bf16=dict(recipe="bf16"),
-                tensor=dict(recipe="tensor"),
-                row=dict(recipe="row"),
-                tile_block=dict(recipe="tile_block"),
+                tensor=dict(recipe="current_tensor"),
+                row=dict(recipe="rowwise"),
+                tile_block=dict(recipe="deepseek_v3"),
             ),
         )
     )

@@ -33,6 +33,8 @@ def get_config():
             name="scaling",
             labels=["bf16", "tensor_current", "tensor_delayed", "fine_online"],
             baseline="bf16",
+            # Shared with the other tiny comparisons: identical runs are trained once.
+            run_root="/tmp/fp8jax_cmp/runs_tiny",
             seeds=[0, 1],
             notes=(
                 "Tiny MoE model, stdlib corpus, E4M3 for every operand so only the scaling differs. "
@@ -43,9 +45,9 @@ def get_config():
             ),
             runs=_runs(
                 bf16=dict(recipe="bf16"),
-                tensor_current=dict(recipe="tensor_current"),
+                tensor_current=dict(recipe="current_tensor"),
                 tensor_delayed=dict(recipe="tensor_delayed"),
-                fine_online=dict(recipe="fine_online"),
+                fine_online=dict(recipe="deepseek_v3"),
             ),
         )
     )

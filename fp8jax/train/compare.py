@@ -9,9 +9,13 @@ A comparison config is a training config (see ``configs/tiny.py``) plus a
     compare.seeds     model-init / batch-order seeds; every label runs every seed
     compare.runs.<label>   ConfigDict(recipe=..., <any top-level config field>=...)
 
-Each (label, seed) trains in ``<workdir>/<label>/seed<k>`` with
-:func:`fp8jax.train.loop.train` (so an interrupted comparison resumes, and a
-finished run is only re-read).  All runs with the same seed see the same
+Each (label, seed) trains with :func:`fp8jax.train.loop.train` in
+``<run_root>/<recipe>-<hash of its training config>/seed<k>`` (``run_root`` is
+``compare.run_root`` or ``<workdir>/runs``): an interrupted comparison
+resumes, a finished run is only re-read, and comparisons that share a
+``run_root`` share identical runs (e.g. the bf16 baseline) instead of
+repeating them.  Runs go seed by seed, so a partial comparison already pairs
+every label with the baseline.  All runs with the same seed see the same
 batches, so gaps are *paired*: the relative gap of a label is the mean over
 seeds of ``(val(label, s) - val(baseline, s)) / val(baseline, s)``.  The noise
 floor is the baseline's seed-to-seed spread, ``(max - min) / mean`` of its
@@ -27,6 +31,7 @@ step, with the baseline's seed spread shaded).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -52,6 +57,14 @@ def run_config(config, label: str, seed: int):
     c.seed = int(seed)
     c.data_seed = int(seed)
     return c
+
+
+def run_dir(run_root: Path, config, seed: int) -> Path:
+    """Directory of one run, keyed by its whole training config (seed excluded)."""
+    blob = to_jsonable(config)
+    blob = {k: v for k, v in blob.items() if k not in ("seed", "data_seed")}
+    digest = hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:10]
+    return Path(run_root) / f"{config.recipe}-{digest}" / f"seed{int(seed)}"
 
 
 def _smooth(y: np.ndarray, window: int) -> np.ndarray:
@@ -274,17 +287,21 @@ def run_comparison(config, workdir: str | Path, *, command: str | None = None, s
     missing = [lab for lab in labels if lab not in cmp.runs]
     if missing:
         raise ValueError(f"compare.runs has no entry for {missing}")
-    runs: dict[str, dict[int, dict]] = {}
-    run_rows: dict[str, dict[int, list]] = {}
-    for label in labels:
-        runs[label], run_rows[label] = {}, {}
-        for seed in cmp.seeds:
-            rdir = workdir / label / f"seed{int(seed)}"
+    run_root = Path(str(cmp.get("run_root", "") or "") or workdir / "runs")
+    runs: dict[str, dict[int, dict]] = {label: {} for label in labels}
+    run_rows: dict[str, dict[int, list]] = {label: {} for label in labels}
+    dirs: dict[str, dict[int, str]] = {label: {} for label in labels}
+    for seed in cmp.seeds:
+        for label in labels:
+            rc = run_config(config, label, int(seed))
+            rdir = run_dir(run_root, rc, int(seed))
             print(f"== {cmp.name}: {label} seed {seed} -> {rdir}", file=stream, flush=True)
-            summary = train(run_config(config, label, int(seed)), rdir, stream=stream)
+            summary = train(rc, rdir, stream=stream)
             runs[label][int(seed)] = summary
             run_rows[label][int(seed)] = read_jsonl(rdir / "metrics.jsonl")
+            dirs[label][int(seed)] = str(rdir)
     results = aggregate(config, runs, run_rows)
+    results["run_dirs"] = dirs
     results["command"] = command
     results["config"] = to_jsonable(config)
     notes = str(cmp.get("notes", ""))
