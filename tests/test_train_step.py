@@ -1,0 +1,180 @@
+"""The jitted training step: microbatch accumulation, FP8-state overwrite and merge,
+clipping that never touches FP8 state, router-bias updates.  A two-layer module built
+from fp8jax.nn.Dense stands in for the MoE model so every compile is quick."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import fp8jax
+from fp8jax import scaling
+from fp8jax.nn.dense import Dense
+from fp8jax.nn.variables import RouterBias
+from fp8jax.train.optimizer import make_optimizer
+from fp8jax.train.state import create_train_state
+from fp8jax.train.step import make_train_step, update_bias_state
+
+
+class TwoLayer(nnx.Module):
+    def __init__(self, recipe, *, rngs):
+        self.emb = nnx.Param(jax.random.normal(rngs.params(), (256, 32), jnp.float32))
+        self.l1 = Dense(32, 64, recipe=recipe, name="l1", dtype=jnp.float32, rngs=rngs)
+        self.l2 = Dense(64, 256, recipe=recipe, name="l2", dtype=jnp.float32, rngs=rngs)
+        self.router_bias = RouterBias(jnp.zeros((1, 4), jnp.float32))
+
+    def __call__(self, tokens):
+        stats = {}
+        x = self.emb[...][tokens]
+        logits = self.l2(jax.nn.relu(self.l1(x, stats)), stats)
+        # Expert "load": tokens per bucket of the first token id (deterministic).
+        load = jnp.sum(jax.nn.one_hot(tokens % 4, 4), axis=(0, 1))[None]
+        return logits, {"aux_loss": jnp.zeros((), jnp.float32), "expert_load": load, "fp8": stats}
+
+
+def loss_fn(model, tokens):
+    logits, aux = model(tokens)
+    lg = logits[:, :-1].astype(jnp.float32)
+    ce = jnp.mean(
+        jax.nn.logsumexp(lg, -1) - jnp.take_along_axis(lg, tokens[:, 1:, None], -1)[..., 0]
+    )
+    return ce, aux
+
+
+def _setup(recipe, clip=1.0):
+    model = TwoLayer(recipe, rngs=nnx.Rngs(0))
+    tx, sched = make_optimizer(peak_lr=1e-2, total_steps=10, warmup_steps=0, clip_norm=clip)
+    graphdef, state = create_train_state(model, tx)
+    return graphdef, state, tx, sched
+
+
+def _tokens(b=4, t=16, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).integers(0, 256, (b, t)), jnp.int32)
+
+
+def test_microbatches_average_param_grads_and_max_merge_fp8_state():
+    recipe = fp8jax.recipes.hybrid_delayed()
+    graphdef, state, tx, _ = _setup(recipe)
+    toks = _tokens()
+    upd = lambda s, m: make_train_step(graphdef, tx, loss_fn, microbatches=m, donate=False)(s, toks)
+
+    @jax.jit
+    def grads(tok):
+        def f(params, fp8):
+            model = nnx.merge(graphdef, params, fp8, state.bias, state.rest)
+            return loss_fn(model, tok)[0]
+
+        return jax.grad(f, argnums=(0, 1))(state.params, state.fp8)
+
+    # Independent composition: per-half gradients averaged, FP8 states max-merged.
+    g_a, f_a = grads(toks[:2])
+    g_b, f_b = grads(toks[2:])
+    g_mean = jax.tree.map(lambda a, b: (a + b) / 2, g_a, g_b)
+    u, _ = jax.jit(tx.update)(g_mean, tx.init(state.params), state.params)
+    params_ref = optax.apply_updates(state.params, u)
+    new2, m2 = upd(state, 2)
+    for a, b in zip(jax.tree.leaves(new2.params), jax.tree.leaves(params_ref)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    for got, a, b in zip(jax.tree.leaves(new2.fp8), jax.tree.leaves(f_a), jax.tree.leaves(f_b)):
+        np.testing.assert_array_equal(np.asarray(got), np.maximum(np.asarray(a), np.asarray(b)))
+    # The new state is the updated history: this step's amax in front, scale from it.
+    st = jax.tree.leaves(new2.fp8, is_leaf=lambda x: isinstance(x, scaling.DelayedState))
+    hist = [np.asarray(s.amax_history) for s in st if isinstance(s, scaling.DelayedState)]
+    assert hist and all(h[0] > 0 and np.all(h[1:] == 0) for h in hist)
+    assert int(new2.step) == 1 and np.isfinite(float(m2["loss"]))
+
+
+def test_clipping_leaves_fp8_state_alone_and_unused_state_is_kept():
+    recipe = fp8jax.recipes.hybrid_delayed()
+    graphdef, state, tx, _ = _setup(recipe, clip=1e-6)
+    toks = _tokens()
+    step = make_train_step(graphdef, tx, loss_fn, donate=False)
+    new, m = step(state, toks)
+
+    def f(params, fp8):
+        return loss_fn(nnx.merge(graphdef, params, fp8, state.bias, state.rest), toks)[0]
+
+    _, g_fp8 = jax.jit(jax.grad(f, argnums=(0, 1)))(state.params, state.fp8)
+    # FP8 state == its gradient exactly, although Param grads were clipped to 1e-6.
+    for a, b in zip(jax.tree.leaves(new.fp8), jax.tree.leaves(g_fp8)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert float(m["grad_norm"]) > 1e-3
+    moved = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(state.params))
+    )
+    # Adam normalizes the clipped gradient, so the step is ~lr; the clip must not zero it.
+    assert 0 < moved <= 1.1e-2
+
+    # A GEMM that did not run gets a zero cotangent: keep its old state.
+    from fp8jax.train.step import _keep_unused
+
+    zeros = jax.tree.map(jnp.zeros_like, new.fp8)
+    kept = _keep_unused(zeros, new.fp8)
+    for a, b in zip(jax.tree.leaves(kept), jax.tree.leaves(new.fp8)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_stress_knobs_reset_and_shrink_the_delayed_state():
+    recipe = fp8jax.recipes.hybrid_delayed()
+    graphdef, state, tx, _ = _setup(recipe)
+    fresh = jax.tree.map(jnp.copy, state.fp8)
+    toks = _tokens()
+    plain, _ = make_train_step(graphdef, tx, loss_fn, donate=False)(state, toks)
+    grown, _ = make_train_step(graphdef, tx, loss_fn, fp8_amax_growth=4.0, donate=False)(
+        state, toks
+    )
+    for a, b in zip(jax.tree.leaves(grown.fp8), jax.tree.leaves(plain.fp8)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b) / np.float32(4.0))
+    reset, _ = make_train_step(
+        graphdef, tx, loss_fn, fp8_fresh=fresh, fp8_reset_every=1, donate=False
+    )(state, toks)
+    for a, b in zip(jax.tree.leaves(reset.fp8), jax.tree.leaves(fresh)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _ref_bias(bias, load, rate):
+    b = np.asarray(bias, np.float64)
+    lo = np.asarray(load, np.float64)
+    return b + rate * np.sign(lo.mean(-1, keepdims=True) - lo)
+
+
+def test_router_bias_update_single_and_per_layer_leaves():
+    from fp8jax.models import update_router_bias
+
+    load = jnp.asarray([[5.0, 1.0, 3.0, 3.0], [0.0, 0.0, 8.0, 4.0]])
+    one = {"b": jnp.zeros((2, 4), jnp.float32)}
+    out = update_bias_state(one, load, 0.01, update_router_bias)
+    np.testing.assert_allclose(
+        np.asarray(out["b"]), _ref_bias(np.zeros((2, 4)), load, 0.01), rtol=1e-6
+    )
+    per_layer = {"l0": jnp.zeros((4,)), "l1": jnp.ones((4,))}
+    out = update_bias_state(per_layer, load, 0.5, update_router_bias)
+    ref = _ref_bias(np.stack([np.zeros(4), np.ones(4)]), load, 0.5)
+    np.testing.assert_allclose(np.asarray(out["l0"]), ref[0])
+    np.testing.assert_allclose(np.asarray(out["l1"]), ref[1])
+    with pytest.raises(ValueError, match="do not match"):
+        update_bias_state({"b": jnp.zeros((3, 4))}, load, 0.1, update_router_bias)
+
+
+def test_step_updates_router_bias_from_summed_load():
+    from fp8jax.models import update_router_bias
+
+    graphdef, state, tx, _ = _setup(fp8jax.recipes.bf16())
+    toks = _tokens(4, 16, seed=3)
+    step = make_train_step(
+        graphdef,
+        tx,
+        loss_fn,
+        microbatches=2,
+        bias_rate=0.1,
+        update_bias_fn=update_router_bias,
+        donate=False,
+    )
+    new, _ = step(state, toks)
+    load = np.eye(4)[np.asarray(toks) % 4].sum((0, 1))[None]
+    np.testing.assert_allclose(
+        np.asarray(jax.tree.leaves(new.bias)[0]), _ref_bias(np.zeros((1, 4)), load, 0.1), rtol=1e-6
+    )
