@@ -41,7 +41,11 @@ def _qdq(t, spec, caxis, groups=None):
     if spec.fmt is None:
         v = _bf16(t)
         return v, v.astype(np.float32)
-    groups = groups if groups is not None else ref.groups_for(t.shape, spec.granularity, caxis, spec.tile)
+    groups = (
+        groups
+        if groups is not None
+        else ref.groups_for(t.shape, spec.granularity, caxis, spec.tile)
+    )
     data, s = ref.ref_quantize_groups(t, groups, ref.FMTS[spec.fmt], spec.pow2, spec.amax_floor)
     # The float32 product is what a dequantized FP8 cache holds.
     return data.astype(np.float64) * s, data.astype(np.float32) * s.astype(np.float32)
@@ -96,9 +100,7 @@ def reference(x, w, dy, gs, recipe):
 
 def _run(x, w, dy, gs, recipe, state=None):
     def f(x, w, state):
-        y = grouped_dot(
-            x, w, gs, recipe=recipe, state=state, preferred_element_type=jnp.float32
-        )
+        y = grouped_dot(x, w, gs, recipe=recipe, state=state, preferred_element_type=jnp.float32)
         return jnp.sum(y * dy), y
 
     (_, y), (dx, dw, dstate) = jax.jit(jax.value_and_grad(f, (0, 1, 2), has_aux=True))(
