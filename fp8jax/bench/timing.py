@@ -1,11 +1,14 @@
 """Timing and memory of a compiled JAX function.
 
 Timing protocol: ``warmup`` untimed calls (after compilation), then ``iters``
-calls, each timed alone with ``time.perf_counter`` around the call *and*
-``jax.block_until_ready`` on its outputs (JAX dispatch is asynchronous: without
-the block the clock would stop before the device finished).  The median is the
-reported time (robust to the odd slow call on a shared machine); min and max
-are kept to show the spread.
+samples, each timed with ``time.perf_counter`` around the call(s) *and*
+``jax.block_until_ready`` on the outputs (JAX dispatch is asynchronous: without
+the block the clock would stop before the device finished).  A call shorter
+than ``min_sample_s`` (sub-millisecond GPU GEMMs) is repeated ``inner`` times
+back to back inside one sample, and the sample divided by ``inner``, so the
+fixed cost of one dispatch + block (tens of microseconds) does not inflate the
+time.  The median sample is the reported time (robust to the odd slow call on
+a shared machine); min and max are kept to show the spread.
 
 Memory: ``compiled.memory_analysis()`` is XLA's static buffer assignment for
 the executable.  Peak device memory of one call is estimated as
@@ -15,6 +18,7 @@ once at most; the allocator cannot need more for this executable).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -24,25 +28,38 @@ import jax
 
 
 def time_call(
-    fn: Callable[..., Any], args: Sequence[Any], *, warmup: int = 2, iters: int = 10
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    warmup: int = 2,
+    iters: int = 10,
+    min_sample_s: float = 2e-3,
 ) -> dict[str, float]:
-    """Median / min / max wall time in seconds of ``fn(*args)`` (see module docstring)."""
+    """Median / min / max wall time in seconds of one ``fn(*args)`` (see module docstring)."""
     if iters < 1:
         raise ValueError(f"iters must be >= 1, got {iters}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    first = time.perf_counter() - t0
+    inner = max(1, min(1000, math.ceil(min_sample_s / max(first, 1e-9))))
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
+        out = None
+        for _ in range(inner):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / inner)
     return {
         "median_s": statistics.median(times),
         "min_s": min(times),
         "max_s": max(times),
         "iters": iters,
+        "inner": inner,
         "warmup": warmup,
     }
 
