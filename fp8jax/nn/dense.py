@@ -114,8 +114,8 @@ class Dense(nnx.Module):
         if stats is not None:
             out, st = out
             record(stats, self.name, st)
-        # dot_general puts x's free axes first, then the kernel's: the DenseGeneral layout
-        # when the contracted axes are the trailing ones; otherwise move them back.
+        # dot_general puts x's free axes first (in order), then the kernel's output
+        # axes: the DenseGeneral layout.
         if self.bias is not None:
             # Bias added in float32, then one rounding to the activation dtype.
             out = (out.astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(self.dtype)
