@@ -75,9 +75,12 @@ def main(argv):
         moe_seq=_MOE_SEQ.value,
         moe_iters=3 if small else 10,
         hlo_dump_dir=os.path.join(_OUT.value, "hlo") if _DUMP.value else None,
+        partial_json=os.path.join(_OUT.value, "results.partial.json"),
     )
     results = bench.run_sweep(cfg)
     paths = bench.write_results(results, _OUT.value, plots=_PLOTS.value)
+    if cfg.partial_json and os.path.exists(cfg.partial_json):
+        os.remove(cfg.partial_json)  # superseded by results.json
     print("\nspeedup vs bf16 (t_bf16 / t), fwd+bwd:")
     print(bench.summary_table(results, "fwd_bwd"))
     print("\nspeedup vs bf16 (t_bf16 / t), fwd:")
@@ -87,6 +90,7 @@ def main(argv):
         for k, v in results["skipped_variants"].items():
             print(f"  {k}: {v}")
     print(f"\nMoE train step: {results['moe_step']}")
+    print(bench.sweep.moe_table(results))
     print(f"wall {results['wall_s']:.1f} s; wrote {', '.join(sorted(paths.values()))}")
 
 

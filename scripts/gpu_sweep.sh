@@ -5,35 +5,58 @@
 #
 # Installs nothing beyond `pip install -e .` (if fp8jax is not importable) and
 # jax[cuda12] (only if JAX has no GPU backend).  Then:
-#   1. GEMM sweep: DeepSeek-V3 shapes (M=4096, K=7168, N=2112/24576/4096/7168), MoE
-#      expert shapes, squares 1024-8192; every recipe x impl (xla with f32/bf16
-#      dequant, pallas where usable) + the canonical xla_fp8_per_tensor reference;
-#      fwd and fwd+bwd; cases past a 330 s budget are recorded as skipped.
-#      The first shape's compiled HLO is saved (hlo/) to audit the
+#   1. GEMM sweep on DeepSeek-V3 shapes (M=4096, K=7168, N=2112/24576/4096/7168) and
+#      the MoE expert shapes: every recipe x impl (xla with f32/bf16 dequant, pallas
+#      where usable) + the canonical xla_fp8_per_tensor reference, fwd and fwd+bwd.
+#      The first shape's compiled HLO is saved (bench_gpu/hlo/) to audit the
 #      __cublas$lt$matmul$f8 check (column cublaslt_fp8 = found / not found).
-#   2. MoE train step of ModelConfig.small() for the main recipes (120 s budget).
-# Commit $OUT/bench_gpu/{results.json,results.csv,*.png,run.log} as
-# experiments/results/bench_gpu/ and quote the speedup table printed at the end.
+#   2. Squares 1024-8192 for the main recipes.
+#   3. MoE train step of ModelConfig.small() for the main recipes.
+# Each part has a time budget (cases past it are recorded as "skipped") and a
+# hard timeout; the whole script stays under ~6.5 min plus JAX start-up.
+# Commit $OUT/bench_gpu*/{results.json,results.csv,*.png,run.log} under
+# experiments/results/ and quote the speedup tables printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/experiments/results/bench_gpu_run}"
 mkdir -p "$OUT/bench_gpu" "$OUT/bench_gpu_moe"
 
 python -c "import fp8jax.bench" 2>/dev/null || pip install -q -e .
-if ! python -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>/dev/null; then
-  pip install -q "jax[cuda12]"
+# jax[cuda12] only where an NVIDIA GPU exists and JAX does not see it yet (never on a
+# CPU-only machine, never in SMOKE mode: it would only add a failing CUDA plugin there).
+if [[ "${SMOKE:-0}" != 1 ]] && nvidia-smi -L >/dev/null 2>&1 \
+   && ! python -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>/dev/null; then
+  pip install -q "jax[cuda12]" || echo "could not install jax[cuda12]"
 fi
 python -c "import jax; print(jax.__version__, jax.devices())" | tee "$OUT/bench_gpu/devices.txt"
 nvidia-smi > "$OUT/bench_gpu/nvidia-smi.txt" 2>&1 || true
+if [[ "${SMOKE:-0}" != 1 ]] && ! python -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')"; then
+  echo "JAX has no GPU backend here: refusing to run the GPU sweep (use SMOKE=1 for a CPU check)"; exit 2
+fi
 
 export MPLBACKEND=Agg
+# SMOKE=1: the same three parts at tiny sizes (checks this script's plumbing on a CPU).
+if [[ "${SMOKE:-0}" == 1 ]]; then
+  P1="--shapes=64x256x128"; P2="--square_sizes=128"; P3="--moe_preset=tiny --moe_batch=2 --moe_seq=16 --recipes=bf16"
+else
+  P1="--groups=dsv3,moe --m_tokens=4096"; P2="--square_sizes=1024,2048,4096,8192"
+  P3="--moe_preset=small --moe_batch=8 --recipes=bf16,deepseek_v3,current_tensor,hybrid_delayed"
+fi
 start=$(date +%s)
-timeout 420 python experiments/bench_sweep.py \
-  --out_dir="$OUT/bench_gpu" --groups=dsv3,moe,square --m_tokens=4096 \
-  --warmup=3 --iters=20 --time_budget_s=330 --moe_step=false --dump_hlo \
-  2>&1 | tee "$OUT/bench_gpu/run.log" | grep -v "^[IW][0-9]"
-timeout 160 python experiments/bench_sweep.py \
-  --out_dir="$OUT/bench_gpu_moe" --groups= --moe_step --moe_preset=small --moe_batch=8 \
-  --recipes=bf16,deepseek_v3,current_tensor,hybrid_delayed --warmup=2 --time_budget_s=120 \
+# 1. DeepSeek-V3 + MoE expert shapes, every recipe x impl, both passes (~4 min).
+timeout 300 python experiments/bench_sweep.py \
+  --out_dir="$OUT/bench_gpu" $P1 \
+  --warmup=3 --iters=20 --time_budget_s=240 --moe_step=false --dump_hlo \
+  2>&1 | tee "$OUT/bench_gpu/run.log" | grep -v "^[IW][0-9]" || echo "GEMM sweep failed/timed out"
+# 2. Squares 1024-8192: the main recipes, bf16 dequant, + the reference (~1.5 min).
+mkdir -p "$OUT/bench_gpu_square"
+timeout 130 python experiments/bench_sweep.py \
+  --out_dir="$OUT/bench_gpu_square" --groups=square $P2 \
+  --recipes=bf16,deepseek_v3,current_tensor,hybrid_delayed --dequant_dtypes=bfloat16 \
+  --warmup=3 --iters=20 --time_budget_s=90 --moe_step=false \
+  2>&1 | tee "$OUT/bench_gpu_square/run.log" | grep -v "^[IW][0-9]" || echo "square sweep failed/timed out"
+# 3. MoE train step, ModelConfig.small(), main recipes (~1.5 min).
+timeout 130 python experiments/bench_sweep.py \
+  --out_dir="$OUT/bench_gpu_moe" --groups= --moe_step $P3 --warmup=2 --time_budget_s=90 \
   2>&1 | tee "$OUT/bench_gpu_moe/run.log" | grep -v "^[IW][0-9]" || echo "MoE step run failed/timed out"
 echo "gpu_sweep.sh done in $(( $(date +%s) - start )) s; outputs in $OUT"

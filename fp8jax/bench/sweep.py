@@ -82,6 +82,7 @@ class SweepConfig:
     moe_seq: int | None = None
     moe_iters: int = 5
     hlo_dump_dir: str | None = None  # optimized HLO of the first shape's cases goes here
+    partial_json: str | None = None  # records so far, rewritten after every shape
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -234,6 +235,15 @@ def run_sweep(cfg: SweepConfig, log=print) -> dict[str, Any]:
                 else:
                     log(f"{shape.name:>22s} {variant.name:>34s} {pass_:>7s} ERROR {rec['error']}")
         del inputs
+        if cfg.partial_json:
+            # A run killed by a hard timeout still leaves the finished shapes.
+            os.makedirs(os.path.dirname(cfg.partial_json) or ".", exist_ok=True)
+            with open(cfg.partial_json, "w") as f:
+                json.dump(
+                    {"device": device_info(), "partial": True, "records": records},
+                    f,
+                    default=_json_default,
+                )
     add_bf16_ratios(records)
 
     moe_note = "not requested"
@@ -316,6 +326,8 @@ def summary_table(results: dict[str, Any], pass_: str = "fwd_bwd") -> str:
         for r in results["records"]
         if r.get("kind") == "gemm" and r.get("pass") == pass_ and r.get("status") == "ok"
     ]
+    if not recs:
+        return "(no GEMM records)"
     shapes = list(dict.fromkeys(r["shape"] for r in recs))
     variants = list(dict.fromkeys(r["variant"] for r in recs))
     cell = {(r["shape"], r["variant"]): r.get("speedup_vs_bf16") for r in recs}
@@ -323,6 +335,28 @@ def summary_table(results: dict[str, Any], pass_: str = "fwd_bwd") -> str:
     for v in variants:
         vals = [cell.get((s, v)) for s in shapes]
         lines.append(f"| {v} | " + " | ".join("" if x is None else f"{x:.2f}" for x in vals) + " |")
+    return "\n".join(lines)
+
+
+def moe_table(results: dict[str, Any]) -> str:
+    """Markdown table of the MoE train-step records (time, tokens/s, speedup vs bf16)."""
+    recs = [r for r in results["records"] if r.get("kind") == "moe_step"]
+    if not recs:
+        return "(no MoE train-step records)"
+    lines = [
+        "| recipe | step [ms] | tokens/s | speedup vs bf16 | peak MiB | status |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in recs:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['recipe']} | | | | | {r.get('status')}: {r.get('error', '')} |")
+            continue
+        peak = r.get("peak_bytes")
+        lines.append(
+            f"| {r['recipe']} | {r['median_s'] * 1e3:.2f} | {r['tokens_per_s']:.0f} | "
+            f"{r.get('speedup_vs_bf16', float('nan')):.2f} | "
+            f"{'' if peak is None else f'{peak / 2**20:.1f}'} | ok |"
+        )
     return "\n".join(lines)
 
 
