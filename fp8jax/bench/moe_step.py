@@ -105,8 +105,11 @@ def run_moe_step_sweep(
         raise ValueError(f"unknown ModelConfig preset {preset!r}")
     mcfg = make_cfg()
     t = min(seq or mcfg.max_seq_len, mcfg.max_seq_len)
+    if t < 2:
+        raise ValueError(f"seq must be >= 2 (next-token loss), got {t}")
     names = list(recipe_names) if recipe_names else list(recipes_lib.PRESETS)
-    tokens = jax.random.randint(jax.random.key(0), (batch, t + 1), 0, mcfg.vocab_size, jnp.int32)
+    # loss_fn predicts tokens[:, 1:] from tokens[:, :-1] inside one [B, T] row.
+    tokens = jax.random.randint(jax.random.key(0), (batch, t), 0, mcfg.vocab_size, jnp.int32)
     backend = jax.default_backend()
     records: list[dict[str, Any]] = []
     step_impl = ""
@@ -119,7 +122,7 @@ def run_moe_step_sweep(
             "recipe": name,
             "impl": "auto",
             "pass": "train_step",
-            "tokens": batch * t,
+            "tokens": batch * (t - 1),  # predicted tokens per step
         }
         if over_budget():
             rec.update(status="skipped", error="time budget exhausted")
