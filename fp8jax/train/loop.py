@@ -18,6 +18,7 @@ It returns a summary dict (final losses, throughput, FP8 telemetry).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from pathlib import Path
@@ -113,6 +114,30 @@ def summarize(rows: list[dict], final_window: int) -> dict:
     return out
 
 
+# Jitted step/eval functions of this process, keyed by everything they close
+# over: a resumed run or another seed of the same config reuses the compiled
+# code instead of recompiling (the init seed and batch order are inputs).
+_COMPILED: dict[str, tuple] = {}
+_MAX_COMPILED = 8
+_NOT_IN_STEP = (
+    "seed",
+    "data_seed",
+    "data",
+    "eval_every",
+    "log_every",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "tensorboard",
+    "final_window",
+)
+
+
+def _compile_key(config, recipe, mcfg) -> str:
+    cfg = {k: v for k, v in metrics_lib.to_jsonable(config).items() if k not in _NOT_IN_STEP}
+    blob = {"config": cfg, "recipe": repr(recipe), "model": repr(mcfg)}
+    return json.dumps(blob, sort_keys=True, default=str)
+
+
 def train(config, workdir: str | Path, *, stop_at: int | None = None, stream=None) -> dict:
     """Train (or resume) the run described by ``config`` in ``workdir``.
 
@@ -145,19 +170,24 @@ def train(config, workdir: str | Path, *, stop_at: int | None = None, stream=Non
     fresh_fp8 = jax.tree.map(jnp.copy, state.fp8)
     from fp8jax.models import update_router_bias
 
-    step_fn = make_train_step(
-        graphdef,
-        tx,
-        _loss_fn(),
-        microbatches=int(config.microbatches),
-        bias_rate=float(getattr(mcfg, "bias_update_rate", 0.0)),
-        update_bias_fn=update_router_bias,
-        schedule=schedule,
-        fp8_fresh=fresh_fp8,
-        fp8_reset_every=int(config.get("fp8_reset_every", 0)),
-        fp8_amax_growth=float(config.get("fp8_amax_growth", 1.0)),
-    )
-    eval_fn = make_eval_step(graphdef, _loss_fn())
+    key = _compile_key(config, recipe, mcfg)
+    if key not in _COMPILED:
+        step_fn = make_train_step(
+            graphdef,
+            tx,
+            _loss_fn(),
+            microbatches=int(config.microbatches),
+            bias_rate=float(getattr(mcfg, "bias_update_rate", 0.0)),
+            update_bias_fn=update_router_bias,
+            schedule=schedule,
+            fp8_fresh=fresh_fp8,
+            fp8_reset_every=int(config.get("fp8_reset_every", 0)),
+            fp8_amax_growth=float(config.get("fp8_amax_growth", 1.0)),
+        )
+        if len(_COMPILED) >= _MAX_COMPILED:
+            _COMPILED.pop(next(iter(_COMPILED)))
+        _COMPILED[key] = (step_fn, make_eval_step(graphdef, _loss_fn()))
+    step_fn, eval_fn = _COMPILED[key]
     val = jnp.asarray(
         data_lib.val_batches(corpus, int(config.eval_batches), int(config.eval_batch_size), seq_len)
     )
