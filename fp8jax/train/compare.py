@@ -125,7 +125,6 @@ def aggregate(config, runs: dict[str, dict[int, dict]], run_rows: dict) -> dict:
                 "rel_gap_train": float(np.mean(gaps_train)),
                 "within_noise": bool(finite and abs(gap) <= threshold),
                 "tokens_per_s": float(np.mean([runs[label][s]["tokens_per_s"] for s in seeds])),
-                "wall_s": float(np.sum([runs[label][s].get("wall_s", 0.0) for s in seeds])),
                 "fp8_telemetry": tel,
                 "overrides": {k: to_jsonable(v) for k, v in cmp.runs[label].items()},
             }
