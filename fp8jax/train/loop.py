@@ -238,7 +238,8 @@ def train(config, workdir: str | Path, *, stop_at: int | None = None, stream=Non
                 # Exclude compilation from the throughput clock.
                 jax.block_until_ready(state.step)
                 writer.reset_clock(done)
-            if done % log_every == 0 or done == total:
+            # Step 1 always: it shows what a fresh delayed-scaling state does.
+            if done % log_every == 0 or done == total or done == 1:
                 row = _host(m)
                 if not math.isfinite(row["loss"]):
                     writer.write(done, row)
