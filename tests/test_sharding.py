@@ -49,7 +49,7 @@ SCRIPT = textwrap.dedent(
             assert any(len(x.sharding.device_set) == 8 for x in g)
         return float(loss), np.asarray(aux["expert_load"]), jax.tree.map(np.asarray, grads)
 
-    for name, tol in (("fp32", 1e-5), ("deepseek_v3", 1e-3)):
+    for name, tol in (("deepseek_v3", 1e-3),):
         r = fp8jax.recipes.get(name)
         l1, load1, g1 = run(r, False)
         l8, load8, g8 = run(r, True)
