@@ -34,12 +34,14 @@ _SEQ = flags.DEFINE_integer("seq", 0, "sequence length (0: the config's max_seq_
 _STEPS = flags.DEFINE_integer("steps", 5, "timed steps")
 _TELEMETRY = flags.DEFINE_bool("telemetry", True, "collect FP8 telemetry in the step")
 _RECIPES = flags.DEFINE_list(
-    "recipes", ["bf16", "deepseek_v3", "deepseek_v3:bfloat16"], "recipe[:dequant_dtype] list"
+    "recipes",
+    ["bf16", "deepseek_v3", "deepseek_v3:bfloat16", "deepseek_v3@notel"],
+    "recipe[:dequant_dtype][@notel] list (@notel: telemetry off for that row)",
 )
 
 
 def _recipe(spec: str) -> fp8jax.Recipe:
-    name, _, deq = spec.partition(":")
+    name, _, deq = spec.split("@")[0].partition(":")
     r = fp8jax.recipes.get(name)
     return dataclasses.replace(r, dequant_dtype=deq) if deq else r
 
@@ -50,6 +52,8 @@ def _mib(n: int) -> float:
 
 def bench(cfg: ModelConfig, spec: str, tokens: jax.Array, steps: int, telemetry: bool) -> dict:
     recipe = _recipe(spec)
+    # "name@notel": this row without FP8 telemetry (to measure its cost).
+    telemetry = telemetry and not spec.endswith("@notel")
     model = MoETransformer(cfg, recipe, rngs=nnx.Rngs(0), telemetry=telemetry)
     tx, _ = make_optimizer(peak_lr=1e-3, total_steps=100, warmup_steps=10)
     graphdef, state = create_train_state(model, tx)
