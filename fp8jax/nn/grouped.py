@@ -29,7 +29,10 @@ contraction axis (see :mod:`fp8jax.recipes`):
 
 Numerics of a quantized GEMM on the XLA path: the operands are dequantized
 (``data * scale`` rounded once to float32, then to ``recipe.dequant_dtype``)
-and multiplied with float32 accumulation.  :func:`grouped_gemm` is the single
+and multiplied with float32 accumulation, by ``lax.ragged_dot`` (GPU) or, on
+CPU where ragged_dot is slow, by batched matmuls over expert-aligned 128-row
+tiles (same products, same float32 accumulation; see ``XLA_GROUPED_IMPL``).
+:func:`grouped_gemm` is the single
 place where a kernel (Pallas) can take over; today it calls
 ``fp8jax.kernels.dispatch.maybe_grouped_block_gemm`` for E4M3 1x128 x 128x128
 Fprop/Dgrad GEMMs when the recipe's ``impl`` resolves to "pallas".
