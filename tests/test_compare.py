@@ -63,7 +63,12 @@ def test_aggregate_paired_gaps_noise_floor_and_outputs(tmp_path):
     rows = {lab: {s: _rows(runs[lab][s]["final_val_loss"]) for s in (0, 1)} for lab in runs}
     paths = compare.plot(res, rows, tmp_path, smooth=3)
     assert all(p.exists() and p.stat().st_size > 10_000 for p in paths)
-    json.dumps(res)
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    head = compare.headline_table([tmp_path])
+    assert (
+        head.count("\n") == 3
+        and "| t | fp8 (deepseek_v3) | 2.0251 | +0.75% | 1.00% | yes |" in head
+    )
 
 
 def test_gap_outside_noise_and_nan_are_not_within():

@@ -301,3 +301,25 @@ def run_comparison(config, workdir: str | Path, *, command: str | None = None, s
     (workdir / "results.md").write_text(markdown(results, command, notes))
     plot(results, run_rows, workdir, smooth=int(cmp.get("smooth", 10)))
     return results
+
+
+def headline_table(result_dirs: list[str | Path]) -> str:
+    """One Markdown table over several comparisons' results.json (non-baseline rows)."""
+    lines = [
+        "| comparison | run (recipe) | final val loss | gap to bf16 | bf16 noise floor | within "
+        "| saturated max | flushed mean |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for d in result_dirs:
+        res = json.loads((Path(d) / "results.json").read_text())
+        for r in res["table"]:
+            if r["label"] == res["baseline"]:
+                continue
+            tel = r["fp8_telemetry"]
+            lines.append(
+                f"| {res['name']} | {r['label']} ({r['recipe']}) | {r['final_val_loss']:.4f} | "
+                f"{_pct(r['rel_gap_val'])} | {100 * res['noise_floor_val']:.2f}% | "
+                f"{'yes' if r['within_noise'] else 'no'} | {_sci(tel.get('saturated_max'))} | "
+                f"{_sci(tel.get('flushed_mean'))} |"
+            )
+    return "\n".join(lines) + "\n"
