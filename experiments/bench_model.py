@@ -4,7 +4,7 @@
     python experiments/bench_model.py --config=tiny --steps=5
 
 Prints, per recipe, the train-step time (median of --steps timed steps after
-one warm-up), tokens/s and the step's memory from XLA's compiled memory
+one warm-up, the recipes' steps interleaved), tokens/s and the step's memory from XLA's compiled memory
 analysis, then the ratios deepseek_v3 / bf16 (goal: time <= 1.5x).  The step
 is fp8jax.train's real one (AdamW, FP8 state replacement, router-bias update).
 """
@@ -50,7 +50,8 @@ def _mib(n: int) -> float:
     return n / 2**20
 
 
-def bench(cfg: ModelConfig, spec: str, tokens: jax.Array, steps: int, telemetry: bool) -> dict:
+def build(cfg: ModelConfig, spec: str, tokens: jax.Array, telemetry: bool) -> dict:
+    """Model, train state and the compiled train step of one recipe row."""
     recipe = _recipe(spec)
     # "name@notel": this row without FP8 telemetry (to measure its cost).
     telemetry = telemetry and not spec.endswith("@notel")
@@ -71,27 +72,35 @@ def bench(cfg: ModelConfig, spec: str, tokens: jax.Array, steps: int, telemetry:
     mem = compiled.memory_analysis()
     state, m = compiled(state, tokens)  # warm-up
     jax.block_until_ready(m["loss"])
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        state, m = compiled(state, tokens)
-        jax.block_until_ready(m["loss"])
-        times.append(time.perf_counter() - t)
-    step_s = statistics.median(times)
     temp = int(getattr(mem, "temp_size_in_bytes", 0))
     args = int(getattr(mem, "argument_size_in_bytes", 0))
     outs = int(getattr(mem, "output_size_in_bytes", 0))
     alias = int(getattr(mem, "alias_size_in_bytes", 0))
     return {
         "recipe": spec,
+        "compiled": compiled,
+        "state": state,
         "compile_s": compile_s,
-        "step_s": step_s,
-        "tokens_per_s": tokens.size / step_s,
         "temp_mib": _mib(temp),
         # Live at the peak: inputs + outputs (minus the donated, aliased ones) + scratch.
         "peak_mib": _mib(temp + args + outs - alias),
-        "loss": float(m["loss"]),
+        "times": [],
     }
+
+
+def time_rows(rows: list[dict], tokens: jax.Array, steps: int) -> None:
+    """Round-robin timing: step i of every row runs back to back, so a change in
+    machine load hits all rows alike and the ratios stay meaningful."""
+    for _ in range(steps):
+        for r in rows:
+            t = time.perf_counter()
+            r["state"], m = r["compiled"](r["state"], tokens)
+            jax.block_until_ready(m["loss"])
+            r["times"].append(time.perf_counter() - t)
+            r["loss"] = float(m["loss"])
+    for r in rows:
+        r["step_s"] = statistics.median(r["times"])
+        r["tokens_per_s"] = tokens.size / r["step_s"]
 
 
 def main(argv):
@@ -106,7 +115,8 @@ def main(argv):
         f"config={_CONFIG.value} attention={cfg.attention} params={cfg.param_count() / 1e6:.2f}M "
         f"batch={_BATCH.value}x{seq} backend={jax.default_backend()} telemetry={_TELEMETRY.value}"
     )
-    rows = [bench(cfg, s, tokens, _STEPS.value, _TELEMETRY.value) for s in _RECIPES.value]
+    rows = [build(cfg, s, tokens, _TELEMETRY.value) for s in _RECIPES.value]
+    time_rows(rows, tokens, _STEPS.value)
     print(
         f"{'recipe':24s} {'step ms':>9s} {'tok/s':>9s} {'peak MiB':>9s} {'temp MiB':>9s} {'compile s':>9s}"
     )
