@@ -143,10 +143,12 @@ class MoE(nnx.Module):
         y_tk = y[inv].astype(jnp.float32).reshape(b * t, k, d)
         out = jnp.einsum("tkd,tk->td", y_tk, gates)
         if self.shared is not None:
+            # Shared experts' output joins the float32 combine.
             out = out + self.shared(x_BxTxD, stats).reshape(b * t, d).astype(jnp.float32)
         aux = {"load": expert_load(idx, e)}
         if cfg.seq_aux_loss_coef > 0:
             aux["balance_loss"] = seq_balance_loss(scores.reshape(b, t, e), idx.reshape(b, t, k))
         else:
             aux["balance_loss"] = jnp.zeros((), jnp.float32)
+        # One rounding of the combined output to the activation dtype.
         return out.reshape(b, t, d).astype(cfg.dtype), aux

@@ -67,7 +67,8 @@ class MoETransformer(nnx.Module):
         self.recipe = recipe
         self.telemetry = telemetry
         pdt = jnp.dtype(cfg.param_dtype)
-        # Embedding table: unit-variance rows (the first RMSNorm sees O(1) inputs).
+        # Embedding table: unit-variance rows (the first RMSNorm sees O(1) inputs),
+        # drawn in float32 and stored in param_dtype (the float32 master copy).
         self.embed = nnx.Param(
             jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), jnp.float32).astype(pdt)
         )
