@@ -1,4 +1,4 @@
-r"""The acceptance check on configs/small.py: deepseek_v3 vs bf16, two seeds each.
+r"""The acceptance check on configs/small.py: deepseek_v3 vs bf16, three seeds each.
 
 Command:
   python experiments/compare_recipes.py --config=configs/compare/small_check.py --workdir=/tmp/fp8jax_cmp/small_check
@@ -20,7 +20,7 @@ def get_config():
             name="small_check",
             labels=["bf16", "deepseek_v3"],
             baseline="bf16",
-            seeds=[0, 1],
+            seeds=[0, 1, 2],
             notes=(
                 "configs/small.py (ModelConfig.small, ~9M params, 150 steps of 8 x 128 bytes of "
                 "the stdlib corpus, AdamW with BF16 moments): the DeepSeek-V3 recipe vs BF16."
