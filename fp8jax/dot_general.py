@@ -66,10 +66,12 @@ _WGRAD_X_AXIS, _WGRAD_DY_AXIS = 1, 1
 # --------------------------------------------------------------------------
 
 
-def _quantize_operand(t, spec: QuantSpec, caxis: int, recipe: Recipe, dstate=None):
-    """Quantize ``t`` per ``spec`` along contraction axis ``caxis``.
+def quantize_operand(t, spec: QuantSpec, caxis: int, recipe: Recipe, dstate=None):
+    """Quantize one GEMM operand ``t`` per ``spec`` along contraction axis ``caxis``.
 
-    Returns (operand, new delayed state or None).
+    Unquantized specs cast to the recipe's compute dtype; delayed specs use
+    ``dstate.scale`` and return the updated state.  Returns (operand, new
+    delayed state or None).  Shared by dot_general and the grouped expert GEMM.
     """
     if not spec.quantized:
         # Unquantized operands run in the recipe's compute dtype (bf16 baseline).
@@ -113,7 +115,7 @@ def _requantize(op, spec: QuantSpec, caxis: int, recipe: Recipe, prev_spec: Quan
         # The same tensor was already quantized with this delayed scale.
         q = quantize_with_scale(hp, dstate.scale, spec.fmt, "tensor")
         return q
-    out, _ = _quantize_operand(hp, spec, caxis, recipe)
+    out, _ = quantize_operand(hp, spec, caxis, recipe)
     return out
 
 
@@ -138,11 +140,19 @@ def _gemm(a, b, dims: DimensionNumbers, recipe: Recipe, canon: str) -> jax.Array
             af = jnp.swapaxes(af, 1, 2)
         return emulated_matmul(af, bf, recipe.accumulation)
     if quantized:
-        from fp8jax.kernels_dispatch import maybe_block_gemm
+        if recipe.impl != "xla":
+            # Lazy: the Pallas kernels are only imported when a recipe may use them.
+            from fp8jax.kernels.integration import block_gemm_or_none
 
-        out = maybe_block_gemm(a, b, recipe, canon)
-        if out is not None:
-            return out
+            out = block_gemm_or_none(a, b, recipe, canon)
+            if out is not None:
+                return out
+            if recipe.impl == "pallas":
+                raise ValueError(
+                    f"recipe {recipe.name!r} asks for impl='pallas' but the Pallas FP8 kernel "
+                    f"does not apply to this {canon} GEMM (it needs E4M3/E5M2 operands with "
+                    "128-wide tiles along the contraction axis and 128x128 weight blocks)"
+                )
         dt = jnp.dtype(recipe.dequant_dtype)
     else:
         dt = jnp.promote_types(a.dtype, b.dtype)
@@ -202,10 +212,10 @@ def _fp8_bmm(x, w, state, recipe: Recipe, dtypes: tuple[str, str, str], with_sta
 
 def _fp8_bmm_fwd(x, w, state, recipe, dtypes, with_stats):
     out_dtype = dtypes[0]
-    qx, new_x = _quantize_operand(
+    qx, new_x = quantize_operand(
         x, recipe.fprop.lhs, _FPROP_X_AXIS, recipe, _state_part(state, "x")
     )
-    qw, new_w = _quantize_operand(
+    qw, new_w = quantize_operand(
         w, recipe.fprop.rhs, _FPROP_W_AXIS, recipe, _state_part(state, "w")
     )
     y = _gemm(qx, qw, _FPROP_DIMS, recipe, "fprop").astype(out_dtype)
@@ -223,7 +233,7 @@ def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
     _, x_dtype, w_dtype = dtypes
     dy = g[0] if with_stats else g
     # dgrad: dx = dy @ w^T, contraction over N.
-    qdy_d, new_dy = _quantize_operand(
+    qdy_d, new_dy = quantize_operand(
         dy, recipe.dgrad.lhs, _DGRAD_DY_AXIS, recipe, _state_part(state, "dy")
     )
     w_d = _requantize(
@@ -237,7 +247,7 @@ def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
     if recipe.wgrad.rhs == recipe.dgrad.lhs and recipe.wgrad.rhs.granularity == "tensor":
         qdy_w = qdy_d
     else:
-        qdy_w, _ = _quantize_operand(
+        qdy_w, _ = quantize_operand(
             dy, recipe.wgrad.rhs, _WGRAD_DY_AXIS, recipe, _state_part(state, "dy")
         )
     dw = _gemm(x_w, qdy_w, _WGRAD_DIMS, recipe, "wgrad").astype(w_dtype)

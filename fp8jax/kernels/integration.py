@@ -1,6 +1,6 @@
 """Glue between ``fp8jax.dot_general``'s canonical GEMMs and the Pallas kernels.
 
-``fp8jax.kernels_dispatch.maybe_block_gemm`` calls ``block_gemm_or_none(a, b,
+``fp8jax.dot_general`` calls ``block_gemm_or_none(a, b,
 recipe, canon)`` with the operands of one canonical batched GEMM (QTensors or
 arrays) and uses the result unless it is None (then XLA runs the GEMM):
 

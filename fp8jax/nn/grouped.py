@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp8jax import scaling
-from fp8jax.dot_general import operand_stats
+from fp8jax.dot_general import operand_stats, quantize_operand
 from fp8jax.formats import as_format, saturating_cast
 from fp8jax.quant import QTensor, dequantize, quantize, quantize_with_scale
 from fp8jax.recipes import QuantSpec, Recipe
@@ -144,37 +144,15 @@ def _quant_plain(t, spec: QuantSpec, caxis: int, recipe: Recipe, dstate, *, acti
     """Quantize an operand whose scale groups do not cross experts by construction.
 
     Activations (M, C) contracted along C (Fprop x, Dgrad dy) and weights
-    (E, K, N).  Returns (operand, updated delayed state or None).
+    (E, K, N), through dot_general's per-spec quantizer.  Returns (operand,
+    updated delayed state or None).
     """
-    if not spec.quantized:
-        # Unquantized operands run in the recipe's compute dtype (bf16 baseline).
-        return t.astype(recipe.compute), None
-    if spec.scaling == "delayed":
-        if dstate is None:
-            raise ValueError(
-                f"recipe {recipe.name!r} uses delayed scaling: pass "
-                "state=fp8jax.scaling.init_delayed_gemm_state(recipe)"
-            )
-        # This step uses the scale from previous steps' amax history; this
-        # step's amax only updates the state.
-        q = quantize_with_scale(t, dstate.scale, spec.fmt, "tensor")
-        new = scaling.update_delayed_state(dstate, scaling.finite_amax(t), spec, recipe.delayed)
-        return q, new
-    if activation and spec.granularity == "block":
+    if activation and spec.quantized and spec.scaling != "delayed" and spec.granularity == "block":
         raise ValueError(
             "grouped GEMM: 'block' granularity on a token-major activation would mix "
             "experts' tokens in one block; use 'tile', 'row' or 'tensor'"
         )
-    q = quantize(
-        t,
-        spec.fmt,
-        spec.granularity,
-        axis=caxis,
-        tile=spec.tile,
-        pow2=spec.pow2,
-        amax_floor=spec.amax_floor,
-    )
-    return q, None
+    return quantize_operand(t, spec, caxis, recipe, dstate)
 
 
 def _quant_tokens(t, spec: QuantSpec, group_sizes, recipe: Recipe, dstate):
