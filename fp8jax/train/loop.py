@@ -77,6 +77,28 @@ def _loss_fn():
     return loss_fn
 
 
+def git_state() -> dict | None:
+    """Commit and dirty flag of the fp8jax source tree (None outside a git checkout)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "fp8jax"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    # Runs record the code they ran: the shared tree changes while experiments run.
+    return {"commit": commit, "fp8jax_dirty": bool(dirty)}
+
+
 def _host(tree) -> dict[str, float]:
     return {k: float(v) for k, v in jax.device_get(tree).items()}
 
@@ -211,6 +233,7 @@ def train(config, workdir: str | Path, *, stop_at: int | None = None, stream=Non
                 "seq_len": seq_len,
                 "jax_version": jax.__version__,
                 "backend": jax.default_backend(),
+                "git": git_state(),
             },
         )
     batch_size = int(config.batch_size)
