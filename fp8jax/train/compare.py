@@ -202,8 +202,12 @@ def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list
 
     def mean_curve(label: str, key: str):
         curves = [_curves(run_rows[label][s], key) for s in seeds]
-        steps = curves[0][0]
-        vals = np.stack([c[1] for c in curves])
+        # Steps logged by every seed (and the baseline): runs may log extra steps.
+        common = set(curves[0][0].tolist())
+        for c in curves[1:] + [_curves(run_rows[base][s], key) for s in seeds]:
+            common &= set(c[0].tolist())
+        steps = np.asarray(sorted(common))
+        vals = np.stack([c[1][np.isin(c[0], steps)] for c in curves])
         return steps, vals
 
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 4.5))
