@@ -117,6 +117,7 @@ def test_clipping_leaves_fp8_state_alone_and_unused_state_is_kept():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # ~20 s of compilation; experiment-only knobs
 def test_stress_knobs_reset_and_shrink_the_delayed_state():
     recipe = fp8jax.recipes.hybrid_delayed()
     graphdef, state, tx, _ = _setup(recipe)
