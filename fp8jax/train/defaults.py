@@ -54,7 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval_batches = 2
     c.eval_batch_size = 8
     c.log_every = 10
-    c.final_window = 10  # final train loss = mean over the last this-many logged steps
+    c.final_window = 3  # final train loss = mean over the last this-many *logged* steps
     c.checkpoint_every = 0  # 0: only at the end
     c.keep_checkpoints = 2
     c.tensorboard = True
