@@ -251,15 +251,8 @@ def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
             dy, recipe.wgrad.rhs, _WGRAD_DY_AXIS, recipe, _state_part(state, "dy")
         )
     dw = _gemm(x_w, qdy_w, _WGRAD_DIMS, recipe, "wgrad").astype(w_dtype)
-    if state is None:
-        dstate = None
-    else:
-        # Overwrite-with-gradient: the state's cotangent is the updated state.
-        dstate = type(state)(
-            new_x if new_x is not None else state.x,
-            new_w if new_w is not None else state.w,
-            new_dy if new_dy is not None else state.dy,
-        )
+    # Overwrite-with-gradient: the state's cotangent is the updated state.
+    dstate = scaling.updated_gemm_state(state, new_x, new_w, new_dy)
     return dx, dw, dstate
 
 

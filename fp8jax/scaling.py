@@ -152,6 +152,21 @@ def update_delayed_state(
     return DelayedState(hist, scale)
 
 
+def updated_gemm_state(state: DelayedGemmState | None, new_x, new_w, new_dy):
+    """The overwrite-with-gradient cotangent of a GEMM's state.
+
+    Each operand's entry is its updated state where the GEMM quantized it
+    with delayed scaling (``new_*`` not None), else the state unchanged.
+    """
+    if state is None:
+        return None
+    return DelayedGemmState(
+        new_x if new_x is not None else state.x,
+        new_w if new_w is not None else state.w,
+        new_dy if new_dy is not None else state.dy,
+    )
+
+
 def merge_delayed_states(a, b):
     """Merge the updated states of two microbatches: elementwise max.
 

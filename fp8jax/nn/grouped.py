@@ -377,15 +377,8 @@ def _grouped_bwd(recipe, dtypes, with_stats, res, g):
         x_w = _quant_tokens(x_hp, recipe.wgrad.lhs, group_sizes, recipe, _part(state, "x"))
     dy_w = _quant_tokens(dy, recipe.wgrad.rhs, group_sizes, recipe, _part(state, "dy"))
     dw = grouped_gemm(x_w, dy_w, group_sizes, recipe, "wgrad").astype(w_dtype)
-    if state is None:
-        dstate = None
-    else:
-        # Overwrite-with-gradient: the state's cotangent is the updated state.
-        dstate = type(state)(
-            new_x if new_x is not None else state.x,
-            new_w if new_w is not None else state.w,
-            new_dy if new_dy is not None else state.dy,
-        )
+    # Overwrite-with-gradient: the state's cotangent is the updated state.
+    dstate = scaling.updated_gemm_state(state, new_x, new_w, new_dy)
     return dx, dw, None, dstate
 
 
