@@ -10,46 +10,23 @@ spread), tokens/s and FP8 telemetry (saturated / flushed fractions).
 The core supports delayed scaling per-tensor only, so the fine-grained arm is online tile/block vs delayed per-tensor.
 """
 
-import ml_collections
-
-from fp8jax.train.defaults import tiny_config
-
-
-def _runs(**runs):
-    return ml_collections.ConfigDict(runs)
+from fp8jax.train.defaults import tiny_comparison_config
 
 
 def get_config():
-    c = tiny_config()
-    c.steps = 120
-    c.warmup_steps = 12
-    c.eval_every = 30
-    c.log_every = 3
-    c.eval_batches = 4
-    c.eval_batch_size = 8
-    c.final_window = 10
-    c.compare = ml_collections.ConfigDict(
-        dict(
-            name="scaling",
-            labels=["bf16", "tensor_current", "tensor_delayed", "fine_online"],
-            baseline="bf16",
-            # Shared with the other tiny comparisons: identical runs are trained once.
-            run_root="/tmp/fp8jax_cmp/runs_tiny",
-            seeds=[0, 1],
-            notes=(
-                "Tiny MoE model, stdlib corpus, E4M3 for every operand so only the scaling differs. "
-                "Per-tensor: online (tensor_current) vs delayed with a 16-step amax history "
-                "(tensor_delayed). Fine-grained: delayed scaling exists only per-tensor in "
-                "fp8jax's core, so fine_online (1x128 / 128x128 online, = deepseek_v3) is "
-                "compared with the per-tensor delayed run, not with a fine-grained delayed one."
-            ),
-            runs=_runs(
-                bf16=dict(recipe="bf16"),
-                tensor_current=dict(recipe="current_tensor"),
-                tensor_delayed=dict(recipe="tensor_delayed"),
-                fine_online=dict(recipe="deepseek_v3"),
-            ),
-        )
+    return tiny_comparison_config(
+        "scaling",
+        {
+            "bf16": dict(recipe="bf16"),
+            "tensor_current": dict(recipe="current_tensor"),
+            "tensor_delayed": dict(recipe="tensor_delayed"),
+            "fine_online": dict(recipe="deepseek_v3"),
+        },
+        notes=(
+            "Tiny MoE model, stdlib corpus, E4M3 for every operand so only the scaling differs. "
+            "Per-tensor: online (tensor_current) vs delayed with a 16-step amax history "
+            "(tensor_delayed). Fine-grained: delayed scaling exists only per-tensor in "
+            "fp8jax's core, so fine_online (1x128 / 128x128 online, = deepseek_v3) is "
+            "compared with the per-tensor delayed run, not with a fine-grained delayed one."
+        ),
     )
-
-    return c

@@ -103,3 +103,34 @@ def gpu_config() -> ml_collections.ConfigDict:
     c.final_window = 50
     c.checkpoint_every = 500
     return c
+
+
+def tiny_comparison_config(
+    name: str, runs: dict, notes: str, *, seeds=(0, 1)
+) -> ml_collections.ConfigDict:
+    """The tiny model's 120-step comparison setup shared by formats/scaling/granularity.
+
+    ``runs`` maps a label to {"recipe": ...}; "bf16" must be one of them (the
+    baseline).  All tiny comparisons share one run_root, so a run that two
+    comparisons contain (same config) is trained once.
+    """
+    c = tiny_config()
+    c.steps = 120
+    c.warmup_steps = 12
+    c.eval_every = 30
+    c.log_every = 3
+    c.eval_batches = 4
+    c.eval_batch_size = 8
+    c.final_window = 10
+    c.compare = ml_collections.ConfigDict(
+        dict(
+            name=name,
+            labels=list(runs),
+            baseline="bf16",
+            run_root="/tmp/fp8jax_cmp/runs_tiny",
+            seeds=list(seeds),
+            notes=notes,
+            runs=ml_collections.ConfigDict(runs),
+        )
+    )
+    return c
