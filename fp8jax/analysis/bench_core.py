@@ -17,21 +17,29 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax import recipes
+from fp8jax.bench.timing import time_call
 from fp8jax.dot_general import dot_general
 from fp8jax.formats import E4M3
 from fp8jax.quant import quantize
 
-from .timing import time_fn, tree_nbytes
-
 _DN = (((1,), (0,)), ((), ()))
+
+
+def _median_s(fn, *args, iters: int) -> float:
+    return time_call(fn, args, iters=iters)["median_s"]
+
+
+def tree_nbytes(tree) -> int:
+    """Total bytes of the array leaves of a pytree."""
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype")))
 
 
 def quantize_ratio(rows: int = 4096, cols: int = 4096, iters: int = 10) -> dict[str, float]:
     x = jnp.asarray(np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32))
     cast = jax.jit(lambda x: x.astype(jnp.bfloat16))
     tile = jax.jit(lambda x: quantize(x, E4M3, "tile", axis=-1))
-    t_cast = time_fn(cast, x, iters=iters)
-    t_tile = time_fn(tile, x, iters=iters)
+    t_cast = _median_s(cast, x, iters=iters)
+    t_tile = _median_s(tile, x, iters=iters)
     return {"t_astype_bf16_s": t_cast, "t_tile_quantize_s": t_tile, "ratio": t_tile / t_cast}
 
 
@@ -66,7 +74,7 @@ def gemm_ratio(size: int = 2048, iters: int = 5) -> dict[str, float]:
     }
     out: dict[str, float] = {}
     for name, r in variants.items():
-        out[f"t_{name}_s"] = time_fn(_fwd_bwd(r), x, w, dy, iters=iters)
+        out[f"t_{name}_s"] = _median_s(_fwd_bwd(r), x, w, dy, iters=iters)
     for name in variants:
         if name != "bf16":
             out[f"ratio_{name}"] = out[f"t_{name}_s"] / out["t_bf16_s"]
