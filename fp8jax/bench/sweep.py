@@ -106,19 +106,9 @@ def _cublaslt_field(summary: dict[str, Any], backend: str) -> str:
     return "found" if summary["cublaslt_fp8"] else "not found"
 
 
-def run_case(
-    shape: gemm_lib.Shape,
-    variant: gemm_lib.Variant,
-    pass_: str,
-    inputs: dict[str, jax.Array],
-    *,
-    warmup: int,
-    iters: int,
-    hlo_dump_dir: str | None = None,
-) -> dict[str, Any]:
-    """Compile, inspect and time one case; a record (status "ok" or "error")."""
-    backend = jax.default_backend()
-    rec: dict[str, Any] = {
+def _gemm_record(shape, variant, pass_: str) -> dict[str, Any]:
+    """The identifying fields of one GEMM case's record (shape, variant, pass)."""
+    return {
         "kind": "gemm",
         "shape": shape.name,
         "group": shape.group,
@@ -132,6 +122,21 @@ def run_case(
         "pass": pass_,
         "flops": shape.flops(pass_),
     }
+
+
+def run_case(
+    shape: gemm_lib.Shape,
+    variant: gemm_lib.Variant,
+    pass_: str,
+    inputs: dict[str, jax.Array],
+    *,
+    warmup: int,
+    iters: int,
+    hlo_dump_dir: str | None = None,
+) -> dict[str, Any]:
+    """Compile, inspect and time one case; a record (status "ok" or "error")."""
+    backend = jax.default_backend()
+    rec = _gemm_record(shape, variant, pass_)
     try:
         fn, args = gemm_lib.build_case(variant, pass_, inputs)
         t0 = time.perf_counter()
@@ -199,18 +204,7 @@ def run_sweep(cfg: SweepConfig, log=print) -> dict[str, Any]:
                 if inputs is None or over_budget():
                     records.append(
                         {
-                            "kind": "gemm",
-                            "shape": shape.name,
-                            "group": shape.group,
-                            "m": shape.m,
-                            "k": shape.k,
-                            "n": shape.n,
-                            "variant": variant.name,
-                            "recipe": variant.recipe,
-                            "impl": variant.impl,
-                            "dequant_dtype": variant.dequant_dtype or "",
-                            "pass": pass_,
-                            "flops": shape.flops(pass_),
+                            **_gemm_record(shape, variant, pass_),
                             "status": "skipped",
                             "error": "time budget exhausted",
                         }
