@@ -96,6 +96,24 @@ class MoE(nnx.Module):
             else None
         )
 
+    def _experts(self, x, w, state_var, group_sizes, label: str, stats):
+        """One grouped expert GEMM through the recipe, recording its telemetry."""
+        st = state_var.get_value() if state_var is not None else None
+        out = grouped_dot(
+            x,
+            w[...],
+            group_sizes,
+            recipe=self.recipe,
+            state=st,
+            preferred_element_type=self.cfg.dtype,
+            return_stats=stats is not None,
+        )
+        if stats is None:
+            return out
+        out, s = out
+        record(stats, f"{self.name}/{label}", s)
+        return out
+
     def __call__(
         self, x_BxTxD: jax.Array, bias_E: jax.Array, stats: StatsDict | None = None
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -109,34 +127,10 @@ class MoE(nnx.Module):
         gates = gates * cfg.routed_scaling
         order, token, group_sizes = sort_by_expert(idx, e)
         xs = x[token]  # (BT*k, D), sorted by expert
-        st = self.w13_state.get_value() if self.w13_state is not None else None
-        h = grouped_dot(
-            xs,
-            self.w13[...],
-            group_sizes,
-            recipe=self.recipe,
-            state=st,
-            preferred_element_type=cfg.dtype,
-            return_stats=stats is not None,
-        )
-        if stats is not None:
-            h, s = h
-            record(stats, f"{self.name}/experts_w13", s)
+        h = self._experts(xs, self.w13, self.w13_state, group_sizes, "experts_w13", stats)
         f = cfg.d_expert
         act = swiglu(h.reshape(-1, 2, f), cfg.dtype)
-        st = self.w2_state.get_value() if self.w2_state is not None else None
-        y = grouped_dot(
-            act,
-            self.w2[...],
-            group_sizes,
-            recipe=self.recipe,
-            state=st,
-            preferred_element_type=cfg.dtype,
-            return_stats=stats is not None,
-        )
-        if stats is not None:
-            y, s = y
-            record(stats, f"{self.name}/experts_w2", s)
+        y = self._experts(act, self.w2, self.w2_state, group_sizes, "experts_w2", stats)
         # Combine in float32: un-sort the rows (a gather) and sum the k slots
         # weighted by their gates.
         inv = jnp.argsort(order)
