@@ -8,11 +8,11 @@ finished runs under DIR/<label>/seed<k> are re-read, interrupted ones resumed.
 
 import sys
 
-import jax
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from fp8jax.train.compare import run_comparison
+from fp8jax.train.runtime import CACHE_HELP, setup_runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Comparison config file.", lock_config=True
@@ -21,18 +21,14 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 _CACHE = flags.DEFINE_string(
     "jax_cache_dir",
     "/tmp/fp8jax_jax_cache",
-    "Persistent XLA compilation cache ('' = off): reruns and other seeds skip recompiling.",
+    CACHE_HELP,
 )
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
     del argv
-    # Orbax logs every checkpoint step at INFO; keep the progress lines readable.
-    logging.set_verbosity(logging.WARNING)
-    if _CACHE.value:
-        jax.config.update("jax_compilation_cache_dir", _CACHE.value)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    setup_runtime(_CACHE.value)
     command = "python " + " ".join(sys.argv)
     run_comparison(_CONFIG.value, _WORKDIR.value, command=command)
     print(open(f"{_WORKDIR.value}/results.md").read())

@@ -6,11 +6,11 @@ e.g. --config.recipe=bf16 --config.steps=200.
 
 import json
 
-import jax
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from fp8jax.train.loop import train
+from fp8jax.train.runtime import CACHE_HELP, setup_runtime
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string(
@@ -19,18 +19,14 @@ _WORKDIR = flags.DEFINE_string(
 _CACHE = flags.DEFINE_string(
     "jax_cache_dir",
     "/tmp/fp8jax_jax_cache",
-    "Persistent XLA compilation cache ('' = off): reruns and other seeds skip recompiling.",
+    CACHE_HELP,
 )
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
     del argv
-    # Orbax logs every checkpoint step at INFO; keep the progress lines readable.
-    logging.set_verbosity(logging.WARNING)
-    if _CACHE.value:
-        jax.config.update("jax_compilation_cache_dir", _CACHE.value)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    setup_runtime(_CACHE.value)
     s = train(_CONFIG.value, _WORKDIR.value)
     keys = ("recipe", "steps", "final_train_loss", "final_val_loss", "tokens_per_s", "wall_s")
     print("summary:", json.dumps({k: s[k] for k in keys}))
