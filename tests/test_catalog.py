@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fp8jax import catalog
+from fp8jax.toolkit import catalog
 
 # (name, max, smallest normal, smallest subnormal, eps): worked out from the
 # formats' definitions (OCP FP8/MX specs, IEEE 754), not from ml_dtypes.

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_convert_helpers import write_fp8_checkpoint
 
-from fp8jax import cli
+from fp8jax.toolkit import cli
 
 
 def run(capsys, *argv):

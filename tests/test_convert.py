@@ -20,8 +20,8 @@ from test_convert_helpers import (
     write_fp8_checkpoint,
 )
 
-from fp8jax import convert
-from fp8jax.convert import blockwise
+from fp8jax.toolkit import convert
+from fp8jax.toolkit.convert import blockwise
 
 # -- safetensors I/O ---------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from test_convert_helpers import FP8_WEIGHTS, write_fp8_checkpoint, write_index
 
-from fp8jax import convert
+from fp8jax.toolkit import convert
 
 WEIGHT = FP8_WEIGHTS[1][0]  # model.layers.0.mlp.down_proj.weight, (130, 257)
 SCALE = WEIGHT + "_scale_inv"

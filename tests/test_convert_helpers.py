@@ -8,7 +8,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from fp8jax.convert import save_file
+from fp8jax.toolkit.convert import save_file
 
 E4M3 = ml_dtypes.float8_e4m3fn
 BF16 = ml_dtypes.bfloat16

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fp8jax import hardware
+from fp8jax.toolkit import hardware
 
 REQUIRED = [
     "a100-80g",

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from fp8jax import hardware, planner
+from fp8jax.toolkit import hardware, planner
 
 # Serving budget used in both cases.
 CONTEXT, BATCH, OVERHEAD = 32768, 32, 0.10

@@ -1,6 +1,4 @@
 """Byte-level LM data (vocabulary 256): corpora and deterministic batches.
-
-Also holds package data files (accelerators.csv, read by fp8jax.hardware).
 """
 
 from fp8jax.data.corpus import (

@@ -35,7 +35,7 @@ def _dump(obj) -> str:
 
 
 def _cmd_formats(args) -> int:
-    from fp8jax import catalog
+    from fp8jax.toolkit import catalog
 
     if args.json:
         print(_dump([r.asdict() for r in catalog.catalog()]))
@@ -47,7 +47,7 @@ def _cmd_formats(args) -> int:
 def _cmd_gpus(args) -> int:
     from dataclasses import asdict
 
-    from fp8jax import hardware
+    from fp8jax.toolkit import hardware
 
     if args.json:
         print(_dump([asdict(a) for a in hardware.accelerators()]))
@@ -57,7 +57,7 @@ def _cmd_gpus(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    from fp8jax import hardware, planner
+    from fp8jax.toolkit import hardware, planner
 
     custom = [args.params, args.active, args.layers, args.kv_per_layer]
     if args.model and any(v is not None for v in custom):
@@ -109,7 +109,7 @@ def _size(b: float) -> str:
 
 
 def _cmd_convert(args) -> int:
-    from fp8jax.convert import convert_checkpoint
+    from fp8jax.toolkit.convert import convert_checkpoint
 
     rep = convert_checkpoint(args.direction, args.src, args.dst, keep=args.keep, quiet=args.quiet)
     print(
@@ -121,7 +121,7 @@ def _cmd_convert(args) -> int:
 
 
 def _cmd_quant_error(args) -> int:
-    from fp8jax.numerics import quant_error as qe
+    from fp8jax.toolkit import quant_error as qe
 
     x64, desc = qe.load_tensor(args.path, args.tensor)
     rows = qe.quant_error_report(x64, axis=args.axis, gemm=not args.no_gemm, tokens=args.tokens)
@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (0 ok, 1 error, 2 usage)."""
-    from fp8jax.convert import ConversionError
+    from fp8jax.toolkit.convert import ConversionError
 
     args = build_parser().parse_args(argv)
     try:

@@ -60,7 +60,7 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
     raise ImportError(
-        "fp8jax.convert assumes a little-endian host (safetensors data is little-endian)"
+        "fp8jax.toolkit.convert assumes a little-endian host (safetensors data is little-endian)"
     )
 
 

@@ -2,7 +2,7 @@
 
 ``fp8_to_bf16(src, dst)``: every FP8 tensor ``x`` with its float32
 ``x_scale_inv`` becomes BF16 ``round(x * scale_inv)`` (see
-:mod:`fp8jax.convert.blockwise`); the ``_scale_inv`` tensors are dropped;
+:mod:`fp8jax.toolkit.convert.blockwise`); the ``_scale_inv`` tensors are dropped;
 other tensors are copied unchanged.
 
 ``bf16_to_fp8(src, dst)``: every 2-D BF16/F16/F32 tensor whose name ends in
@@ -42,8 +42,8 @@ from typing import TextIO
 
 import numpy as np
 
-from fp8jax.convert.blockwise import BLOCK, all_finite, dequant_rows, quant_rows, scale_shape
-from fp8jax.convert.safetensors_io import (
+from fp8jax.toolkit.convert.blockwise import BLOCK, all_finite, dequant_rows, quant_rows, scale_shape
+from fp8jax.toolkit.convert.safetensors_io import (
     DTYPES,
     FLOAT_DTYPES,
     FP8_DTYPES,

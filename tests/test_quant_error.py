@@ -6,8 +6,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fp8jax.convert import round_to, save_file
-from fp8jax.numerics import quant_error as qe
+from fp8jax.toolkit.convert import round_to, save_file
+from fp8jax.toolkit import quant_error as qe
 
 E4M3 = ml_dtypes.float8_e4m3fn
 

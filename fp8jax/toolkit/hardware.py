@@ -1,6 +1,6 @@
 """The accelerator table: memory, bandwidth, dense TFLOP/s per format, native FP8.
 
-The data lives in one file, ``fp8jax/data/accelerators.csv``, one row per
+The data lives in one file, ``fp8jax/toolkit/data/accelerators.csv``, one row per
 card, every row with the vendor document it comes from (``source``) and a
 ``note``.  TFLOP/s are dense peak figures (vendors often print the 2:4
 sparsity figure, twice the dense one; the table never uses it).  A figure
@@ -102,7 +102,7 @@ def parse_table(text: str) -> list[Accelerator]:
 @functools.cache
 def accelerators() -> tuple[Accelerator, ...]:
     """All rows of the packaged table, in file order."""
-    text = resources.files("fp8jax").joinpath("data/accelerators.csv").read_text(encoding="utf-8")
+    text = resources.files("fp8jax.toolkit").joinpath("data/accelerators.csv").read_text(encoding="utf-8")
     return tuple(parse_table(text))
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from fp8jax.hardware import Accelerator
+from fp8jax.toolkit.hardware import Accelerator
 
 BLOCK = 128
 

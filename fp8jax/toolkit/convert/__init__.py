@@ -1,15 +1,15 @@
 """Checkpoint conversion between FP8 (DeepSeek-V3 block-scaled layout) and BF16.
 
-* :mod:`~fp8jax.convert.safetensors_io`: safetensors reader (memory-mapped)
+* :mod:`~fp8jax.toolkit.convert.safetensors_io`: safetensors reader (memory-mapped)
   and streaming writer, float8 dtypes via ml_dtypes;
-* :mod:`~fp8jax.convert.blockwise`: correctly rounded 128x128 block
+* :mod:`~fp8jax.toolkit.convert.blockwise`: correctly rounded 128x128 block
   (de)quantization;
-* :mod:`~fp8jax.convert.checkpoint`: whole-directory conversion with
+* :mod:`~fp8jax.toolkit.convert.checkpoint`: whole-directory conversion with
   verification and an all-or-nothing output.
 """
 
-from fp8jax.convert.blockwise import dequant_rows, quant_rows, round_to, scale_shape
-from fp8jax.convert.checkpoint import (
+from fp8jax.toolkit.convert.blockwise import dequant_rows, quant_rows, round_to, scale_shape
+from fp8jax.toolkit.convert.checkpoint import (
     ConversionError,
     Report,
     bf16_to_fp8,
@@ -17,7 +17,7 @@ from fp8jax.convert.checkpoint import (
     fp8_to_bf16,
     open_source,
 )
-from fp8jax.convert.safetensors_io import (
+from fp8jax.toolkit.convert.safetensors_io import (
     DTYPES,
     SafetensorsError,
     SafetensorsFile,

@@ -54,8 +54,8 @@ def load_tensor(path: str | Path, name: str | None = None) -> tuple[np.ndarray, 
     An FP8 safetensors tensor with a ``<name>_scale_inv`` next to it (the
     DeepSeek layout) is dequantized blockwise first.
     """
-    from fp8jax.convert.blockwise import dequant_rows
-    from fp8jax.convert.safetensors_io import FP8_DTYPES, SafetensorsFile
+    from fp8jax.toolkit.convert.blockwise import dequant_rows
+    from fp8jax.toolkit.convert.safetensors_io import FP8_DTYPES, SafetensorsFile
 
     p = Path(path)
     if not p.is_file():
