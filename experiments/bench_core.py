@@ -13,7 +13,7 @@ import json
 import jax
 from absl import app, flags
 
-from fp8jax.analysis.bench_core import gemm_ratio, quantize_ratio
+from fp8jax.bench.core import gemm_ratio, quantize_ratio
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("size", 2048, "M = K = N of the GEMM")

@@ -12,8 +12,8 @@ forward error versus current_tensor's and hybrid_delayed's (goal: >= 2x lower).
 from absl import app, flags
 
 from fp8jax import recipes
-from fp8jax.analysis.gemm_error import format_table, gemm_errors
-from fp8jax.analysis.inputs import KINDS, make_gemm_inputs
+from fp8jax.numerics.gemm_error import format_table, gemm_errors
+from fp8jax.numerics.inputs import KINDS, make_gemm_inputs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("m", 1024, "tokens")

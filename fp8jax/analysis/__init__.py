@@ -1,1 +1,0 @@
-"""Importable logic behind the experiments/ scripts (GEMM error, core benchmarks)."""
