@@ -1,9 +1,9 @@
-"""Byte-level LM data (vocabulary 256): corpora and deterministic batches.
-"""
+"""Byte-level LM data (vocabulary 256): corpora and deterministic batches."""
 
 from fp8jax.data.corpus import (
     VOCAB_SIZE,
     Corpus,
+    check_corpus,
     load_corpus,
     stdlib_corpus,
     synthetic_corpus,
@@ -15,6 +15,7 @@ from fp8jax.data.corpus import (
 __all__ = [
     "VOCAB_SIZE",
     "Corpus",
+    "check_corpus",
     "load_corpus",
     "stdlib_corpus",
     "synthetic_corpus",
