@@ -448,8 +448,7 @@ def run_loop(
             evaluate = run.val is not None and (
                 (eval_every > 0 and done % eval_every == 0) or done == total
             )
-            save = ckpt.due(done) or done == end or bool(caught)
-            if not (log or evaluate or save):
+            if not (log or evaluate or ckpt.due(done) or done == end or caught):
                 continue
             bad = watch.first_bad()
             if bad is not None:
@@ -464,7 +463,9 @@ def run_loop(
                 writer.write(done, {"val_loss": val_loss})
             if log:
                 writer.progress(done, row["loss"])
-            if save:
+            # Decided after the syncs above: a signal that arrived while the
+            # host waited for the device is seen here, not one step late.
+            if ckpt.due(done) or done == end or caught:
                 if not ckpt_lib.all_finite(state):
                     raise _diverged(run, done, _host(m), ckpt, writer)
                 ckpt.save(state, force=True)

@@ -97,6 +97,10 @@ def _flag_error_line(e: BaseException, argv: Sequence[str]) -> str:
 def parse_flags(argv: Sequence[str]) -> list[str]:
     """absl ``flags_parser`` for ``app.run``: flag and config-file errors as one line, exit 2."""
     try:
-        return flags.FLAGS(list(argv))
+        rest = flags.FLAGS(list(argv))
+        if "config" in flags.FLAGS and flags.FLAGS["config"].value is not None:
+            # config_flags defers a load failure to the first access: make it happen here.
+            list(flags.FLAGS["config"].value.keys())
+        return rest
     except (flags.Error, AttributeError, KeyError, OSError, ValueError, TypeError) as e:
         usage_error(_flag_error_line(e, argv))
