@@ -407,21 +407,25 @@ def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list
     base = results["baseline"]
     seeds = results["seeds"]
 
-    def seed_curves(label: str, key: str):
+    def paired_curves(label: str, key: str):
+        """Steps logged by every seed of ``label`` and of the baseline; both [seeds, steps]."""
         curves = [_curves(run_rows[label][s], key) for s in seeds]
-        # Steps logged by every seed (and the baseline): runs may log extra steps.
+        base_curves = [_curves(run_rows[base][s], key) for s in seeds]
         common = set(curves[0][0].tolist())
-        for c in curves[1:] + [_curves(run_rows[base][s], key) for s in seeds]:
+        for c in curves[1:] + base_curves:
             common &= set(c[0].tolist())
         steps = np.asarray(sorted(common))
-        vals = np.stack([c[1][np.isin(c[0], steps)] for c in curves])
-        return steps, vals
+
+        def pick(cs):
+            return np.stack([c[1][np.isin(c[0], steps)] for c in cs])
+
+        return steps, pick(curves), pick(base_curves)
 
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 4.5))
     for label in labels:
-        s, v = seed_curves(label, "loss")
+        s, v, _ = paired_curves(label, "loss")
         ax_t.plot(s, _smooth(v.mean(0), smooth), label=label, lw=1.2)
-        s, v = seed_curves(label, "val_loss")
+        s, v, _ = paired_curves(label, "val_loss")
         ax_v.plot(s, v.mean(0), marker="o", ms=3, label=label, lw=1.2)
     ax_t.set(
         xlabel="step", ylabel=f"train loss (mean over seeds, {smooth}-step avg)", title="train"
@@ -437,18 +441,16 @@ def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list
     plt.close(fig)
 
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 4.5))
-    _, vb = seed_curves(base, "loss")
-    _, vvb = seed_curves(base, "val_loss")
     for label in labels:
         if label == base:
             continue
-        s, v = seed_curves(label, "loss")
+        s, v, vb = paired_curves(label, "loss")
         # Paired (same seed) relative gap per seed, then its mean and interval.
         gap_t = (_smooth_rows(v, smooth) - _smooth_rows(vb, smooth)) / _smooth_rows(vb, smooth)
         mean, lo, hi = _band(gap_t)
         (line,) = ax_t.plot(s, 100 * mean, label=label, lw=1.2)
         ax_t.fill_between(s, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.15)
-        s, v = seed_curves(label, "val_loss")
+        s, v, vvb = paired_curves(label, "val_loss")
         gap_v = (v - vvb) / vvb
         mean, lo, hi = _band(gap_v)
         (line,) = ax_v.plot(s, 100 * mean, marker="o", ms=3, label=f"{label} (mean)", lw=1.4)
