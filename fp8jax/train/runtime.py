@@ -84,7 +84,7 @@ def _flag_error_line(e: BaseException, argv: Sequence[str]) -> str:
             return f"unknown config field {arg}; did you mean {arg[: -len(bad)]}{typo.group(1)}?"
         return f"unknown config field {arg} (fields: fp8jax/train/defaults.py)"
     if "Failed loading config file" in text:
-        arg = next((a for a in argv if a.startswith("--config=")), "--config=?")
+        arg = next((a for a in reversed(argv) if a.startswith("--config=")), "--config=?")
         path = arg.split("=", 1)[1].split(":")[0]
         return (
             f"config file {path!r} not found or unreadable: give an existing file, e.g. "
