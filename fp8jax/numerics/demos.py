@@ -295,12 +295,13 @@ class SpeedDemo:
 
 
 def subnormal_operands(dtype, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(normal, subnormal) arrays of ``n`` values of ``dtype`` with the same significands.
+    """(normal, subnormal) arrays of ``n`` values of ``dtype`` from the same uniform draws.
 
     Both hold uniform [1, 2) values times 2^-4; the subnormal array is further
     scaled by the smallest normal, so it lies 4 binades below it (subnormal,
     with about ``nmant - 4`` significant bits left), and so do the results of
-    the timed operations.  The normal array stays near 0.1.
+    the timed operations except ``sqrt`` (whose result is normal: only its
+    operand is subnormal).  The normal array stays near 0.1.
     """
     fi = np.finfo(dtype)
     rng = np.random.default_rng(0)
@@ -319,7 +320,7 @@ def _best_time(fn, repeats: int) -> float:
     return best
 
 
-# Timed operations: each maps subnormal operands to subnormal results.
+# Timed operations on subnormal operands; all but sqrt give subnormal results.
 _SPEED_OPS = {
     "x * 0.9": lambda x, out: np.multiply(x, x.dtype.type(0.9), out=out),
     "x + x": lambda x, out: np.add(x, x, out=out),
@@ -348,7 +349,8 @@ def subnormal_speed(n: int = 1 << 18, repeats: int = 7) -> SpeedDemo:
             rows.append((np.dtype(dt).name, op, t_norm, t_sub))
     return SpeedDemo(
         "subnormal speed",
-        f"numpy over {n} values, normal vs subnormal operands (and results), best of {repeats}",
+        f"numpy over {n} values, normal vs subnormal operands (results subnormal too, "
+        f"except sqrt), best of {repeats}",
         tuple(rows),
         n,
         repeats,

@@ -338,6 +338,9 @@ def plan(
     )
 
 
+_ELEMENT_LABELS = {"fp4_e2m1": "FP4 (E2M1)", "fp8_e4m3": "FP8 E4M3"}
+
+
 def execution(wf: WeightFormat, accel: Accelerator) -> tuple[str, str]:
     """What the card does with a scaled weight format, as (kind, note).
 
@@ -347,7 +350,7 @@ def execution(wf: WeightFormat, accel: Accelerator) -> tuple[str, str]:
     """
     g = wf.group
     assert g is not None
-    elem = g.element.upper()
+    elem = _ELEMENT_LABELS.get(g.element, g.element.upper())
     if accel.native is None:
         return "unknown", (
             f"{accel.name}: supported formats unknown, so whether it multiplies {elem} "
@@ -481,8 +484,9 @@ def compare(
     ``sort``: "table" (the table's order), "name", "cards" / "nodes" (fewest
     first, by the power-of-two layout, then by cards), "memory" (least per card
     first), "decode" / "batch" (highest per-sequence / total decode bound
-    first).  Cards that cannot be planned (no memory figure) and, for "decode"
-    / "batch", cards without a bandwidth figure come last, in table order.
+    first).  Except for "name", cards that cannot be planned (no memory
+    figure) and, for "decode" / "batch", cards without a bandwidth figure come
+    last, in table order.
     """
     if sort not in SORT_KEYS:
         raise ValueError(f"unknown sort {sort!r}; one of {sorted(SORT_KEYS)}")
@@ -497,6 +501,8 @@ def compare(
         return rows
 
     def sortable(r: CompareRow) -> bool:
+        if sort == "name":
+            return True
         return r.plan is not None and (
             sort not in ("decode", "batch") or r.plan.tokens_per_s_all_cards is not None
         )
