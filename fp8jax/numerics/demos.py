@@ -357,8 +357,20 @@ def subnormal_speed(n: int = 1 << 18, repeats: int = 7) -> SpeedDemo:
         "keep data in the normal range (scale it, as loss scaling does), or enable "
         "flush-to-zero where the lost tiny values do not matter (XLA on CPU and GPUs flush "
         "by default); measure on your own hardware, the penalty differs per core",
-        f"{platform.machine()} {platform.processor() or ''}".strip(),
+        _cpu_name(),
     )
+
+
+def _cpu_name() -> str:
+    """The CPU model (Linux: /proc/cpuinfo), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"{platform.machine()}, {line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}".strip()
 
 
 def all_demos() -> list[Demo]:

@@ -260,6 +260,13 @@ def plan(
         wf = WEIGHT_FORMATS["bf16"]
     if wf.needs_fp8:
         exec_kind = "native"
+        if not accel.supports("fp8_e4m3"):
+            # FNUZ-only cards (MI300 series): E4M3FN codes above 240 do not exist
+            # in e4m3fnuz, so the re-encode halves the codes and doubles the scales.
+            notes.append(
+                f"{accel.name} runs FP8 as e4m3fnuz (max 240): DeepSeek's e4m3fn weights are "
+                "re-encoded (values halved, scales doubled), same 3 mantissa bits."
+            )
     elif wf.group is not None:
         exec_kind, note = execution(wf, accel)
         notes.append(note)
