@@ -305,6 +305,8 @@ def subnormal_operands(dtype, n: int) -> tuple[np.ndarray, np.ndarray]:
     """
     fi = np.finfo(dtype)
     rng = np.random.default_rng(0)
+    # The draws in ``dtype`` first, so both arrays start from the same values;
+    # scaling by powers of two is exact until the subnormal range drops bits.
     base = rng.uniform(1.0, 2.0, n).astype(dtype)
     sub = (base * dtype(fi.smallest_normal) * dtype(2.0**-4)).astype(dtype)
     normal = (base * dtype(2.0**-4)).astype(dtype)

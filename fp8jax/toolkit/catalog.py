@@ -145,6 +145,8 @@ def hif8_round(x) -> np.ndarray:
     +-Inf as in IEEE formats; values below half the smallest denormal become
     (unsigned) zero; NaN stays NaN.
     """
+    # float64 holds every HiF8 value, every float32/float16 input and every
+    # midpoint between HiF8 neighbours exactly, so the comparisons are exact.
     x64 = np.asarray(x, dtype=np.float64)
     mag = np.abs(x64)
     grid = np.concatenate([[0.0], HIF8_VALUES])
@@ -167,13 +169,16 @@ def hf32_round(x) -> np.ndarray:
     NaN pass through.  Input is cast to float32 first: HF32 replaces float32
     operands.
     """
+    # HF32 replaces float32 operands: round the float32 value, not a wider one.
     x32 = np.asarray(x, dtype=np.float32)
+    # Work on the bit pattern in uint64 so adding the rounding increment cannot wrap.
     u = x32.view(np.uint32).astype(np.uint64)
     drop = 23 - HF32_MANTISSA_BITS
     lsb = (u >> drop) & 1
     # Round half to even: add half an HF32 ulp minus one, plus the kept lsb.
     r = (u + (1 << (drop - 1)) - 1 + lsb) & ~np.uint64((1 << drop) - 1)
     special = (u & 0x7F800000) == 0x7F800000
+    # Back to the 32-bit pattern (the rounded value fits: at most a carry into the exponent).
     r = np.where(special, u, r).astype(np.uint32)
     return r.view(np.float32)
 

@@ -32,7 +32,7 @@ class UsageError(ValueError):
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: "fp8jax plan: error: ..." and exit status 2."""
 
-    def error(self, message: str):  # noqa: D401 - argparse API
+    def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

@@ -217,9 +217,12 @@ def plan(
     """Plan a deployment (see the module docstring for every formula).
 
     ``weights``: "auto" (FP8 where the card has it, else BF16), or one of
-    WEIGHT_FORMATS; "fp8" on a card without FP8 becomes BF16 with a note.
-    ``memory_gb`` / ``bandwidth_gbs`` override the table (e.g. for a card
-    whose figure is not in it).
+    WEIGHT_FORMATS; "fp8" on a card without FP8 becomes BF16 with a note;
+    int8 / int4 / fp4 / mxfp4 are kept on every card, with a note (and
+    ``Plan.execution``) saying whether the card multiplies them natively or
+    dequantizes them.  ``memory_gb`` / ``bandwidth_gbs`` override the table
+    (e.g. for a card whose figure is not in it).  Raises ValueError for
+    non-positive, NaN or infinite numbers.
     """
     for what, v in (("context", context), ("batch", batch), ("node size", node_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
