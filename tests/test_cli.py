@@ -48,8 +48,8 @@ def test_gpus_formats_matrix(capsys):
     first = out.splitlines()[0].split()
     assert first[:3] == ["key", "fp64", "fp32"] and "hif8" in first and "int4" in first
     v100 = next(ln for ln in out.splitlines() if ln.startswith("v100 "))
-    # V100: FP32 and FP16, nothing else.
-    assert v100.split()[1:7] == [".", "x", ".", ".", ".", "x"]
+    # V100: FP64, FP32 and FP16 (no TF32, HF32, BF16), no FP8.
+    assert v100.split()[1:9] == ["x", "x", ".", ".", ".", "x", ".", "."]
     code, _, err = run(capsys, "gpus", "--formats", "--sources")
     assert code == 2 and len(err.strip().splitlines()) == 1
 
