@@ -105,9 +105,12 @@ HF32_MANTISSA_BITS = 11
 # D = 1: E = +-1, 3 bits; D = 2: |E| in 2..3, 3 bits; D = 3: |E| in 4..7,
 # 2 bits; D = 4: |E| in 8..15, 1 bit -- the paper's "7 exponents with a 3-bit
 # mantissa, 8 with 2 bits, 16 with 1 bit".  A denormal mode adds 2^-16 ..
-# 2^-22 (38 binades in all, 2^-22 .. 2^15).  One zero, one NaN (the spare
-# negative-zero pattern) and +-Inf, which takes the (E = 15, mantissa 1)
-# codes, so the largest finite value is 2^15.
+# 2^-22 (38 binades in all, 2^-22 .. 2^15).  The paper's abstract gives the
+# field widths and the binade counts, and says every special value is
+# encoded with a single zero.  Which codes hold them is taken here as: NaN =
+# the spare negative-zero pattern, +-Inf = the (E = +15, mantissa 1) codes, so
+# the largest finite value is 2^15.  That assignment is the one reading that
+# fits 256 codes; it is not checked against Ascend hardware.
 HIF8_SOURCE = (
     "typed in: Ascend HiFloat8 white paper (Luo et al. 2024, arXiv 2409.16626, "
     "https://arxiv.org/abs/2409.16626): tapered, 1-3 mantissa bits; no array type"
