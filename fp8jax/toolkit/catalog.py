@@ -109,7 +109,7 @@ HF32_MANTISSA_BITS = 11
 # field widths and the binade counts, and says every special value is
 # encoded with a single zero.  Which codes hold them is taken here as: NaN =
 # the spare negative-zero pattern, +-Inf = the (E = +15, mantissa 1) codes, so
-# the largest finite value is 2^15.  That assignment is the one reading that
+# the largest finite value is 2^15.  That assignment is a reading that
 # fits 256 codes; it is not checked against Ascend hardware.
 HIF8_SOURCE = (
     "typed in: Ascend HiFloat8 white paper (Luo et al. 2024, arXiv 2409.16626, "
