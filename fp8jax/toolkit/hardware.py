@@ -287,8 +287,8 @@ def _fp8_cell(a: Accelerator) -> str:
 def format_matrix(rows: tuple[Accelerator, ...] | None = None) -> str:
     """Native support per format, one row per card (what ``fp8jax gpus --formats`` prints).
 
-    'x' = executed natively, '.' = not, '?' = no source said which formats the
-    card executes.  Columns are catalog formats (``fp8jax formats``).
+    'x' = executed natively per the row's sources, '.' = not listed as native,
+    '?' = no source said which formats the card executes.  Columns are catalog formats (``fp8jax formats``).
     """
     rows = accelerators() if rows is None else rows
     labels = [lab for _, lab in MATRIX_FORMATS]
@@ -303,7 +303,8 @@ def format_matrix(rows: tuple[Accelerator, ...] | None = None) -> str:
         out.append((a.key.ljust(kw) + "  " + " ".join(cells)).rstrip())
     out.append("")
     out.append(
-        "x = native (matrix units; vector units for fp64/fp32), . = not native, ? = unknown."
+        "x = native per the row's sources (matrix units; vector units for fp64/fp32), "
+        ". = not listed as native, ? = formats unknown."
     )
     out.append(
         "e4m3/e5m2 = OCP FP8; e4m3z/e5m2z = FNUZ FP8 (AMD CDNA 3); hif8 = Huawei HiFloat8; "
