@@ -317,3 +317,24 @@ def test_destination_must_not_exist(tmp_path):
     with pytest.raises(convert.ConversionError, match="exists"):
         convert.fp8_to_bf16(src, dst, quiet=True)
     assert (dst / "keep.txt").read_text() == "x"
+
+
+def test_example_checkpoint_has_deepseeks_layout(tmp_path):
+    root = convert.make_example_checkpoint(tmp_path / "ex", seed=1)
+    cfg = json.loads((root / "config.json").read_text())
+    assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
+    t = _load_dir(root)
+    fp8 = [k for k, v in t.items() if v.dtype == E4M3]
+    assert len(fp8) == 18 and not any("embed" in k or "norm" in k or "lm_head" in k for k in fp8)
+    assert t["model.layers.1.mlp.gate.weight"].dtype == BF16  # the router stays BF16
+    for k in fp8:
+        s = t[k + "_scale_inv"]
+        assert s.dtype == np.float32 and s.shape == blockwise.scale_shape(t[k].shape)
+        w = t[k].astype(np.float64) * ref_block_scale(s, *t[k].shape)
+        assert 0.015 < w.std() < 0.025 and all(dim % 128 for dim in t[k].shape)
+    with pytest.raises(convert.ConversionError, match="not an empty directory"):
+        convert.make_example_checkpoint(root)
+    # Same seed, same bytes.
+    again = convert.make_example_checkpoint(tmp_path / "ex2", seed=1)
+    for p in sorted(root.iterdir()):
+        assert (again / p.name).read_bytes() == p.read_bytes()
