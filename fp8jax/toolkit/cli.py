@@ -108,10 +108,23 @@ def _size(b: float) -> str:
     return f"{b / 1e9:.2f} GB" if b >= 1e9 else f"{b / 1e6:.2f} MB"
 
 
-def _cmd_convert(args) -> int:
-    import time
+def _seconds_since_start() -> float | None:
+    """Wall seconds since this process started (Linux /proc; None elsewhere)."""
+    import os
 
-    t0 = time.monotonic()
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            # Field 22, start time in clock ticks after boot; fields after the
+            # ")" that closes the command name start at field 3.
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cmd_convert(args) -> int:
     from fp8jax.toolkit import convert
 
     def fail(msg: str, code: int = 2) -> int:
@@ -142,10 +155,13 @@ def _cmd_convert(args) -> int:
     except (convert.ConversionError, ValueError, OSError) as e:
         return fail(e)
     rounding = f", {rep.rounding} rounding" if rep.rounding else ""
+    # The conversion's own time, and the whole command's (Python and JAX start-up included).
+    total = _seconds_since_start()
+    whole = f" ({total:.2f} s since the command started)" if total is not None else ""
     print(
         f"converted {rep.converted} of {rep.tensors_in} tensors in {rep.shards} shard(s){rounding}: "
         f"{_size(rep.bytes_in)} -> {_size(rep.bytes_out)}, {rep.tensors_out} tensors, "
-        f"written to {rep.dst} in {rep.seconds:.2f} s ({time.monotonic() - t0:.2f} s with start-up)"
+        f"written to {rep.dst} in {rep.seconds:.2f} s{whole}"
     )
     return 0
 

@@ -197,25 +197,42 @@ def dequant_rows(
     raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
 
 
+# Blocks per call of the compiled quantizer: 64 x 128 x 128 = 1M elements.
+_GROUP = 64
+
+
 @functools.cache
 def _block_quantizer():
-    # One compiled function; callers pad stripes to one shape per tensor width.
+    # fp8jax.quantize's "block" granularity on a stack of 128x128 blocks gives
+    # each block its own scale, the same arithmetic as on the 2-D weight; one
+    # fixed stack shape means one compilation for every tensor of a checkpoint.
     return jax.jit(lambda x: quantize(x, E4M3, "block", tile=BLOCK))
 
 
-def quant_rows(x: np.ndarray, pad_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def quant_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Quantize a stripe of rows to E4M3 with 128x128 block scales: (data, float32 scale_inv).
 
     Exactly ``fp8jax.quantize(x, E4M3, "block")`` (see the module docstring);
-    ``x`` (rows starting at a multiple of 128) must be finite.  ``pad_to``
-    zero-pads the stripe to that many rows before quantizing (zeros never
-    raise a block's amax, and fp8jax.quantize pads partial blocks with zeros
-    itself), so that every stripe of a tensor compiles to one shape.
+    ``x`` (rows starting at a multiple of 128) must be finite.  The stripe is
+    zero-padded to whole blocks (zeros never raise a block's amax, and
+    fp8jax.quantize pads partial blocks with zeros itself) and quantized as a
+    stack of 128x128 blocks.
     """
     r, c = x.shape
-    if pad_to is not None and pad_to > r:
-        x = np.concatenate([x, np.zeros((pad_to - r, c), x.dtype)], axis=0)
-    q = _block_quantizer()(x)
-    data = np.asarray(q.data)[:r]
-    scale = np.asarray(q.scale, np.float32)[: -(-r // BLOCK)]
-    return data, scale
+    sr, sc = scale_shape((r, c))
+    xp = np.zeros((sr * BLOCK, sc * BLOCK), x.dtype)
+    xp[:r, :c] = x
+    blocks = xp.reshape(sr, BLOCK, sc, BLOCK).transpose(0, 2, 1, 3).reshape(sr * sc, BLOCK, BLOCK)
+    n = blocks.shape[0]
+    total = -(-n // _GROUP) * _GROUP
+    if total > n:
+        blocks = np.concatenate([blocks, np.zeros((total - n, BLOCK, BLOCK), x.dtype)])
+    quant = _block_quantizer()
+    data, scale = [], []
+    for g in range(0, total, _GROUP):
+        q = quant(blocks[g : g + _GROUP])
+        data.append(np.asarray(q.data))
+        scale.append(np.asarray(q.scale, np.float32).reshape(-1))
+    data_b = np.concatenate(data)[:n].reshape(sr, sc, BLOCK, BLOCK).transpose(0, 2, 1, 3)
+    data_2d = data_b.reshape(sr * BLOCK, sc * BLOCK)[:r, :c]
+    return np.ascontiguousarray(data_2d), np.concatenate(scale)[:n].reshape(sr, sc)

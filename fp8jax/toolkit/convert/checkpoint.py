@@ -478,8 +478,7 @@ def _write_shard(
                             f"non-finite values in {a.name!r} (rows {r0}..{r1}) of {shard}: "
                             f"{describe_nonfinite(x)}"
                         )
-                    # Every stripe padded to the first one's rows: one compilation per tensor width.
-                    data, sc = quant_rows(x, pad_to=chunks[0][1])
+                    data, sc = quant_rows(x)
                     w.write(a.name, data)
                     scales.append(sc)
                     progress.update((r1 - r0) * t.shape[1] * t.np_dtype.itemsize, a.name)
