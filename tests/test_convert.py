@@ -338,3 +338,26 @@ def test_example_checkpoint_has_deepseeks_layout(tmp_path):
     again = convert.make_example_checkpoint(tmp_path / "ex2", seed=1)
     for p in sorted(root.iterdir()):
         assert (again / p.name).read_bytes() == p.read_bytes()
+
+
+def test_zero_size_weights(tmp_path):
+    src = tmp_path / "s"
+    src.mkdir()
+    convert.save_file(
+        src / "model.safetensors",
+        {
+            "a.weight": np.zeros((0, 5), E4M3),
+            "a.weight_scale_inv": np.zeros((0, 1), np.float32),
+            "b.weight": np.array([[2.0, -3.0]], np.float32).astype(E4M3),
+            "b.weight_scale_inv": np.array([[0.5]], np.float32),
+        },
+    )
+    convert.fp8_to_bf16(src, tmp_path / "bf16", quiet=True)
+    out = convert.load_file(tmp_path / "bf16" / "model.safetensors")
+    assert out["a.weight"].shape == (0, 5) and out["a.weight"].dtype == BF16
+    np.testing.assert_array_equal(out["b.weight"].astype(np.float64), [[1.0, -1.5]])
+    # Back to FP8: the empty weight is copied (no blocks, nothing to scale).
+    convert.bf16_to_fp8(tmp_path / "bf16", tmp_path / "fp8", quiet=True)
+    back = convert.load_file(tmp_path / "fp8" / "model.safetensors")
+    assert back["a.weight"].dtype == BF16 and "a.weight_scale_inv" not in back
+    assert back["b.weight"].dtype == E4M3 and back["b.weight_scale_inv"].shape == (1, 1)

@@ -220,6 +220,8 @@ def quant_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """
     r, c = x.shape
     sr, sc = scale_shape((r, c))
+    if r == 0 or c == 0:
+        return np.zeros((r, c), E4M3), np.ones((sr, sc), np.float32)
     xp = np.zeros((sr * BLOCK, sc * BLOCK), x.dtype)
     xp[:r, :c] = x
     blocks = xp.reshape(sr, BLOCK, sc, BLOCK).transpose(0, 2, 1, 3).reshape(sr * sc, BLOCK, BLOCK)

@@ -381,6 +381,7 @@ def _plan_bf16_to_fp8(source: Source, keep: Sequence[str]) -> dict[str, list[Act
                 )
             quantize = (
                 len(t.shape) == 2
+                and t.numel > 0
                 and t.dtype in ("BF16", "F16", "F32")
                 and name.endswith("weight")
                 and not any(p.search(name) for p in pats)
