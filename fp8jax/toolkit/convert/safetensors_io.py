@@ -137,7 +137,7 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
     out: dict = {}
     for k, v in pairs:
         if k in out:
-            raise _JsonRuleError(f"duplicate key {k!r}")
+            raise _JsonRuleError(f"duplicate key {_brief(k)}")
         out[k] = v
     return out
 
@@ -166,18 +166,19 @@ def _parse_int(s: str) -> int | float:
     return _parse_float(s)
 
 
-def _check_strings(obj, depth: int = 0) -> None:
+def _check_strings(obj) -> None:
     # Lone surrogate escapes ("\ud800") decode in Python but are not Unicode.
+    # (Recursion is bounded: the nesting was measured before parsing.)
     if isinstance(obj, str):
         if _SURROGATE.search(obj):
             raise _JsonRuleError("a string holds a lone surrogate escape")
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            _check_strings(k, depth + 1)
-            _check_strings(v, depth + 1)
+            _check_strings(k)
+            _check_strings(v)
     elif isinstance(obj, list):
         for v in obj:
-            _check_strings(v, depth + 1)
+            _check_strings(v)
 
 
 def loads_json(text: str, max_depth: int = MAX_JSON_DEPTH, strict: bool = True):
@@ -227,25 +228,32 @@ class TensorInfo:
         return math.prod(self.shape)
 
 
+def _brief(v, limit: int = 60) -> str:
+    """repr(v), cut short: a hostile header must not make a megabyte error line."""
+    r = repr(v)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
 def _is_u64(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _U64_MAX
 
 
 def _entry(name: str, rec) -> TensorInfo:
+    n = _brief(name)
     if not isinstance(rec, dict) or not {"dtype", "shape", "data_offsets"} <= rec.keys():
-        raise SafetensorsError(f"entry {name!r} lacks dtype/shape/data_offsets")
+        raise SafetensorsError(f"entry {n} lacks dtype/shape/data_offsets")
     dt, shape, offs = rec["dtype"], rec["shape"], rec["data_offsets"]
     if dt in PACKED_DTYPES:
-        raise SafetensorsError(f"tensor {name!r} has the packed sub-byte dtype {dt}, not supported")
+        raise SafetensorsError(f"tensor {n} has the packed sub-byte dtype {dt}, not supported")
     if not isinstance(dt, str) or dt not in DTYPES:
-        raise SafetensorsError(f"tensor {name!r} has unsupported dtype {dt!r}")
+        raise SafetensorsError(f"tensor {n} has unsupported dtype {_brief(dt)}")
     if not isinstance(shape, list) or not all(_is_u64(d) for d in shape):
         raise SafetensorsError(
-            f"tensor {name!r} has a bad shape {shape!r} (need a list of non-negative integers)"
+            f"tensor {n} has a bad shape {_brief(shape)} (need a list of non-negative integers)"
         )
     if not isinstance(offs, list) or len(offs) != 2 or not all(_is_u64(o) for o in offs):
         raise SafetensorsError(
-            f"tensor {name!r} has bad data_offsets {offs!r} (need two non-negative integers)"
+            f"tensor {n} has bad data_offsets {_brief(offs)} (need two non-negative integers)"
         )
     return TensorInfo(name, dt, tuple(shape), offs[0], offs[1])
 
@@ -286,7 +294,7 @@ def parse_header(raw: bytes, data_size: int) -> tuple[dict[str, str], dict[str, 
             if t.end < t.begin:
                 what = "ends before it begins"
             raise SafetensorsError(
-                f"unreadable: tensor {t.name!r} has data_offsets [{t.begin}, {t.end}]: it {what} "
+                f"unreadable: tensor {_brief(t.name)} has data_offsets [{t.begin}, {t.end}]: it {what} "
                 f"(tensors must tile the data block from 0 without gaps or overlaps)"
             )
         pos = t.end
@@ -295,14 +303,16 @@ def parse_header(raw: bytes, data_size: int) -> tuple[dict[str, str], dict[str, 
             numel *= d
             if numel > _U64_MAX:
                 raise SafetensorsError(
-                    f"unreadable: tensor {t.name!r} shape {list(t.shape)} overflows"
+                    f"unreadable: tensor {_brief(t.name)} shape {_brief(list(t.shape))} overflows"
                 )
         need = numel * DTYPES[t.dtype].itemsize
         if need > _U64_MAX:
-            raise SafetensorsError(f"unreadable: tensor {t.name!r} shape {list(t.shape)} overflows")
+            raise SafetensorsError(
+                f"unreadable: tensor {_brief(t.name)} shape {_brief(list(t.shape))} overflows"
+            )
         if t.nbytes != need:
             raise SafetensorsError(
-                f"unreadable: tensor {t.name!r} ({t.dtype}, shape {list(t.shape)}) needs {need} "
+                f"unreadable: tensor {_brief(t.name)} ({t.dtype}, shape {_brief(list(t.shape))}) needs {need} "
                 f"bytes, data_offsets give {t.nbytes}"
             )
     if pos > data_size:
