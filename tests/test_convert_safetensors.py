@@ -24,7 +24,11 @@ from hypothesis import strategies as st
 from fp8jax.toolkit import convert
 from fp8jax.toolkit.convert import safetensors_io
 
-safetensors = pytest.importorskip("safetensors")
+try:  # the reference implementation, a dev dependency
+    import safetensors
+except ImportError:  # pragma: no cover - the dev extra installs it
+    safetensors = None
+needs_reference = pytest.mark.skipif(safetensors is None, reason="safetensors not installed")
 
 # -- a JSON writer that can say what json.dumps cannot ------------------------------
 
@@ -68,6 +72,8 @@ def file_bytes(header_text: str, data: bytes, n_delta: int = 0) -> bytes:
 
 
 def reference_reads(blob: bytes):
+    if safetensors is None:
+        return "unknown"
     try:
         return {
             k: (v["dtype"], list(v["shape"]), bytes(v["data"]))
@@ -268,6 +274,7 @@ def headers(draw):
     return header, data, n_delta, stricter
 
 
+@needs_reference
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=headers(), pad=st.sampled_from(["", " ", "  \t\n", "x", "\x00"]))
 def test_reader_accepts_exactly_what_the_reference_accepts(scratch, case, pad):
@@ -364,7 +371,7 @@ REFUSED = {
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_refused_like_the_reference(scratch, case):
     blob, match = REFUSED[case]
-    assert reference_reads(blob) is None
+    assert reference_reads(blob) in (None, "unknown")
     scratch.write_bytes(blob)
     with pytest.raises(convert.SafetensorsError, match=match) as e:
         convert.SafetensorsFile(scratch)
@@ -396,10 +403,11 @@ def test_accepted_like_the_reference(scratch, case):
     data = bytes(range(16)) if '"b"' in text else bytes(range(8))
     blob = _case(text, data)
     ref = reference_reads(blob)
-    assert ref is not None
-    assert fp8jax_reads(scratch, blob) == ref
+    ours = fp8jax_reads(scratch, blob)
+    assert ours is not None and ref in (ours, "unknown")
 
 
+@needs_reference
 def test_stricter_than_the_reference_where_documented(scratch):
     same_twice = _case("{" + E + "," + E + "}")
     dtype_map = _case('{"a":{"dtype":{"F32":null},"shape":[2],"data_offsets":[0,8]}}')
