@@ -654,7 +654,9 @@ def convert_checkpoint(
     ``rounding`` ("deepseek" or "exact") chooses fp8-to-bf16's arithmetic.
     ``warn`` receives one-line warnings (default: printed to stderr); they are
     also returned in the report.  Raises ConversionError (and leaves no
-    ``dst``) on any problem, ConversionTerminated on SIGTERM / SIGHUP.
+    ``dst``) on any problem, ConversionTerminated on SIGTERM / SIGHUP: while
+    it runs in the main thread those two signals raise it (so that the
+    partial output is removed), and the previous handlers are restored after.
     """
     if direction not in ("fp8-to-bf16", "bf16-to-fp8"):
         raise ValueError(f"direction must be fp8-to-bf16 or bf16-to-fp8, got {direction!r}")
