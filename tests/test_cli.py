@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 
 import numpy as np
@@ -181,22 +184,93 @@ def test_plan_quantized_weights(capsys):
     assert code == 0 and "6 x 80 GB -> 1 node of 8" in out and "dequantizes" in out
 
 
+def _one_line_error(code: int, err: str, command: str, match: str) -> None:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fp8jax {command}: error: "), err
+    assert re.search(match, lines[0]), lines[0]
+    assert "Traceback" not in err
+
+
 def test_convert_ok_and_corrupt(tmp_path, capsys):
     src = tmp_path / "src"
     write_fp8_checkpoint(src)
     code, out, err = run(capsys, "convert", "fp8-to-bf16", str(src), str(tmp_path / "bf16"))
     assert code == 0 and "converted 4 of" in out and "fp8-to-bf16 [" in err
+    assert "deepseek rounding" in out
+    # Real elapsed times: the conversion's, and the whole command's since the process started.
+    m = re.search(r"in (\d+\.\d\d) s \((\d+\.\d\d) s since the command started\)", out)
+    assert m and 0 < float(m.group(1)) <= float(m.group(2)), out
+    assert float(m.group(2)) <= cli._seconds_since_start() + 0.01  # printed to 0.01 s
     assert (tmp_path / "bf16" / "model.safetensors.index.json").exists()
     code, out, err = run(
         capsys, "convert", "bf16-to-fp8", str(tmp_path / "bf16"), str(tmp_path / "fp8"), "--quiet"
     )
     assert code == 0 and err == ""
-    # Corrupt: a shard cut short.  Non-zero exit, a clear message, no output.
+    code, out, err = run(
+        capsys,
+        "convert",
+        "fp8-to-bf16",
+        str(src),
+        str(tmp_path / "exact"),
+        "--rounding",
+        "exact",
+        "--quiet",
+    )
+    assert code == 0 and "exact rounding" in out
+    # Corrupt: a shard cut short.  One line, exit status 2, no output.
     shard = sorted(src.glob("*.safetensors"))[1]
     shard.write_bytes(shard.read_bytes()[:-10])
     code, out, err = run(capsys, "convert", "fp8-to-bf16", str(src), str(tmp_path / "bad"))
-    assert code == 1 and "truncated shard" in err
+    _one_line_error(code, err, "convert", "truncated shard")
     assert not (tmp_path / "bad").exists()
+
+
+def test_convert_user_errors(tmp_path, capsys):
+    src = tmp_path / "src"
+    write_fp8_checkpoint(src)
+    bf16 = tmp_path / "bf16"
+    assert run(capsys, "convert", "fp8-to-bf16", str(src), str(bf16), "--quiet")[0] == 0
+    cases = [
+        (("bf16-to-fp8", str(bf16), str(tmp_path / "o"), "--keep", "["), "keep pattern '\\['"),
+        (("fp8-to-bf16", str(bf16), str(tmp_path / "o")), "no FP8 tensor .* already is a high"),
+        (("fp8-to-bf16", str(tmp_path / "missing"), str(tmp_path / "o")), "is not a directory"),
+        (("fp8-to-bf16", str(src), str(src / "inside")), "inside the source"),
+        (("fp8-to-bf16", str(src), str(bf16)), "exists and is not an empty directory"),
+    ]
+    for argv, match in cases:
+        code, _, err = run(capsys, "convert", *argv)
+        _one_line_error(code, err, "convert", match)
+    assert not (tmp_path / "o").exists()
+    # --rounding belongs to fp8-to-bf16 only: argparse refuses it elsewhere.
+    with pytest.raises(SystemExit) as e:
+        cli.main(["convert", "bf16-to-fp8", str(bf16), str(tmp_path / "o"), "--rounding", "exact"])
+    assert e.value.code == 2
+
+
+def test_convert_sigterm_exit_status(tmp_path, capsys, monkeypatch):
+    src = tmp_path / "src"
+    write_fp8_checkpoint(src)
+    from fp8jax.toolkit.convert import checkpoint
+
+    monkeypatch.setattr(
+        checkpoint.Progress, "update", lambda self, *a: os.kill(os.getpid(), signal.SIGTERM)
+    )
+    code, out, err = run(capsys, "convert", "fp8-to-bf16", str(src), str(tmp_path / "o"))
+    assert code == 128 + signal.SIGTERM and out == ""
+    assert err.strip() == "fp8jax convert: terminated by signal SIGTERM; partial output removed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_convert_example_then_round_trip(tmp_path, capsys):
+    code, out, _ = run(capsys, "convert", "example", str(tmp_path / "ds_fp8"))
+    assert code == 0 and "model.safetensors.index.json" in out and "config.json" in out
+    code, out, _ = run(
+        capsys, "convert", "fp8-to-bf16", str(tmp_path / "ds_fp8"), str(tmp_path / "ds_bf16")
+    )
+    assert code == 0 and "converted 18 of 45 tensors in 3 shard(s)" in out, out
+    code, _, err = run(capsys, "convert", "example", str(tmp_path / "ds_fp8"))
+    _one_line_error(code, err, "convert", "exists and is not an empty directory")
 
 
 def test_quant_error_and_numerics(tmp_path, capsys):
@@ -206,10 +280,30 @@ def test_quant_error_and_numerics(tmp_path, capsys):
     assert code == 0
     for s in ["deepseek_v3: weight", "block 128x128", "tile 1x128", "e5m2", "SQNR dB", "flushed"]:
         assert s in out
-    code, _, err = run(capsys, "quant-error", str(tmp_path / "missing.npy"))
-    assert code == 1 and "no such file" in err
     code, out, _ = run(capsys, "numerics")
     assert code == 0 and "absorption" in out and "9007199254740993" in out
+
+
+def test_quant_error_user_errors(tmp_path, capsys):
+    x = np.ones((4, 200), np.float32)
+    np.save(tmp_path / "x.npy", x)
+    (tmp_path / "bad.npy").write_bytes(b"\x93NUMPY garbage")
+    (tmp_path / "bad.safetensors").write_bytes(b"\x10" + bytes(7) + b"[" * 16)
+    nested = tmp_path / "nested.safetensors"
+    header = b'{"x":' + b"[" * 300 + b"]" * 300 + b"}"
+    nested.write_bytes(len(header).to_bytes(8, "little") + header)
+    cases = [
+        ((str(tmp_path / "x.npy"), "--tokens", "0"), "--tokens must be >= 1, got 0"),
+        ((str(tmp_path / "x.npy"), "--axis", "7"), "--axis 7 is out of range for a 2-D tensor"),
+        ((str(tmp_path / "x.npy"), "--axis", "-3", "--no-gemm"), "--axis -3 is out of range"),
+        ((str(tmp_path / "missing.npy"),), "no such file"),
+        ((str(tmp_path / "bad.npy"),), "unreadable .npy file"),
+        ((str(tmp_path / "bad.safetensors"),), "unreadable shard"),
+        ((str(nested),), "nested 301 levels"),
+    ]
+    for argv, match in cases:
+        code, _, err = run(capsys, "quant-error", *argv)
+        _one_line_error(code, err, "quant-error", match)
 
 
 def test_installed_console_script():

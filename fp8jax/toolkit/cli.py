@@ -200,22 +200,78 @@ def _size(b: float) -> str:
     return f"{b / 1e9:.2f} GB" if b >= 1e9 else f"{b / 1e6:.2f} MB"
 
 
-def _cmd_convert(args) -> int:
-    from fp8jax.toolkit.convert import convert_checkpoint
+def _seconds_since_start() -> float | None:
+    """Wall seconds since this process started (Linux /proc; None elsewhere)."""
+    import os
 
-    rep = convert_checkpoint(args.direction, args.src, args.dst, keep=args.keep, quiet=args.quiet)
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            # Field 22, start time in clock ticks after boot; fields after the
+            # ")" that closes the command name start at field 3.
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cmd_convert(args) -> int:
+    from fp8jax.toolkit import convert
+
+    def fail(msg: str, code: int = 2) -> int:
+        # One line, argparse style: a user's mistake (bad input, bad path) is no traceback.
+        print(f"fp8jax convert: error: {' '.join(str(msg).split())}", file=sys.stderr)
+        return code
+
+    try:
+        if args.direction == "example":
+            root = convert.make_example_checkpoint(args.dst, seed=args.seed)
+            files = sorted(p.name for p in root.iterdir())
+            size = sum(p.stat().st_size for p in root.iterdir())
+            print(f"wrote {root}: {len(files)} files ({', '.join(files)}), {_size(size)}")
+            return 0
+        keep = getattr(args, "keep", [])
+        convert.compile_keep(keep)
+        rep = convert.convert_checkpoint(
+            args.direction,
+            args.src,
+            args.dst,
+            keep=keep,
+            quiet=args.quiet,
+            rounding=getattr(args, "rounding", "deepseek"),
+        )
+    except convert.ConversionTerminated as e:
+        print(f"fp8jax convert: {e}; partial output removed", file=sys.stderr)
+        return 128 + e.signum
+    except (convert.ConversionError, ValueError, OSError) as e:
+        return fail(e)
+    rounding = f", {rep.rounding} rounding" if rep.rounding else ""
+    # The conversion's own time, and the whole command's (Python and JAX start-up included).
+    total = _seconds_since_start()
+    whole = f" ({total:.2f} s since the command started)" if total is not None else ""
     print(
-        f"converted {rep.converted} of {rep.tensors_in} tensors in {rep.shards} shard(s): "
+        f"converted {rep.converted} of {rep.tensors_in} tensors in {rep.shards} shard(s){rounding}: "
         f"{_size(rep.bytes_in)} -> {_size(rep.bytes_out)}, {rep.tensors_out} tensors, "
-        f"written to {rep.dst} ({rep.seconds:.1f} s)"
+        f"written to {rep.dst} in {rep.seconds:.2f} s{whole}"
     )
     return 0
 
 
 def _cmd_quant_error(args) -> int:
+    def fail(msg: str) -> int:
+        print(f"fp8jax quant-error: error: {' '.join(str(msg).split())}", file=sys.stderr)
+        return 2
+
+    if args.tokens < 1:
+        return fail(f"--tokens must be >= 1, got {args.tokens}")
     from fp8jax.toolkit import quant_error as qe
 
-    x64, desc = qe.load_tensor(args.path, args.tensor)
+    try:
+        x64, desc = qe.load_tensor(args.path, args.tensor)
+        qe.check_axis(args.axis, x64.ndim)
+    except (ValueError, OSError) as e:
+        return fail(e)
     rows = qe.quant_error_report(x64, axis=args.axis, gemm=not args.no_gemm, tokens=args.tokens)
     if args.json:
         print(_dump({"tensor": desc, "rows": qe.rows_as_dicts(rows)}))
@@ -302,17 +358,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "convert", help="convert a checkpoint between FP8 (DeepSeek layout) and BF16"
     )
-    p.add_argument("direction", choices=["fp8-to-bf16", "bf16-to-fp8"])
-    p.add_argument("src", help="source checkpoint directory")
-    p.add_argument("dst", help="new output directory (must not exist)")
-    p.add_argument(
-        "--keep",
-        action="append",
-        default=[],
-        metavar="REGEX",
-        help="bf16-to-fp8: also keep tensors whose name matches REGEX in high precision (repeatable)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    conv = p.add_subparsers(dest="direction", required=True, metavar="DIRECTION")
+    for direction, help_ in (
+        ("fp8-to-bf16", "dequantize FP8 weights (with their _scale_inv) to BF16"),
+        ("bf16-to-fp8", "quantize 2-D weights to E4M3 with 128x128 block scales"),
+    ):
+        q = conv.add_parser(direction, help=help_)
+        q.add_argument("src", help="source checkpoint directory")
+        q.add_argument("dst", help="new output directory (must not exist, or be empty)")
+        if direction == "fp8-to-bf16":
+            q.add_argument(
+                "--rounding",
+                choices=["deepseek", "exact"],
+                default="deepseek",
+                help="deepseek (default): float32 product rounded to BF16, bit for bit what "
+                "DeepSeek's fp8_cast_bf16.py writes; exact: the exact product rounded once",
+            )
+        else:
+            q.add_argument(
+                "--keep",
+                action="append",
+                default=[],
+                metavar="REGEX",
+                help="also keep tensors whose name matches REGEX in high precision (repeatable)",
+            )
+        q.add_argument("--quiet", action="store_true", help="no progress bar")
+    q = conv.add_parser("example", help="write a small FP8 checkpoint in DeepSeek-V3's layout")
+    q.add_argument("dst", help="new output directory")
+    q.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("quant-error", help="quantization error of a tensor under each recipe")
@@ -320,7 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor", help="tensor name in a .safetensors file")
     p.add_argument("--axis", type=int, default=-1, help="contraction axis (default -1)")
     p.add_argument(
-        "--tokens", type=int, default=128, help="rows of the Gaussian activation for the GEMM"
+        "--tokens",
+        type=int,
+        default=128,
+        help="rows of the Gaussian activation for the GEMM (>= 1)",
     )
     p.add_argument("--no-gemm", action="store_true", help="skip the dot_general section")
     p.add_argument("--json", action="store_true")
