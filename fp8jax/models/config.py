@@ -67,8 +67,7 @@ class ModelConfig:
     norm_eps: float = 1e-6
     param_dtype: str = "float32"
     dtype: str = "bfloat16"
-    init_std: float = 0.02
-    # outlier stress (issue 4)
+    # outlier stress (injected massive activations)
     massive_activation_scale: float = 0.0
     massive_activation_count: int = 0
     massive_activation_site: str = "residual"
