@@ -151,3 +151,18 @@ def test_sigint_saves_a_checkpoint_that_resumes_to_the_uninterrupted_loss(tmp_pa
     whole = train(c, tmp_path / "whole", stop_at=step + 3, stream=io.StringIO())
     assert resumed["train_curve"] == whole["train_curve"]
     assert resumed["train_curve"][-1][0] == step + 3
+
+
+def test_cache_lives_in_the_users_cache_directory(monkeypatch, tmp_path):
+    from fp8jax.train import runtime
+
+    monkeypatch.delenv("FP8JAX_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert runtime.default_jax_cache_dir() == str(tmp_path / "xdg" / "fp8jax" / "jax")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert runtime.default_jax_cache_dir() == str(tmp_path / "home" / ".cache" / "fp8jax" / "jax")
+    monkeypatch.setenv("FP8JAX_CACHE_DIR", str(tmp_path / "mine"))
+    assert runtime.default_jax_cache_dir() == str(tmp_path / "mine" / "jax")
+    monkeypatch.setenv("FP8JAX_CACHE_DIR", "")
+    assert runtime.default_jax_cache_dir() == ""
