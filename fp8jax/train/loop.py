@@ -265,6 +265,8 @@ _NOT_IN_STEP = (
     "data_seed",
     "data",
     "eval_every",
+    "eval_batches",
+    "eval_batch_size",
     "log_every",
     "checkpoint_every",
     "keep_checkpoints",
@@ -398,9 +400,10 @@ def _host(tree) -> dict[str, float]:
 
 
 def _diverged(
-    run: Run, step: int, row: dict, ckpt: ckpt_lib.Checkpointer, writer
+    run: Run, step: int, row: dict, ckpt: ckpt_lib.Checkpointer, writer, *, logged: bool = False
 ) -> TrainingDiverged:
-    writer.write(step, row)
+    if not logged:
+        writer.write(step, row)
     kept = ckpt.all_steps()
     where = (
         f"the workdir keeps the finite checkpoints of steps {', '.join(map(str, kept))}"
@@ -467,7 +470,7 @@ def run_loop(
             # host waited for the device is seen here, not one step late.
             if ckpt.due(done) or done == end or caught:
                 if not ckpt_lib.all_finite(state):
-                    raise _diverged(run, done, _host(m), ckpt, writer)
+                    raise _diverged(run, done, _host(m), ckpt, writer, logged=log)
                 ckpt.save(state, force=True)
             if caught:
                 name = signal.Signals(caught[0]).name
