@@ -32,8 +32,9 @@ status pytest $?
 rm -rf "$OUT/dump"
 XLA_FLAGS="--xla_dump_to=$OUT/dump" timeout 90 python3 - >"$OUT/ptx_check.txt" 2>&1 <<'PY'
 import jax, jax.numpy as jnp
-from fp8jax.kernels import bench, block_gemm as bg
-a, sa, b, sb = bench.make_operands(jax.random.key(0), 1024, 1024, 1024)
+from fp8jax.bench.kernel import make_operands
+from fp8jax.kernels import block_gemm as bg
+a, sa, b, sb = make_operands(jax.random.key(0), 1024, 1024, 1024)
 jax.block_until_ready(bg.block_scaled_matmul_nt(a, sa, b.T, sb.T, interpret=False))
 jax.block_until_ready(bg.block_scaled_matmul(a, sa, b, sb, interpret=False))
 PY

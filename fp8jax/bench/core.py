@@ -6,6 +6,9 @@
 * GEMM ratio: deepseek_v3 ``dot_general`` forward + backward / the bf16
   recipe's forward + backward, at M = K = N;
 * residual ratio: bytes saved for the backward pass by deepseek_v3 / by bf16.
+
+The functions compared in one ratio are timed round-robin in one run
+(:func:`fp8jax.bench.timing.time_calls`).
 """
 
 from __future__ import annotations
@@ -17,16 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax import recipes
-from fp8jax.bench.timing import time_call
+from fp8jax.bench.timing import time_calls
 from fp8jax.dot_general import dot_general
 from fp8jax.formats import E4M3
 from fp8jax.quant import quantize
 
 _DN = (((1,), (0,)), ((), ()))
-
-
-def _median_s(fn, *args, iters: int) -> float:
-    return time_call(fn, args, iters=iters)["median_s"]
 
 
 def tree_nbytes(tree) -> int:
@@ -35,11 +34,12 @@ def tree_nbytes(tree) -> int:
 
 
 def quantize_ratio(rows: int = 4096, cols: int = 4096, iters: int = 10) -> dict[str, float]:
+    """Median times of a 1x128 tile quantize and of ``astype(bfloat16)``, and their ratio."""
     x = jnp.asarray(np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32))
     cast = jax.jit(lambda x: x.astype(jnp.bfloat16))
     tile = jax.jit(lambda x: quantize(x, E4M3, "tile", axis=-1))
-    t_cast = _median_s(cast, x, iters=iters)
-    t_tile = _median_s(tile, x, iters=iters)
+    t = time_calls({"cast": (cast, (x,)), "tile": (tile, (x,))}, iters=iters)
+    t_cast, t_tile = t["cast"]["median_s"], t["tile"]["median_s"]
     return {"t_astype_bf16_s": t_cast, "t_tile_quantize_s": t_tile, "ratio": t_tile / t_cast}
 
 
@@ -59,6 +59,7 @@ def residual_bytes(recipe, x, w) -> int:
 
 
 def gemm_ratio(size: int = 2048, iters: int = 5) -> dict[str, float]:
+    """fwd+bwd times of dot_general per recipe variant at M = K = N = ``size``, ratios to bf16."""
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((size, size)).astype(np.float32))
     w = jnp.asarray((rng.standard_normal((size, size)) / np.sqrt(size)).astype(np.float32))
@@ -72,9 +73,10 @@ def gemm_ratio(size: int = 2048, iters: int = 5) -> dict[str, float]:
             recipes.deepseek_v3(pow2=True), dequant_dtype="bfloat16"
         ),
     }
-    out: dict[str, float] = {}
-    for name, r in variants.items():
-        out[f"t_{name}_s"] = _median_s(_fwd_bwd(r), x, w, dy, iters=iters)
+    times = time_calls(
+        {name: (_fwd_bwd(r), (x, w, dy)) for name, r in variants.items()}, iters=iters
+    )
+    out: dict[str, float] = {f"t_{name}_s": t["median_s"] for name, t in times.items()}
     for name in variants:
         if name != "bf16":
             out[f"ratio_{name}"] = out[f"t_{name}_s"] / out["t_bf16_s"]

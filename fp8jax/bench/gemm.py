@@ -28,17 +28,23 @@ import fp8jax
 from fp8jax import recipes as recipes_lib
 from fp8jax import scaling
 from fp8jax.formats import E4M3, E5M2, saturating_cast
+from fp8jax.kernels import kernel_available
 
 PASSES = ("fwd", "fwd_bwd")
 SHAPE_GROUPS = ("square", "dsv3", "moe")
 
-#: DeepSeek-V3 linear shapes (K = d_model = 7168) named in the benchmark issue.
+#: DeepSeek-V3 linear shapes: K = d_model = 7168; N = 2112 (attention down-projections,
+#: 1536 + 576), 24576 (a wide up-projection), 4096 and 7168.
 DSV3_K = 7168
 DSV3_N = (2112, 24576, 4096, 7168)
 #: DeepSeek-V3 routed-expert GEMMs: fused gate+up (7168 -> 2 x 2048) and down (2048 -> 7168).
 MOE_KN = ((7168, 4096), (2048, 7168))
 SQUARE_SIZES = (1024, 2048, 4096, 8192)
 SQUARE_SIZES_SMALL = (256, 512, 1024)
+#: Routed experts and rows (tokens) per expert of the grouped expert-GEMM shapes:
+#: full (DeepSeek-V3's expert (K, N) pairs) and small (CPU, K = N = 256).
+GROUPED_FULL = (8, 512)
+GROUPED_SMALL = (4, 32)
 
 REFERENCE_NAME = "xla_fp8_per_tensor"
 _MM_DIMS = (((1,), (0,)), ((), ()))
@@ -89,6 +95,45 @@ def gemm_shapes(
     return out
 
 
+@dataclass(frozen=True)
+class GroupedShape:
+    """One grouped expert GEMM: ``experts`` groups of ``rows`` tokens, x[rows, K] @ w_e[K, N]."""
+
+    name: str
+    experts: int
+    rows: int
+    k: int
+    n: int
+
+    @property
+    def m(self) -> int:
+        return self.experts * self.rows
+
+
+def grouped_shapes(small: bool) -> list[GroupedShape]:
+    """DeepSeek-V3's expert GEMMs (MOE_KN) on GROUPED_FULL, or one K = N = 256 case."""
+    if small:
+        e, rows = GROUPED_SMALL
+        return [GroupedShape(f"grouped_e{e}_k256_n256", e, rows, 256, 256)]
+    e, rows = GROUPED_FULL
+    return [GroupedShape(f"grouped_e{e}_k{k}_n{n}", e, rows, k, n) for k, n in MOE_KN]
+
+
+def kernel_shapes(small: bool) -> list[Shape]:
+    """The Pallas kernel benchmark's dense shapes.
+
+    Full: 4096^3 and every DeepSeek-V3 and expert shape at M = 4096 tokens.
+    Small (CPU): 256^3 and one odd shape (K, N not multiples of 128).
+    """
+    if small:
+        return [*gemm_shapes(("square",), square_sizes=(256,)), parse_shape("128x896x264")]
+    return gemm_shapes(SHAPE_GROUPS, square_sizes=(4096,))
+
+
+#: Pallas interpret mode is a correctness tool: one tiny shape shows the kernel runs.
+INTERPRET_SHAPE = Shape("interpret_tiny", "custom", 64, 256, 128)
+
+
 def parse_shape(text: str) -> Shape:
     """'MxKxN' (e.g. '4096x7168x2112') -> Shape in group 'custom'."""
     try:
@@ -113,7 +158,7 @@ def _quantize_per_tensor(x: jax.Array, fmt) -> tuple[jax.Array, jax.Array]:
     return saturating_cast(x.astype(jnp.float32) / scale, fmt), scale
 
 
-def _dequantized_dot(a, sa, b, sb, dims, out_dtype):
+def dequantized_dot(a, sa, b, sb, dims, out_dtype):
     # The canonical pattern XLA rewrites into a cuBLASLt FP8 GEMM on Hopper:
     # dot(convert(a_f8) * scale_a, convert(b_f8) * scale_b), the convert and the
     # scalar multiply in the output dtype (bf16), bf16 result.  The scale is
@@ -142,7 +187,7 @@ def _ref_fwd(x, w):
         raise ValueError(f"fp8_per_tensor_matmul takes 2-D x and w, got {x.shape}, {w.shape}")
     xq, sx = _quantize_per_tensor(x, E4M3)
     wq, sw = _quantize_per_tensor(w, E4M3)
-    y = _dequantized_dot(xq, sx, wq, sw, _MM_DIMS, x.dtype)
+    y = dequantized_dot(xq, sx, wq, sw, _MM_DIMS, x.dtype)
     # Residuals: FP8 data + float32 scales only.
     return y, (xq, sx, wq, sw, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
 
@@ -151,8 +196,8 @@ def _ref_bwd(res, g):
     xq, sx, wq, sw, x_proto, w_proto = res
     gq, sg = _quantize_per_tensor(g, E5M2)
     # dgrad: dx = dy @ w^T (contract N); wgrad: dw = x^T @ dy (contract M).
-    dx = _dequantized_dot(gq, sg, wq, sw, (((1,), (1,)), ((), ())), x_proto.dtype)
-    dw = _dequantized_dot(xq, sx, gq, sg, (((0,), (0,)), ((), ())), w_proto.dtype)
+    dx = dequantized_dot(gq, sg, wq, sw, (((1,), (1,)), ((), ())), x_proto.dtype)
+    dw = dequantized_dot(xq, sx, gq, sg, (((0,), (0,)), ((), ())), w_proto.dtype)
     return dx, dw
 
 
@@ -185,8 +230,6 @@ class Variant:
 
 def _pallas_probe(recipe: recipes_lib.Recipe) -> str | None:
     """None if ``recipe`` with impl='pallas' runs fwd+bwd on a small GEMM, else the reason."""
-    from fp8jax.kernels import kernel_available
-
     if not kernel_available():
         return f"fp8jax.kernels.kernel_available() is False on {jax.default_backend()}"
     r = dataclasses.replace(recipe, impl="pallas")
