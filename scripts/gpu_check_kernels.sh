@@ -23,7 +23,7 @@ python3 -c "from fp8jax.kernels import dispatch; print('kernel_available', dispa
   >"$OUT/kernel_available.txt" 2>&1
 status kernel_available $?
 
-# 2. correctness on the GPU (interpret-mode tests too: they are quick and catch env issues)
+# 2. correctness on the GPU (interpret-mode tests too: they are quick and catch a broken environment)
 timeout 180 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" -rs \
   tests/test_kernels_block_gemm.py tests/test_kernels_grouped_block_gemm.py >"$OUT/pytest.txt" 2>&1
 status pytest $?

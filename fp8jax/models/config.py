@@ -67,7 +67,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "bfloat16"
     init_std: float = 0.02
-    # outlier stress (issue 4)
+    # outlier stress: massive activations injected at one site (0 = off)
     massive_activation_scale: float = 0.0
     massive_activation_count: int = 0
     massive_activation_site: str = "residual"
