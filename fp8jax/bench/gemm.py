@@ -321,40 +321,36 @@ def build_case(
         raise ValueError(f"pass must be one of {PASSES}, got {pass_!r}")
     recipe = variant.make_recipe()
     x, w, dy = inputs["x"], inputs["w"], inputs["dy"]
+    state_args: tuple[Any, ...] = ()
     if recipe is None:
         f = fp8_per_tensor_matmul
-        if pass_ == "fwd":
-            return f, (x, w)
+    elif recipes_lib.needs_state(recipe):
 
-        def fb(x, w, dy):
-            y, vjp = jax.vjp(f, x, w)
-            return (y, *vjp(dy))
-
-        return fb, (x, w, dy)
-
-    if recipes_lib.needs_state(recipe):
-
-        def fs(x, w, state):
+        def f(x, w, state):
             return fp8jax.dot_general(x, w, _MM_DIMS, recipe=recipe, state=state)
 
-        def fbs(x, w, state, dy):
-            y, vjp = jax.vjp(fs, x, w, state)
-            return (y, *vjp(dy))  # dx, dw, new state (overwrite-with-gradient)
-
         state = scaling.init_delayed_gemm_state(recipe)
-        state = jax.jit(fbs)(x, w, state, dy)[3]
-        if pass_ == "fwd":
-            return fs, (x, w, state)
-        return fbs, (x, w, state, dy)
+        # One fwd+bwd: the state's gradient is the state holding these tensors' amaxes.
+        state_args = (jax.jit(_fwd_bwd(f))(x, w, state, dy)[3],)
+    else:
 
-    def f(x, w):
-        return fp8jax.dot_general(x, w, _MM_DIMS, recipe=recipe)
+        def f(x, w):
+            return fp8jax.dot_general(x, w, _MM_DIMS, recipe=recipe)
 
     if pass_ == "fwd":
-        return f, (x, w)
+        return f, (x, w, *state_args)
+    return _fwd_bwd(f), (x, w, *state_args, dy)
 
-    def fb(x, w, dy):
-        y, vjp = jax.vjp(f, x, w)
+
+def _fwd_bwd(f: Callable[..., jax.Array]) -> Callable[..., tuple[jax.Array, ...]]:
+    """``(*primals, dy) -> (y, *cotangents of the primals)`` through ``f``'s VJP.
+
+    For a delayed recipe the state's cotangent is the new state (overwrite with gradient).
+    """
+
+    def fb(*args):
+        *primals, dy = args
+        y, vjp = jax.vjp(f, *primals)
         return (y, *vjp(dy))
 
-    return fb, (x, w, dy)
+    return fb
