@@ -36,7 +36,9 @@ _M = flags.DEFINE_integer("m_tokens", None, "M (tokens) of DeepSeek-V3 shapes (4
 _DSV3_N = flags.DEFINE_list("dsv3_n", [], "N of the DeepSeek-V3 K=7168 shapes (default all four).")
 _EM = flags.DEFINE_integer("expert_m", None, "M of the MoE expert shapes (default --m_tokens).")
 _RECIPES = flags.DEFINE_list("recipes", [], "Recipe presets (default: all of recipes.PRESETS).")
-_IMPLS = flags.DEFINE_list("impls", [], "Implementations: xla,pallas,reference (default: all).")
+_IMPLS = flags.DEFINE_list(
+    "impls", [], "Implementations: xla,chunked,fp8,fp8_fast,pallas,reference (default: all)."
+)
 _DEQ = flags.DEFINE_list("dequant_dtypes", ["float32", "bfloat16"], "XLA-path dequant dtypes.")
 _PASSES = flags.DEFINE_list("passes", ["fwd", "fwd_bwd"], "fwd and/or fwd_bwd.")
 _DTYPE = flags.DEFINE_string("dtype", "bfloat16", "dtype of x, w and dy.")

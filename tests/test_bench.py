@@ -109,12 +109,19 @@ def test_variants_cover_presets_and_dequant_dtypes():
     assert "bf16/xla" in names and "fp32/xla" in names
     for r in ("deepseek_v3", "hybrid_delayed", "current_tensor", "rowwise"):
         assert {f"{r}/xla-deqf32", f"{r}/xla-deqbf16"} <= names
+        assert f"{r}/chunked" not in names  # filtered out by impls
     assert "xla_fp8_per_tensor/xla" in names
     v = next(v for v in variants if v.name == "deepseek_v3/xla-deqbf16")
     r = v.make_recipe()
     assert r.impl == "xla" and r.dequant_dtype == "bfloat16"
     with pytest.raises(ValueError):
         bench.backend_variants(impls=["cuda"])
+    variants, skipped = bench.backend_variants(["deepseek_v3"], impls=["chunked", "fp8"])
+    assert [v.make_recipe().impl for v in variants] == ["chunked"] + (
+        ["fp8"] if jax.default_backend() == "gpu" else []
+    )
+    if jax.default_backend() != "gpu":
+        assert "deepseek_v3/fp8" in skipped
 
 
 # ---------------------------------------------------------------- HLO inspection
@@ -251,6 +258,22 @@ def test_kernel_bench_shapes_and_cpu_cases():
         assert kernel.cublaslt_fp8_compiles(64, 128, 64) is False
 
 
+def test_core_gemm_ratio_names_both_xla_paths_and_their_dot_algorithms():
+    from fp8jax.bench import core
+
+    g = core.gemm_ratio(size=256, iters=1)
+    assert g["ratio_bf16"] == 1.0
+    for name in core.GEMM_VARIANTS:
+        assert g[f"t_{name}_s"] > 0 and g[f"ratio_{name}"] > 0
+    # Every dot names its algorithm: bf16 operands for the baseline and for the
+    # FP8 codes of the chunked path, float32 for the float32-dequantized dot.
+    assert g["dot_algorithms_bf16"] == "dot_bf16_bf16_f32"
+    assert g["dot_algorithms_deepseek_v3/xla"] == "dot_f32_f32_f32"
+    assert g["dot_algorithms_deepseek_v3/chunked"] == "dot_bf16_bf16_f32"
+    # FP8 data + one float32 scale per 128 values kept for backward, vs bf16 operands.
+    assert 0.5 < g["residual_ratio"] < 0.55
+
+
 # ---------------------------------------------------------------- the sweep end to end
 
 
@@ -259,7 +282,7 @@ def test_sweep_writes_wellformed_outputs(tmp_path):
     cfg = bench.SweepConfig(
         shapes=[shape],
         recipes=["bf16", "hybrid_delayed"],
-        impls=["xla", "reference"],
+        impls=["xla", "chunked", "reference"],
         dequant_dtypes=("bfloat16",),
         warmup=0,
         iters=2,
@@ -267,7 +290,7 @@ def test_sweep_writes_wellformed_outputs(tmp_path):
     )
     res = bench.run_sweep(cfg, log=lambda *_: None)
     paths = bench.write_results(res, str(tmp_path))
-    variants = ["bf16/xla", "hybrid_delayed/xla-deqbf16"]
+    variants = ["bf16/xla", "hybrid_delayed/xla-deqbf16", "hybrid_delayed/chunked"]
     variants.append("xla_fp8_per_tensor/xla")
 
     data = json.loads(Path(paths["json"]).read_text())
@@ -290,6 +313,10 @@ def test_sweep_writes_wellformed_outputs(tmp_path):
         assert r["time_ratio_to_bf16"] * r["speedup_vs_bf16"] == pytest.approx(1.0)
         if r["recipe"] == "bf16":
             assert r["speedup_vs_bf16"] == pytest.approx(1.0)
+        if r["variant"] != "xla_fp8_per_tensor/xla":
+            # The GEMM core names every dot's algorithm; the bf16 baseline, the
+            # bf16-dequantized dot and the chunked FP8 codes all run as bf16 x bf16 -> f32.
+            assert r["dot_algorithms"] == "dot_bf16_bf16_f32", r["dot_algorithms"]
         # fwd_bwd runs three GEMMs (Fprop, Dgrad, Wgrad), fwd at least one.
         assert len(r["gemms"]) >= (3 if r["pass"] == "fwd_bwd" else 1)
 

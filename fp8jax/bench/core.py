@@ -4,7 +4,9 @@
   ``astype(bfloat16)`` of the same tensor (quantizing writes 1 byte + 1/32
   per element, the cast 2 bytes);
 * GEMM ratio: deepseek_v3 ``dot_general`` forward + backward / the bf16
-  recipe's forward + backward, at M = K = N;
+  recipe's forward + backward, at M = K = N, on each XLA path of the GEMM
+  core ("xla": dequantize then dot; "chunked": dots of the FP8 codes per
+  128-long chunk), with the dot algorithms the compiled modules run;
 * residual ratio: bytes saved for the backward pass by deepseek_v3 / by bf16.
 
 The functions compared in one ratio are timed round-robin in one run
@@ -14,12 +16,14 @@ The functions compared in one ratio are timed round-robin in one run
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fp8jax import recipes
+from fp8jax.bench.hlo import hlo_report
 from fp8jax.bench.timing import time_calls
 from fp8jax.dot_general import dot_general
 from fp8jax.formats import E4M3
@@ -58,30 +62,44 @@ def residual_bytes(recipe, x, w) -> int:
     return tree_nbytes(vjp)
 
 
-def gemm_ratio(size: int = 2048, iters: int = 5) -> dict[str, float]:
-    """fwd+bwd times of dot_general per recipe variant at M = K = N = ``size``, ratios to bf16."""
+#: The fwd+bwd variants of gemm_ratio: the bf16 baseline and deepseek_v3 on each XLA path.
+GEMM_VARIANTS = {
+    "bf16": recipes.bf16(),
+    "deepseek_v3/xla": dataclasses.replace(recipes.deepseek_v3(), impl="xla"),
+    "deepseek_v3/xla-deqbf16": dataclasses.replace(
+        recipes.deepseek_v3(), impl="xla", dequant_dtype="bfloat16"
+    ),
+    "deepseek_v3/chunked": dataclasses.replace(recipes.deepseek_v3(), impl="chunked"),
+}
+
+
+def gemm_ratio(size: int = 2048, iters: int = 5) -> dict[str, Any]:
+    """fwd+bwd of ``dot_general`` at M = K = N = ``size`` for each of GEMM_VARIANTS.
+
+    deepseek_v3 runs on the XLA paths of ``fp8jax.gemm``: "xla" (dequantize to
+    float32 or bfloat16, then one dot) and "chunked" (128-long dots of the FP8
+    codes in bfloat16, scales applied per chunk in float32).  Returns, per
+    variant, the median time ``t_<name>_s``, its ratio to bf16
+    ``ratio_<name>`` and the dot algorithms of the compiled module
+    ``dot_algorithms_<name>``; and the residual bytes of deepseek_v3 and bf16.
+    """
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((size, size)).astype(np.float32))
     w = jnp.asarray((rng.standard_normal((size, size)) / np.sqrt(size)).astype(np.float32))
     dy = jnp.asarray(rng.standard_normal((size, size)).astype(np.float32))
-    ds = recipes.deepseek_v3()
-    variants = {
-        "bf16": recipes.bf16(),
-        "deepseek_v3": ds,
-        "deepseek_v3_dequant_bf16": dataclasses.replace(ds, dequant_dtype="bfloat16"),
-        "deepseek_v3_pow2_dequant_bf16": dataclasses.replace(
-            recipes.deepseek_v3(pow2=True), dequant_dtype="bfloat16"
-        ),
-    }
-    times = time_calls(
-        {name: (_fwd_bwd(r), (x, w, dy)) for name, r in variants.items()}, iters=iters
-    )
-    out: dict[str, float] = {f"t_{name}_s": t["median_s"] for name, t in times.items()}
-    for name in variants:
-        if name != "bf16":
-            out[f"ratio_{name}"] = out[f"t_{name}_s"] / out["t_bf16_s"]
+    backend = jax.default_backend()
+    out: dict[str, Any] = {"backend": backend, "size": size}
+    cases = {}
+    for name, r in GEMM_VARIANTS.items():
+        compiled = _fwd_bwd(r).lower(x, w, dy).compile()
+        out[f"dot_algorithms_{name}"] = hlo_report(compiled.as_text(), backend)["dot_algorithms"]
+        cases[name] = (compiled, (x, w, dy))
+    times = time_calls(cases, iters=iters)
+    for name, t in times.items():
+        out[f"t_{name}_s"] = t["median_s"]
+        out[f"ratio_{name}"] = t["median_s"] / times["bf16"]["median_s"]
     rb_bf16 = residual_bytes(recipes.bf16(), x, w)
-    rb_ds = residual_bytes(ds, x, w)
+    rb_ds = residual_bytes(recipes.deepseek_v3(), x, w)
     out.update(
         {
             "residual_bytes_bf16": rb_bf16,

@@ -3,10 +3,11 @@
 A *case* is (shape, variant, pass):
 
 * shape: y[M, N] = x[M, K] @ w[K, N] (x the activation, w the weight);
-* variant: a recipe preset (``fp8jax.recipes.PRESETS``) with one
-  implementation -- ``impl="xla"`` with ``dequant_dtype`` float32 or bfloat16
-  for FP8 recipes, ``impl="pallas"`` where the Pallas kernel is usable -- or
-  the hand-written reference :func:`fp8_per_tensor_matmul`;
+* variant: a recipe preset (``fp8jax.recipes.PRESETS``) with one of the GEMM
+  core's implementations (``Recipe.impl``) -- ``"xla"`` with ``dequant_dtype``
+  float32 or bfloat16 and ``"chunked"`` for FP8 recipes, ``"fp8"`` /
+  ``"fp8_fast"`` on a GPU, ``"pallas"`` where the Pallas kernel is usable --
+  or the hand-written reference :func:`fp8_per_tensor_matmul`;
 * pass: "fwd" (y only: one GEMM, 2MKN flops) or "fwd_bwd" (y, dx, dw for a
   given dy: Fprop + Dgrad + Wgrad, 6MKN flops), both through
   ``fp8jax.dot_general``'s custom VJP (quantization included in the time).
@@ -215,7 +216,7 @@ class Variant:
 
     name: str
     recipe: str  # preset name, or REFERENCE_NAME
-    impl: str  # "xla" | "pallas" | "reference"
+    impl: str  # one of SWEEP_IMPLS
     dequant_dtype: str | None = None  # FP8 recipes on the XLA path
 
     def make_recipe(self) -> recipes_lib.Recipe | None:
@@ -249,6 +250,10 @@ def _pallas_probe(recipe: recipes_lib.Recipe) -> str | None:
     return None
 
 
+#: Implementations the sweep knows: the GEMM core's (Recipe.impl) and the hand-written reference.
+SWEEP_IMPLS = ("xla", "chunked", "fp8", "fp8_fast", "pallas", "reference")
+
+
 def backend_variants(
     recipe_names: Sequence[str] | None = None,
     impls: Sequence[str] | None = None,
@@ -258,19 +263,22 @@ def backend_variants(
 ) -> tuple[list[Variant], dict[str, str]]:
     """Every (recipe, implementation) this backend offers.
 
-    FP8 recipes: impl "xla" once per ``dequant_dtypes`` entry, and impl
-    "pallas" when the Pallas kernel compiles and runs for that recipe here
-    (checked by a small fwd+bwd probe; on CPU it is never offered: interpret
-    mode is for tests, not timing).  Non-FP8 recipes (bf16, fp32): impl "xla".
-    ``impls`` filters ("xla", "pallas", "reference").
+    FP8 recipes: impl "xla" (dequantize, then one dot) once per
+    ``dequant_dtypes`` entry; "chunked" (dots of the FP8 codes per run of
+    constant scales); "fp8" / "fp8_fast" (the same as hardware FP8 dots) on a
+    GPU; "pallas" when the Pallas kernel compiles and runs for that recipe
+    here (checked by a small fwd+bwd probe; on CPU it is never offered:
+    interpret mode is for tests, not timing).  Non-FP8 recipes (bf16, fp32):
+    impl "xla".  ``impls`` filters (see SWEEP_IMPLS).
 
     Returns (variants, skipped) with skipped: variant name -> reason.
     """
     names = list(recipe_names) if recipe_names else list(recipes_lib.PRESETS)
-    want = set(impls) if impls else {"xla", "pallas", "reference"}
-    bad = want - {"xla", "pallas", "reference"}
+    want = set(impls) if impls else set(SWEEP_IMPLS)
+    bad = want - set(SWEEP_IMPLS)
     if bad:
-        raise ValueError(f"unknown impls {sorted(bad)}; known: xla, pallas, reference")
+        raise ValueError(f"unknown impls {sorted(bad)}; known: {', '.join(SWEEP_IMPLS)}")
+    on_gpu = jax.default_backend() == "gpu"
     out: list[Variant] = []
     skipped: dict[str, str] = {}
     for name in names:
@@ -283,6 +291,16 @@ def backend_variants(
             for dd in dequant_dtypes:
                 tag = {"float32": "f32", "bfloat16": "bf16"}[dd]
                 out.append(Variant(f"{name}/xla-deq{tag}", name, "xla", dd))
+        if "chunked" in want:
+            out.append(Variant(f"{name}/chunked", name, "chunked"))
+        for impl in ("fp8", "fp8_fast"):
+            if impl in want:
+                if on_gpu:
+                    out.append(Variant(f"{name}/{impl}", name, impl))
+                else:
+                    skipped[f"{name}/{impl}"] = (
+                        f"hardware FP8 dots need a GPU, not {jax.default_backend()}"
+                    )
         if "pallas" in want:
             reason = _pallas_probe(r)
             if reason is None:
