@@ -200,7 +200,7 @@ for label, s in summaries.items():
 #   notebook 02 does not show up here;
 # * with a stale amax history (`fp8_amax_growth` = 4) every step quantizes with
 #   a scale 4x too small: a large fraction of values clips (the "sat max"
-#   column, 66% in the committed run) and the loss ends 19% above bf16 -- the
+#   column, 67% in the committed run) and the loss ends 19% above bf16 -- the
 #   growing-amax failure of delayed scaling, made permanent.
 #
 # Throughput on a CPU says nothing about FP8 speed (XLA on CPU dequantizes
