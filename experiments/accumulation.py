@@ -47,6 +47,10 @@ def _legend() -> str:
     lines += [f"  {name:>8}: {text}" for name, text in study.DISTRIBUTIONS.items()]
     lines += ["columns (max and median over the M x N outputs of |y - y_exact| / |y_exact|):"]
     lines += [f"  {name:>12}: {text}" for name, text in study.ACCUMULATIONS.items()]
+    lines += [
+        "signed inputs: the few outputs whose exact value nearly cancels set the max;",
+        "the median is the typical output.",
+    ]
     return "\n".join(lines)
 
 
