@@ -60,8 +60,9 @@ the product's rounding (see ``_as_exact_product``).
 
 Cost: a ``lax.scan`` over the K blocks, each step two fused elementwise passes
 over the block's products (the exponent max, then the truncated sum), plus
-O(B M N) work for the accumulator and the promotion.  Measured against a
-float32 matmul of the same shape by ``experiments/accumulation.py``.
+O(B M N) work for the accumulator and the promotion.  On a 2-core CPU it
+takes about 10-15x the time of a float32 matmul of the same shape at
+256x1024x256 and 64x256x64 (``experiments/accumulation.py`` measures it).
 """
 
 from __future__ import annotations
@@ -215,7 +216,9 @@ def _check_inputs(a_codes, a_scale, b_codes, b_scale, group: int, acc: Accumulat
     if b_codes.shape[:2] != (batch, k):
         raise ValueError(f"shape mismatch: a_codes {a_codes.shape} @ b_codes {b_codes.shape}")
     n = b_codes.shape[2]
-    if not isinstance(group, int) or group < 1:
+    if k == 0:
+        raise ValueError("K must be at least 1 (an empty contraction has no accumulation)")
+    if not isinstance(group, (int, np.integer)) or group < 1:
         raise ValueError(f"group must be a positive int, got {group!r}")
     if group < k and group % acc.block != 0:
         raise ValueError(
@@ -276,7 +279,7 @@ def _block_sum(chain, chain_exp, e_prod, va, vb, frac: int, float_sum: bool):
         else:
             # float32 -> int32 conversion truncates toward zero; |scaled| < 2^25.
             total = total + scaled.astype(jnp.int32)
-    # Exact: the float32 total is an integer below 2^24.
+    # Exact on the float path: the float32 total is an integer below 2^24.
     return total.astype(jnp.int32), quantum
 
 

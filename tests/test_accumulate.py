@@ -345,6 +345,8 @@ def test_bad_inputs():
         emulated_gemm(a, sa.astype(jnp.bfloat16), b, sb, group=64, acc=HOPPER)
     with pytest.raises(ValueError, match="multiple of block"):
         emulated_gemm(a, jnp.ones((1, 2, 4)), b, jnp.ones((1, 4, 2)), group=16, acc=HOPPER)
+    with pytest.raises(ValueError, match="K must be at least 1"):
+        emulated_gemm(a[:, :, :0], sa, b[:, :0], sb, group=64, acc=HOPPER)
     with pytest.raises(ValueError, match="positive int"):
         emulated_gemm(a, sa, b, sb, group=0, acc=HOPPER)
     with pytest.raises(TypeError, match="Accumulation"):
