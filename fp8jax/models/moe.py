@@ -2,7 +2,7 @@
 
 Routed experts are computed dropless: every (token, expert) pair selected by
 the router is one row of the grouped expert GEMM (rows sorted by expert, see
-:func:`fp8jax.nn.grouped_dot`); nothing is dropped and no capacity factor
+:func:`fp8jax.grouped.grouped_dot`); nothing is dropped and no capacity factor
 exists.  Outputs are combined with the router's gate weights in float32.
 """
 
@@ -12,27 +12,36 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fp8jax.grouped import grouped_dot_with_stats
 from fp8jax.models.config import ModelConfig
 from fp8jax.models.router import Router, expert_load, route, seq_balance_loss
-from fp8jax.nn import Dense, grouped_dot
-from fp8jax.nn._stats import StatsDict, record
+from fp8jax.nn import Dense
 from fp8jax.nn.dense import fan_in_init
+from fp8jax.nn.telemetry import record
 from fp8jax.nn.variables import FP8State
-from fp8jax.recipes import Recipe, needs_state
+from fp8jax.recipes import Recipe, for_site, needs_state
 from fp8jax.scaling import init_delayed_gemm_state
 
 
-def inject_massive(h: jax.Array, scale: float, count: int) -> jax.Array:
-    """Add ``scale`` x mean|h| to channels 0..count-1 of the first token (outlier stress).
+def inject_massive(h: jax.Array, first: jax.Array, scale: float, count: int) -> jax.Array:
+    """Add ``scale`` x median|h| to channels 0..count-1 of the rows where ``first`` is True.
 
-    h: (B, T, C).  The magnitude is a stop-gradient constant of this call.
+    h: (R, C) rows of one GEMM input; first: bool (R,), the rows of each
+    sequence's first token (where real LLMs carry their massive activations).
+    The magnitude is a stop-gradient constant of this call: an injected
+    stress, not a learned value.
     """
     if scale <= 0 or count <= 0:
         return h
-    mag = jax.lax.stop_gradient(jnp.mean(jnp.abs(h.astype(jnp.float32)))) * scale
+    mag = jax.lax.stop_gradient(jnp.median(jnp.abs(h.astype(jnp.float32)))) * scale
     # Added in float32 then rounded once to the activation dtype.
-    h0 = h[:, 0, :count].astype(jnp.float32) + mag
-    return h.at[:, 0, :count].set(h0.astype(h.dtype))
+    bump = jnp.where(first[:, None] & (jnp.arange(h.shape[-1]) < count)[None, :], mag, 0.0)
+    return (h.astype(jnp.float32) + bump).astype(h.dtype)
+
+
+def first_token_rows(batch: int, seq: int) -> jax.Array:
+    """bool (batch * seq,): the rows of position 0 in a flattened (B, T) layout."""
+    return (jnp.arange(batch * seq) % seq) == 0
 
 
 def swiglu(h: jax.Array, dtype) -> jax.Array:
@@ -51,13 +60,17 @@ class SwiGLU(nnx.Module):
         self.w13 = Dense(cfg.d_model, (2, d_ff), name=f"{name}/w13", **kw)
         self.w2 = Dense(d_ff, cfg.d_model, name=f"{name}/w2", **kw)
 
-    def __call__(self, x_BxTxD: jax.Array, stats: StatsDict | None = None) -> jax.Array:
-        h = swiglu(self.w13(x_BxTxD, stats), self.cfg.dtype)
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+        h = swiglu(self.w13(x_BxTxD), self.cfg.dtype)
         if self.cfg.massive_activation_site == "ffn_hidden":
+            b, t, f = h.shape
             h = inject_massive(
-                h, self.cfg.massive_activation_scale, self.cfg.massive_activation_count
-            )
-        return self.w2(h, stats)
+                h.reshape(b * t, f),
+                first_token_rows(b, t),
+                self.cfg.massive_activation_scale,
+                self.cfg.massive_activation_count,
+            ).reshape(b, t, f)
+        return self.w2(h)
 
 
 def sort_by_expert(idx_TxK: jax.Array, n_experts: int):
@@ -83,6 +96,8 @@ class MoE(nnx.Module):
         pdt = jnp.dtype(cfg.param_dtype)
         self.cfg = cfg
         self.recipe = recipe
+        # Tokens dispatched to the routed experts are their own site (power-of-2 scales).
+        self.dispatch_recipe = for_site(recipe, "dispatch")
         self.name = name
         self.router = Router(d, e, rngs=rngs)
         self.w13 = nnx.Param(fan_in_init(d)(rngs.params(), (e, d, 2 * f), pdt))
@@ -96,26 +111,22 @@ class MoE(nnx.Module):
             else None
         )
 
-    def _experts(self, x, w, state_var, group_sizes, label: str, stats):
-        """One grouped expert GEMM through the recipe, recording its telemetry."""
+    def _experts(self, x, w, state_var, group_sizes, label: str, recipe: Recipe):
+        """One grouped expert GEMM through ``recipe``, sowing its telemetry."""
         st = state_var.get_value() if state_var is not None else None
-        out = grouped_dot(
+        out, stats = grouped_dot_with_stats(
             x,
             w[...],
             group_sizes,
-            recipe=self.recipe,
+            recipe=recipe,
             state=st,
             preferred_element_type=self.cfg.dtype,
-            return_stats=stats is not None,
         )
-        if stats is None:
-            return out
-        out, s = out
-        record(stats, f"{self.name}/{label}", s)
+        record(self, f"{self.name}/{label}", stats)
         return out
 
     def __call__(
-        self, x_BxTxD: jax.Array, bias_E: jax.Array, stats: StatsDict | None = None
+        self, x_BxTxD: jax.Array, bias_E: jax.Array
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Returns (output (B, T, D) in cfg.dtype, {"load": (E,), "balance_loss": ()})."""
         cfg = self.cfg
@@ -127,18 +138,30 @@ class MoE(nnx.Module):
         gates = gates * cfg.routed_scaling
         order, token, group_sizes = sort_by_expert(idx, e)
         xs = x[token]  # (BT*k, D), sorted by expert
-        h = self._experts(xs, self.w13, self.w13_state, group_sizes, "experts_w13", stats)
+        h = self._experts(
+            xs, self.w13, self.w13_state, group_sizes, "experts_w13", self.dispatch_recipe
+        )
         f = cfg.d_expert
         act = swiglu(h.reshape(-1, 2, f), cfg.dtype)
-        y = self._experts(act, self.w2, self.w2_state, group_sizes, "experts_w2", stats)
+        if cfg.massive_activation_site == "ffn_hidden":
+            # The routed experts' down-projection inputs too: rows of first tokens.
+            act = inject_massive(
+                act,
+                (token % t) == 0,
+                cfg.massive_activation_scale,
+                cfg.massive_activation_count,
+            )
+        y = self._experts(act, self.w2, self.w2_state, group_sizes, "experts_w2", self.recipe)
         # Combine in float32: un-sort the rows (a gather) and sum the k slots
         # weighted by their gates.
         inv = jnp.argsort(order)
         y_tk = y[inv].astype(jnp.float32).reshape(b * t, k, d)
-        out = jnp.einsum("tkd,tk->td", y_tk, gates)
+        out = jnp.einsum(
+            "tkd,tk->td", y_tk, gates, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32
+        )
         if self.shared is not None:
             # Shared experts' output joins the float32 combine.
-            out = out + self.shared(x_BxTxD, stats).reshape(b * t, d).astype(jnp.float32)
+            out = out + self.shared(x_BxTxD).reshape(b * t, d).astype(jnp.float32)
         aux = {"load": expert_load(idx, e)}
         if cfg.seq_aux_loss_coef > 0:
             aux["balance_loss"] = seq_balance_loss(scores.reshape(b, t, e), idx.reshape(b, t, k))
