@@ -83,6 +83,25 @@ def reference_reads(blob: bytes):
         return None
 
 
+def huge_dimension(header) -> bool:
+    """A shape entry numpy cannot hold (fp8jax refuses it; the reference may not)."""
+    found = False
+
+    def walk(v):
+        nonlocal found
+        if isinstance(v, Obj):
+            for k, x in v.pairs:
+                if k == "shape" and isinstance(x, list):
+                    found |= any(
+                        isinstance(d, int) and not isinstance(d, bool) and d > np.iinfo(np.intp).max
+                        for d in x
+                    )
+                walk(x)
+
+    walk(header)
+    return found
+
+
 def fp8jax_reads(path: Path, blob: bytes):
     path.write_bytes(blob)
     try:
@@ -282,7 +301,7 @@ def test_reader_accepts_exactly_what_the_reference_accepts(scratch, case, pad):
     blob = file_bytes(dump(header) + pad, data, n_delta)
     ref = reference_reads(blob)
     ours = fp8jax_reads(scratch, blob)
-    if stricter or has_duplicate_key(header):
+    if stricter or has_duplicate_key(header) or huge_dimension(header):
         assert ours is None
     else:
         assert (ours is None) == (ref is None), (blob[:300], ref, ours)

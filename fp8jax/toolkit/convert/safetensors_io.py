@@ -87,6 +87,7 @@ FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 MAX_HEADER_BYTES = 100_000_000
 MAX_JSON_DEPTH = 127
 _U64_MAX = 2**64 - 1
+_INTP_MAX = int(np.iinfo(np.intp).max)
 
 if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
     raise ImportError(
@@ -298,6 +299,13 @@ def parse_header(raw: bytes, data_size: int) -> tuple[dict[str, str], dict[str, 
                 f"(tensors must tile the data block from 0 without gaps or overlaps)"
             )
         pos = t.end
+        if any(d > _INTP_MAX for d in t.shape):
+            # Stricter than the reference: numpy cannot hold such a dimension,
+            # even in an empty tensor.
+            raise SafetensorsError(
+                f"unreadable: tensor {_brief(t.name)} shape {_brief(list(t.shape))} has a "
+                f"dimension above {_INTP_MAX}"
+            )
         numel = 1
         for d in t.shape:
             numel *= d
