@@ -64,8 +64,8 @@ DISTRIBUTIONS = {
     "uniform": "x, w ~ U[0, 1): every product positive, truncation errors never cancel",
     "gaussian": "x, w ~ N(0, 1)",
     "mixed": "x, w = +-2^u, u ~ U[-12, 8]: random signs over 20 binades",
-    "llm": "x: N(0, 1) with 1 in 128 channels 100-1000x larger (numerics.inputs "
-    "'outlier_channels'), w ~ N(0, 1/K)",
+    "llm": "x: numerics.inputs 'outlier_channels' (log-normal channel magnitudes, 1% of "
+    "channels 1000x larger), w ~ N(0, 1/K)",
 }
 ACCUMULATIONS = {
     "no_promotion": "one scale per row / column, one chain over K",
