@@ -154,8 +154,8 @@ class Recipe:
     * ``"fp8"`` / ``"fp8_fast"``: as "chunked" with the runs as hardware FP8
       dots (``ANY_F8_ANY_F8_F32`` / ``..._FAST_ACCUM``; GPUs with FP8 only).
     * ``"pallas"``: the block-scaled Pallas kernel (interpret mode off-GPU).
-    * ``"auto"``: the Pallas kernel on a Hopper GPU where it applies, else the
-      backend's fastest exact XLA path (see ``fp8jax.gemm.select_impl``).
+    * ``"auto"``: the Pallas kernel on a Hopper GPU where it applies, else
+      "chunked" (see ``fp8jax.gemm.auto_xla_impl``).
 
     ``accumulation``: when set, every quantized GEMM the recipe covers (dense
     and expert) runs on the tensor-core accumulation emulator instead
