@@ -67,7 +67,7 @@ class ModelConfig:
     norm_eps: float = 1e-6
     param_dtype: str = "float32"
     dtype: str = "bfloat16"
-    # outlier stress (injected massive activations)
+    # outlier stress: massive activations injected at one site (0 = off)
     massive_activation_scale: float = 0.0
     massive_activation_count: int = 0
     massive_activation_site: str = "residual"
