@@ -6,8 +6,8 @@ Command:
 What it prints: a progress line every 10 steps, e.g.
   step 50/60 | loss 2.85 | val 2.80 @40 | 37.5 steps/s | 18,900 tok/s | ETA 0s
 ending with
-  step 60/60 | loss 2.5767 | val 2.7199 @60 | ...
-  summary: {"recipe": "deepseek_v3", "steps": 60, "train_loss_last3_mean": 2.5969..., "final_val_loss": 2.7199..., ...}
+  step 60/60 | loss ~2.6 | val ~2.72 @60 | ...
+  summary: {"recipe": "deepseek_v3", "steps": 60, "train_loss_last3_mean": ~2.60, "final_val_loss": ~2.72, ...}
 (``val ... @40``: the latest validation loss and its step; train_loss_last3_mean:
 the mean training loss of the last 3 logged steps).  The same command again
 prints ``already complete: {...}``.  Takes about 30 s on an idle 2-core CPU
