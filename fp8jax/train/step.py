@@ -76,24 +76,16 @@ def _keep_unused(new_state, old_state):
 
 
 def update_bias_state(bias_state, expert_load: jax.Array, rate: float, update_fn) -> Any:
-    """Apply ``update_fn(bias [L,E], load [L,E], rate)`` to the RouterBias state.
-
-    The state holds either one [L, E] leaf or L leaves of shape [E] (one per
-    MoE layer, in the state's flattening order, which is layer order).
-    """
+    """Apply ``update_fn(bias [L,E], load [L,E], rate)`` to the RouterBias state (one [L, E] leaf)."""
     leaves, treedef = jax.tree.flatten(bias_state)
     if not leaves:
         return bias_state
-    if len(leaves) == 1 and leaves[0].shape == expert_load.shape:
-        return jax.tree.unflatten(treedef, [update_fn(leaves[0], expert_load, rate)])
-    stacked = jnp.stack(leaves)
-    if stacked.shape != expert_load.shape:
+    if len(leaves) != 1 or leaves[0].shape != expert_load.shape:
         raise ValueError(
             f"router bias leaves {[x.shape for x in leaves]} do not match expert_load "
             f"{expert_load.shape}"
         )
-    new = update_fn(stacked, expert_load, rate)
-    return jax.tree.unflatten(treedef, [new[i].astype(x.dtype) for i, x in enumerate(leaves)])
+    return jax.tree.unflatten(treedef, [update_fn(leaves[0], expert_load, rate)])
 
 
 def make_train_step(
