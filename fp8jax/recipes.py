@@ -25,6 +25,7 @@ two operands.  Granularities are *relative to that GEMM's contraction axis*:
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 
 import jax.numpy as jnp
@@ -102,12 +103,23 @@ class Accumulation:
     promote_every: int | None = 128
 
 
+MAX_MARGIN = 64
+
+
+def _is_int(v) -> bool:
+    # numpy integers count; bools do not (True is not a margin).
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
 @dataclass(frozen=True)
 class DelayedConfig:
     """Amax-history settings for delayed scaling (Transformer Engine style).
 
-    scale = 2^-margin * amax_from_history / fmt_max, with amax_from_history the
-    max over the history ("max") or its newest entry ("most_recent").
+    scale = 2^margin * amax_from_history / fmt_max, with amax_from_history the
+    max over the history ("max") or its newest entry ("most_recent");
+    non-finite history entries are ignored.  ``margin`` is an integer with
+    |margin| <= MAX_MARGIN (64): beyond that the scale leaves FP8's range
+    for any float32 amax, and the output is all zeros or all saturated.
     """
 
     history_len: int = 16
@@ -117,8 +129,18 @@ class DelayedConfig:
     def __post_init__(self) -> None:
         if self.algo not in ("max", "most_recent"):
             raise ValueError(f"amax algo must be 'max' or 'most_recent', got {self.algo!r}")
+        if not _is_int(self.history_len):
+            raise ValueError(f"history_len must be an integer, got {self.history_len!r}")
         if self.history_len < 1:
             raise ValueError("history_len must be >= 1")
+        if not _is_int(self.margin):
+            raise ValueError(
+                f"margin must be an integer power-of-two exponent, got {self.margin!r}"
+            )
+        if abs(self.margin) > MAX_MARGIN:
+            raise ValueError(
+                f"margin must be within [-{MAX_MARGIN}, {MAX_MARGIN}], got {self.margin}"
+            )
 
 
 @dataclass(frozen=True)
