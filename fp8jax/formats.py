@@ -173,10 +173,11 @@ def ldexp_exact(x: jnp.ndarray, k) -> jnp.ndarray:
     return jnp.where((bits & _EXP_MASK) == _EXP_MASK, x, out)
 
 
-# E5M6 (emulated): 6 mantissa bits, E5's exponent range (bias 15, as float16).
-E5M6_MANT_BITS = 6
+# E5M6 (DeepSeek-V3's cache format for the input of the linear after
+# attention, emulated): 5 exponent bits (bias 15, E5M2's range), 6 mantissa bits.
+E5M6_MANTISSA_BITS = 6
 E5M6_MIN_EXP = -14
-E5M6_MAX = (2.0 - 2.0**-E5M6_MANT_BITS) * 2.0**15  # 65024
+E5M6_MAX = (2.0 - 2.0**-E5M6_MANTISSA_BITS) * 2.0**15  # 65024
 
 
 def round_to_e5m6(x: jnp.ndarray) -> jnp.ndarray:
@@ -186,7 +187,8 @@ def round_to_e5m6(x: jnp.ndarray) -> jnp.ndarray:
     subnormals in steps of 2^-20, largest finite value 65024.  Rounding is to
     nearest, ties to even; finite values beyond +-65024 saturate to it; NaN
     and +-Inf propagate (an IEEE-style E5 format has Inf, as float16 does).
-    Computed on the bit patterns (exact on every backend).
+    Computed on the bit patterns (exact on every backend).  Every E5M6 value
+    is exact in bfloat16 and float32.
     """
     x = x.astype(jnp.float32)
     finite = jnp.isfinite(x)
@@ -195,7 +197,7 @@ def round_to_e5m6(x: jnp.ndarray) -> jnp.ndarray:
     neg, m, e = float32_parts(xc)
     lead = e + (31 - lax.clz(m))  # exponent of the leading bit
     # Unit of the E5M6 grid at this magnitude (fixed below the normal range).
-    unit = jnp.maximum(lead, E5M6_MIN_EXP) - E5M6_MANT_BITS
+    unit = jnp.maximum(lead, E5M6_MIN_EXP) - E5M6_MANTISSA_BITS
     q = _round_shift(m, jnp.maximum(unit - e, 0))
     out = float32_from_parts(neg, q, unit)
     return jnp.where(finite, out, x)
