@@ -3,7 +3,6 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-
 from reference import ref_cast, ref_round_e5m6
 
 import fp8jax

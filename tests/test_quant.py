@@ -162,7 +162,8 @@ def test_subnormal_groups_all_granularities(gran, jit):
 
 
 @pytest.mark.parametrize(
-    "shape,axis", [((0, 128), -1), ((4, 0), -1), ((0,), 0), ((2, 0, 3), 1), ((3, 0), 0), ((0, 0), 0)]
+    "shape,axis",
+    [((0, 128), -1), ((4, 0), -1), ((0,), 0), ((2, 0, 3), 1), ((3, 0), 0), ((0, 0), 0)],
 )
 @pytest.mark.parametrize("gran", ["tensor", "row", "tile", "block"])
 @pytest.mark.parametrize("jit", [False, True])

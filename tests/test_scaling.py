@@ -43,7 +43,9 @@ def test_scale_from_amax_bitwise_incl_subnormal_and_huge(jit, fmt, pow2):
     np.testing.assert_array_equal(got.view(np.int32), ref.view(np.int32))
     assert np.all(np.isfinite(got)) and np.all(got > 0)
     # The largest code times the scale never overflows.
-    assert np.all(np.isfinite(got.astype(np.float64) * fm)) and np.all(got * np.float32(fm) < np.inf)
+    assert np.all(np.isfinite(got.astype(np.float64) * fm)) and np.all(
+        got * np.float32(fm) < np.inf
+    )
 
 
 @pytest.mark.parametrize("jit", [False, True])
