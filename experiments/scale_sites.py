@@ -1,7 +1,7 @@
 r"""Scale rules at DeepSeek-V3's sites: amax floors on gradients, power-of-two re-quantization.
 
 Command:
-  python experiments/scale_sites.py            (about 3 minutes on 2 CPU cores)
+  python experiments/scale_sites.py            (about 8 minutes on a shared 2-core CPU)
   python experiments/scale_sites.py --steps=0  (at init only)
 
 What it prints:
@@ -17,9 +17,9 @@ What it prints:
    and 1e-10, with and without the floor.
 3. Wgrad's x (128x1 tiles along tokens): relative error quantized directly
    from the high-precision x, or re-quantized from the cached FP8 1x128
-   tensor, with arbitrary and with power-of-two scales, on the small
-   model's captured activations and on Gaussian tokens with log-normal
-   magnitudes.
+   tensor (or from an E5M6 copy), with arbitrary and with power-of-two
+   scales, on the small model's captured activations and on Gaussian tokens
+   with log-normal magnitudes.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from flax import nnx
 
 import fp8jax
 from fp8jax import data as data_lib
+from fp8jax.formats import round_to_e5m6
 from fp8jax.models import loss_fn
 from fp8jax.train import loop
 from fp8jax.train.defaults import small_config
@@ -96,8 +97,8 @@ def _install_taps() -> None:
     import fp8jax.models.moe as moe
     import fp8jax.nn.dense as dense
 
-    dense.dot_general = _wrap(dense.dot_general, "dense", grouped=False)
-    moe.grouped_dot = _wrap(moe.grouped_dot, "expert", grouped=True)
+    dense.dot_general_with_stats = _wrap(dense.dot_general_with_stats, "dense", grouped=False)
+    moe.grouped_dot_with_stats = _wrap(moe.grouped_dot_with_stats, "expert", grouped=True)
 
 
 def _flush_stats(t: np.ndarray, gran: str, floor: float) -> tuple[float, float, float]:
@@ -180,6 +181,13 @@ def _wgrad_x_errors(x: np.ndarray) -> dict[str, float]:
         direct = fp8jax.quantize(xj, fp8jax.E4M3, "tile", axis=0, pow2=wgrad_pow2)
         cached = fp8jax.dequantize(fp8jax.quantize(xj, fp8jax.E4M3, "tile", -1, pow2=cache_pow2))
         requant = fp8jax.quantize(cached, fp8jax.E4M3, "tile", axis=0, pow2=wgrad_pow2)
+        out[label] = (err(direct), err(requant))
+    # The E5M6 cache (the paper's format for the input of the linear after
+    # attention): Wgrad re-quantizes from x rounded to E5M6.
+    e5m6 = round_to_e5m6(xj)
+    for label, pow2 in [("E5M6 cache, arbitrary", False), ("E5M6 cache, pow2", True)]:
+        direct = fp8jax.quantize(xj, fp8jax.E4M3, "tile", axis=0, pow2=pow2)
+        requant = fp8jax.quantize(e5m6, fp8jax.E4M3, "tile", axis=0, pow2=pow2)
         out[label] = (err(direct), err(requant))
     return out
 
