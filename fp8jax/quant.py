@@ -264,7 +264,7 @@ def quantize_with_scale(
     else:
         raise ValueError(f"unknown granularity {granularity!r}")
     # Saturate: values past the range clip to +-max instead of NaN/Inf.
-    data = saturating_cast(y, fmt)
+    data = saturating_cast(y, fmt, assume_finite=assume_finite)
     return QTensor(data, scale, granularity, axis, tile)
 
 
@@ -328,19 +328,21 @@ def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:
     subnormal (tiles of tiny values) the product is formed on the bit
     patterns, so flush-to-zero on CPU does not zero it.
     """
-    s = expand_scale(q.scale, q.data.shape, q.granularity, q.axis, q.tile)
-    # FP8 -> float32 is exact.
-    d = q.data.astype(jnp.float32)
-    s = s.astype(jnp.float32)
-    if int(ml_dtypes.finfo(q.data.dtype).nmant) > 6:
+    fmt = q.data.dtype
+
+    def plain(data, scale):
+        s = expand_scale(scale, data.shape, q.granularity, q.axis, q.tile)
+        # FP8 -> float32 is exact; the product is rounded once to float32.
+        return (data.astype(jnp.float32) * s.astype(jnp.float32)).astype(dtype)
+
+    def exact(data, scale):
+        s = expand_scale(scale, data.shape, q.granularity, q.axis, q.tile)
+        return _exact_product(data.astype(jnp.float32), s.astype(jnp.float32), fmt).astype(dtype)
+
+    if int(ml_dtypes.finfo(fmt).nmant) > 6:
         # Not an FP8 payload: the plain product.
-        return (d * s).astype(dtype)
+        return plain(q.data, q.scale)
+    # The branches take the compact codes and scales, so that each one is a
+    # single fused pass over the data (no full-size operand between them).
     subnormal = jnp.any(_bits(q.scale) < 0x00800000)
-    out = lax.cond(
-        subnormal,
-        lambda d, s: _exact_product(d, s, q.data.dtype),
-        lambda d, s: d * s,
-        d,
-        s,
-    )
-    return out.astype(dtype)
+    return lax.cond(subnormal, exact, plain, q.data, q.scale)
