@@ -11,10 +11,17 @@ clipped to +-max, the nearest representable value in magnitude.
 ``saturating_cast`` semantics (all formats):
 
 * finite x: clipped to [-max, max], then rounded to nearest-even;
-* NaN stays NaN;
-* +-Inf becomes +-max (saturation: Inf is "larger than max"), so a single
-  overflowing activation does not poison a whole tile with NaN.  Scale
-  computation treats Inf separately (see ``scaling``).
+* non-finite x propagates: NaN becomes the format's NaN code; +-Inf becomes
+  +-Inf where the format has an Inf (E5M2) and the NaN code where it has
+  none (E4M3, the FNUZ formats).  A diverging activation then makes the GEMM
+  output non-finite, as it would in bf16, instead of being masked as +-max.
+  Scale computation ignores non-finite elements (see ``scaling``), so the
+  finite elements of the tile keep their precision.
+
+Flush-to-zero: XLA on CPU treats float32 subnormal operands and results of
+arithmetic as zero.  :func:`float32_parts`, :func:`float32_from_parts` and
+:func:`ldexp_exact` work on the bit patterns instead, so code that must see
+subnormals (tiny scales, tiny tiles) stays exact on every backend.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from jax import lax
 
 E4M3 = jnp.dtype(ml_dtypes.float8_e4m3fn)
 E5M2 = jnp.dtype(ml_dtypes.float8_e5m2)
@@ -71,13 +79,14 @@ def fmt_min_normal(fmt) -> float:
     return float(ml_dtypes.finfo(as_format(fmt)).smallest_normal)
 
 
-def saturating_cast(x: jnp.ndarray, fmt) -> jnp.ndarray:
+def saturating_cast(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.ndarray:
     """Cast to ``fmt`` with saturation (see module docstring).
 
     Finite values are clipped to +-max before the cast so that the cast's
-    round-to-nearest-even never sees a value outside the range; NaN passes
-    through ``clip`` unchanged and is cast to the format's NaN; +-Inf clips
-    to +-max.
+    round-to-nearest-even never sees a value outside the range; NaN is cast
+    to the format's NaN; +-Inf to the format's +-Inf, or its NaN code where
+    it has no Inf (E4M3).  ``assume_finite`` promises x holds no +-Inf and
+    skips that select (the quantizer's fast path).
     """
     fmt = as_format(fmt)
     m = fmt_max(fmt)
@@ -85,30 +94,113 @@ def saturating_cast(x: jnp.ndarray, fmt) -> jnp.ndarray:
     # rounding of the cast happens exactly once (from x), never twice.
     if not jnp.issubdtype(x.dtype, jnp.floating) or jnp.finfo(x.dtype).bits < 32:
         x = x.astype(jnp.float32)
-    return jnp.clip(x, -m, m).astype(fmt)
+    if assume_finite:
+        return jnp.clip(x, -m, m).astype(fmt)
+    # Finite values saturate; +-Inf bypasses the clip so that the cast maps it
+    # to the format's Inf or NaN code (clip leaves NaN unchanged by itself).
+    return jnp.where(jnp.isinf(x), x, jnp.clip(x, -m, m)).astype(fmt)
+
+
+# --------------------------------------------------------------------------
+# float32 on its bit patterns (immune to flush-to-zero)
+# --------------------------------------------------------------------------
+
+_SIGN_BIT = -(2**31)  # 0x80000000 as an int32
+_EXP_MASK = 0x7F800000
+_INF_BITS = 0x7F800000
+
+
+def float32_parts(x: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """(negative, m, e) with ``|x| = m * 2^e`` exactly, read from x's float32 bits.
+
+    ``m`` is the integer significand (hidden bit included for normals, so
+    ``m < 2^24``) and ``e`` the exponent of its unit (-149 for subnormals).
+    Subnormals come out exact although XLA on CPU would flush them in any
+    float arithmetic.  Meaningless for non-finite x (callers mask those).
+    """
+    bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+    mag = bits & 0x7FFFFFFF
+    exp = mag >> 23
+    mant = mag & 0x7FFFFF
+    normal = exp > 0
+    m = jnp.where(normal, mant | 0x800000, mant)
+    e = jnp.where(normal, exp - 150, -149)
+    return bits < 0, m, e
+
+
+def _round_shift(m: jnp.ndarray, r: jnp.ndarray) -> jnp.ndarray:
+    """round-half-even(m / 2^r) for int32 0 <= m < 2^30 and r >= 0."""
+    r = jnp.clip(r, 0, 31)
+    q = m >> r
+    rem = m - (q << r)
+    half = jnp.left_shift(1, jnp.maximum(r - 1, 0))
+    up = (r > 0) & ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    return q + up.astype(jnp.int32)
+
+
+def float32_from_parts(negative: jnp.ndarray, m: jnp.ndarray, e: jnp.ndarray) -> jnp.ndarray:
+    """The float32 nearest to ``(-1)^negative * m * 2^e`` (ties to even), built from bits.
+
+    ``m`` is an int32 with 0 <= m < 2^30.  Results below float32's normal
+    range are the correctly rounded subnormals (not flushed), results past
+    its largest finite value are +-Inf.
+    """
+    m = m.astype(jnp.int32)
+    e = e.astype(jnp.int32)
+    top = 31 - lax.clz(m)  # index of the leading bit (-1 for m == 0)
+    # Keep 24 significant bits, or stop at the subnormal unit 2^-149.
+    r = jnp.maximum(top - 23, -149 - e)
+    mm = jnp.where(r < 0, m << jnp.clip(-r, 0, 31), _round_shift(m, r))
+    ee = e + r  # value = mm * 2^ee with mm <= 2^24
+    # Exponent field of the result: ee + 150 for a normal mm in [2^23, 2^24)
+    # (ee + 151 after a rounding carry to 2^24), 0 for a subnormal mm < 2^23.
+    field = ee + 149 + (mm >> 23)
+    bits = (jnp.minimum(ee + 149, 254) << 23) + mm
+    bits = jnp.where(field >= 255, _INF_BITS, bits)
+    bits = jnp.where(m == 0, 0, bits)
+    bits = jnp.where(negative, bits | _SIGN_BIT, bits)
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def ldexp_exact(x: jnp.ndarray, k) -> jnp.ndarray:
+    """``x * 2^k`` in float32, correctly rounded, subnormal inputs and results included.
+
+    The product is formed on the bit patterns, so XLA's flush-to-zero on CPU
+    cannot turn a subnormal ``x`` (or result) into 0.  Overflow gives +-Inf;
+    NaN and +-Inf pass through.
+    """
+    x = x.astype(jnp.float32)
+    neg, m, e = float32_parts(x)
+    out = float32_from_parts(neg, m, e + jnp.asarray(k, jnp.int32))
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    return jnp.where((bits & _EXP_MASK) == _EXP_MASK, x, out)
 
 
 # E5M6 (DeepSeek-V3's cache format for the input of the linear after
-# attention): 5 exponent bits (bias 15, E5M2's range), 6 mantissa bits.
+# attention, emulated): 5 exponent bits (bias 15, E5M2's range), 6 mantissa bits.
 E5M6_MANTISSA_BITS = 6
 E5M6_MIN_EXP = -14
-E5M6_MAX = (2.0 - 2.0**-E5M6_MANTISSA_BITS) * 2.0**15
+E5M6_MAX = (2.0 - 2.0**-E5M6_MANTISSA_BITS) * 2.0**15  # 65024
 
 
 def round_to_e5m6(x: jnp.ndarray) -> jnp.ndarray:
-    """x rounded to nearest-even on the E5M6 grid (emulated), float32 in and out.
+    """Round float32 values to the (emulated) E5M6 grid; float32 in, float32 out.
 
-    Normal values keep 6 mantissa bits; below 2^-14 the grid is the format's
-    subnormal spacing 2^-20; finite values beyond the largest (65024)
-    saturate to it; NaN and +-Inf pass through.  Every E5M6 value is exact in
-    bfloat16 and float32.
+    E5M6 has 6 mantissa bits and E5's exponent range: normals from 2^-14,
+    subnormals in steps of 2^-20, largest finite value 65024.  Rounding is to
+    nearest, ties to even; finite values beyond +-65024 saturate to it; NaN
+    and +-Inf propagate (an IEEE-style E5 format has Inf, as float16 does).
+    Computed on the bit patterns (exact on every backend).  Every E5M6 value
+    is exact in bfloat16 and float32.
     """
-    xf = x.astype(jnp.float32)
-    _, e = jnp.frexp(xf)
-    # frexp's exponent is floor(log2|x|) + 1; below the normal range the
-    # spacing stays that of the smallest normal binade.
-    exp = jnp.maximum(e - 1, E5M6_MIN_EXP)
-    quantum = jnp.ldexp(jnp.float32(1.0), exp - E5M6_MANTISSA_BITS)
-    # Division and multiplication by a power of two are exact; round is half-to-even.
-    y = jnp.round(xf / quantum) * quantum
-    return jnp.where(jnp.isfinite(xf), jnp.clip(y, -E5M6_MAX, E5M6_MAX), xf)
+    x = x.astype(jnp.float32)
+    finite = jnp.isfinite(x)
+    # Saturate before rounding: a value <= max never rounds above it.
+    xc = jnp.where(finite, jnp.clip(x, -E5M6_MAX, E5M6_MAX), 0.0)
+    neg, m, e = float32_parts(xc)
+    lead = e + (31 - lax.clz(m))  # exponent of the leading bit
+    # Unit of the E5M6 grid at this magnitude (fixed below the normal range).
+    unit = jnp.maximum(lead, E5M6_MIN_EXP) - E5M6_MANTISSA_BITS
+    q = _round_shift(m, jnp.maximum(unit - e, 0))
+    out = float32_from_parts(neg, q, unit)
+    return jnp.where(finite, out, x)

@@ -16,7 +16,29 @@
 
 Lengths that are not multiples of the tile are zero-padded for the amax (zeros
 never raise an amax) and cropped afterwards: a partial tile at the edge gets
-the scale of its own elements.  ``data`` always has ``x``'s shape.
+the scale of its own elements.  ``data`` always has ``x``'s shape.  Zero-size
+arrays quantize to empty data with scale 1 for any empty scale group.
+
+"Bit for bit DeepSeek's act_quant" holds for tiles of finite values whose
+length along ``axis`` is a multiple of 128 (act_quant requires that length).
+Elsewhere the results differ on purpose:
+
+* an all-zero tile gets scale 1 and zero data (act_quant: 0 / 0 gives a NaN
+  scale and NaN data);
+* a tile holding NaN or +-Inf takes its scale from its finite elements, and
+  its NaN / Inf elements become the format's NaN (or Inf) code (act_quant: an
+  Inf amax gives scale Inf and zeros or NaN for the whole tile, a NaN amax a
+  NaN tile);
+* a tile whose amax is tiny (a float32 subnormal, or amax / 448 below
+  float32's normal range) follows the same formula with a subnormal scale,
+  computed exactly on the bit patterns, on CPU (where XLA flushes subnormal
+  arithmetic to zero) as on GPU;
+* a scale is capped so that ``448 * scale`` is finite: values within an ulp of
+  float32's max saturate (see :mod:`fp8jax.scaling`).
+
+Non-finite inputs propagate: NaN stays NaN and +-Inf becomes Inf or the NaN
+code (E4M3 has no Inf), so a GEMM on the result is non-finite as in bf16;
+finite values above the range saturate at +-fmt_max * scale.
 """
 
 from __future__ import annotations
@@ -26,11 +48,28 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import lax
 
-from fp8jax.formats import as_format, saturating_cast
+from fp8jax.formats import (
+    as_format,
+    float32_from_parts,
+    float32_parts,
+    ldexp_exact,
+    saturating_cast,
+)
 from fp8jax.scaling import exact_div, finite_amax, scale_from_amax
 
-_F32_MAX = float(jnp.finfo(jnp.float32).max)
+_F32_MAX = float(np.finfo(np.float32).max)
+# Tiles with amax >= 2^-64 have normal scales (>= 2^-80 for any FP8 max), and
+# a subnormal element x of such a tile has |x / scale| < 2^-46, which rounds
+# to 0 in every FP8 format: for them XLA's flush-to-zero changes nothing.
+_FAST_MIN_AMAX_BITS = int(np.float32(2.0**-64).view(np.int32))
+# Below this scale an element's quotient can be lost to flush-to-zero
+# (|x| < 2^-126 and |x / scale| >= 2^-30): divide on the offset path.
+_OFFSET_SCALE_BITS = int(np.float32(2.0**-96).view(np.int32))
+_OFFSET = 64
 
 
 @dataclass(frozen=True)
@@ -89,12 +128,35 @@ def _split_axis(x: jnp.ndarray, axis: int, tile: int) -> jnp.ndarray:
     return xp.reshape(shape)
 
 
-def _to_f32_finite(x: jnp.ndarray) -> jnp.ndarray:
-    # Compute in float32 (bf16/f16 inputs are exact in it).  +-Inf becomes
-    # +-float32 max so that x / scale stays a plain division (the exact
-    # division trick multiplies by 0); it then saturates to +-fmt_max.
-    x = x.astype(jnp.float32)
-    return jnp.clip(x, -_F32_MAX, _F32_MAX)
+def _bits(x: jnp.ndarray) -> jnp.ndarray:
+    return lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32) & 0x7FFFFFFF
+
+
+def _divide(x: jnp.ndarray, scale: jnp.ndarray, assume_finite: bool) -> jnp.ndarray:
+    """x / scale in float32 (broadcasting), correctly rounded, for quantization.
+
+    Where a scale is below 2^-96 the division would lose subnormal elements
+    to flush-to-zero: those groups are divided as (x * 2^64) / (scale * 2^64),
+    both factors formed exactly on the bit patterns, which gives the same
+    quotient.  +-Inf elements stay +-Inf (the exact division trick alone
+    would turn them into NaN), so the cast maps them to the format's code.
+    """
+    if assume_finite:
+        return exact_div(x, scale)
+
+    def plain(x, scale):
+        return exact_div(x, scale)
+
+    def offset(x, scale):
+        k = jnp.where(_bits(scale) < _OFFSET_SCALE_BITS, _OFFSET, 0)
+        # Finite x that overflow once shifted are far beyond fmt_max * scale:
+        # float32's max keeps them finite so that they saturate.
+        xs = jnp.clip(ldexp_exact(x, k), -_F32_MAX, _F32_MAX)
+        return exact_div(xs, ldexp_exact(scale, k))
+
+    tiny = jnp.any(_bits(scale) < _OFFSET_SCALE_BITS)
+    y = lax.cond(tiny, offset, plain, x, scale)
+    return jnp.where(jnp.isinf(x), x, y)
 
 
 def expand_scale(scale: jnp.ndarray, shape, granularity: str, axis: int, tile: int):
@@ -128,10 +190,13 @@ def compute_scale(
 def _plain_amax(x, axis=None, keepdims=False):
     # max(max(x), -min(x)) == max|x|, and XLA on CPU vectorises the two plain
     # reductions about 6x better than a reduction of |x|.  A NaN propagates
-    # into its group's amax (the caller then takes the robust path).
+    # into its group's amax (the caller then takes the robust path).  The
+    # initial 0 gives empty groups amax 0 and leaves max|x| unchanged.
+    # Subnormal elements read as 0 under flush-to-zero: the caller sends tiny
+    # amaxes to the robust (bit pattern) path.
     xf = x.astype(jnp.float32)
-    hi = jnp.max(xf, axis=axis, keepdims=keepdims)
-    lo = jnp.min(xf, axis=axis, keepdims=keepdims)
+    hi = jnp.max(xf, axis=axis, keepdims=keepdims, initial=0.0)
+    lo = jnp.min(xf, axis=axis, keepdims=keepdims, initial=0.0)
     return jnp.maximum(hi, -lo)
 
 
@@ -140,8 +205,9 @@ def group_amax(
 ) -> jnp.ndarray:
     """max |x| per scale group (the scale layout's shape), float32.
 
-    ``finite_only`` ignores NaN / Inf elements; without it a non-finite
-    element makes its group's amax non-finite (cheaper: no select per element).
+    ``finite_only`` ignores NaN / Inf elements and reads subnormals exactly
+    (bit patterns); without it a non-finite element makes its group's amax
+    non-finite and subnormals may read as 0 (cheaper: plain float reductions).
     """
     red = finite_amax if finite_only else _plain_amax
     axis = _norm_axis(axis, x.ndim) if x.ndim else 0
@@ -172,30 +238,33 @@ def quantize_with_scale(
 ) -> QTensor:
     """Quantize with a given scale layout (delayed scaling passes its own).
 
-    ``assume_finite`` skips the clipping of +-Inf to float32's max, which
-    only matters when x holds Inf.
+    Scales must be positive and finite.  ``assume_finite`` promises that x
+    holds no NaN / Inf and that no scale is below 2^-96 (then the division is
+    one plain correctly rounded float32 division, the fast path).
     """
     fmt = as_format(fmt)
     axis = _norm_axis(axis, x.ndim) if x.ndim else 0
-    xf = x.astype(jnp.float32) if assume_finite else _to_f32_finite(x)
+    # Compute in float32 (bf16/f16 inputs are exact in it).
+    xf = x.astype(jnp.float32)
     scale = scale.astype(jnp.float32)
     if granularity in ("tensor", "row"):
-        y = exact_div(xf, scale)
+        y = _divide(xf, scale, assume_finite)
     elif granularity == "tile":
         xt = _split_axis(xf, axis, tile)
-        y = exact_div(xt, jnp.expand_dims(scale, axis + 1))
-        y = y.reshape(y.shape[:axis] + (-1,) + y.shape[axis + 2 :])
+        y = _divide(xt, jnp.expand_dims(scale, axis + 1), assume_finite)
+        # Explicit sizes: a -1 cannot be inferred for zero-size arrays.
+        y = y.reshape(y.shape[:axis] + (y.shape[axis] * tile,) + y.shape[axis + 2 :])
         y = jax.lax.slice_in_dim(y, 0, x.shape[axis], axis=axis)
     elif granularity == "block":
         nd = x.ndim
         xb = _split_axis(_split_axis(xf, nd - 1, tile), nd - 2, tile)
-        y = exact_div(xb, scale[..., :, None, :, None])
+        y = _divide(xb, scale[..., :, None, :, None], assume_finite)
         y = y.reshape(y.shape[:-4] + (y.shape[-4] * tile, y.shape[-2] * tile))
         y = y[..., : x.shape[-2], : x.shape[-1]]
     else:
         raise ValueError(f"unknown granularity {granularity!r}")
     # Saturate: values past the range clip to +-max instead of NaN/Inf.
-    data = saturating_cast(y, fmt)
+    data = saturating_cast(y, fmt, assume_finite=assume_finite)
     return QTensor(data, scale, granularity, axis, tile)
 
 
@@ -216,11 +285,15 @@ def quantize(
         raise ValueError("tile must be positive")
     if granularity not in ("tensor", "row", "tile", "block"):
         raise ValueError(f"unknown granularity {granularity!r}")
-    # Fast path for the common all-finite tensor: a plain amax (no per-element
-    # isfinite select) and no Inf clipping.  If any group's amax is NaN/Inf,
-    # the robust path recomputes it over the finite elements only.  lax.cond
-    # runs one branch (both under vmap, where it becomes a select).
+    # Fast path for the common tensor (all finite, no tiny or all-zero group):
+    # a plain float amax, no per-element isfinite select, one plain division.
+    # Otherwise the robust path recomputes the amax over the finite elements
+    # on the bit patterns (exact for subnormals) and divides tiny groups on
+    # the offset path.  lax.cond runs one branch (both under vmap, where it
+    # becomes a select).
     amax = group_amax(x, granularity, axis, tile, finite_only=False)
+    amax_bits = lax.bitcast_convert_type(amax, jnp.int32)
+    fast_ok = jnp.all(jnp.isfinite(amax)) & jnp.all(amax_bits >= _FAST_MIN_AMAX_BITS)
 
     def fast(x):
         scale = scale_from_amax(amax, fmt, pow2=pow2, amax_floor=amax_floor)
@@ -228,13 +301,58 @@ def quantize(
 
     def robust(x):
         scale = compute_scale(x, fmt, granularity, axis, tile, pow2=pow2, amax_floor=amax_floor)
-        return quantize_with_scale(x, scale, fmt, granularity, axis, tile)
 
-    return jax.lax.cond(jnp.all(jnp.isfinite(amax)), fast, robust, x)
+        def plain(x):
+            return quantize_with_scale(x, scale, fmt, granularity, axis, tile, assume_finite=True)
+
+        def careful(x):
+            return quantize_with_scale(x, scale, fmt, granularity, axis, tile)
+
+        # All-zero groups alone (common: padding) need the exact amax but no
+        # per-element care: finite values and no scale below 2^-96.
+        simple = jnp.all(jnp.isfinite(amax)) & jnp.all(_bits(scale) >= _OFFSET_SCALE_BITS)
+        return jax.lax.cond(simple, plain, careful, x)
+
+    return jax.lax.cond(fast_ok, fast, robust, x)
+
+
+def _exact_product(d: jnp.ndarray, scale: jnp.ndarray, fmt) -> jnp.ndarray:
+    """d * scale rounded once to float32, on the bit patterns (subnormals kept).
+
+    ``d`` holds FP8 values (as float32), so its significand has at most
+    nmant + 1 bits and the integer product with the scale's 24-bit
+    significand fits in int32.
+    """
+    shift = 23 - int(ml_dtypes.finfo(fmt).nmant)
+    nd, md, ed = float32_parts(d)
+    ns, ms, es = float32_parts(scale)
+    out = float32_from_parts(nd ^ ns, (md >> shift) * ms, ed + shift + es)
+    # NaN / Inf codes propagate (scales are positive).
+    return jnp.where(jnp.isfinite(d), out, d)
 
 
 def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:
-    """data * scale, computed in float32, returned as ``dtype``."""
-    s = expand_scale(q.scale, q.data.shape, q.granularity, q.axis, q.tile)
-    # FP8 -> float32 is exact; the product is rounded once to float32.
-    return (q.data.astype(jnp.float32) * s).astype(dtype)
+    """data * scale, computed in float32, returned as ``dtype``.
+
+    The product is rounded once to float32.  When a scale is a float32
+    subnormal (tiles of tiny values) the product is formed on the bit
+    patterns, so flush-to-zero on CPU does not zero it.
+    """
+    fmt = q.data.dtype
+
+    def plain(data, scale):
+        s = expand_scale(scale, data.shape, q.granularity, q.axis, q.tile)
+        # FP8 -> float32 is exact; the product is rounded once to float32.
+        return (data.astype(jnp.float32) * s.astype(jnp.float32)).astype(dtype)
+
+    def exact(data, scale):
+        s = expand_scale(scale, data.shape, q.granularity, q.axis, q.tile)
+        return _exact_product(data.astype(jnp.float32), s.astype(jnp.float32), fmt).astype(dtype)
+
+    if int(ml_dtypes.finfo(fmt).nmant) > 6:
+        # Not an FP8 payload: the plain product.
+        return plain(q.data, q.scale)
+    # The branches take the compact codes and scales, so that each one is a
+    # single fused pass over the data (no full-size operand between them).
+    subnormal = jnp.any(_bits(q.scale) < 0x00800000)
+    return lax.cond(subnormal, exact, plain, q.data, q.scale)

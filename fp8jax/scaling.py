@@ -3,16 +3,33 @@
 Convention: ``x ~= data * scale`` with ``data = cast(x / scale)``; the scale
 maps the tensor's amax onto the format's largest finite value:
 
-    scale = max(amax, amax_floor) / fmt_max            (float32)
+    scale = max(amax, amax_floor) / fmt_max            (float32, correctly rounded)
 
-Guards: ``amax == 0`` (an all-zero tile) gives scale 1, and a scale is never
-below float32's smallest normal, so no scale is zero, Inf or NaN for finite
-input.  Non-finite elements are excluded from amax: an Inf saturates to
-+-fmt_max in the cast instead of turning its whole tile into NaN (Inf / Inf),
-and a NaN stays NaN in its own element only.
+Guards, and why:
+
+* ``amax == 0`` (an all-zero tile) gives scale 1: any scale reproduces zeros.
+* Tiny amax: the scale follows the same formula into float32's subnormal
+  range (DeepSeek's act_quant does the same on a GPU).  XLA on CPU flushes
+  subnormal operands to zero, so these scales are computed with integer
+  arithmetic on the bit patterns (:func:`scale_from_amax`) and never depend
+  on the backend's flush-to-zero mode.  A quotient that would round to 0 (amax
+  below ~1e-43) gets the smallest subnormal, so no scale is ever 0.
+* Huge amax: a scale is at most the largest float32 whose product with
+  fmt_max is finite, so dequantizing the largest code never overflows; the
+  few values of a tile with amax within an ulp of float32's max (within a
+  factor 1.2 of it for power-of-two scales) saturate at fmt_max * scale.
+* Non-finite elements are excluded from amax: the tile's scale comes from its
+  finite elements, and NaN / Inf elements propagate as NaN / Inf codes (see
+  :mod:`fp8jax.formats`).
+
+``amax_floor``: an optional lower bound on amax (DeepSeek's training code
+clamps to 1e-4).  A floor is harmful for gradients, whose tiles are often far
+below 1e-4: the floor makes their scale too large and flushes their elements
+to zero.
 
 Power-of-two scales (``pow2=True``, DeepSeek's UE8M0) round the scale *up* to
-``2^ceil(log2 scale)``, so ``x / scale`` never exceeds ``fmt_max``.
+``2^ceil(log2 scale)``, so ``x / scale`` never exceeds ``fmt_max`` (except
+for the saturating cap above).
 
 Delayed scaling (Transformer Engine / Flax fp8_ops): the scale used at step t
 comes from an amax history of steps < t.  See :class:`DelayedState`.
@@ -24,12 +41,16 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from fp8jax.formats import fmt_max
+from fp8jax.formats import float32_parts, fmt_max, ldexp_exact
 from fp8jax.recipes import DelayedConfig, QuantSpec, Recipe
 
-_F32_TINY = float(jnp.finfo(jnp.float32).tiny)
+_F32_MAX = float(np.finfo(np.float32).max)
+_F32_TINY = float(np.finfo(np.float32).tiny)
+_INF_BITS = 0x7F800000
+_ONE_BITS = 0x3F800000
 
 
 def exact_div(num: jnp.ndarray, den: jnp.ndarray) -> jnp.ndarray:
@@ -45,44 +66,120 @@ def exact_div(num: jnp.ndarray, den: jnp.ndarray) -> jnp.ndarray:
 
 
 def finite_amax(x: jnp.ndarray, axis=None, keepdims: bool = False) -> jnp.ndarray:
-    """max |x| over ``axis`` in float32, ignoring NaN and +-Inf elements."""
-    ax = jnp.abs(x.astype(jnp.float32))
+    """max |x| over ``axis`` in float32, ignoring NaN and +-Inf elements; 0 if empty.
+
+    Reduced on the bit patterns (for non-negative floats the int32 order is
+    the float order), so a group of float32 subnormals gets its true amax
+    where XLA on CPU would flush it to 0.
+    """
+    bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32) & 0x7FFFFFFF
     # Non-finite values would make the scale Inf/NaN for the whole group.
-    ax = jnp.where(jnp.isfinite(ax), ax, 0.0)
-    return jnp.max(ax, axis=axis, keepdims=keepdims)
+    bits = jnp.where(bits < _INF_BITS, bits, 0)
+    amax = jnp.max(bits, axis=axis, keepdims=keepdims, initial=0)
+    return lax.bitcast_convert_type(amax, jnp.float32)
 
 
 def pow2_ceil(scale: jnp.ndarray) -> jnp.ndarray:
-    """Round a positive float32 scale up to the next power of two (exact).
+    """Round a positive finite float32 scale up to the next power of two (exact).
 
     Uses the bit pattern: a float32 with zero mantissa bits is already a power
     of two; otherwise the exponent is bumped by one and the mantissa cleared.
+    A subnormal scale (exponent bits 0) rounds up its integer mantissa.  The
+    largest finite float32 rounds up to +Inf: callers cap the result.
     """
     bits = lax.bitcast_convert_type(scale.astype(jnp.float32), jnp.int32)
     mant = bits & 0x007FFFFF
     exp_bits = bits & 0x7F800000
     up = jnp.where(mant != 0, exp_bits + 0x00800000, exp_bits)
-    out = lax.bitcast_convert_type(up, jnp.float32)
-    # Subnormal scales (exp bits 0) never occur: scales are clamped to >= tiny.
-    return out
+    # Subnormal: value mant * 2^-149; the power of two above it is 2^ceil(log2 mant).
+    sub = jnp.left_shift(1, 32 - lax.clz(jnp.maximum(mant - 1, 0)))
+    up = jnp.where(exp_bits == 0, sub, up)
+    return lax.bitcast_convert_type(up, jnp.float32)
+
+
+def _odd_and_pow2(value: float) -> tuple[int, int]:
+    """value = odd * 2^p for an integer-valued format max (448 = 7 * 2^6)."""
+    n = int(value)
+    if n != value or n <= 0:
+        raise ValueError(f"format max {value} is not a positive integer")
+    p = (n & -n).bit_length() - 1
+    return n >> p, p
+
+
+def _max_scale(fm: float, pow2: bool) -> float:
+    """Largest float32 scale s (a power of two when pow2) with fm * s finite."""
+    s = np.float32(_F32_MAX / fm)
+    while float(s) * fm > _F32_MAX:
+        s = np.nextafter(s, np.float32(0))
+    if pow2:
+        s = np.float32(2.0 ** np.floor(np.log2(float(s))))
+    return float(s)
+
+
+def _subnormal_scale_bits(amax: jnp.ndarray, fm: float) -> jnp.ndarray:
+    """Bits of RN(amax / fm) where that quotient is below float32's normal range.
+
+    With amax = m * 2^e and fm = o * 2^p, the quotient in units of 2^-149
+    (the subnormal step) is m * 2^(e + 149 - p) / o: one integer division
+    with remainder, rounded half to even.  Exact in int32 where the quotient
+    is subnormal (m * 2^t < o * 2^23 < 2^27); other lanes are discarded.
+    """
+    o, p = _odd_and_pow2(fm)
+    _, m, e = float32_parts(amax)
+    t = e + 149 - p
+    num = m << jnp.clip(t, 0, 7)
+    den = jnp.int32(o) << jnp.clip(-t, 0, 24)  # beyond 2^24 the quotient is 0
+    q = num // den
+    twice_rem = 2 * (num - q * den)
+    up = (twice_rem > den) | ((twice_rem == den) & ((q & 1) == 1))
+    q = q + up.astype(jnp.int32)
+    # A quotient that rounds to 0 would be a zero scale: smallest subnormal.
+    return jnp.maximum(q, 1)
+
+
+def _cap_bits(bits: jnp.ndarray, cap: float) -> jnp.ndarray:
+    # Positive float32 bit patterns order like the floats, and an integer
+    # min cannot be flushed to zero.
+    cap_bits = int(np.float32(cap).view(np.int32))
+    return jnp.minimum(bits, cap_bits)
 
 
 def scale_from_amax(
     amax: jnp.ndarray, fmt, *, pow2: bool = False, amax_floor: float = 0.0
 ) -> jnp.ndarray:
-    """float32 scale = amax / fmt_max with the guards described in the module docstring."""
+    """float32 scale = max(amax, amax_floor) / fmt_max, with the module docstring's guards.
+
+    ``amax`` must be finite and >= 0 (take it from :func:`finite_amax`).
+    Normal-range scales are the correctly rounded float32 quotient (DeepSeek's
+    act_quant computes amax / 448 in fp32); scales below float32's normal
+    range are the correctly rounded subnormal quotient, computed on the bit
+    patterns.  ``pow2`` rounds the scale up to a power of two.
+    """
+    fm = fmt_max(fmt)
     amax = amax.astype(jnp.float32)
     if amax_floor > 0:
         amax = jnp.maximum(amax, jnp.float32(amax_floor))
-    # Correctly rounded amax / max (DeepSeek's act_quant computes amax / 448 in fp32).
-    scale = exact_div(amax, jnp.float32(fmt_max(fmt)))
-    # amax == 0: any scale reproduces the zeros; 1 keeps the data exact.
-    scale = jnp.where(amax > 0, scale, jnp.float32(1.0))
-    # A scale that underflowed (amax below ~1e-36) would divide by zero.
-    scale = jnp.maximum(scale, jnp.float32(_F32_TINY))
+    abits = lax.bitcast_convert_type(amax, jnp.int32) & 0x7FFFFFFF
+    # Quotients below 2^-126: an integer division (flush-to-zero cannot touch it).
+    sub_limit = int(np.float32(fm * _F32_TINY).view(np.int32))
+    tiny = abits < sub_limit
+    # Correctly rounded amax / max on normal operands; tiny lanes use 1 as a
+    # stand-in so that the float division never sees a subnormal.
+    safe = jnp.where(tiny, jnp.float32(1.0), amax)
+    norm_bits = lax.bitcast_convert_type(exact_div(safe, jnp.float32(fm)), jnp.int32)
+    bits = jnp.where(tiny, _subnormal_scale_bits(amax, fm), norm_bits)
+    scale = lax.bitcast_convert_type(bits, jnp.float32)
     if pow2:
         scale = pow2_ceil(scale)
-    return scale
+    bits = _cap_bits(lax.bitcast_convert_type(scale, jnp.int32), _max_scale(fm, pow2))
+    # amax == 0: any scale reproduces the zeros; 1 keeps the data exact.
+    bits = jnp.where(abits == 0, _ONE_BITS, bits)
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def scale_limit(fmt, pow2: bool = False) -> float:
+    """The largest scale :func:`scale_from_amax` returns for ``fmt`` (see the module docstring)."""
+    return _max_scale(fmt_max(fmt), pow2)
 
 
 # --------------------------------------------------------------------------
@@ -135,21 +232,43 @@ def init_delayed_gemm_state(recipe: Recipe) -> DelayedGemmState:
     return DelayedGemmState(init_delayed_state(n), init_delayed_state(n), init_delayed_state(n))
 
 
+def history_amax(history: jnp.ndarray, algo: str) -> jnp.ndarray:
+    """The amax a delayed scale is computed from, ignoring non-finite entries.
+
+    ``"max"``: the largest finite entry; ``"most_recent"``: the newest finite
+    entry.  0 when no entry is finite (the fresh-state rule: scale 1).  A
+    NaN or Inf can only reach a history from outside (a restored or edited
+    state); ignoring it keeps the scale that the finite history implies
+    instead of silently resetting the scale to 1 (NaN) or zeroing the
+    output (Inf).
+    """
+    if algo == "max":
+        return finite_amax(history)
+    finite = jnp.isfinite(history)
+    newest = history[jnp.argmax(finite)]
+    return jnp.where(jnp.any(finite), newest, jnp.float32(0.0))
+
+
 def update_delayed_state(
     state: DelayedState, amax: jnp.ndarray, spec: QuantSpec, cfg: DelayedConfig
 ) -> DelayedState:
     """Roll the history, insert this step's amax, recompute the scale.
 
-    scale = 2^-margin * amax_ref / fmt_max with amax_ref = max(history) for
-    algo "max" or the newest amax for "most_recent".  An empty history
-    (all zeros) keeps scale 1 via the amax == 0 guard.
+    scale = 2^margin * amax_ref / fmt_max with amax_ref from
+    :func:`history_amax` (the max of the history for algo "max", its newest
+    entry for "most_recent"; non-finite entries ignored).  An empty history
+    (all zeros) keeps scale 1 via the amax == 0 guard.  The scale is capped
+    like any scale (:func:`scale_limit`), so a large margin cannot overflow.
     """
     hist = jnp.roll(state.amax_history, 1).at[0].set(amax.astype(jnp.float32))
-    ref = jnp.max(hist) if cfg.algo == "max" else hist[0]
+    ref = history_amax(hist, cfg.algo)
     scale = scale_from_amax(ref, spec.fmt, pow2=spec.pow2, amax_floor=spec.amax_floor)
-    # The margin leaves 2^margin of headroom above the recorded amax.
-    scale = scale * jnp.float32(2.0**cfg.margin)
-    return DelayedState(hist, scale)
+    # The margin leaves 2^margin of headroom above the recorded amax; applied
+    # on the bits so that a subnormal scale is not flushed to zero.
+    scale = ldexp_exact(scale, cfg.margin)
+    limit = scale_limit(spec.fmt, spec.pow2)
+    bits = _cap_bits(lax.bitcast_convert_type(scale, jnp.int32), limit)
+    return DelayedState(hist, lax.bitcast_convert_type(bits, jnp.float32))
 
 
 def updated_gemm_state(state: DelayedGemmState | None, new_x, new_w, new_dy):

@@ -17,26 +17,47 @@ E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 E5M2 = np.dtype(ml_dtypes.float8_e5m2)
 FMTS = {"e4m3": E4M3, "e5m2": E5M2}
 F32_TINY = np.finfo(np.float32).tiny
+F32_MAX = float(np.finfo(np.float32).max)
+F32_SMALLEST = np.float32(2.0**-149)
 
 
 def fmax(fmt) -> float:
     return float(ml_dtypes.finfo(fmt).max)
 
 
+def max_scale(fmt, pow2=False) -> float:
+    """Largest float32 s (a power of two if pow2) whose fmax * s is finite (float64 check)."""
+    if pow2:
+        k = 128
+        while 2.0**k * fmax(fmt) > F32_MAX:
+            k -= 1
+        return 2.0**k
+    s = np.float32(F32_MAX / fmax(fmt))
+    while float(s) * fmax(fmt) > F32_MAX:
+        s = np.nextafter(s, np.float32(0))
+    return float(s)
+
+
 def ref_scale(amax: float, fmt, pow2=False, amax_floor=0.0) -> np.float32:
+    """amax / fmax, correctly rounded to float32 (numpy: subnormals kept), guarded."""
     amax = np.float32(max(float(amax), amax_floor))
     if amax == 0:
         return np.float32(1.0)
-    s = np.float32(amax) / np.float32(fmax(fmt))
-    s = max(s, np.float32(F32_TINY))
+    with np.errstate(under="ignore"):
+        s = np.float32(amax) / np.float32(fmax(fmt))
+    if s == 0:
+        s = F32_SMALLEST
     if pow2:
         s = np.float32(2.0 ** math.ceil(math.log2(float(s))))
-    return np.float32(s)
+    return np.float32(min(float(s), max_scale(fmt, pow2)))
 
 
 def ref_cast(y32: np.ndarray, fmt) -> np.ndarray:
+    """Saturate finite values; NaN / Inf take ml_dtypes' cast (NaN code, or Inf if the format has it)."""
     m = fmax(fmt)
-    return np.clip(y32, -m, m).astype(fmt)
+    y32 = np.asarray(y32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.where(np.isinf(y32), y32, np.clip(y32, -m, m)).astype(fmt)
 
 
 def _finite_absmax(a: np.ndarray) -> float:
@@ -48,12 +69,12 @@ def _finite_absmax(a: np.ndarray) -> float:
 def ref_quantize_groups(x: np.ndarray, groups, fmt, pow2=False, amax_floor=0.0):
     """Quantize x with one scale per group; groups is a list of index tuples
     (numpy fancy/slice indices).  Returns (data, per-element scale as f64)."""
-    x32 = np.clip(x.astype(np.float32), -np.finfo(np.float32).max, np.finfo(np.float32).max)
+    x32 = x.astype(np.float32)
     data = np.zeros(x.shape, fmt)
     scale_el = np.zeros(x.shape, np.float64)
     for g in groups:
         s = ref_scale(_finite_absmax(x32[g]), fmt, pow2, amax_floor)
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             data[g] = ref_cast(x32[g] / s, fmt)
         scale_el[g] = float(s)
     return data, scale_el
@@ -147,3 +168,20 @@ def ref_linear_grads(x, w, g, recipe):
     dyw = ref_spec_qdq(g, wg.rhs, 1)
     dw = np.einsum("bmk,bmn->bkn", xw, dyw)
     return y, dx, dw
+
+
+def ref_round_e5m6(x: np.ndarray) -> np.ndarray:
+    """E5M6 rounding in float64: 6 mantissa bits, normals from 2^-14, subnormal step
+    2^-20, ties to even, finite values saturate at 65024, NaN / Inf unchanged."""
+    x = np.asarray(x, np.float64)
+    out = np.empty_like(x)
+    mx = (2 - 2.0**-6) * 2.0**15
+    for i, v in np.ndenumerate(x):
+        if not np.isfinite(v) or v == 0:
+            out[i] = v
+            continue
+        v = min(max(v, -mx), mx)
+        e = max(math.frexp(v)[1] - 1, -14)  # exponent of the leading bit
+        unit = 2.0 ** (e - 6)
+        out[i] = np.round(v / unit) * unit  # np.round: half to even
+    return out

@@ -3,9 +3,17 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from reference import ref_cast, ref_round_e5m6
 
 import fp8jax
-from fp8jax.formats import as_format, fmt_max, saturating_cast
+from fp8jax.formats import (
+    as_format,
+    float32_from_parts,
+    fmt_max,
+    ldexp_exact,
+    round_to_e5m6,
+    saturating_cast,
+)
 
 
 @pytest.mark.parametrize(
@@ -39,7 +47,8 @@ def test_plain_cast_is_not_saturating_but_ours_is():
 
 
 @pytest.mark.parametrize("fmt", [fp8jax.E4M3, fp8jax.E5M2, fp8jax.E4M3FNUZ, fp8jax.E5M2FNUZ])
-def test_saturating_cast_matches_reference(fmt):
+@pytest.mark.parametrize("jit", [False, True])
+def test_saturating_cast_matches_reference(fmt, jit):
     rng = np.random.default_rng(0)
     m = fmt_max(fmt)
     x = np.concatenate(
@@ -49,12 +58,92 @@ def test_saturating_cast_matches_reference(fmt):
             [0.0, -0.0, m, -m, 2 * m, 1e-12, -1e-12, np.inf, -np.inf, np.nan],
         ]
     ).astype(np.float32)
-    ref = np.clip(x, -m, m).astype(ml_dtypes.finfo(fmt).dtype)
-    ours = np.asarray(saturating_cast(jnp.asarray(x), fmt))
+    ref = ref_cast(x, ml_dtypes.finfo(fmt).dtype)
+    f = jax.jit(saturating_cast, static_argnums=1) if jit else saturating_cast
+    ours = np.asarray(f(jnp.asarray(x), fmt))
     np.testing.assert_array_equal(ours.view(np.uint8), ref.view(np.uint8))
-    # Inf saturates, NaN stays NaN.
+    # Finite values saturate; non-finite ones stay non-finite (used to become +-max).
     out = ours.astype(np.float32)
-    assert out[-3] == m and out[-2] == -m and np.isnan(out[-1])
+    assert np.all(np.abs(out[:-3]) <= m)
+    assert not np.any(np.isfinite(out[-3:]))
+    if fmt == fp8jax.E5M2:  # the only one of these with an Inf
+        assert out[-3] == np.inf and out[-2] == -np.inf
+    else:
+        assert np.all(np.isnan(out[-3:]))
+
+
+def _f32_specials(rng, n=3000):
+    tiny = np.finfo(np.float32).tiny
+    return np.concatenate(
+        [
+            rng.standard_normal(n).astype(np.float32) * np.float32(1e-40),  # subnormals
+            (rng.standard_normal(n) * np.exp(rng.uniform(-100, 88, n))).astype(np.float32),
+            np.float32([0.0, -0.0, 2.0**-149, -(2.0**-149), tiny, np.nextafter(tiny, 0)]),
+            np.float32([np.finfo(np.float32).max, np.inf, -np.inf, np.nan]),
+        ]
+    ).astype(np.float32)
+
+
+@pytest.mark.parametrize("k", [-200, -140, -64, -1, 0, 1, 64, 127, 300])
+@pytest.mark.parametrize("jit", [False, True])
+def test_ldexp_exact_matches_numpy(k, jit):
+    # numpy's float32 ldexp is correctly rounded with subnormals; XLA on CPU
+    # flushes them, which ldexp_exact must not.
+    x = _f32_specials(np.random.default_rng(k + 1000))
+    f = jax.jit(ldexp_exact) if jit else ldexp_exact
+    got = np.asarray(f(jnp.asarray(x), k))
+    with np.errstate(over="ignore", under="ignore"):
+        ref = np.ldexp(x, k).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.int32), ref.view(np.int32))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_float32_from_parts_rounds_like_float64(jit):
+    rng = np.random.default_rng(7)
+    m = rng.integers(0, 2**30, 5000, dtype=np.int64)
+    m[:8] = [0, 1, 2**24 - 1, 2**24 + 1, 3 * 2**22, 2**29 + 2**5, 5, 2**30 - 1]
+    e = rng.integers(-185, 110, 5000)
+    neg = rng.random(5000) < 0.5
+    f = jax.jit(float32_from_parts) if jit else float32_from_parts
+    got = np.asarray(f(jnp.asarray(neg), jnp.asarray(m, jnp.int32), jnp.asarray(e, jnp.int32)))
+    # m * 2^e is exact in float64 (m < 2^30, e within float64's range); the
+    # float64 -> float32 cast rounds once, to nearest even, subnormals kept.
+    with np.errstate(over="ignore", under="ignore"):
+        ref = (np.where(neg, -1.0, 1.0) * np.ldexp(m.astype(np.float64), e)).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.int32), ref.view(np.int32))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_round_to_e5m6_matches_float64_reference(jit):
+    rng = np.random.default_rng(8)
+    x = np.concatenate(
+        [
+            (rng.standard_normal(4000) * np.exp(rng.uniform(-18, 12, 4000))).astype(np.float32),
+            # Exact ties between two E5M6 values (7 bits: the last one a half).
+            (rng.integers(64, 128, 500) * 2 + 1).astype(np.float32) * np.float32(2.0**-7),
+            np.float32([2.0**-20, 2.0**-21, 3 * 2.0**-21, 2.0**-14, 65024.0, 65280.0, 65279.0]),
+            np.float32([65536.0, 1e30, -1e30, 0.0, -0.0, 1e-40, np.inf, -np.inf, np.nan]),
+        ]
+    ).astype(np.float32)
+    f = jax.jit(round_to_e5m6) if jit else round_to_e5m6
+    got = np.asarray(f(jnp.asarray(x)))
+    assert got.dtype == np.float32
+    ref = ref_round_e5m6(x)
+    np.testing.assert_array_equal(got.astype(np.float64)[~np.isnan(ref)], ref[~np.isnan(ref)])
+    assert np.all(np.isnan(got[np.isnan(ref)]))
+    # Saturating: the largest magnitude is 65024; ties went to even mantissas.
+    assert np.max(np.abs(got[np.isfinite(got)])) == 65024.0
+    np.testing.assert_array_equal(got[-9:-6], [65024.0, 65024.0, -65024.0])
+
+
+def test_round_to_e5m6_agrees_with_float16_where_e5m6_is_coarser():
+    # Independent check: E5M6 values are float16 values with the 4 lowest
+    # mantissa bits zero, and rounding float16-exact inputs needs no float32.
+    rng = np.random.default_rng(9)
+    h = rng.standard_normal(2000).astype(np.float16)
+    got = np.asarray(round_to_e5m6(jnp.asarray(h.astype(np.float32)))).astype(np.float16)
+    assert np.all((got.view(np.uint16) & 0xF) == 0)
+    assert np.all(np.abs(got.astype(np.float64) - h) <= np.abs(h.astype(np.float64)) * 2.0**-7)
 
 
 def test_bf16_input():

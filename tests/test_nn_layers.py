@@ -20,15 +20,14 @@ def _x(shape, seed=0):
 
 
 def test_dense_deepseek_matches_tile_block_reference():
-    layer = Dense(
-        200, 160, recipe=fp8jax.recipes.deepseek_v3(), dtype=jnp.float32, rngs=nnx.Rngs(0)
-    )
+    r = fp8jax.recipes.deepseek_v3()
+    layer = Dense(200, 160, recipe=r, dtype=jnp.float32, rngs=nnx.Rngs(0))
     x = _x((3, 50, 200))
     y = np.asarray(layer(jnp.asarray(x)))
     w = np.asarray(layer.kernel[...])
-    # 1x128 tiles along K for x, 128x128 blocks for W, float64 product.
-    xq = ref.ref_qdq(x.reshape(150, 200), ref.E4M3, "tile", axis=1)
-    wq = ref.ref_qdq(w, ref.E4M3, "block")
+    # 1x128 tiles along K for x, 128x128 blocks for W (scales as the preset says), float64 product.
+    xq = ref.ref_qdq(x.reshape(150, 200), ref.E4M3, "tile", axis=1, pow2=r.fprop.lhs.pow2)
+    wq = ref.ref_qdq(w, ref.E4M3, "block", pow2=r.fprop.rhs.pow2)
     want = (xq @ wq).reshape(3, 50, 160)
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
     assert layer.fp8_state is None

@@ -1,8 +1,9 @@
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
-from reference import ref_scale
+from reference import max_scale, ref_scale
 
 import fp8jax
 from fp8jax import scaling
@@ -15,20 +16,73 @@ def test_exact_div_matches_numpy_where_xla_rewrites():
     np.testing.assert_array_equal(got, a / np.float32(448.0))
 
 
+def _jit(f, jit):
+    return jax.jit(f) if jit else f
+
+
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize("fmt", [fp8jax.E4M3, fp8jax.E5M2, fp8jax.E4M3FNUZ])
 @pytest.mark.parametrize("jit", [False, True])
-def test_scale_from_amax(jit):
-    # (float32 subnormal amaxes are flushed to zero by XLA: tested separately.)
-    amax = np.array([0.0, 1e-37, 1.0, 448.0, 3.7, 1e30], np.float32)
-    f = lambda a: scaling.scale_from_amax(a, fp8jax.E4M3)
-    got = np.asarray((jax.jit(f) if jit else f)(jnp.asarray(amax)))
-    ref = np.array([ref_scale(a, fp8jax.E4M3) for a in amax], np.float32)
-    np.testing.assert_array_equal(got, ref)
+def test_scale_from_amax_bitwise_incl_subnormal_and_huge(jit, fmt, pow2):
+    rng = np.random.default_rng(2)
+    fm = float(ml_dtypes.finfo(fmt).max)
+    # Normal amaxes, amaxes whose quotient is subnormal (around fm * 2^-126),
+    # float32-subnormal amaxes down to the smallest one, and huge ones.
+    amax = np.concatenate(
+        [
+            [0.0, 1.0, 448.0, 3.7, 1e30, 1e-37, 2.0**-149, 3 * 2.0**-149, 1e-45, 1e-43],
+            [np.finfo(np.float32).max, np.nextafter(np.finfo(np.float32).max, 0)],
+            np.exp(rng.uniform(np.log(1e-45), np.log(1e-30), 400)),
+            fm * 2.0**-126 * rng.uniform(0.98, 1.02, 50),
+            np.exp(rng.uniform(0, np.log(3e38), 50)),
+        ]
+    ).astype(np.float32)
+    f = lambda a: scaling.scale_from_amax(a, fmt, pow2=pow2)
+    got = np.asarray(_jit(f, jit)(jnp.asarray(amax)))
+    ref = np.array([ref_scale(a, fmt, pow2) for a in amax], np.float32)
+    np.testing.assert_array_equal(got.view(np.int32), ref.view(np.int32))
     assert np.all(np.isfinite(got)) and np.all(got > 0)
+    # The largest code times the scale never overflows.
+    assert np.all(np.isfinite(got.astype(np.float64) * fm)) and np.all(
+        got * np.float32(fm) < np.inf
+    )
 
 
-def test_subnormal_amax_gives_a_usable_scale():
-    s = float(scaling.scale_from_amax(jnp.float32(1e-40), fp8jax.E4M3))
-    assert np.isfinite(s) and s > 0
+@pytest.mark.parametrize("jit", [False, True])
+def test_subnormal_amax_is_not_flushed(jit):
+    # Under XLA on CPU a float32 subnormal amax reads as 0 in float arithmetic;
+    # the old guard turned such tiles into scale 1 (all-zero data).
+    amax = jnp.asarray(np.float32([1e-40, 1e-39, 5e-44]))
+    got = np.asarray(_jit(lambda a: scaling.scale_from_amax(a, fp8jax.E4M3), jit)(amax))
+    with np.errstate(under="ignore"):
+        ref = np.float32([1e-40, 1e-39, 5e-44]) / np.float32(448.0)
+    ref[ref == 0] = np.float32(2.0**-149)
+    np.testing.assert_array_equal(got, ref)
+    x = np.float32([1e-40, -3e-41, 7e-42])
+    amx = _jit(scaling.finite_amax, jit)(jnp.asarray(x))
+    assert float(amx) == np.float32(1e-40)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_pow2_near_float32_max_stays_finite(jit):
+    big = np.float32([3.4e38, np.finfo(np.float32).max, 2.0**127, 1e38])
+    s = np.asarray(
+        _jit(lambda a: scaling.scale_from_amax(a, fp8jax.E4M3, pow2=True), jit)(jnp.asarray(big))
+    )
+    assert np.all(s <= max_scale(fp8jax.E4M3, True))
+    assert np.all(np.isfinite(s * np.float32(448.0)))
+    # Powers of two, and they still cover amax wherever that is representable.
+    assert np.all(np.log2(s) == np.round(np.log2(s)))
+    cover = big.astype(np.float64) <= 448.0 * s
+    np.testing.assert_array_equal(cover, big.astype(np.float64) <= 448.0 * 2.0**119)
+    x = jnp.asarray(big[None, :])
+    q = fp8jax.quantize(x, fp8jax.E4M3, "tensor", pow2=True)
+    d = np.asarray(fp8jax.dequantize(q))
+    assert np.all(np.isfinite(d))
+    # Values above 448 * max scale saturate there; the rest round normally.
+    np.testing.assert_array_equal(d[0, :2], np.float32(448.0 * 2.0**119))
+    assert d[0, 2] == 2.0**127
+    assert abs(d[0, 3] / 1e38 - 1) <= 2.0**-4
 
 
 def test_pow2_scales_round_up():
@@ -77,3 +131,71 @@ def test_merge_is_max_not_sum():
 def test_delayed_requires_tensor_granularity():
     with pytest.raises(ValueError):
         fp8jax.QuantSpec("e4m3", "tile", scaling="delayed")
+
+
+_SPEC = fp8jax.QuantSpec("e4m3", "tensor", scaling="delayed")
+
+
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("jit", [False, True])
+def test_delayed_history_ignores_nonfinite_entries(algo, bad, jit):
+    # A NaN used to reset the scale to 1, an Inf to give scale Inf (zero or NaN output).
+    cfg = fp8jax.DelayedConfig(4, algo, 0)
+    st = scaling.DelayedState(jnp.asarray(np.float32([bad, 44.8, 10.0, bad])), jnp.float32(1.0))
+    upd = _jit(lambda s, a: scaling.update_delayed_state(s, a, _SPEC, cfg), jit)
+    new = upd(st, jnp.float32(4.48))
+    want = 44.8 if algo == "max" else 4.48
+    assert float(new.scale) == pytest.approx(want / 448.0, rel=1e-6)
+    # This step's amax itself non-finite: the newest finite entry / max stands.
+    new2 = upd(st, jnp.float32(bad))
+    assert float(new2.scale) == pytest.approx(44.8 / 448.0, rel=1e-6)
+    x = jnp.linspace(-4.0, 4.0, 64)
+    q = fp8jax.quant.quantize_with_scale(x, new2.scale, fp8jax.E4M3, "tensor")
+    d = np.asarray(fp8jax.dequantize(q))
+    assert np.all(np.isfinite(d)) and np.max(np.abs(d - np.asarray(x))) <= 4.0 * 2.0**-4
+
+
+def test_delayed_history_all_nonfinite_is_a_fresh_state():
+    cfg = fp8jax.DelayedConfig(2, "max", 0)
+    st = scaling.DelayedState(jnp.asarray(np.float32([np.nan, np.inf])), jnp.float32(1.0))
+    new = scaling.update_delayed_state(st, jnp.float32(np.nan), _SPEC, cfg)
+    assert float(new.scale) == 1.0
+
+
+@pytest.mark.parametrize("margin", [-64, -8, 0, 8, 64])
+def test_delayed_margin_scales_by_power_of_two_and_stays_finite(margin):
+    cfg = fp8jax.DelayedConfig(1, "max", margin)
+    for amax in [1.0, 3e38, 1e-40]:
+        new = scaling.update_delayed_state(
+            scaling.init_delayed_state(1), jnp.float32(amax), _SPEC, cfg
+        )
+        s = np.float32(new.scale)
+        want = float(ref_scale(amax, fp8jax.E4M3)) * 2.0**margin
+        want = min(want, max_scale(fp8jax.E4M3))
+        if want >= np.finfo(np.float32).tiny:
+            assert float(s) == pytest.approx(want, rel=1e-6)
+        assert np.isfinite(s) and s >= 0 and np.isfinite(s * np.float32(448.0))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"margin": -200},
+        {"margin": 65},
+        {"margin": 0.5},
+        {"margin": True},
+        {"margin": "1"},
+        {"history_len": 0},
+        {"history_len": 2.0},
+        {"algo": "mean"},
+    ],
+)
+def test_delayed_config_rejects_bad_values(kw):
+    with pytest.raises(ValueError):
+        fp8jax.DelayedConfig(**kw)
+
+
+def test_delayed_config_accepts_sane_values():
+    assert fp8jax.DelayedConfig(4, "most_recent", np.int64(-64)).margin == -64
+    assert fp8jax.DelayedConfig(margin=64).margin == 64

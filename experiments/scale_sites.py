@@ -1,0 +1,237 @@
+r"""Scale rules at DeepSeek-V3's sites: amax floors on gradients, power-of-two re-quantization.
+
+Command:
+  python experiments/scale_sites.py            (about 8 minutes on a shared 2-core CPU)
+  python experiments/scale_sites.py --steps=0  (at init only)
+
+What it prints:
+
+1. Dgrad dy of the small config (configs/small.py model, deepseek_v3, one
+   forward+backward at init and after ``--steps`` training steps): per GEMM
+   kind (dense / routed expert), the share of 1x128 tiles with amax below
+   1e-4 and the fraction of nonzero elements flushed to zero by E4M3
+   quantization, with DeepSeek's amax floor of 1e-4 and without it; the same
+   for the GEMMs' Fprop inputs x and weights w (whether the floor matters
+   for them).
+2. The relative error (Frobenius) of quantizing Gaussian dy with std 1e-9
+   and 1e-10, with and without the floor.
+3. Wgrad's x (128x1 tiles along tokens): relative error quantized directly
+   from the high-precision x, or re-quantized from the cached FP8 1x128
+   tensor (or from an E5M6 copy), with arbitrary and with power-of-two
+   scales, on the small model's captured activations and on Gaussian tokens
+   with log-normal magnitudes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags
+from flax import nnx
+
+import fp8jax
+from fp8jax import data as data_lib
+from fp8jax.formats import round_to_e5m6
+from fp8jax.models import loss_fn
+from fp8jax.train import loop
+from fp8jax.train.defaults import small_config
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("steps", 20, "training steps before the second capture (0: init only)")
+flags.DEFINE_integer("seed", 0, "seed of model and data")
+
+FLOOR = 1e-4
+_CAPTURED: dict[str, list[np.ndarray]] = defaultdict(list)
+
+
+def _record(name: str, n: int, t) -> None:
+    # Contraction axis last: (rows, n).
+    _CAPTURED[name].append(np.asarray(t, np.float32).reshape(-1, n))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _tap(y, name, n):
+    return y
+
+
+def _tap_fwd(y, name, n):
+    return y, None
+
+
+def _tap_bwd(name, n, _, g):
+    # The cotangent of a GEMM output is that GEMM's Dgrad lhs (dy), whose
+    # contraction axis is the output features (the last n elements of a row).
+    jax.debug.callback(partial(_record, name, n), g)
+    return (g,)
+
+
+_tap.defvjp(_tap_fwd, _tap_bwd)
+
+
+def _wrap(fn, kind: str, grouped: bool):
+    """fn's output tapped for dy; its inputs recorded as Fprop x and w."""
+
+    def wrapped(x, w, dims_or_groups, *args, **kwargs):
+        if grouped:  # w: (experts, K, N)
+            k, n = w.shape[-2], w.shape[-1]
+        else:  # Dense: the kernel's leading axes are contracted with x's trailing ones
+            nc = len(dims_or_groups[0][1])
+            k, n = math.prod(w.shape[:nc]), math.prod(w.shape[nc:])
+        jax.debug.callback(partial(_record, f"{kind}/x", k), x)
+        jax.debug.callback(partial(_record, f"{kind}/w", n), w)
+        out = fn(x, w, dims_or_groups, *args, **kwargs)
+        if isinstance(out, tuple):
+            return (_tap(out[0], f"{kind}/dy", n), *out[1:])
+        return _tap(out, f"{kind}/dy", n)
+
+    return wrapped
+
+
+def _install_taps() -> None:
+    import fp8jax.models.moe as moe
+    import fp8jax.nn.dense as dense
+
+    dense.dot_general_with_stats = _wrap(dense.dot_general_with_stats, "dense", grouped=False)
+    moe.grouped_dot_with_stats = _wrap(moe.grouped_dot_with_stats, "expert", grouped=True)
+
+
+def _flush_stats(t: np.ndarray, gran: str, floor: float) -> tuple[float, float, float]:
+    """(share of groups with amax < 1e-4, flushed fraction, relative error) of E4M3 quantization."""
+    x = jnp.asarray(t)
+    q = fp8jax.quantize(x, fp8jax.E4M3, gran, axis=-1, amax_floor=floor)
+    d = np.asarray(fp8jax.dequantize(q), np.float64)
+    data = np.asarray(q.data.astype(jnp.float32))
+    nz = t != 0
+    flushed = float(np.sum(nz & (data == 0)) / max(1, np.sum(nz)))
+    amax = np.asarray(fp8jax.quant.group_amax(x, gran, -1, 128))
+    below = float(np.mean(amax < FLOOR))
+    err = float(np.linalg.norm(d - t) / max(np.linalg.norm(t.astype(np.float64)), 1e-300))
+    return below, flushed, err
+
+
+def _report_capture(label: str) -> None:
+    print(f"\n## {label}")
+    print(
+        "operand        groups<1e-4  flushed(floor 1e-4)  flushed(no floor)  rel.err floor / none"
+    )
+    for name in sorted(_CAPTURED):
+        # Weights: 128x128 blocks (rows = K, experts stacked); the rest: 1x128 tiles.
+        gran = "block" if name.endswith("/w") else "tile"
+        t = np.concatenate([a.reshape(-1, 128) for a in _by_width(_CAPTURED[name])], axis=0)
+        b1, f1, e1 = _flush_stats(t, gran, FLOOR)
+        _, f0, e0 = _flush_stats(t, gran, 0.0)
+        print(f"{name:<14} {b1:>10.1%}  {f1:>18.2%}  {f0:>17.2%}  {e1:>9.2%} / {e0:.2%}")
+
+
+def _by_width(arrs):
+    """(rows, n) arrays cut into (rows, 128) column slices (n padded with zeros)."""
+    for a in arrs:
+        pad = (-a.shape[1]) % 128
+        a = np.pad(a, ((0, 0), (0, pad)))
+        rows = a.shape[0] - a.shape[0] % 128 if a.shape[0] >= 128 else a.shape[0]
+        for j in range(0, a.shape[1], 128):
+            yield a[:rows, j : j + 128]
+
+
+def _loss_and_grad(graphdef, rest):
+    def loss(params, tokens):
+        return loss_fn(nnx.merge(graphdef, params, rest), tokens)[0]
+
+    return jax.jit(jax.value_and_grad(loss))
+
+
+def _capture(step_fn, params, tokens) -> None:
+    _CAPTURED.clear()
+    jax.block_until_ready(step_fn(params, tokens))
+    jax.effects_barrier()
+
+
+def _synthetic_dy() -> None:
+    print("\n## Gaussian dy (256 x 1024), 1x128 tiles, E4M3")
+    print("std      rel.err floor 1e-4  flushed   rel.err no floor  flushed")
+    rng = np.random.default_rng(0)
+    for std in (1e-9, 1e-10):
+        t = (rng.standard_normal((256, 1024)) * std).astype(np.float32)
+        _, f1, e1 = _flush_stats(t, "tile", FLOOR)
+        _, f0, e0 = _flush_stats(t, "tile", 0.0)
+        print(f"{std:<8.0e} {e1:>17.2%}  {f1:>7.2%}  {e0:>16.2%}  {f0:>7.2%}")
+
+
+def _wgrad_x_errors(x: np.ndarray) -> dict[str, float]:
+    """Wgrad's x error: (tokens, features) x, 128x1 tiles along tokens (axis 0)."""
+    xj = jnp.asarray(x)
+    ref = x.astype(np.float64)
+    nrm = np.linalg.norm(ref)
+
+    def err(q):
+        return float(np.linalg.norm(np.asarray(fp8jax.dequantize(q), np.float64) - ref) / nrm)
+
+    out = {}
+    for label, cache_pow2, wgrad_pow2 in [
+        ("arbitrary", False, False),
+        ("pow2 re-quantization only", False, True),
+        ("pow2 cache and re-quantization", True, True),
+    ]:
+        direct = fp8jax.quantize(xj, fp8jax.E4M3, "tile", axis=0, pow2=wgrad_pow2)
+        cached = fp8jax.dequantize(fp8jax.quantize(xj, fp8jax.E4M3, "tile", -1, pow2=cache_pow2))
+        requant = fp8jax.quantize(cached, fp8jax.E4M3, "tile", axis=0, pow2=wgrad_pow2)
+        out[label] = (err(direct), err(requant))
+    # The E5M6 cache (the paper's format for the input of the linear after
+    # attention): Wgrad re-quantizes from x rounded to E5M6.
+    e5m6 = round_to_e5m6(xj)
+    for label, pow2 in [("E5M6 cache, arbitrary", False), ("E5M6 cache, pow2", True)]:
+        direct = fp8jax.quantize(xj, fp8jax.E4M3, "tile", axis=0, pow2=pow2)
+        requant = fp8jax.quantize(e5m6, fp8jax.E4M3, "tile", axis=0, pow2=pow2)
+        out[label] = (err(direct), err(requant))
+    return out
+
+
+def _report_wgrad(label: str, x: np.ndarray) -> None:
+    print(f"\n## Wgrad x, {label} ({x.shape[0]} tokens x {x.shape[1]} features)")
+    print("scales                           direct   re-quantized from cached FP8 1x128")
+    for k, (d, r) in _wgrad_x_errors(x).items():
+        print(f"{k:<32} {d:>6.2%}   {r:>6.2%}")
+
+
+def main(argv):
+    del argv
+    config = small_config()
+    config.recipe = "deepseek_v3"
+    config.seed = FLAGS.seed
+    _install_taps()
+    corpus = loop.load_data(config)
+    tokens = jnp.asarray(data_lib.train_batch(corpus, 0, 8, 128, FLAGS.seed))
+    _, model = loop.build_model(config, fp8jax.recipes.deepseek_v3())
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    grad_fn = _loss_and_grad(graphdef, rest)
+    _capture(grad_fn, params, tokens)
+    _report_capture("small config at init (deepseek_v3, 8 x 128 tokens)")
+    x_init = np.concatenate([a for a in _by_width(_CAPTURED["dense/x"]) if len(a) % 128 == 0])
+    if FLAGS.steps > 0:
+        # A few Adam steps at the small config's peak learning rate; the
+        # captures of these steps are discarded.
+        tx = optax.adam(config.lr)
+        opt = tx.init(params)
+        for step in range(FLAGS.steps):
+            batch = jnp.asarray(data_lib.train_batch(corpus, step + 1, 8, 128, FLAGS.seed))
+            loss, grads = grad_fn(params, batch)
+            updates, opt = tx.update(grads, opt, params)
+            params = optax.apply_updates(params, updates)
+        print(f"\nloss after {FLAGS.steps} steps: {float(loss):.3f}")
+        _capture(grad_fn, params, tokens)
+        _report_capture(f"small config after {FLAGS.steps} Adam steps (same batch as at init)")
+    _synthetic_dy()
+    _report_wgrad("small config Fprop inputs at init, 128-feature slices", x_init)
+    g = np.random.default_rng(1)
+    gx = (g.standard_normal((1024, 512)) * np.exp(g.standard_normal((1024, 1)))).astype(np.float32)
+    _report_wgrad("Gaussian tokens, log-normal token magnitudes", gx)
+
+
+if __name__ == "__main__":
+    app.run(main)
