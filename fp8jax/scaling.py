@@ -37,7 +37,7 @@ comes from an amax history of steps < t.  See :class:`DelayedState`.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +45,12 @@ import numpy as np
 from jax import lax
 
 from fp8jax.formats import float32_parts, fmt_max, ldexp_exact
-from fp8jax.recipes import DelayedConfig, QuantSpec, Recipe
+
+if TYPE_CHECKING:
+    # Type hints only: scaling sits below recipes and never imports it at run
+    # time; it reads the few fields it needs (fmt, pow2, amax_floor, the
+    # delayed settings) from the objects it is given.
+    from fp8jax.recipes import DelayedConfig, QuantSpec, Recipe
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)
