@@ -140,13 +140,20 @@ def mean_interval(values, level: float = 0.95) -> dict:
 
 
 def verdict(stats: dict, tol: float = DEEPSEEK_TOLERANCE) -> str:
-    """ "within", "not within" or "cannot resolve" +-tol, from a :func:`mean_interval`."""
+    """What a :func:`mean_interval` says about +-tol.
+
+    "within": the whole interval lies inside +-tol; "outside": the whole
+    interval lies beyond it; "crosses": a narrow interval (width <= 2 tol)
+    that contains the bound; "cannot resolve": an interval wider than 2 tol.
+    """
     lo, hi = stats["lo"], stats["hi"]
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return "cannot resolve" if math.isfinite(stats["mean"]) else "diverged"
     if hi - lo > 2 * tol:
         return "cannot resolve"
-    return "within" if -tol <= lo and hi <= tol else "not within"
+    if -tol <= lo and hi <= tol:
+        return "within"
+    return "outside" if lo > tol or hi < -tol else "crosses"
 
 
 # --- runs --------------------------------------------------------------------
@@ -316,7 +323,8 @@ def _seeds(st: dict) -> str:
 _VERDICT_TEXT = {
     "baseline": "--",
     "within": "yes",
-    "not within": "no",
+    "outside": "no",
+    "crosses": "crosses the bound",
     "cannot resolve": "cannot resolve 0.25%",
     "diverged": "diverged",
 }
