@@ -332,14 +332,15 @@ def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_group
     """One grouped GEMM; float32 result.
 
     fprop: a = x (M, K) rows, b = w (E, K, N) -> (M, N);
-    dgrad: a = dy (M, N) rows, b = w (E, K, N) -> (M, K);
+    dgrad: a = dy (M, N) rows (or its (T, tile, N) tiles), b = w (E, K, N) -> (M, K);
     wgrad: a = x (T, tile, K), b = dy (T, tile, N) already in tiles -> (E, K, N).
     Rows in no group give 0.  Runs as a batched :func:`gemm` over the tiles
     of ``layout`` (or the grouped Pallas kernel, which reads that layout).
     """
     if kind == "wgrad":
         return sum_tiles(gemm(a, b, "wgrad", recipe), layout, num_groups)
-    a_t = tile_rows(a, layout)
+    # Rows (M, C), or operands already laid out in tiles (T, tile, C).
+    a_t = a if len(a.shape) == 3 else tile_rows(a, layout)
     b_t = _per_tile(b, layout)
     impl = select_impl(recipe, a_t, b_t, kind)
     if impl == "pallas":

@@ -121,7 +121,13 @@ def _grouped_bwd(recipe, dtypes, with_stats, res, g):
     num_groups = qw.shape[0]
     layout = group_layout(group_sizes, dy.shape[0], _layout_tile(recipe))
     # Dgrad: dx = dy @ w^T, contraction over N: dy in 1x128 tiles along N.
-    qdy, new_dy = _quantize_rows(dy, recipe.dgrad.lhs, recipe, state_part(state, "dy"))
+    if recipe.dgrad.lhs.quantized and recipe.dgrad.lhs.granularity == "block":
+        # 128x128 blocks of dy within each expert's tiles (never across experts).
+        qdy, new_dy = quantize_operand(
+            to_tiles(dy, layout), recipe.dgrad.lhs, 2, recipe, state_part(state, "dy")
+        )
+    else:
+        qdy, new_dy = _quantize_rows(dy, recipe.dgrad.lhs, recipe, state_part(state, "dy"))
     w_d = requantize(qw, recipe.dgrad.rhs, 2, recipe, recipe.fprop.rhs, state_part(state, "w"))
     dx = grouped_gemm(qdy, w_d, layout, "dgrad", recipe, num_groups).astype(x_dtype)
     # Wgrad: dw[e] = x_e^T dy_e over expert-aligned tiles of tokens; x from its cache.

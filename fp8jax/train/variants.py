@@ -11,9 +11,18 @@ changes:
                       gradient dy (dgrad lhs, wgrad rhs)
   ``tensor_delayed``  per-tensor delayed scaling (amax history 16, max), E4M3
                       everywhere (only the scaling differs from current_tensor)
-  ``acc_no_promote``  deepseek_v3 with emulated 14-bit tensor-core accumulation
-                      over all of K (slow)
+  ``acc_no_promote``  current_tensor (one scale per tensor) with emulated 14-bit
+                      tensor-core accumulation over all of K (slow)
   ``acc_promote128``  the same, promoted to FP32 every 128 elements
+  ``acc_tiles``       deepseek_v3 with the emulator: its 1x128 / 128x128 scales
+                      change every 128 elements, so its chains are promoted there
+  ``tile_everywhere`` deepseek_v3 with 1x128 tiles for the weights too
+  ``dgrad_blocks``    deepseek_v3 with 128x128 blocks for the Dgrad activation
+                      gradient dy (DeepSeek-V3 appendix B.2)
+
+With per-tile scales a chain can only run until the scale changes (the scales
+are applied outside the tensor core), so "no promotion" is only meaningful
+with one scale along K: the accumulation arms use per-tensor scaling.
 
 A name that only relabels a preset is not a recipe: comparison configs give a
 run its own label (``compare.runs.<label>.recipe``).
@@ -53,18 +62,46 @@ def tensor_delayed() -> Recipe:
     )
 
 
+def tile_everywhere() -> Recipe:
+    """deepseek_v3 with 1x128 tiles (along each GEMM's contraction axis) for the weights too."""
+    r = recipes.deepseek_v3()
+    tile_w = dataclasses.replace(r.fprop.rhs, granularity="tile")
+    return dataclasses.replace(
+        r,
+        name="tile_everywhere",
+        fprop=dataclasses.replace(r.fprop, rhs=tile_w),
+        dgrad=dataclasses.replace(r.dgrad, rhs=tile_w),
+    )
+
+
+def dgrad_blocks() -> Recipe:
+    """deepseek_v3 with 128x128 blocks for dy in Dgrad (the setting of DeepSeek-V3 B.2)."""
+    r = recipes.deepseek_v3()
+    block_dy = dataclasses.replace(r.dgrad.lhs, granularity="block")
+    return dataclasses.replace(
+        r, name="dgrad_blocks", dgrad=dataclasses.replace(r.dgrad, lhs=block_dy)
+    )
+
+
 VARIANTS: dict[str, Callable[[], Recipe]] = {
     **recipes.PRESETS,
     "fine_hybrid": fine_hybrid,
     "tensor_delayed": tensor_delayed,
     "acc_no_promote": lambda: dataclasses.replace(
-        recipes.deepseek_v3(accumulation=Accumulation(promote_every=None)),
+        recipes.current_tensor(),
+        accumulation=Accumulation(promote_every=None),
         name="acc_no_promote",
     ),
     "acc_promote128": lambda: dataclasses.replace(
-        recipes.deepseek_v3(accumulation=Accumulation(promote_every=128)),
+        recipes.current_tensor(),
+        accumulation=Accumulation(promote_every=128),
         name="acc_promote128",
     ),
+    "acc_tiles": lambda: dataclasses.replace(
+        recipes.deepseek_v3(accumulation=Accumulation(promote_every=128)), name="acc_tiles"
+    ),
+    "tile_everywhere": tile_everywhere,
+    "dgrad_blocks": dgrad_blocks,
 }
 
 
