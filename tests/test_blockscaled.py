@@ -1,0 +1,106 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp8jax import blockscaled as bs
+from fp8jax import microscaling as mx
+
+
+def test_dispatch_decisions():
+    avail = bs.native_block_gemm_available
+    assert avail("gpu", "10.0") and avail("cuda", "12.0")
+    assert not avail("gpu", "9.0")  # Hopper: no block-scaled tensor cores
+    assert not avail("cpu", None) and not avail("tpu", None)
+    assert not avail("gpu", None) and not avail("gpu", "unknown")
+    blackwell, hopper, cpu = ("gpu", "10.0"), ("gpu", "9.0"), ("cpu", None)
+    assert bs.choose_impl("auto", blackwell) == "scaled_matmul"
+    assert bs.choose_impl("auto", hopper) == "emulate"
+    assert bs.choose_impl("auto", cpu) == "emulate"
+    assert bs.choose_impl("emulate", blackwell) == "emulate"
+    assert bs.choose_impl("scaled_matmul", blackwell) == "scaled_matmul"
+    with pytest.raises(ValueError, match="cannot run block formats on cpu"):
+        bs.choose_impl("scaled_matmul", cpu)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        bs.choose_impl("cublas", cpu)
+    # This machine has no GPU: auto emulates.
+    assert bs.choose_impl("auto") == (
+        "scaled_matmul" if bs.native_block_gemm_available(*bs._device_info()) else "emulate"
+    )
+
+
+def test_dispatch_without_scaled_matmul(monkeypatch):
+    monkeypatch.delattr(jax.nn, "scaled_matmul")
+    assert not bs.native_block_gemm_available("gpu", "10.0")
+
+
+@pytest.mark.parametrize("fmt,two_d_b", [("mxfp8", False), ("nvfp4", False), ("nvfp4", True)])
+def test_scaled_matmul_args_match_the_emulation(fmt, two_d_b):
+    # The arguments handed to jax.nn.scaled_matmul, multiplied as its
+    # documentation defines it (data * repeated scales, einsum over K), times
+    # alpha, equal the emulated product: the layout logic is right even
+    # where the native GEMM cannot run.
+    ka, kb = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(ka, (2, 5, 70)) * jnp.exp(jax.random.normal(kb, (2, 5, 1)))
+    b = jax.random.normal(kb, (2, 19, 70))
+    qa = bs.quantize_block_operand(a, fmt, "tile", 2)
+    qb = bs.quantize_block_operand(b, fmt, "block" if two_d_b else "tile", 2)
+    d, e, sd, se, alpha = bs.scaled_matmul_args(qa, qb)
+    blk = bs.BLOCK_FORMATS[fmt]
+    assert (
+        d.shape[-1] % blk == 0
+        and sd.shape == (2, 5, d.shape[-1] // blk)
+        and se.shape == (2, 19, e.shape[-1] // blk)
+    )
+    a_s = np.asarray(d, np.float64) * np.repeat(np.asarray(sd, np.float64), blk, -1)
+    b_s = np.asarray(e, np.float64) * np.repeat(np.asarray(se, np.float64), blk, -1)
+    native_def = np.einsum("bmk,bnk->bmn", a_s, b_s) * float(alpha)
+    emulated = np.asarray(bs.block_gemm(qa, qb, impl="emulate"), np.float64)
+    np.testing.assert_allclose(
+        emulated, native_def, rtol=1e-5, atol=1e-5 * np.abs(native_def).max()
+    )
+    exact = np.einsum(
+        "bmk,bnk->bmn",
+        np.asarray(mx.dequantize_blocks(qa), np.float64),
+        np.asarray(mx.dequantize_blocks(qb), np.float64),
+    )
+    np.testing.assert_allclose(emulated, exact, rtol=1e-5, atol=1e-6 * np.abs(exact).max())
+
+
+def test_hadamard_pair_cancels_in_the_product():
+    x = jax.random.normal(jax.random.key(1), (1, 37, 6))  # wgrad: contraction over axis 1
+    dy = jax.random.normal(jax.random.key(2), (1, 37, 4))
+    xt, dyt = bs.hadamard_pair(x, 1, dy, 1, seed=3)
+    assert xt.shape == (1, 48, 6) and dyt.shape == (1, 48, 4)
+    want = np.einsum("bmk,bmn->bkn", np.asarray(x, np.float64), np.asarray(dy, np.float64))
+    got = np.einsum("bmk,bmn->bkn", np.asarray(xt, np.float64), np.asarray(dyt, np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_operand_key_reproducible_and_data_dependent():
+    t = jax.random.normal(jax.random.key(0), (8, 16))
+    k1 = jax.random.key_data(bs.operand_key(0, 1, t))
+    np.testing.assert_array_equal(k1, jax.random.key_data(bs.operand_key(0, 1, t)))
+    assert not np.array_equal(k1, jax.random.key_data(bs.operand_key(0, 2, t)))
+    assert not np.array_equal(k1, jax.random.key_data(bs.operand_key(1, 1, t)))
+    assert not np.array_equal(k1, jax.random.key_data(bs.operand_key(0, 1, t.at[0, 0].add(1e-3))))
+
+
+def test_spec_errors():
+    t = jnp.ones((2, 8, 64))
+    with pytest.raises(ValueError, match="blocks of 32"):
+        bs.check_block_spec("mxfp8", "tile", 128)
+    with pytest.raises(ValueError, match="granularity"):
+        bs.check_block_spec("nvfp4", "row", 16)
+    with pytest.raises(ValueError, match="1x32 runs only"):
+        bs.check_block_spec("mxfp8", "block", 32)
+    with pytest.raises(ValueError, match="cover the contraction axis"):
+        bs.quantize_block_operand(jnp.ones((4, 8, 64)), "nvfp4", "block", 0)
+    assert (
+        bs.is_block_format("nvfp4")
+        and not bs.is_block_format("e4m3")
+        and not bs.is_block_format(None)
+    )
+    with pytest.raises(ValueError, match=r"\(B, rows, K\)"):
+        q = bs.quantize_block_operand(t, "mxfp8", "tile", 1)
+        bs.scaled_matmul_args(q, q)
