@@ -36,9 +36,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp8jax import hadamard, microscaling
+from fp8jax.formats import BLOCK_FORMATS
 from fp8jax.microscaling import BlockTensor
+from fp8jax.recipes import QuantSpec
 
-BLOCK_FORMATS = {"mxfp8": microscaling.MX_BLOCK, "nvfp4": microscaling.NVFP4_BLOCK}
 IMPLS = ("auto", "emulate", "scaled_matmul")
 
 
@@ -47,26 +48,27 @@ def is_block_format(fmt: str | None) -> bool:
     return fmt in BLOCK_FORMATS
 
 
-def check_block_spec(fmt: str, granularity: str, tile: int) -> None:
-    """One-line errors for a block format with a layout its hardware does not have."""
-    block = BLOCK_FORMATS[fmt]
-    if tile != block:
-        raise ValueError(f"{fmt} uses blocks of {block}, got tile={tile}")
-    if granularity not in ("tile", "block"):
-        raise ValueError(f"{fmt} needs granularity 'tile' or 'block', got {granularity!r}")
-    if fmt == "mxfp8" and granularity == "block":
-        raise ValueError("mxfp8 scales 1x32 runs only (no 2-d blocks)")
+def _fmix32(h: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finalizer (uint32 -> uint32, every input bit reaches every output bit)."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
 
 
 def operand_key(seed: int, salt: int, t: jax.Array) -> jax.Array:
-    """A PRNG key for stochastic rounding of ``t``: seed, salt and a checksum of t's bits.
+    """A PRNG key for stochastic rounding of ``t``: seed, salt and a hash of t's bits.
 
-    The checksum is the wrapping uint32 sum of the float32 bit patterns: a
-    function of the tensor, so the same inputs give the same draws (a run is
-    reproducible) while the next step's gradient gets new ones.
+    The hash is the wrapping uint32 sum over elements of a mixing function of
+    (float32 bit pattern, position): a function of the tensor, so the same
+    inputs give the same draws (a run is reproducible), while a different
+    tensor (the next step's gradient, or this one scaled by 2, which a plain
+    sum of bit patterns can miss) gets new ones.
     """
-    bits = lax.bitcast_convert_type(t.astype(jnp.float32), jnp.uint32)
-    checksum = jnp.sum(bits, dtype=jnp.uint32)
+    bits = lax.bitcast_convert_type(t.astype(jnp.float32), jnp.uint32).reshape(-1)
+    pos = lax.iota(jnp.uint32, bits.shape[0]) * jnp.uint32(0x9E3779B9)
+    checksum = jnp.sum(_fmix32(bits ^ pos), dtype=jnp.uint32)
     key = jax.random.fold_in(jax.random.key(seed), salt)
     return jax.random.fold_in(key, checksum)
 
@@ -84,13 +86,30 @@ def quantize_block_operand(
     ``granularity="block"`` uses 2-d blocks over the last two axes, which
     must then contain ``caxis``.
     """
-    check_block_spec(fmt, granularity, BLOCK_FORMATS[fmt])
+    if not is_block_format(fmt):
+        raise ValueError(f"unknown block format {fmt!r}; known: {sorted(BLOCK_FORMATS)}")
     two_d = granularity == "block"
     if two_d and caxis % t.ndim < t.ndim - 2:
         raise ValueError("2-d blocks must cover the contraction axis (one of the last two axes)")
     if fmt == "mxfp8":
         return microscaling.quantize_mxfp8(t, caxis, two_d=two_d, key=key)
     return microscaling.quantize_nvfp4(t, caxis, two_d=two_d, key=key)
+
+
+def quantize_spec_operand(t: jax.Array, spec: QuantSpec, caxis: int, seed: int) -> BlockTensor:
+    """A GEMM operand as its block-format ``spec`` says: RHT, then quantization.
+
+    ``spec.hadamard``: the random Hadamard transform along ``caxis`` first
+    (the axis is zero-padded to a multiple of 16, kept padded).
+    ``spec.stochastic``: stochastic rounding with :func:`operand_key`
+    (salt: the operand's rank and contraction axis, which differ between the
+    Dgrad and Wgrad copies of the gradient, so their draws are independent).
+    """
+    caxis = caxis % t.ndim
+    if spec.hadamard:
+        t = hadamard.rht(t, hadamard.random_signs(seed), caxis)
+    key = operand_key(seed, 10 * t.ndim + caxis, t) if spec.stochastic else None
+    return quantize_block_operand(t, spec.fmt, spec.granularity, caxis, key=key)
 
 
 def hadamard_pair(
@@ -126,6 +145,18 @@ def native_block_gemm_available(platform: str, compute_capability: str | None) -
     return major >= 10
 
 
+def block_impl(recipe_impl: str) -> str:
+    """The block-GEMM impl a ``Recipe.impl`` asks for: "auto" -> "auto", "xla" -> "emulate"."""
+    if recipe_impl == "auto":
+        return "auto"
+    if recipe_impl == "xla":
+        return "emulate"
+    raise ValueError(
+        f"block formats run with impl 'auto' (native where the device has it) or 'xla' "
+        f"(exact emulation), not {recipe_impl!r}"
+    )
+
+
 def _device_info() -> tuple[str, str | None]:
     dev = jax.devices()[0]
     return dev.platform, getattr(dev, "compute_capability", None)
@@ -158,6 +189,32 @@ def _pad_to(x: jax.Array, axis: int, multiple: int) -> jax.Array:
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, pad)
     return jnp.pad(x, widths)
+
+
+def swap12(q: BlockTensor) -> BlockTensor:
+    """Swap axes 1 and 2 of a 3-d block operand (data, scales and the blocked axis)."""
+    axis = q.axis if q.two_d else {1: 2, 2: 1}.get(q.axis, q.axis)
+    return BlockTensor(
+        jnp.swapaxes(q.data, 1, 2),
+        jnp.swapaxes(q.scale, 1, 2),
+        q.tensor_scale,
+        axis,
+        q.block,
+        q.two_d,
+    )
+
+
+def nk_layout(a: BlockTensor, b: BlockTensor, kind: str) -> tuple[BlockTensor, BlockTensor]:
+    """The canonical operands of a ``kind`` GEMM (fp8jax.gemm) as (B, M', C) and (B, N', C).
+
+    fprop x (B, M, K) . w (B, K, N); dgrad dy (B, M, N) . w (B, K, N);
+    wgrad x (B, M, K) . dy (B, M, N) over M: the contraction moved last in both.
+    """
+    if kind == "fprop":
+        return a, swap12(b)
+    if kind == "dgrad":
+        return a, b
+    return swap12(a), swap12(b)
 
 
 def _row_scales(q: BlockTensor) -> jax.Array:

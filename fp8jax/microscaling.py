@@ -66,15 +66,13 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from fp8jax.formats import E4M3, E8M0, as_format, saturating_cast
+from fp8jax.formats import BLOCK_FORMATS, E2M1, E4M3, E8M0, as_format, saturating_cast
 from fp8jax.quant import expand_scale, group_amax
 from fp8jax.rounding import floor_log2, flush_subnormals, pow2_int, round_to_format
 from fp8jax.scaling import exact_div
 
-E2M1 = jnp.dtype(ml_dtypes.float4_e2m1fn)
-
-MX_BLOCK = 32
-NVFP4_BLOCK = 16
+MX_BLOCK = BLOCK_FORMATS["mxfp8"]
+NVFP4_BLOCK = BLOCK_FORMATS["nvfp4"]
 # NVFP4's tensor scale maps the tensor amax onto e2m1 max * e4m3 max.
 _NVFP4_RANGE = 6.0 * 448.0
 _F32_MAX = float(jnp.finfo(jnp.float32).max)

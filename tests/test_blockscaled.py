@@ -3,6 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import fp8jax
 from fp8jax import blockscaled as bs
 from fp8jax import microscaling as mx
 
@@ -86,14 +87,58 @@ def test_operand_key_reproducible_and_data_dependent():
     assert not np.array_equal(k1, jax.random.key_data(bs.operand_key(0, 1, t.at[0, 0].add(1e-3))))
 
 
+def _documented_scaled_matmul(lhs, rhs, lhs_scales, rhs_scales, preferred_element_type=jnp.float32):
+    """jax.nn.scaled_matmul as its documentation defines it, in float32 (runs on CPU)."""
+    a = lhs.astype(jnp.float32) * jnp.repeat(
+        lhs_scales.astype(jnp.float32), lhs.shape[-1] // lhs_scales.shape[-1], -1
+    )
+    b = rhs.astype(jnp.float32) * jnp.repeat(
+        rhs_scales.astype(jnp.float32), rhs.shape[-1] // rhs_scales.shape[-1], -1
+    )
+    return jnp.einsum("bmk,bnk->bmn", a, b, precision=jax.lax.Precision.HIGHEST).astype(
+        preferred_element_type
+    )
+
+
+@pytest.mark.parametrize("name", ["mxfp8", "nvfp4"])
+def test_native_path_wiring_through_dot_general(monkeypatch, name):
+    # Pretend to be a Blackwell GPU whose scaled_matmul computes what its
+    # documentation says: dot_general's three GEMMs through the native path
+    # (layouts, transposes, padding of K, tensor scales) equal the emulation.
+    from fp8jax import recipes
+
+    recipe = recipes.get(name)
+    x = jax.random.normal(jax.random.key(0), (37, 70))
+    w = jax.random.normal(jax.random.key(1), (70, 45)) * 0.1
+    dy = jax.random.normal(jax.random.key(2), (37, 45))
+    dn = (((1,), (0,)), ((), ()))
+
+    def run():
+        f = lambda x, w: fp8jax.dot_general(x, w, dn, recipe=recipe)  # noqa: E731
+        y, vjp = jax.vjp(f, x, w)
+        return (y, *vjp(dy))
+
+    emulated = run()
+    calls = []
+
+    def fake(*args, **kw):
+        calls.append(args[0].shape)
+        return _documented_scaled_matmul(*args, **kw)
+
+    monkeypatch.setattr(bs, "_device_info", lambda: ("gpu", "10.0"))
+    monkeypatch.setattr(jax.nn, "scaled_matmul", fake)
+    native = run()
+    assert len(calls) == 3  # fprop, dgrad, wgrad
+    for got, want in zip(native, emulated):
+        np.testing.assert_allclose(
+            np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5 * float(jnp.abs(want).max())
+        )
+
+
 def test_spec_errors():
     t = jnp.ones((2, 8, 64))
-    with pytest.raises(ValueError, match="blocks of 32"):
-        bs.check_block_spec("mxfp8", "tile", 128)
-    with pytest.raises(ValueError, match="granularity"):
-        bs.check_block_spec("nvfp4", "row", 16)
-    with pytest.raises(ValueError, match="1x32 runs only"):
-        bs.check_block_spec("mxfp8", "block", 32)
+    with pytest.raises(ValueError, match="unknown block format"):
+        bs.quantize_block_operand(t, "mxfp6", "tile", 2)
     with pytest.raises(ValueError, match="cover the contraction axis"):
         bs.quantize_block_operand(jnp.ones((4, 8, 64)), "nvfp4", "block", 0)
     assert (
@@ -104,3 +149,6 @@ def test_spec_errors():
     with pytest.raises(ValueError, match=r"\(B, rows, K\)"):
         q = bs.quantize_block_operand(t, "mxfp8", "tile", 1)
         bs.scaled_matmul_args(q, q)
+    assert bs.block_impl("auto") == "auto" and bs.block_impl("xla") == "emulate"
+    with pytest.raises(ValueError, match="not 'pallas'"):
+        bs.block_impl("pallas")

@@ -6,8 +6,7 @@ import pytest
 import reference_microscaling as ref
 
 from fp8jax import rounding
-from fp8jax.formats import E4M3, E5M2
-from fp8jax.microscaling import E2M1
+from fp8jax.formats import E2M1, E4M3, E5M2
 
 FMTS = {
     "e4m3": (E4M3, ml_dtypes.float8_e4m3fn),

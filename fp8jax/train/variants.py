@@ -18,6 +18,9 @@ scaling (E4M3 everywhere, so only the scaling differs):
 granularity (E4M3, online): ``tensor`` / ``row`` / ``tile_block``
 accumulation (emulated Hopper tensor core, slow): ``acc_no_promote`` (14-bit
   accumulation over all of K) and ``acc_promote128`` (promoted to FP32 every 128)
+below 8 bits (``mxfp8``, ``nvfp4`` are presets): ``nvfp4_no_rht`` / ``nvfp4_no_sr``
+  switch off the Wgrad Hadamard transform / the gradient's stochastic
+  rounding, ``nvfp4_rtn`` both (16x16 weight blocks in all three)
 """
 
 from __future__ import annotations
@@ -74,6 +77,11 @@ VARIANTS: dict[str, Callable[[], Recipe]] = {
     "acc_promote128": lambda: dataclasses.replace(
         recipes.deepseek_v3(accumulation=Accumulation(promote_every=128)),
         name="acc_promote128",
+    ),
+    "nvfp4_no_rht": lambda: dataclasses.replace(recipes.nvfp4(hadamard=False), name="nvfp4_no_rht"),
+    "nvfp4_no_sr": lambda: dataclasses.replace(recipes.nvfp4(stochastic=False), name="nvfp4_no_sr"),
+    "nvfp4_rtn": lambda: dataclasses.replace(
+        recipes.nvfp4(hadamard=False, stochastic=False), name="nvfp4_rtn"
     ),
 }
 
