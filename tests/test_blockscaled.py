@@ -152,3 +152,22 @@ def test_spec_errors():
     assert bs.block_impl("auto") == "auto" and bs.block_impl("xla") == "emulate"
     with pytest.raises(ValueError, match="not 'pallas'"):
         bs.block_impl("pallas")
+
+
+def test_block_telemetry_fractions():
+    from fp8jax.telemetry import operand_stats
+
+    x = np.ones((2, 32), np.float32)
+    x[0, 0] = 511.0  # X = 2^0: 511 > 464 clips to 448 (saturated); 470 too; 460 rounds to 448
+    x[0, 1] = 470.0
+    x[0, 2] = 460.0
+    x[1, 0] = 448.0
+    x[1, 1:4] = 1e-4  # below half of E4M3's smallest subnormal 2^-9: flushed
+    st = operand_stats(jnp.asarray(x), mx.quantize_mxfp8(jnp.asarray(x)))
+    assert float(st["saturated"]) == 2 / 64 and float(st["flushed"]) == 3 / 64
+    # NVFP4: the block max maps to 6 within E4M3's rounding of the scale, so
+    # nothing saturates; values below 1/4 of a step flush.
+    y = np.ones((1, 16), np.float32)
+    y[0, 0] = 100.0
+    sn = operand_stats(jnp.asarray(y), mx.quantize_nvfp4(jnp.asarray(y)))
+    assert float(sn["saturated"]) == 0 and float(sn["flushed"]) == 15 / 16

@@ -11,6 +11,9 @@ Expected: mxfp8 within noise of deepseek_v3 (same E4M3 elements, finer
 power-of-two blocks); the NVFP4 runs clearly above bf16 (4-bit elements),
 with the full recipe (RHT + stochastic rounding + 16x16 weight blocks) the
 closest of them.  All block formats run as the exact emulation on a CPU.
+
+Smoke check (2 steps, both seeds, every run; about 6.5 min on a loaded 2-core CPU):
+  python experiments/compare_recipes.py --config=configs/compare/below8.py --workdir=/tmp/below8_smoke --config.steps=2 --config.warmup_steps=1 --config.log_every=1 --config.eval_every=2 --config.eval_batches=1 --config.final_window=1 --config.compare.run_root=/tmp/below8_smoke/runs
 """
 
 from fp8jax.train.defaults import tiny_comparison_config
