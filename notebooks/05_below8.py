@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
+from flax import nnx
 
 import fp8jax
 from fp8jax import blockscaled, hadamard, microscaling
@@ -100,25 +101,26 @@ x0 = model.embed[...][tokens].astype(mcfg.dtype)
 # Residual adds in float32, one rounding back, as in Block.__call__.
 x1 = (x0.astype(jnp.float32) + blk0.attn(blk0.attn_norm(x0)).astype(jnp.float32)).astype(x0.dtype)
 h = blk0.ffn_norm(x1)
-y = blk0.ffn(h, None)
+y = blk0.ffn(h)
 
 
-def loss_from_ffn_output(y_out):
+def loss_from_ffn_output(model, y_out):
     """The loss as a function of the first block's FFN output (rest of the model replayed)."""
     x = (x1.astype(jnp.float32) + y_out.astype(jnp.float32)).astype(x1.dtype)
     bias = model.router_bias.get_value()
     for i, blk in enumerate(model.blocks[1:], start=1):
         j = i - mcfg.n_dense_layers
-        x, _ = blk(x, bias[j] if j >= 0 else None, None)
+        x, _ = blk(x, bias[j] if j >= 0 else None)
     logits = jnp.dot(
         model.final_norm(x).astype(jnp.float32),
         model.head[...].astype(jnp.float32),
-        precision=jax.lax.Precision.HIGHEST,
+        precision=jax.lax.DotAlgorithmPreset.F32_F32_F32,
     )
     return cross_entropy(logits, tokens)
 
 
-dy = jax.grad(loss_from_ffn_output)(y.astype(jnp.float32))
+# nnx.grad: the model is an argument (its modules may not be mutated under a JAX trace).
+dy = nnx.grad(loss_from_ffn_output, argnums=1)(model, y.astype(jnp.float32))
 act = np.asarray(h, np.float32).reshape(-1, mcfg.d_model)
 grad = np.asarray(dy, np.float32).reshape(-1, mcfg.d_model)
 print(
