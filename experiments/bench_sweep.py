@@ -4,12 +4,14 @@ Writes results.json, results.csv and time/tflops/ratio_bf16/memory PNGs to --out
 and prints a speedup-vs-bf16 table.  Logic: fp8jax.bench.
 
 CPU (minutes on 2 cores):
-  python experiments/bench_sweep.py --small --out_dir=experiments/results/bench_cpu
+  python experiments/bench_sweep.py --small --out_dir=/tmp/bench_cpu
 GPU (H100/H200; see scripts/gpu_sweep.sh):
   python experiments/bench_sweep.py --out_dir=$OUT/bench_gpu --time_budget_s=420
 Selected shapes only:
-  python experiments/bench_sweep.py --groups=dsv3 --m_tokens=2048 --recipes=bf16,deepseek_v3
-  python experiments/bench_sweep.py --shapes=4096x7168x2112,512x512x512 --passes=fwd
+  python experiments/bench_sweep.py --groups=dsv3 --m_tokens=2048 --recipes=bf16,deepseek_v3 \
+      --out_dir=/tmp/bench_dsv3
+  python experiments/bench_sweep.py --shapes=4096x7168x2112,512x512x512 --passes=fwd \
+      --out_dir=/tmp/bench_shapes
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import os
 from absl import app, flags
 
 from fp8jax import bench
+from fp8jax.bench.moe_step import step_table
 
-_OUT = flags.DEFINE_string("out_dir", "bench_out", "Where results.json/csv and PNGs go.")
+_OUT = flags.DEFINE_string("out_dir", None, "Where results.json/csv and PNGs go.", required=True)
 _SMALL = flags.DEFINE_bool(
     "small", False, "CPU sizes: squares 256-1024, M=64 tokens, 1 warmup / 3 iters, tiny MoE."
 )
@@ -33,14 +36,16 @@ _M = flags.DEFINE_integer("m_tokens", None, "M (tokens) of DeepSeek-V3 shapes (4
 _DSV3_N = flags.DEFINE_list("dsv3_n", [], "N of the DeepSeek-V3 K=7168 shapes (default all four).")
 _EM = flags.DEFINE_integer("expert_m", None, "M of the MoE expert shapes (default --m_tokens).")
 _RECIPES = flags.DEFINE_list("recipes", [], "Recipe presets (default: all of recipes.PRESETS).")
-_IMPLS = flags.DEFINE_list("impls", [], "Implementations: xla,pallas,reference (default: all).")
+_IMPLS = flags.DEFINE_list(
+    "impls", [], "Implementations: xla,chunked,fp8,fp8_fast,pallas,reference (default: all)."
+)
 _DEQ = flags.DEFINE_list("dequant_dtypes", ["float32", "bfloat16"], "XLA-path dequant dtypes.")
 _PASSES = flags.DEFINE_list("passes", ["fwd", "fwd_bwd"], "fwd and/or fwd_bwd.")
 _DTYPE = flags.DEFINE_string("dtype", "bfloat16", "dtype of x, w and dy.")
 _WARMUP = flags.DEFINE_integer("warmup", None, "Untimed calls after compile (2; small 1).")
 _ITERS = flags.DEFINE_integer("iters", None, "Timed calls, median reported (10; small 3).")
 _BUDGET = flags.DEFINE_float("time_budget_s", None, "Skip remaining cases after this many s.")
-_MOE = flags.DEFINE_bool("moe_step", True, "Also time the MoE train step (needs fp8jax.models).")
+_MOE = flags.DEFINE_bool("moe_step", True, "Also time the MoE model's train step.")
 _MOE_PRESET = flags.DEFINE_string(
     "moe_preset", None, "ModelConfig preset (small: tiny; else small)."
 )
@@ -90,7 +95,7 @@ def main(argv):
         for k, v in results["skipped_variants"].items():
             print(f"  {k}: {v}")
     print(f"\nMoE train step: {results['moe_step']}")
-    print(bench.sweep.moe_table(results))
+    print(step_table([r for r in results["records"] if r.get("kind") == "moe_step"]))
     print(f"wall {results['wall_s']:.1f} s; wrote {', '.join(sorted(paths.values()))}")
 
 

@@ -1,6 +1,6 @@
 """fp8jax: DeepSeek-V3-style fine-grained FP8 training in JAX.
 
-Public contract (see DESIGN.md): formats, quantize/dequantize, Recipe and its
+Public contract (see README.md): formats, quantize/dequantize, Recipe and its
 presets, and a differentiable FP8 ``dot_general``.
 """
 

@@ -50,6 +50,9 @@ import numpy as np
 
 import fp8jax
 from fp8jax import recipes, scaling
+from fp8jax.numerics.gemm_error import median_token_relative_error
+from fp8jax.numerics.inputs import make_activations
+from fp8jax.numerics.metrics import relative_error
 from fp8jax.telemetry import operand_stats
 
 SMALL = os.environ.get("FP8JAX_NOTEBOOK_SMALL") == "1"
@@ -61,37 +64,19 @@ print(f"x: {T} tokens x {D} channels; GEMM x @ W with W: {D} x {N}")
 # %% [markdown]
 # ## LLM-like activations
 #
-# Typical values: Gaussian with a log-normal magnitude per channel (channels of
-# real activations differ by ~10x).  On top of that either
+# From `fp8jax.numerics.inputs.make_activations`. Typical values: Gaussian with
+# a log-normal magnitude per channel (channels of real activations differ by
+# ~10x).  On top of that either
 #
 # * `outlier channels`: 1% of the channels (at least 2) scaled by `mag`, or
 # * `massive`: 2 tokens x 2 channels set to `mag` x the typical RMS (signs
 #   random) -- attention-sink-like tokens.
 
+
 # %%
-# Which channels carry outliers is a property of the model, not of the batch:
-# fixed once (like the per-channel magnitudes); the values change with `seed`.
-_feat = np.random.default_rng(1234)
-CH_SCALE = np.exp(_feat.normal(0.0, 0.5, D))
-OUTLIER_CH = _feat.choice(D, max(2, D // 100), replace=False)
-MASSIVE_CH = _feat.choice(D, 2, replace=False)
-
-
 def llm_activations(kind: str, mag: float, seed: int = 0) -> np.ndarray:
-    """float32 [T, D] activations; kind in {"outlier_channels", "massive"}."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((T, D)) * CH_SCALE
-    if kind == "outlier_channels":
-        x[:, OUTLIER_CH] *= mag
-    elif kind == "massive":
-        rms = np.sqrt(np.mean(x**2))
-        toks = rng.choice(T, 2, replace=False)
-        ch = MASSIVE_CH
-        for t in toks:
-            x[t, ch] = mag * rms * rng.choice([-1.0, 1.0], 2)
-    else:
-        raise ValueError(kind)
-    return x.astype(np.float32)
+    """float32 [T, D] activations (fp8jax.numerics.inputs: channels fixed, values by seed)."""
+    return make_activations(kind, T, D, magnitude=mag, seed=seed)
 
 
 @partial(jax.jit, static_argnames=("granularity",))
@@ -113,12 +98,11 @@ def error_report(x: np.ndarray, granularity: str) -> dict[str, float]:
     xq, st = _qdq_stats(jnp.asarray(x), granularity)
     xq = np.asarray(xq, np.float64)
     x64 = x.astype(np.float64)
-    per_tok = np.linalg.norm(xq - x64, axis=1) / np.linalg.norm(x64, axis=1)
     typical = np.abs(x64) < 10 * np.median(np.abs(x64))
     return {
-        "tensor_rel": float(np.linalg.norm(xq - x64) / np.linalg.norm(x64)),
-        "token_median_rel": float(np.median(per_tok)),
-        "typical_rel": float(np.linalg.norm((xq - x64)[typical]) / np.linalg.norm(x64[typical])),
+        "tensor_rel": relative_error(xq, x64),
+        "token_median_rel": median_token_relative_error(xq, x64),
+        "typical_rel": relative_error(xq[typical], x64[typical]),
         "saturated": float(st["saturated"]),
         "flushed": float(st["flushed"]),
     }
@@ -243,11 +227,10 @@ online = {
 }
 
 
-def gemm_errors(y, x) -> tuple[float, float]:
+def output_errors(y, x) -> tuple[float, float]:
+    """Whole-tensor and per-token-median relative error of y against float64 x @ W."""
     ref = x.astype(np.float64) @ W.astype(np.float64)
-    y = np.asarray(y, np.float64)
-    per_tok = np.linalg.norm(y - ref, axis=1) / np.linalg.norm(ref, axis=1)
-    return float(np.linalg.norm(y - ref) / np.linalg.norm(ref)), float(np.median(per_tok))
+    return relative_error(y, ref), median_token_relative_error(y, ref)
 
 
 def run_steps(xs):
@@ -258,12 +241,12 @@ def run_steps(xs):
         xj = jnp.asarray(x)
         new_state, (y, st) = delayed_step(xj, W_j, state)
         hist["hybrid_delayed"].append(
-            (*gemm_errors(y, x), float(st["x"]["saturated"]), float(state.x.scale))
+            (*output_errors(y, x), float(st["x"]["saturated"]), float(state.x.scale))
         )
         state = new_state  # overwrite with gradient
         for name, f in online.items():
             y, st = f(xj, W_j)
-            hist[name].append((*gemm_errors(y, x), float(st["x"]["saturated"]), np.nan))
+            hist[name].append((*output_errors(y, x), float(st["x"]["saturated"]), np.nan))
     return {k: np.asarray(v) for k, v in hist.items()}
 
 

@@ -37,7 +37,6 @@
 import importlib.util
 import io
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -95,26 +94,34 @@ print(
 # Each run writes metrics.jsonl, config.json and a checkpoint into its own
 # workdir (a temporary folder here); `train` returns a summary with the loss
 # curves and the FP8 telemetry (max/mean fraction of saturated and flushed
-# operand values over all FP8 GEMMs).
+# operand values over all FP8 GEMMs).  The training loop's progress lines (one
+# per step here, for the curves) go to a buffer; the notebook prints one line
+# per run and an estimate of the time left.
 
 # %%
 workroot = Path(tempfile.mkdtemp(prefix="fp8jax_nb04_"))
 summaries = {}
-for label, overrides in RUNS.items():
+progress = {}  # label -> the training loop's progress lines of that run
+t_start = time.perf_counter()
+for i, (label, overrides) in enumerate(RUNS.items(), start=1):
     cfg = base.copy_and_resolve_references()
     for key, value in overrides.items():
         cfg[key] = value
     t0 = time.perf_counter()
-    # Progress lines go to a buffer in small mode (the tests), to stdout otherwise.
-    stream = io.StringIO() if SMALL else sys.stdout
+    stream = io.StringIO()
     summaries[label] = train(
         cfg, workroot / label.replace(" ", "_").replace(",", ""), stream=stream
     )
+    progress[label] = stream.getvalue().splitlines()
     s = summaries[label]
+    elapsed = time.perf_counter() - t_start
+    left = elapsed / i * (len(RUNS) - i)
     print(
-        f"{label:>30s}: final train {s['final_train_loss']:.4f}  val {s['final_val_loss']:.4f}  "
-        f"{s['tokens_per_s']:.0f} tok/s  ({time.perf_counter() - t0:.0f} s with compilation)"
+        f"[{i}/{len(RUNS)}] {label:>30s}: final train {s['final_train_loss']:.4f}  "
+        f"val {s['final_val_loss']:.4f}  {s['tokens_per_s']:.0f} tok/s  "
+        f"({time.perf_counter() - t0:.0f} s with compilation; about {left:.0f} s left)"
     )
+print(f"last progress line of {label}: {progress[label][-1] if progress[label] else ''}")
 
 # %% [markdown]
 # ## Loss curves
@@ -183,8 +190,8 @@ for label, s in summaries.items():
 #
 # * the FP8 recipes (`deepseek_v3`, `current_tensor`, `rowwise`,
 #   `hybrid_delayed`) end within a few tenths of a percent of bf16 on this tiny
-#   model (a run of this notebook gave -0.03%, +0.17%, +0.28%, +0.38% in
-#   validation loss) -- at d_model 64 there are no massive activations, so
+#   model (the committed run: +0.17%, +0.17%, +0.14%, +0.25% in validation
+#   loss) -- at d_model 64 there are no massive activations, so
 #   even per-tensor scales are adequate (notebook 02 shows where they stop
 #   being adequate);
 # * `hybrid_delayed` starts from a fresh state (scale 1), which clips only
@@ -193,7 +200,7 @@ for label, s in summaries.items():
 #   notebook 02 does not show up here;
 # * with a stale amax history (`fp8_amax_growth` = 4) every step quantizes with
 #   a scale 4x too small: a large fraction of values clips (the "sat max"
-#   column, ~60% in that run) and the loss ends ~19% above bf16 -- the
+#   column, 67% in the committed run) and the loss ends 19% above bf16 -- the
 #   growing-amax failure of delayed scaling, made permanent.
 #
 # Throughput on a CPU says nothing about FP8 speed (XLA on CPU dequantizes

@@ -23,7 +23,7 @@ python3 -c "from fp8jax.kernels import dispatch; print('kernel_available', dispa
   >"$OUT/kernel_available.txt" 2>&1
 status kernel_available $?
 
-# 2. correctness on the GPU (interpret-mode tests too: they are quick and catch env issues)
+# 2. correctness on the GPU (interpret-mode tests too: they are quick and catch a broken environment)
 timeout 180 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" -rs \
   tests/test_kernels_block_gemm.py tests/test_kernels_grouped_block_gemm.py >"$OUT/pytest.txt" 2>&1
 status pytest $?
@@ -32,8 +32,9 @@ status pytest $?
 rm -rf "$OUT/dump"
 XLA_FLAGS="--xla_dump_to=$OUT/dump" timeout 90 python3 - >"$OUT/ptx_check.txt" 2>&1 <<'PY'
 import jax, jax.numpy as jnp
-from fp8jax.kernels import bench, block_gemm as bg
-a, sa, b, sb = bench.make_operands(jax.random.key(0), 1024, 1024, 1024)
+from fp8jax.bench.kernel import make_operands
+from fp8jax.kernels import block_gemm as bg
+a, sa, b, sb = make_operands(jax.random.key(0), 1024, 1024, 1024)
 jax.block_until_ready(bg.block_scaled_matmul_nt(a, sa, b.T, sb.T, interpret=False))
 jax.block_until_ready(bg.block_scaled_matmul(a, sa, b, sb, interpret=False))
 PY

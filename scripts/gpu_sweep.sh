@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU part of the benchmark sweep (issue 6, item 3), for one NVIDIA Hopper GPU (H100/H200).
+# The benchmark sweep on one NVIDIA Hopper GPU (H100/H200).
 #
 #   OUT=/some/dir bash scripts/gpu_sweep.sh        # ~7 min wall, everything under $OUT
 #
@@ -9,16 +9,17 @@
 #      the MoE expert shapes: every recipe x impl (xla with f32/bf16 dequant, pallas
 #      where usable) + the canonical xla_fp8_per_tensor reference, fwd and fwd+bwd.
 #      The first shape's compiled HLO is saved (bench_gpu/hlo/) to audit the
-#      __cublas$lt$matmul$f8 check (column cublaslt_fp8 = found / not found).
+#      __cublas$lt$matmul$f8 check (column cublaslt_fp8 = found / not found) and
+#      the dot algorithm of every GEMM (column dot_algorithms).
 #   2. Squares 1024-8192 for the main recipes.
 #   3. MoE train step of ModelConfig.small() for the main recipes.
 # Each part has a time budget (cases past it are recorded as "skipped") and a
 # hard timeout; the whole script stays under ~6.5 min plus JAX start-up.
-# Commit $OUT/bench_gpu*/{results.json,results.csv,*.png,run.log} under
-# experiments/results/ and quote the speedup tables printed at the end.
+# Results to keep go under experiments/results/bench_gpu*/ ({results.json,
+# results.csv,*.png,run.log}); the speedup tables are printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-$PWD/experiments/results/bench_gpu_run}"
+OUT="${OUT:-/tmp/fp8jax_gpu_sweep}"
 mkdir -p "$OUT/bench_gpu" "$OUT/bench_gpu_moe"
 
 python -c "import fp8jax.bench" 2>/dev/null || pip install -q -e .

@@ -109,12 +109,19 @@ def test_variants_cover_presets_and_dequant_dtypes():
     assert "bf16/xla" in names and "fp32/xla" in names
     for r in ("deepseek_v3", "hybrid_delayed", "current_tensor", "rowwise"):
         assert {f"{r}/xla-deqf32", f"{r}/xla-deqbf16"} <= names
+        assert f"{r}/chunked" not in names  # filtered out by impls
     assert "xla_fp8_per_tensor/xla" in names
     v = next(v for v in variants if v.name == "deepseek_v3/xla-deqbf16")
     r = v.make_recipe()
     assert r.impl == "xla" and r.dequant_dtype == "bfloat16"
     with pytest.raises(ValueError):
         bench.backend_variants(impls=["cuda"])
+    variants, skipped = bench.backend_variants(["deepseek_v3"], impls=["chunked", "fp8"])
+    assert [v.make_recipe().impl for v in variants] == ["chunked"] + (
+        ["fp8"] if jax.default_backend() == "gpu" else []
+    )
+    if jax.default_backend() != "gpu":
+        assert "deepseek_v3/fp8" in skipped
 
 
 # ---------------------------------------------------------------- HLO inspection
@@ -164,6 +171,109 @@ def test_hlo_of_a_cpu_fp8_dot_general_reports_dequantized_dot():
         assert hlo.kernel_path(s, "cpu").startswith("FP8 dequantized, then XLA CPU dot")
 
 
+def test_hlo_names_the_dot_algorithm():
+    from jax import lax
+
+    x = jnp.ones((8, 16), jnp.float32)
+    dn = (((1,), (0,)), ((), ()))
+    cases = {
+        "dot_f32_f32_f32": lax.DotAlgorithmPreset.F32_F32_F32,
+        "dot_bf16_bf16_f32": lax.DotAlgorithmPreset.BF16_BF16_F32,
+        "precision=highest,highest": lax.Precision.HIGHEST,
+        "default": None,
+    }
+    for want, precision in cases.items():
+        f = lambda a, b, p=precision: lax.dot_general(a, b, dn, precision=p)
+        rep = hlo.hlo_report(jax.jit(f).lower(x, x.T).compile().as_text(), jax.default_backend())
+        assert rep["dot_algorithms"] == want
+        assert rep["kernel_path"].endswith(f"[{want}]")
+        assert rep["n_gemms"] == 1
+    # A cuBLAS call states its algorithm in its backend config.
+    line = (
+        '%c = f32[2,2]{1,0} custom-call(%a, %b), custom_call_target="__cublas$gemm", '
+        'backend_config={"gemm_backend_config":{"precision_config":{"algorithm":'
+        '"ALG_DOT_BF16_BF16_F32","operand_precision":["DEFAULT","DEFAULT"]}}}'
+    )
+    assert hlo.dot_algorithm(line) == "ALG_DOT_BF16_BF16_F32"
+    assert hlo.dot_algorithm(line.replace("ALG_DOT_BF16_BF16_F32", "ALG_UNSET")) == "default"
+
+
+# ---------------------------------------------------------------- timing
+
+
+def test_time_calls_round_robin_keeps_state():
+    order = []
+
+    def make(name):
+        def f(x):
+            order.append(name)
+            return x + 1
+
+        return f
+
+    x = jnp.zeros((4,))
+    t = bench.time_calls(
+        {"a": (make("a"), (x,)), "b": (make("b"), (x,))}, warmup=1, iters=3, min_sample_s=0.0
+    )
+    assert set(t) == {"a", "b"}
+    for v in t.values():
+        assert v["inner"] == 1 and v["iters"] == 3
+        assert 0 < v["min_s"] <= v["median_s"] <= v["max_s"]
+    # warmup + first timing per case, then the samples alternate a, b, a, b, ...
+    assert order == ["a", "a", "b", "b"] + ["a", "b"] * 3
+
+
+# ---------------------------------------------------------------- kernel benchmark
+
+
+def test_kernel_bench_shapes_and_cpu_cases():
+    from fp8jax.bench import gemm, kernel
+
+    small = gemm.kernel_shapes(small=True)
+    assert any(s.k % 128 or s.n % 128 for s in small)  # an odd shape
+    full = gemm.kernel_shapes(small=False)
+    assert {(s.k, s.n) for s in full} >= {(7168, 2112), (7168, 24576), (2048, 7168)}
+    (g,) = gemm.grouped_shapes(small=True)
+    assert g.m == g.experts * g.rows
+    assert {(s.k, s.n) for s in gemm.grouped_shapes(small=False)} == set(gemm.MOE_KN)
+
+    res = kernel.bench_dense(
+        gemm.parse_shape("32x256x128"),
+        impls=["bf16", "fp8_tensor_xla", "block_xla"],
+        iters=1,
+        interpret=False,
+    )
+    assert [r.impl for r in res] == ["bf16", "fp8_tensor_xla", "block_xla"]
+    for r in res:
+        assert r.seconds > 0 and r.tflops > 0 and r.ratio_to_bf16 > 0, r
+    assert res[0].ratio_to_bf16 == pytest.approx(1.0)
+    res = kernel.bench_dense(
+        gemm.INTERPRET_SHAPE, impls=["bf16", "pallas_nt"], iters=1, interpret=True
+    )
+    assert res[1].note.startswith("Pallas interpret mode") and res[1].ratio_to_bf16 is None
+    with pytest.raises(ValueError, match="unknown implementations"):
+        kernel.bench_dense(gemm.INTERPRET_SHAPE, impls=["cuda"], iters=1, interpret=True)
+    if jax.default_backend() != "gpu":
+        # No cuBLASLt on this backend: the per-tensor FP8 pattern stays an XLA dot.
+        assert kernel.cublaslt_fp8_compiles(64, 128, 64) is False
+
+
+def test_core_gemm_ratio_names_both_xla_paths_and_their_dot_algorithms():
+    from fp8jax.bench import core
+
+    g = core.gemm_ratio(size=256, iters=1)
+    assert g["ratio_bf16"] == 1.0
+    for name in core.GEMM_VARIANTS:
+        assert g[f"t_{name}_s"] > 0 and g[f"ratio_{name}"] > 0
+    # Every dot names its algorithm: bf16 operands for the baseline and for the
+    # FP8 codes of the chunked path, float32 for the float32-dequantized dot.
+    assert g["dot_algorithms_bf16"] == "dot_bf16_bf16_f32"
+    assert g["dot_algorithms_deepseek_v3/xla"] == "dot_f32_f32_f32"
+    assert g["dot_algorithms_deepseek_v3/chunked"] == "dot_bf16_bf16_f32"
+    # FP8 data + one float32 scale per 128 values kept for backward, vs bf16 operands.
+    assert 0.5 < g["residual_ratio"] < 0.55
+
+
 # ---------------------------------------------------------------- the sweep end to end
 
 
@@ -172,7 +282,7 @@ def test_sweep_writes_wellformed_outputs(tmp_path):
     cfg = bench.SweepConfig(
         shapes=[shape],
         recipes=["bf16", "hybrid_delayed"],
-        impls=["xla", "reference"],
+        impls=["xla", "chunked", "reference"],
         dequant_dtypes=("bfloat16",),
         warmup=0,
         iters=2,
@@ -180,7 +290,7 @@ def test_sweep_writes_wellformed_outputs(tmp_path):
     )
     res = bench.run_sweep(cfg, log=lambda *_: None)
     paths = bench.write_results(res, str(tmp_path))
-    variants = ["bf16/xla", "hybrid_delayed/xla-deqbf16"]
+    variants = ["bf16/xla", "hybrid_delayed/xla-deqbf16", "hybrid_delayed/chunked"]
     variants.append("xla_fp8_per_tensor/xla")
 
     data = json.loads(Path(paths["json"]).read_text())
@@ -196,12 +306,17 @@ def test_sweep_writes_wellformed_outputs(tmp_path):
         assert math.isfinite(r["tflops"]) and r["tflops"] > 0
         assert r["peak_bytes"] is None or r["peak_bytes"] > 0
         assert r["kernel_path"] and r["kernel_path"] != "no GEMM found in HLO"
+        assert r["dot_algorithms"] and r["n_gemms"] == len(r["gemms"])
         assert r["cublaslt_fp8"] in (
             ("found", "not found") if data["device"]["backend"] == "gpu" else ("n/a",)
         )
         assert r["time_ratio_to_bf16"] * r["speedup_vs_bf16"] == pytest.approx(1.0)
         if r["recipe"] == "bf16":
             assert r["speedup_vs_bf16"] == pytest.approx(1.0)
+        if r["variant"] != "xla_fp8_per_tensor/xla":
+            # The GEMM core names every dot's algorithm; the bf16 baseline, the
+            # bf16-dequantized dot and the chunked FP8 codes all run as bf16 x bf16 -> f32.
+            assert r["dot_algorithms"] == "dot_bf16_bf16_f32", r["dot_algorithms"]
         # fwd_bwd runs three GEMMs (Fprop, Dgrad, Wgrad), fwd at least one.
         assert len(r["gemms"]) >= (3 if r["pass"] == "fwd_bwd" else 1)
 
@@ -270,26 +385,34 @@ def test_bench_sweep_entry_point(tmp_path):
         assert (out / name).stat().st_size > 0
 
 
-@pytest.mark.slow  # compiles the MoE model's train step per recipe: minutes on 2 cores
-def test_moe_step_sweep(tmp_path):
+@pytest.mark.slow  # compiles the MoE model's train step per row: about a minute on 2 cores
+def test_moe_train_steps():
     from fp8jax.bench import moe_step
 
-    models, why = moe_step._import_models()
-    if models is None:
-        recs, note = moe_step.run_moe_step_sweep(["bf16"], batch=2, seq=8, iters=1)
-        assert recs == [] and note.startswith("skipped")
-        pytest.skip(why)
-    recs, note = moe_step.run_moe_step_sweep(
-        ["bf16", "current_tensor"],
-        preset="tiny",
-        batch=2,
-        seq=8,
-        warmup=0,
-        iters=1,
-        log=lambda *_: None,
+    recs, note = moe_step.bench_train_steps(
+        ["bf16", "current_tensor@notel"], preset="tiny", batch=2, seq=8, iters=2, log=lambda _: None
     )
-    assert [r["recipe"] for r in recs] == ["bf16", "current_tensor"]
+    assert "ModelConfig.tiny()" in note
+    assert [r["variant"] for r in recs] == ["bf16", "current_tensor@notel"]
     for r in recs:
         assert r["status"] == "ok", r.get("error")
+        assert r["tokens"] == 2 * 7  # predicted tokens per step
         assert r["tokens_per_s"] > 0 and r["n_gemms"] > 0
+        assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"]
     assert recs[0]["speedup_vs_bf16"] == pytest.approx(1.0)
+    assert "| bf16 |" in moe_step.step_table(recs)
+
+
+def test_moe_step_specs():
+    from fp8jax.bench import moe_step
+
+    r, tel = moe_step.parse_spec("deepseek_v3:bfloat16@notel")
+    assert r.dequant_dtype == "bfloat16" and r.name == "deepseek_v3" and tel is False
+    r, tel = moe_step.parse_spec("bf16")
+    assert not r.is_fp8 and tel is True
+    with pytest.raises(ValueError, match="notel"):
+        moe_step.parse_spec("bf16@fast")
+    with pytest.raises(ValueError, match="unknown recipe"):
+        moe_step.parse_spec("nope")
+    with pytest.raises(ValueError, match="preset"):
+        moe_step.model_config("huge")

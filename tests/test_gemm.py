@@ -25,9 +25,10 @@ def test_select_impl_dispatch_on_cpu():
     r = fp8jax.recipes.deepseek_v3()
     a = _q(np.ones((1, 4, 256)), "tile", 2)
     b = _q(np.ones((1, 256, 8)), "block")
-    assert gemm.auto_xla_impl("cpu") == "xla" and gemm.auto_xla_impl("gpu") == "chunked"
+    assert gemm.auto_xla_impl("cpu") == "chunked" and gemm.auto_xla_impl("gpu") == "chunked"
     if jax.default_backend() == "cpu":
-        assert gemm.select_impl(r, a, b, "fprop") == "xla"
+        assert gemm.select_impl(r, a, b, "fprop") == "chunked"
+        assert gemm.select_impl(dataclasses.replace(r, impl="xla"), a, b, "fprop") == "xla"
         for impl in ("fp8", "fp8_fast"):
             with pytest.raises(ValueError, match="GPU"):
                 gemm.select_impl(dataclasses.replace(r, impl=impl), a, b, "fprop")

@@ -1,13 +1,19 @@
-"""Benchmark sweeps: FP8 GEMMs and the MoE train step for every recipe and implementation.
+"""Every benchmark of fp8jax: one timing helper, one HLO inspector, one set of shapes.
 
-* :mod:`fp8jax.bench.gemm`   shapes, variants (recipe x impl), the jitted cases
-  and the hand-written canonical per-tensor FP8 reference;
-* :mod:`fp8jax.bench.timing` warmup + block_until_ready + median timing, XLA memory;
-* :mod:`fp8jax.bench.hlo`    which GEMM kernel ran, from the compiled HLO text;
-* :mod:`fp8jax.bench.moe_step` one MoE training step per recipe;
-* :mod:`fp8jax.bench.sweep`  the sweep and its JSON / CSV / PNG outputs.
+* :mod:`fp8jax.bench.timing`   warmup + block_until_ready + median timing (round-robin
+  over the functions compared), XLA's static memory;
+* :mod:`fp8jax.bench.hlo`      which GEMM kernel ran and with which dot algorithm,
+  from the compiled HLO text;
+* :mod:`fp8jax.bench.gemm`     the shape lists, variants (recipe x impl), the jitted
+  ``dot_general`` cases and the hand-written canonical per-tensor FP8 reference;
+* :mod:`fp8jax.bench.sweep`    the GEMM sweep and its JSON / CSV / PNG outputs
+  (:mod:`fp8jax.bench.plots`);
+* :mod:`fp8jax.bench.moe_step` the MoE model's train step per recipe;
+* :mod:`fp8jax.bench.kernel`   the block-scaled Pallas kernels on ready FP8 operands;
+* :mod:`fp8jax.bench.core`     the numerics core's cost as ratios to bf16.
 
-Entry point: ``python experiments/bench_sweep.py --small --out_dir=...``.
+Entry points: ``experiments/bench_sweep.py``, ``bench_model.py``, ``bench_gemm.py``,
+``bench_core.py``.
 """
 
 from fp8jax.bench.gemm import (
@@ -18,9 +24,9 @@ from fp8jax.bench.gemm import (
     gemm_shapes,
     parse_shape,
 )
-from fp8jax.bench.hlo import CUBLASLT_FP8_TARGET, kernel_path, summarize_hlo
+from fp8jax.bench.hlo import CUBLASLT_FP8_TARGET, hlo_report, kernel_path, summarize_hlo
 from fp8jax.bench.sweep import SweepConfig, default_shapes, run_sweep, summary_table, write_results
-from fp8jax.bench.timing import memory_stats, time_call
+from fp8jax.bench.timing import memory_stats, time_call, time_calls
 
 __all__ = [
     "CUBLASLT_FP8_TARGET",
@@ -31,6 +37,7 @@ __all__ = [
     "default_shapes",
     "fp8_per_tensor_matmul",
     "gemm_shapes",
+    "hlo_report",
     "kernel_path",
     "memory_stats",
     "parse_shape",
@@ -38,5 +45,6 @@ __all__ = [
     "summarize_hlo",
     "summary_table",
     "time_call",
+    "time_calls",
     "write_results",
 ]

@@ -3,10 +3,11 @@
 A *case* is (shape, variant, pass):
 
 * shape: y[M, N] = x[M, K] @ w[K, N] (x the activation, w the weight);
-* variant: a recipe preset (``fp8jax.recipes.PRESETS``) with one
-  implementation -- ``impl="xla"`` with ``dequant_dtype`` float32 or bfloat16
-  for FP8 recipes, ``impl="pallas"`` where the Pallas kernel is usable -- or
-  the hand-written reference :func:`fp8_per_tensor_matmul`;
+* variant: a recipe preset (``fp8jax.recipes.PRESETS``) with one of the GEMM
+  core's implementations (``Recipe.impl``) -- ``"xla"`` with ``dequant_dtype``
+  float32 or bfloat16 and ``"chunked"`` for FP8 recipes, ``"fp8"`` /
+  ``"fp8_fast"`` on a GPU, ``"pallas"`` where the Pallas kernel is usable --
+  or the hand-written reference :func:`fp8_per_tensor_matmul`;
 * pass: "fwd" (y only: one GEMM, 2MKN flops) or "fwd_bwd" (y, dx, dw for a
   given dy: Fprop + Dgrad + Wgrad, 6MKN flops), both through
   ``fp8jax.dot_general``'s custom VJP (quantization included in the time).
@@ -28,17 +29,23 @@ import fp8jax
 from fp8jax import recipes as recipes_lib
 from fp8jax import scaling
 from fp8jax.formats import E4M3, E5M2, saturating_cast
+from fp8jax.kernels import kernel_available
 
 PASSES = ("fwd", "fwd_bwd")
 SHAPE_GROUPS = ("square", "dsv3", "moe")
 
-#: DeepSeek-V3 linear shapes (K = d_model = 7168) named in the benchmark issue.
+#: DeepSeek-V3 linear shapes: K = d_model = 7168; N = 2112 (attention down-projections,
+#: 1536 + 576), 24576 (a wide up-projection), 4096 and 7168.
 DSV3_K = 7168
 DSV3_N = (2112, 24576, 4096, 7168)
 #: DeepSeek-V3 routed-expert GEMMs: fused gate+up (7168 -> 2 x 2048) and down (2048 -> 7168).
 MOE_KN = ((7168, 4096), (2048, 7168))
 SQUARE_SIZES = (1024, 2048, 4096, 8192)
 SQUARE_SIZES_SMALL = (256, 512, 1024)
+#: Routed experts and rows (tokens) per expert of the grouped expert-GEMM shapes:
+#: full (DeepSeek-V3's expert (K, N) pairs) and small (CPU, K = N = 256).
+GROUPED_FULL = (8, 512)
+GROUPED_SMALL = (4, 32)
 
 REFERENCE_NAME = "xla_fp8_per_tensor"
 _MM_DIMS = (((1,), (0,)), ((), ()))
@@ -89,6 +96,45 @@ def gemm_shapes(
     return out
 
 
+@dataclass(frozen=True)
+class GroupedShape:
+    """One grouped expert GEMM: ``experts`` groups of ``rows`` tokens, x[rows, K] @ w_e[K, N]."""
+
+    name: str
+    experts: int
+    rows: int
+    k: int
+    n: int
+
+    @property
+    def m(self) -> int:
+        return self.experts * self.rows
+
+
+def grouped_shapes(small: bool) -> list[GroupedShape]:
+    """DeepSeek-V3's expert GEMMs (MOE_KN) on GROUPED_FULL, or one K = N = 256 case."""
+    if small:
+        e, rows = GROUPED_SMALL
+        return [GroupedShape(f"grouped_e{e}_k256_n256", e, rows, 256, 256)]
+    e, rows = GROUPED_FULL
+    return [GroupedShape(f"grouped_e{e}_k{k}_n{n}", e, rows, k, n) for k, n in MOE_KN]
+
+
+def kernel_shapes(small: bool) -> list[Shape]:
+    """The Pallas kernel benchmark's dense shapes.
+
+    Full: 4096^3 and every DeepSeek-V3 and expert shape at M = 4096 tokens.
+    Small (CPU): 256^3 and one odd shape (K, N not multiples of 128).
+    """
+    if small:
+        return [*gemm_shapes(("square",), square_sizes=(256,)), parse_shape("128x896x264")]
+    return gemm_shapes(SHAPE_GROUPS, square_sizes=(4096,))
+
+
+#: Pallas interpret mode is a correctness tool: one tiny shape shows the kernel runs.
+INTERPRET_SHAPE = Shape("interpret_tiny", "custom", 64, 256, 128)
+
+
 def parse_shape(text: str) -> Shape:
     """'MxKxN' (e.g. '4096x7168x2112') -> Shape in group 'custom'."""
     try:
@@ -113,7 +159,7 @@ def _quantize_per_tensor(x: jax.Array, fmt) -> tuple[jax.Array, jax.Array]:
     return saturating_cast(x.astype(jnp.float32) / scale, fmt), scale
 
 
-def _dequantized_dot(a, sa, b, sb, dims, out_dtype):
+def dequantized_dot(a, sa, b, sb, dims, out_dtype):
     # The canonical pattern XLA rewrites into a cuBLASLt FP8 GEMM on Hopper:
     # dot(convert(a_f8) * scale_a, convert(b_f8) * scale_b), the convert and the
     # scalar multiply in the output dtype (bf16), bf16 result.  The scale is
@@ -142,7 +188,7 @@ def _ref_fwd(x, w):
         raise ValueError(f"fp8_per_tensor_matmul takes 2-D x and w, got {x.shape}, {w.shape}")
     xq, sx = _quantize_per_tensor(x, E4M3)
     wq, sw = _quantize_per_tensor(w, E4M3)
-    y = _dequantized_dot(xq, sx, wq, sw, _MM_DIMS, x.dtype)
+    y = dequantized_dot(xq, sx, wq, sw, _MM_DIMS, x.dtype)
     # Residuals: FP8 data + float32 scales only.
     return y, (xq, sx, wq, sw, jnp.zeros((0,), x.dtype), jnp.zeros((0,), w.dtype))
 
@@ -151,8 +197,8 @@ def _ref_bwd(res, g):
     xq, sx, wq, sw, x_proto, w_proto = res
     gq, sg = _quantize_per_tensor(g, E5M2)
     # dgrad: dx = dy @ w^T (contract N); wgrad: dw = x^T @ dy (contract M).
-    dx = _dequantized_dot(gq, sg, wq, sw, (((1,), (1,)), ((), ())), x_proto.dtype)
-    dw = _dequantized_dot(xq, sx, gq, sg, (((0,), (0,)), ((), ())), w_proto.dtype)
+    dx = dequantized_dot(gq, sg, wq, sw, (((1,), (1,)), ((), ())), x_proto.dtype)
+    dw = dequantized_dot(xq, sx, gq, sg, (((0,), (0,)), ((), ())), w_proto.dtype)
     return dx, dw
 
 
@@ -170,7 +216,7 @@ class Variant:
 
     name: str
     recipe: str  # preset name, or REFERENCE_NAME
-    impl: str  # "xla" | "pallas" | "reference"
+    impl: str  # one of SWEEP_IMPLS
     dequant_dtype: str | None = None  # FP8 recipes on the XLA path
 
     def make_recipe(self) -> recipes_lib.Recipe | None:
@@ -185,8 +231,6 @@ class Variant:
 
 def _pallas_probe(recipe: recipes_lib.Recipe) -> str | None:
     """None if ``recipe`` with impl='pallas' runs fwd+bwd on a small GEMM, else the reason."""
-    from fp8jax.kernels import kernel_available
-
     if not kernel_available():
         return f"fp8jax.kernels.kernel_available() is False on {jax.default_backend()}"
     r = dataclasses.replace(recipe, impl="pallas")
@@ -206,6 +250,10 @@ def _pallas_probe(recipe: recipes_lib.Recipe) -> str | None:
     return None
 
 
+#: Implementations the sweep knows: the GEMM core's (Recipe.impl) and the hand-written reference.
+SWEEP_IMPLS = ("xla", "chunked", "fp8", "fp8_fast", "pallas", "reference")
+
+
 def backend_variants(
     recipe_names: Sequence[str] | None = None,
     impls: Sequence[str] | None = None,
@@ -215,19 +263,22 @@ def backend_variants(
 ) -> tuple[list[Variant], dict[str, str]]:
     """Every (recipe, implementation) this backend offers.
 
-    FP8 recipes: impl "xla" once per ``dequant_dtypes`` entry, and impl
-    "pallas" when the Pallas kernel compiles and runs for that recipe here
-    (checked by a small fwd+bwd probe; on CPU it is never offered: interpret
-    mode is for tests, not timing).  Non-FP8 recipes (bf16, fp32): impl "xla".
-    ``impls`` filters ("xla", "pallas", "reference").
+    FP8 recipes: impl "xla" (dequantize, then one dot) once per
+    ``dequant_dtypes`` entry; "chunked" (dots of the FP8 codes per run of
+    constant scales); "fp8" / "fp8_fast" (the same as hardware FP8 dots) on a
+    GPU; "pallas" when the Pallas kernel compiles and runs for that recipe
+    here (checked by a small fwd+bwd probe; on CPU it is never offered:
+    interpret mode is for tests, not timing).  Non-FP8 recipes (bf16, fp32):
+    impl "xla".  ``impls`` filters (see SWEEP_IMPLS).
 
     Returns (variants, skipped) with skipped: variant name -> reason.
     """
     names = list(recipe_names) if recipe_names else list(recipes_lib.PRESETS)
-    want = set(impls) if impls else {"xla", "pallas", "reference"}
-    bad = want - {"xla", "pallas", "reference"}
+    want = set(impls) if impls else set(SWEEP_IMPLS)
+    bad = want - set(SWEEP_IMPLS)
     if bad:
-        raise ValueError(f"unknown impls {sorted(bad)}; known: xla, pallas, reference")
+        raise ValueError(f"unknown impls {sorted(bad)}; known: {', '.join(SWEEP_IMPLS)}")
+    on_gpu = jax.default_backend() == "gpu"
     out: list[Variant] = []
     skipped: dict[str, str] = {}
     for name in names:
@@ -240,6 +291,16 @@ def backend_variants(
             for dd in dequant_dtypes:
                 tag = {"float32": "f32", "bfloat16": "bf16"}[dd]
                 out.append(Variant(f"{name}/xla-deq{tag}", name, "xla", dd))
+        if "chunked" in want:
+            out.append(Variant(f"{name}/chunked", name, "chunked"))
+        for impl in ("fp8", "fp8_fast"):
+            if impl in want:
+                if on_gpu:
+                    out.append(Variant(f"{name}/{impl}", name, impl))
+                else:
+                    skipped[f"{name}/{impl}"] = (
+                        f"hardware FP8 dots need a GPU, not {jax.default_backend()}"
+                    )
         if "pallas" in want:
             reason = _pallas_probe(r)
             if reason is None:
@@ -278,40 +339,36 @@ def build_case(
         raise ValueError(f"pass must be one of {PASSES}, got {pass_!r}")
     recipe = variant.make_recipe()
     x, w, dy = inputs["x"], inputs["w"], inputs["dy"]
+    state_args: tuple[Any, ...] = ()
     if recipe is None:
         f = fp8_per_tensor_matmul
-        if pass_ == "fwd":
-            return f, (x, w)
+    elif recipes_lib.needs_state(recipe):
 
-        def fb(x, w, dy):
-            y, vjp = jax.vjp(f, x, w)
-            return (y, *vjp(dy))
-
-        return fb, (x, w, dy)
-
-    if recipes_lib.needs_state(recipe):
-
-        def fs(x, w, state):
+        def f(x, w, state):
             return fp8jax.dot_general(x, w, _MM_DIMS, recipe=recipe, state=state)
 
-        def fbs(x, w, state, dy):
-            y, vjp = jax.vjp(fs, x, w, state)
-            return (y, *vjp(dy))  # dx, dw, new state (overwrite-with-gradient)
-
         state = scaling.init_delayed_gemm_state(recipe)
-        state = jax.jit(fbs)(x, w, state, dy)[3]
-        if pass_ == "fwd":
-            return fs, (x, w, state)
-        return fbs, (x, w, state, dy)
+        # One fwd+bwd: the state's gradient is the state holding these tensors' amaxes.
+        state_args = (jax.jit(_fwd_bwd(f))(x, w, state, dy)[3],)
+    else:
 
-    def f(x, w):
-        return fp8jax.dot_general(x, w, _MM_DIMS, recipe=recipe)
+        def f(x, w):
+            return fp8jax.dot_general(x, w, _MM_DIMS, recipe=recipe)
 
     if pass_ == "fwd":
-        return f, (x, w)
+        return f, (x, w, *state_args)
+    return _fwd_bwd(f), (x, w, *state_args, dy)
 
-    def fb(x, w, dy):
-        y, vjp = jax.vjp(f, x, w)
+
+def _fwd_bwd(f: Callable[..., jax.Array]) -> Callable[..., tuple[jax.Array, ...]]:
+    """``(*primals, dy) -> (y, *cotangents of the primals)`` through ``f``'s VJP.
+
+    For a delayed recipe the state's cotangent is the new state (overwrite with gradient).
+    """
+
+    def fb(*args):
+        *primals, dy = args
+        y, vjp = jax.vjp(f, *primals)
         return (y, *vjp(dy))
 
-    return fb, (x, w, dy)
+    return fb

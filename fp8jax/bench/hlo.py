@@ -4,7 +4,15 @@
 ``dot`` instructions (wherever they sit: in a fusion, a Triton GEMM fusion, a
 oneDNN/YNN custom fusion) and GEMM custom calls (cuBLAS, cuBLASLt, cuDNN,
 Pallas/Triton kernels) -- with the element types of their operands and result.
-``kernel_path(summary, backend)`` turns that into one human-readable line.
+``kernel_path(summary, backend)`` turns that into one human-readable line, and
+``hlo_report(text, backend)`` gives the fields a benchmark record carries.
+
+Every GEMM also names its dot algorithm, as the compiled module states it:
+``algorithm=dot_f32_f32_f32`` (a ``jax.lax.DotAlgorithmPreset``),
+``operand_precision={highest,highest}`` (a ``jax.lax.Precision``), the
+``"algorithm"`` of a cuBLAS call's precision config, or ``default`` when the
+dot states neither (then the backend picks: TF32 passes on Ampere/Hopper GPUs
+and bfloat16 passes on TPU for float32 operands, exact float32 on CPU).
 
 Why the HLO and not the Python code: on GPU, XLA's GEMM rewriter decides
 after tracing whether a dequantize-then-dot pattern
@@ -30,11 +38,31 @@ _CALLS_RE = re.compile(r"calls=%?([\w.\-]+)")
 _FUSION_KIND_RE = re.compile(r"kind=(k\w+)")
 _BACKEND_KIND_RE = re.compile(r'"kind"\s*:\s*"([^"]+)"')
 _ELEM_RE = re.compile(r"([a-z]+\d*(?:e\d+m\d+\w*)?)\[")
+_ALGORITHM_RE = re.compile(r"\balgorithm=([\w]+)")
+_PRECISION_RE = re.compile(r"\boperand_precision=\{([^}]*)\}")
+_CONFIG_ALGORITHM_RE = re.compile(r'"algorithm"\s*:\s*"([^"]+)"')
+_CONFIG_PRECISION_RE = re.compile(r'"operand_precision"\s*:\s*\[([^\]]*)\]')
 
 
 def _elem_types(type_text: str) -> list[str]:
     """Element types in an HLO shape text: 'f32[2,3]{1,0}' -> ['f32']; tuples give several."""
     return _ELEM_RE.findall(type_text)
+
+
+def dot_algorithm(line: str) -> str:
+    """The dot algorithm an HLO instruction line states (see the module docstring)."""
+    m = _ALGORITHM_RE.search(line)
+    if m:
+        return m.group(1)
+    m = _CONFIG_ALGORITHM_RE.search(line)
+    if m and m.group(1) != "ALG_UNSET":
+        return m.group(1)
+    m = _PRECISION_RE.search(line) or _CONFIG_PRECISION_RE.search(line)
+    if m:
+        prec = [p.strip().strip('"').lower() for p in m.group(1).split(",") if p.strip()]
+        if prec and any(p != "default" for p in prec):
+            return "precision=" + ",".join(prec)
+    return "default"
 
 
 def _operand_text(line: str, opcode: str) -> str:
@@ -85,7 +113,8 @@ def summarize_hlo(text: str) -> dict[str, Any]:
 
     Returns a dict with
       ``gemms``: list of {"op": "dot" | "custom-call", "target" (custom calls),
-        "operand_types", "result_type", "computation", "fusion_kind"} -- for a
+        "operand_types", "result_type", "computation", "fusion_kind",
+        "algorithm"} -- for a
         dot inside a fused computation, ``fusion_kind`` is the calling fusion's
         kind (e.g. "kOutput", "__triton_gemm", "__ynn_fusion");
       ``custom_call_targets``: sorted set of all custom-call targets;
@@ -93,7 +122,8 @@ def summarize_hlo(text: str) -> dict[str, Any]:
         FP8 cuBLASLt call);
       ``cublaslt_fp8``: True when ``__cublas$lt$matmul$f8`` is called;
       ``fp8_values``: True when any instruction produces FP8 values (a
-        quantize), whether or not a GEMM consumes them directly.
+        quantize), whether or not a GEMM consumes them directly;
+      ``dot_algorithms``: the distinct dot algorithms of the GEMMs, in order.
     """
     types: dict[str, str] = {}
     gemms: list[dict[str, Any]] = []
@@ -129,6 +159,7 @@ def summarize_hlo(text: str) -> dict[str, Any]:
                         "operand_types": _operand_types(_operand_text(line, opcode), types),
                         "result_type": types[name],
                         "computation": comp,
+                        "algorithm": dot_algorithm(line),
                     }
                 )
         elif opcode in ("dot", "convolution", "ragged-dot"):
@@ -139,6 +170,7 @@ def summarize_hlo(text: str) -> dict[str, Any]:
                     "operand_types": _operand_types(_operand_text(line, opcode), types),
                     "result_type": types[name],
                     "computation": comp,
+                    "algorithm": dot_algorithm(line),
                 }
             )
     for g in gemms:
@@ -150,6 +182,7 @@ def summarize_hlo(text: str) -> dict[str, Any]:
         "custom_call_targets": sorted(targets),
         "fp8_gemm": bool(fp8),
         "cublaslt_fp8": CUBLASLT_FP8_TARGET in targets,
+        "dot_algorithms": list(dict.fromkeys(g["algorithm"] for g in gemms)),
     }
 
 
@@ -180,7 +213,8 @@ def kernel_path(summary: dict[str, Any], backend: str) -> str:
     GPU: "cuBLASLt FP8 GEMM" when ``__cublas$lt$matmul$f8`` is called, else
     "cuBLAS(Lt) <types> GEMM on dequantized operands", a Triton GEMM fusion or a
     Pallas/Triton kernel; CPU: "XLA CPU dot <types>" (FP8 operands are always
-    dequantized before the dot on CPU).
+    dequantized before the dot on CPU).  Each GEMM ends with its dot
+    algorithm in brackets.
     """
     gemms = summary["gemms"]
     if not gemms:
@@ -208,6 +242,30 @@ def kernel_path(summary: dict[str, Any], backend: str) -> str:
             k = f"XLA CPU {g['op']} ({ops}->{g['result_type']}{', ' + fk if fk else ''})"
         else:
             k = f"XLA {backend} {_describe(g)}"
+        k += f" [{g['algorithm']}]"
         if k not in kinds:
             kinds.append(k)
     return prefix + "; ".join(kinds)
+
+
+def hlo_report(text: str, backend: str) -> dict[str, Any]:
+    """The HLO fields of a benchmark record, from a compiled module's text.
+
+    ``kernel_path`` (one line), ``fp8_gemm``, ``cublaslt_fp8`` ("found" /
+    "not found" on GPU, "n/a" elsewhere), ``dot_algorithms`` (joined with
+    "; "), ``n_gemms``, ``gemms`` and ``custom_call_targets``.
+    """
+    summary = summarize_hlo(text)
+    if backend != "gpu":
+        cublaslt = "n/a"
+    else:
+        cublaslt = "found" if summary["cublaslt_fp8"] else "not found"
+    return {
+        "kernel_path": kernel_path(summary, backend),
+        "fp8_gemm": summary["fp8_gemm"],
+        "cublaslt_fp8": cublaslt,
+        "dot_algorithms": "; ".join(summary["dot_algorithms"]),
+        "n_gemms": len(summary["gemms"]),
+        "gemms": summary["gemms"],
+        "custom_call_targets": summary["custom_call_targets"],
+    }

@@ -1,13 +1,17 @@
-"""Benchmark of one MoE training step per recipe (needs fp8jax.models).
+"""Train-step time, tokens/s and compiled memory of the MoE model, per recipe.
 
-The step is the training engineer's jitted step (``fp8jax.train``: forward,
-backward, microbatch merge, AdamW, FP8-state overwrite, router-bias update)
-when that package is importable, else a minimal equivalent written here
-(value_and_grad over (Param, FP8State), optax AdamW on Params, FP8State
-replaced by its gradient).  Tokens are uniform random ids: the time of a step
-does not depend on the data.
+The step is ``fp8jax.train.step.make_train_step``'s (forward, backward, AdamW,
+FP8-state overwrite, router-bias update) with its state donated, exactly as in
+training; each timed call feeds the state the previous call returned.  Tokens
+are uniform random ids: the time of a step does not depend on the data.  All
+rows are compiled first, then timed round-robin
+(:func:`fp8jax.bench.timing.time_calls`), so a change in machine load hits
+every recipe alike and the ratios to bf16 stay meaningful.
 
-If ``fp8jax.models`` cannot be imported the sweep records why and skips.
+A row is a spec ``name[:dequant_dtype][@notel]``: a recipe preset, optionally
+with the XLA path's dequantization dtype replaced (``deepseek_v3:bfloat16``),
+and ``@notel`` to switch the model's FP8 telemetry off for that row (to
+measure what telemetry costs).
 """
 
 from __future__ import annotations
@@ -20,148 +24,175 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from fp8jax import recipes as recipes_lib
-from fp8jax.bench.hlo import kernel_path, summarize_hlo
-from fp8jax.bench.timing import memory_stats, time_call
+from fp8jax.bench.hlo import hlo_report
+from fp8jax.bench.timing import memory_stats, time_calls
+from fp8jax.models import ModelConfig, MoETransformer, loss_fn, update_router_bias
+from fp8jax.train.optimizer import make_optimizer
+from fp8jax.train.state import create_train_state
+from fp8jax.train.step import make_train_step
+
+PRESETS = ("tiny", "small")
 
 
-def _import_models():
-    try:
-        import fp8jax.models as models
-
-        models.ModelConfig, models.MoETransformer, models.loss_fn  # noqa: B018
-        return models, None
-    except Exception as e:  # not written yet, or broken: skip with the reason
-        return None, f"fp8jax.models not importable ({type(e).__name__}: {e})"
-
-
-def _minimal_step(model, loss_fn):
-    """(step_fn, state) without fp8jax.train: AdamW on Params, FP8State overwrite."""
-    import optax
-    from flax import nnx
-
-    from fp8jax.nn import FP8State
-
-    graphdef, params, fp8, rest = nnx.split(model, nnx.Param, FP8State, ...)
-    tx = optax.adamw(1e-3, b1=0.9, b2=0.95, weight_decay=0.1)
-    opt = tx.init(params)
-
-    def loss_of(params, fp8, rest, tokens):
-        return loss_fn(nnx.merge(graphdef, params, fp8, rest), tokens)
-
-    def step(state, tokens):
-        params, fp8, rest, opt = state
-        (loss, _), (g_p, g_f) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
-            params, fp8, rest, tokens
-        )
-        updates, opt = tx.update(g_p, opt, params)
-        params = jax.tree.map(jnp.add, params, updates)
-        # Overwrite-with-gradient: the FP8 state's gradient is its new value.
-        return (params, g_f, rest, opt), loss
-
-    return step, (params, fp8, rest, opt), "minimal step (fp8jax.bench.moe_step)"
+def parse_spec(spec: str) -> tuple[recipes_lib.Recipe, bool]:
+    """``name[:dequant_dtype][@notel]`` -> (recipe, telemetry on)."""
+    body, _, flag = spec.partition("@")
+    if flag not in ("", "notel"):
+        raise ValueError(f"row {spec!r}: the only suffix is '@notel', got '@{flag}'")
+    name, _, deq = body.partition(":")
+    recipe = recipes_lib.get(name)
+    if deq:
+        recipe = dataclasses.replace(recipe, dequant_dtype=deq)
+    return recipe, not flag
 
 
-def _train_step(model, loss_fn):
-    """(step_fn, state, name) from fp8jax.train, or the minimal step if it is missing."""
-    try:
-        from fp8jax.train.optimizer import make_optimizer
-        from fp8jax.train.state import create_train_state
-        from fp8jax.train.step import make_train_step
-    except Exception as e:
-        logging.info("fp8jax.train not importable (%s); using the minimal step", e)
-        return _minimal_step(model, loss_fn)
+def model_config(preset: str, attention: str | None = None) -> ModelConfig:
+    """ModelConfig.<preset>() (tiny or small), optionally with another attention type."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; known: {PRESETS}")
+    cfg = getattr(ModelConfig, preset)()
+    return cfg.replace(attention=attention) if attention else cfg
+
+
+class _Stepper:
+    """A compiled, donating train step that keeps its own state between calls."""
+
+    def __init__(self, compiled, state):
+        self.compiled = compiled
+        self.state = state
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        self.state, metrics = self.compiled(self.state, tokens)
+        return metrics["loss"]
+
+
+def _compile_row(cfg: ModelConfig, spec: str, tokens: jax.Array) -> tuple[_Stepper, dict]:
+    """Build the model and train state of one row and compile its step."""
+    recipe, telemetry = parse_spec(spec)
+    model = MoETransformer(cfg, recipe, rngs=nnx.Rngs(0), telemetry=telemetry)
     tx, _ = make_optimizer(peak_lr=1e-3, total_steps=1000, warmup_steps=10)
     graphdef, state = create_train_state(model, tx)
-    # No donation: the same state is fed to every timed call.
-    step = make_train_step(graphdef, tx, loss_fn, donate=False)
-    return step, state, "fp8jax.train.step.make_train_step"
+    step = make_train_step(
+        graphdef,
+        tx,
+        loss_fn,
+        bias_rate=cfg.bias_update_rate,
+        update_bias_fn=update_router_bias,
+        donate=True,
+    )
+    t0 = time.perf_counter()
+    compiled = step.lower(state, tokens).compile()
+    info: dict[str, Any] = {"compile_s": time.perf_counter() - t0}
+    info.update(memory_stats(compiled))
+    info.update(hlo_report(compiled.as_text(), jax.default_backend()))
+    return _Stepper(compiled, state), info
 
 
-def run_moe_step_sweep(
-    recipe_names: Sequence[str] | None = None,
+def bench_train_steps(
+    specs: Sequence[str],
     *,
     preset: str = "tiny",
+    attention: str | None = None,
     batch: int = 8,
     seq: int | None = None,
     warmup: int = 1,
     iters: int = 5,
     over_budget: Callable[[], bool] = lambda: False,
-    log=print,
+    log: Callable[[str], None] = print,
 ) -> tuple[list[dict[str, Any]], str]:
-    """Time one training step of ModelConfig.<preset>() for every recipe.
+    """One record per row: step time (median of ``iters``), tokens/s, memory, compile time.
 
-    Returns (records, note); records are empty and the note says why when
-    fp8jax.models is not importable.
+    Rows that fail to build are recorded with ``status="error"``; rows not
+    built because ``over_budget()`` turned true get ``status="skipped"``.
+    Returns (records, a line saying what ran).  Ratios are against the first
+    row whose spec is ``bf16``.
     """
-    models, why = _import_models()
-    if models is None:
-        return [], f"skipped: {why}"
-    from flax import nnx
-
-    make_cfg = getattr(models.ModelConfig, preset, None)
-    if make_cfg is None:
-        raise ValueError(f"unknown ModelConfig preset {preset!r}")
-    mcfg = make_cfg()
-    t = min(seq or mcfg.max_seq_len, mcfg.max_seq_len)
+    cfg = model_config(preset, attention)
+    t = min(seq or cfg.max_seq_len, cfg.max_seq_len)
     if t < 2:
         raise ValueError(f"seq must be >= 2 (next-token loss), got {t}")
-    names = list(recipe_names) if recipe_names else list(recipes_lib.PRESETS)
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
     # loss_fn predicts tokens[:, 1:] from tokens[:, :-1] inside one [B, T] row.
-    tokens = jax.random.randint(jax.random.key(0), (batch, t), 0, mcfg.vocab_size, jnp.int32)
-    backend = jax.default_backend()
+    tokens = jax.random.randint(jax.random.key(0), (batch, t), 0, cfg.vocab_size, jnp.int32)
+    shape = f"moe_{preset}_b{batch}_t{t}"
     records: list[dict[str, Any]] = []
-    step_impl = ""
-    for name in names:
+    steppers: dict[str, _Stepper] = {}
+    for spec in specs:
         rec: dict[str, Any] = {
             "kind": "moe_step",
-            "shape": f"moe_{preset}_b{batch}_t{t}",
+            "shape": shape,
             "group": "moe_step",
-            "variant": f"{name}/auto",
-            "recipe": name,
+            "variant": spec,
+            "recipe": spec.partition("@")[0].partition(":")[0],
             "impl": "auto",
             "pass": "train_step",
-            "tokens": batch * (t - 1),  # predicted tokens per step
+            # Predicted tokens per step (as the training loop counts them).
+            "tokens": batch * (t - 1),
         }
+        records.append(rec)
         if over_budget():
             rec.update(status="skipped", error="time budget exhausted")
-            records.append(rec)
             continue
         try:
-            recipe = recipes_lib.get(name)
-            model = models.MoETransformer(dataclasses.replace(mcfg), recipe, rngs=nnx.Rngs(0))
-            step, state, step_impl = _train_step(model, models.loss_fn)
-            t0 = time.perf_counter()
-            compiled = jax.jit(step).lower(state, tokens).compile()
-            rec["compile_s"] = time.perf_counter() - t0
-            summary = summarize_hlo(compiled.as_text())
-            rec["kernel_path"] = kernel_path(summary, backend)
-            rec["fp8_gemm"] = summary["fp8_gemm"]
-            rec["cublaslt_fp8"] = (
-                "n/a" if backend != "gpu" else ("found" if summary["cublaslt_fp8"] else "not found")
-            )
-            rec["n_gemms"] = len(summary["gemms"])
-            rec.update(memory_stats(compiled))
-            rec.update(time_call(compiled, (state, tokens), warmup=warmup, iters=iters))
-            rec["tokens_per_s"] = rec["tokens"] / rec["median_s"]
-            rec["step_impl"] = step_impl
-            rec["status"] = "ok"
-            log(
-                f"{rec['shape']:>22s} {rec['variant']:>34s} train_step "
-                f"{rec['median_s'] * 1e3:10.2f} ms {rec['tokens_per_s']:10.0f} tok/s"
-            )
-        except Exception as e:
-            logging.exception("MoE step %s failed", name)
+            steppers[spec], info = _compile_row(cfg, spec, tokens)
+            rec.update(info)
+        except Exception as e:  # record and go on: one failing row must not stop the others
+            logging.exception("MoE step %s failed", spec)
             rec["status"] = "error"
             rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-            log(f"{rec['shape']:>22s} {rec['variant']:>34s} train_step ERROR {rec['error']}")
-        records.append(rec)
-    base = next(
-        (r["median_s"] for r in records if r["recipe"] == "bf16" and r["status"] == "ok"), None
+            log(f"{shape:>22s} {spec:>34s} train_step ERROR {rec['error']}")
+    times = time_calls(
+        {spec: (fn, (tokens,)) for spec, fn in steppers.items()}, warmup=warmup, iters=iters
     )
+    for rec in records:
+        if rec["variant"] in times:
+            rec.update(times[rec["variant"]])
+            rec["tokens_per_s"] = rec["tokens"] / rec["median_s"]
+            rec["status"] = "ok"
+            log(
+                f"{shape:>22s} {rec['variant']:>34s} train_step "
+                f"{rec['median_s'] * 1e3:10.2f} ms {rec['tokens_per_s']:10.0f} tok/s"
+            )
+    base = next((r for r in records if r["variant"] == "bf16" and r["status"] == "ok"), None)
     for r in records:
-        if base and r["status"] == "ok":
-            r["time_ratio_to_bf16"] = r["median_s"] / base
-            r["speedup_vs_bf16"] = base / r["median_s"]
-    return records, f"ran ModelConfig.{preset}() batch {batch} seq {t} with {step_impl}"
+        if base is not None and r["status"] == "ok":
+            r["time_ratio_to_bf16"] = r["median_s"] / base["median_s"]
+            r["speedup_vs_bf16"] = base["median_s"] / r["median_s"]
+            if r.get("peak_bytes") and base.get("peak_bytes"):
+                r["peak_ratio_to_bf16"] = r["peak_bytes"] / base["peak_bytes"]
+    note = (
+        f"ModelConfig.{preset}() attention={cfg.attention} "
+        f"({cfg.param_count() / 1e6:.2f}M parameters), batch {batch} x {t} tokens, "
+        f"fp8jax.train.step.make_train_step"
+    )
+    return records, note
+
+
+def step_table(records: Sequence[dict[str, Any]]) -> str:
+    """Markdown table of train-step records (time, tokens/s, ratios, memory, compile time)."""
+    if not records:
+        return "(no MoE train-step records)"
+    lines = [
+        "| row | step [ms] | tokens/s | time / bf16 | peak MiB | peak / bf16 | compile s | status |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        if r.get("status") != "ok":
+            lines.append(
+                f"| {r['variant']} | | | | | | | {r.get('status')}: {r.get('error', '')} |"
+            )
+            continue
+        peak = r.get("peak_bytes")
+        ratio = r.get("time_ratio_to_bf16")
+        pratio = r.get("peak_ratio_to_bf16")
+        lines.append(
+            f"| {r['variant']} | {r['median_s'] * 1e3:.1f} | {r['tokens_per_s']:.0f} | "
+            f"{'' if ratio is None else f'{ratio:.2f}'} | "
+            f"{'' if peak is None else f'{peak / 2**20:.1f}'} | "
+            f"{'' if pratio is None else f'{pratio:.2f}'} | {r['compile_s']:.1f} | ok |"
+        )
+    return "\n".join(lines)

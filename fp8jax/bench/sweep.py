@@ -4,9 +4,9 @@ One record per (shape, variant, pass) with: shape and flops, the median /
 min / max time, TFLOP/s, the time ratio and speedup against the bf16 recipe
 on the same shape and pass, XLA's static memory (peak = args + outputs +
 temporaries - aliases), the compile time, and which GEMM kernel path ran
-(from the compiled HLO, see :mod:`fp8jax.bench.hlo`).  On GPU,
-``cublaslt_fp8`` says "found" / "not found" for the cuBLASLt FP8 GEMM custom
-call; elsewhere it is "n/a".
+and the dot algorithm of every GEMM (from the compiled HLO, see
+:mod:`fp8jax.bench.hlo`).  On GPU, ``cublaslt_fp8`` says "found" / "not found"
+for the cuBLASLt FP8 GEMM custom call; elsewhere it is "n/a".
 
 Cases that fail (out of memory, a kernel that does not apply) are recorded
 with ``status="error"`` and the message; cases not run because the time
@@ -30,8 +30,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from fp8jax import recipes as recipes_lib
 from fp8jax.bench import gemm as gemm_lib
-from fp8jax.bench.hlo import kernel_path, summarize_hlo
+from fp8jax.bench.hlo import hlo_report
+from fp8jax.bench.moe_step import bench_train_steps
+from fp8jax.bench.plots import plot_results
 from fp8jax.bench.timing import memory_stats, time_call
 
 CSV_FIELDS = (
@@ -58,6 +61,7 @@ CSV_FIELDS = (
     "compile_s",
     "fp8_gemm",
     "cublaslt_fp8",
+    "dot_algorithms",
     "kernel_path",
     "error",
 )
@@ -98,12 +102,6 @@ def device_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
-
-
-def _cublaslt_field(summary: dict[str, Any], backend: str) -> str:
-    if backend != "gpu":
-        return "n/a"
-    return "found" if summary["cublaslt_fp8"] else "not found"
 
 
 def _gemm_record(shape, variant, pass_: str) -> dict[str, Any]:
@@ -148,12 +146,7 @@ def run_case(
             fname = f"{shape.name}__{variant.name.replace('/', '_')}__{pass_}.hlo.txt"
             with open(os.path.join(hlo_dump_dir, fname), "w") as f:
                 f.write(text)
-        summary = summarize_hlo(text)
-        rec["kernel_path"] = kernel_path(summary, backend)
-        rec["fp8_gemm"] = summary["fp8_gemm"]
-        rec["cublaslt_fp8"] = _cublaslt_field(summary, backend)
-        rec["gemms"] = summary["gemms"]
-        rec["custom_call_targets"] = summary["custom_call_targets"]
+        rec.update(hlo_report(text, backend))
         rec.update(memory_stats(compiled))
         rec.update(time_call(compiled, args, warmup=warmup, iters=iters))
         rec["tflops"] = rec["flops"] / rec["median_s"] / 1e12
@@ -242,10 +235,8 @@ def run_sweep(cfg: SweepConfig, log=print) -> dict[str, Any]:
 
     moe_note = "not requested"
     if cfg.moe_step:
-        from fp8jax.bench import moe_step
-
-        moe_records, moe_note = moe_step.run_moe_step_sweep(
-            cfg.recipes,
+        moe_records, moe_note = bench_train_steps(
+            cfg.recipes or list(recipes_lib.PRESETS),
             preset=cfg.moe_preset,
             batch=cfg.moe_batch,
             seq=cfg.moe_seq,
@@ -299,8 +290,6 @@ def write_results(results: dict[str, Any], out_dir: str, *, plots: bool = True) 
         for r in results["records"]:
             wr.writerow({k: _csv_value(r.get(k, "")) for k in CSV_FIELDS})
     if plots:
-        from fp8jax.bench.plots import plot_results
-
         paths.update(plot_results(results, out_dir))
     return paths
 
@@ -329,28 +318,6 @@ def summary_table(results: dict[str, Any], pass_: str = "fwd_bwd") -> str:
     for v in variants:
         vals = [cell.get((s, v)) for s in shapes]
         lines.append(f"| {v} | " + " | ".join("" if x is None else f"{x:.2f}" for x in vals) + " |")
-    return "\n".join(lines)
-
-
-def moe_table(results: dict[str, Any]) -> str:
-    """Markdown table of the MoE train-step records (time, tokens/s, speedup vs bf16)."""
-    recs = [r for r in results["records"] if r.get("kind") == "moe_step"]
-    if not recs:
-        return "(no MoE train-step records)"
-    lines = [
-        "| recipe | step [ms] | tokens/s | speedup vs bf16 | peak MiB | status |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in recs:
-        if r.get("status") != "ok":
-            lines.append(f"| {r['recipe']} | | | | | {r.get('status')}: {r.get('error', '')} |")
-            continue
-        peak = r.get("peak_bytes")
-        lines.append(
-            f"| {r['recipe']} | {r['median_s'] * 1e3:.2f} | {r['tokens_per_s']:.0f} | "
-            f"{r.get('speedup_vs_bf16', float('nan')):.2f} | "
-            f"{'' if peak is None else f'{peak / 2**20:.1f}'} | ok |"
-        )
     return "\n".join(lines)
 
 

@@ -17,7 +17,7 @@ sm_90), i.e. native Hopper accumulation over at most one 128-K chunk.
 Numerics of the primitive: ``result = a @ b`` (or ``a @ b.T``), products exact,
 summed in FP32 on CPU / in interpret mode; on Hopper the sum of the 128 products
 uses the tensor core's own accumulation (about 13-14 fraction bits, see
-DESIGN.md), then leaves the tensor core as FP32.
+fp8jax.accumulate), then leaves the tensor core as FP32.
 
 If the private Triton lowering API is not importable (a future jax), the
 primitive falls back to the stock ``lax.dot_general`` lowering: still correct,

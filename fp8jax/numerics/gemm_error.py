@@ -16,19 +16,23 @@ import numpy as np
 from fp8jax import recipes as recipes_lib
 from fp8jax import scaling
 from fp8jax.dot_general import dot_general
+from fp8jax.numerics.metrics import relative_error
 from fp8jax.recipes import Recipe
 
 _DN = (((1,), (0,)), ((), ()))
 
 
-def _rel(a: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.linalg.norm(a - ref) / max(np.linalg.norm(ref), 1e-300))
+def median_token_relative_error(a, ref) -> float:
+    """Median over rows (tokens) of each row's ||a - ref|| / ||ref||, in float64.
 
-
-def _median_row_rel(a: np.ndarray, ref: np.ndarray) -> float:
-    num = np.linalg.norm(a - ref, axis=-1)
-    den = np.maximum(np.linalg.norm(ref, axis=-1), 1e-300)
-    return float(np.median(num / den))
+    Rows whose reference is zero count as 0 if ``a`` is zero there too, else inf.
+    """
+    a64, ref64 = np.asarray(a, np.float64), np.asarray(ref, np.float64)
+    num = np.linalg.norm(a64 - ref64, axis=-1)
+    den = np.linalg.norm(ref64, axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.where(num > 0, np.inf, 0.0))
+    return float(np.median(rel))
 
 
 def linear_outputs(recipe: Recipe, x, w, dy, *, warm_state: bool = True):
@@ -63,8 +67,8 @@ def gemm_errors(recipe: Recipe, x, w, dy, *, warm_state: bool = True) -> dict[st
     got = {"y": y, "dx": dx, "dw": dw}
     out = {}
     for k in ref:
-        out[f"{k}_rel"] = _rel(got[k], ref[k])
-        out[f"{k}_tok"] = _median_row_rel(got[k], ref[k])
+        out[f"{k}_rel"] = relative_error(got[k], ref[k])
+        out[f"{k}_tok"] = median_token_relative_error(got[k], ref[k])
     return out
 
 

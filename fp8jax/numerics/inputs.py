@@ -1,12 +1,22 @@
-"""LLM-like synthetic GEMM inputs: Gaussian, outlier channels, massive activations.
+"""Synthetic LLM-like activations: the one generator of the GEMM studies and notebooks.
 
-* ``gaussian``: x ~ N(0, 1).
-* ``outlier_channels``: a few feature channels (columns of x) 100-1000x larger
-  than the rest, as observed in LLM activations; per-tensor E4M3 absorbs these
-  with its range.
-* ``massive``: a handful of single values 1e4-1e5x the typical magnitude
-  ("massive activations"); with one scale for the whole tensor they push the
-  other tokens into E4M3's subnormals.
+Typical values: x[t, c] ~ N(0, s_c^2) with a log-normal magnitude s_c per
+channel (``channel_sigma``; channels of real activations differ by ~10x; 0
+gives N(0, 1)).  On top of that, by ``kind``:
+
+* ``gaussian``: nothing else;
+* ``outlier_channels``: 1% of the channels (at least 2), in every token,
+  multiplied by ``magnitude`` (default 1e3), as observed in LLM activations
+  (Dettmers et al. 2022, LLM.int8()).  Per-tensor E4M3 absorbs these with its
+  range (2^-6 .. 448 spans 2^15);
+* ``massive``: 2 tokens x 2 channels set to +-``magnitude`` (default 1e5) x
+  the typical RMS ("massive activations", Sun et al. 2024): with one scale
+  for the whole tensor they push the other tokens into E4M3's subnormals.
+
+Which channels carry outliers is a property of the model, not of the batch:
+the per-channel magnitudes and the outlier channels are drawn from
+``channel_seed`` and stay fixed as ``seed`` (the values, the massive tokens)
+changes.  Values are drawn in float64 and rounded once to float32.
 """
 
 from __future__ import annotations
@@ -14,34 +24,51 @@ from __future__ import annotations
 import numpy as np
 
 KINDS = ("gaussian", "outlier_channels", "massive")
+DEFAULT_MAGNITUDE = {"gaussian": 1.0, "outlier_channels": 1e3, "massive": 1e5}
 
 
-def make_activations(kind: str, m: int, k: int, seed: int = 0) -> np.ndarray:
-    """A float32 (m, k) activation matrix of the given kind."""
+def make_activations(
+    kind: str,
+    m: int,
+    k: int,
+    *,
+    magnitude: float | None = None,
+    seed: int = 0,
+    channel_seed: int = 1234,
+    channel_sigma: float = 0.5,
+) -> np.ndarray:
+    """A float32 (m tokens, k channels) activation matrix of the given kind (module docstring)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown input kind {kind!r}; known: {KINDS}")
+    if m < 1 or k < 2:
+        raise ValueError(f"need m >= 1 tokens and k >= 2 channels, got m={m}, k={k}")
+    mag = DEFAULT_MAGNITUDE[kind] if magnitude is None else float(magnitude)
+    if not np.isfinite(mag) or mag <= 0:
+        raise ValueError(f"magnitude must be finite and > 0, got {magnitude}")
+    feat = np.random.default_rng(channel_seed)
+    ch_scale = np.exp(feat.normal(0.0, channel_sigma, k))
+    outlier_ch = feat.choice(k, max(2, k // 100), replace=False)
+    massive_ch = feat.choice(k, 2, replace=False)
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    if kind == "gaussian":
-        return x
+    x = rng.standard_normal((m, k)) * ch_scale
     if kind == "outlier_channels":
-        n_out = max(1, k // 128)
-        cols = rng.choice(k, n_out, replace=False)
-        x[:, cols] *= rng.uniform(100.0, 1000.0, size=n_out).astype(np.float32)
-        return x
-    if kind == "massive":
-        n_mass = max(1, m // 256)
-        rows = rng.choice(m, n_mass, replace=False)
-        cols = rng.choice(k, n_mass)
-        x[rows, cols] = (
-            rng.uniform(1e4, 1e5, size=n_mass) * rng.choice([-1.0, 1.0], size=n_mass)
-        ).astype(np.float32)
-        return x
-    raise ValueError(f"unknown input kind {kind!r}; known: {KINDS}")
+        x[:, outlier_ch] *= mag
+    elif kind == "massive":
+        rms = np.sqrt(np.mean(x**2))
+        for t in rng.choice(m, min(2, m), replace=False):
+            x[t, massive_ch] = mag * rms * rng.choice([-1.0, 1.0], 2)
+    # One rounding of the float64 draw to the float32 activations of a model.
+    return x.astype(np.float32)
 
 
-def make_gemm_inputs(kind: str, m: int, k: int, n: int, seed: int = 0):
-    """(x (m,k), w (k,n), dy (m,n)) float32; w ~ N(0, 1/k), dy ~ N(0, 1)."""
+def make_gemm_inputs(
+    kind: str, m: int, k: int, n: int, seed: int = 0, *, magnitude: float | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x (m,k), w (k,n), dy (m,n)) float32: x from :func:`make_activations`,
+    w ~ N(0, 1/k) (unit-variance outputs for unit-variance inputs), dy ~ N(0, 1)."""
+    x = make_activations(kind, m, k, magnitude=magnitude, seed=seed)
     rng = np.random.default_rng(seed + 1)
-    x = make_activations(kind, m, k, seed)
+    # float64 draw, one rounding to float32 (as for x).
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
     dy = rng.standard_normal((m, n)).astype(np.float32)
     return x, w, dy
