@@ -4,12 +4,16 @@ Command:
   python experiments/train.py --config=configs/tiny.py --workdir=/tmp/fp8jax_tiny
 
 What it prints: a progress line every 10 steps, e.g.
-  step 50/60 | loss 2.85 | val 2.80 | 37.5 steps/s | 18,900 tok/s | ETA 0s
+  step 50/60 | loss 2.85 | val 2.80 @40 | 37.5 steps/s | 18,900 tok/s | ETA 0s
 ending with
-  step 60/60 | loss ~3.0 | val ~2.7 | ...
-  summary: {"recipe": "deepseek_v3", "steps": 60, "final_train_loss": ~2.8, "final_val_loss": ~2.7, ...}
-Takes about 30 s on an idle 2-core CPU (compilation ~20 s, 60 steps at ~38 steps/s).
-The loss falls from ~5.5 (ln 256) to about 3 on the default stdlib corpus.
+  step 60/60 | loss ~2.6 | val ~2.72 @60 | ...
+  summary: {"recipe": "deepseek_v3", "steps": 60, "train_loss_last3_mean": ~2.60, "final_val_loss": ~2.72, ...}
+(``val ... @40``: the latest validation loss and its step; train_loss_last3_mean:
+the mean training loss of the last 3 logged steps).  The same command again
+prints ``already complete: {...}``.  Takes about 30 s on an idle 2-core CPU
+(compilation ~20 s, 60 steps at ~38 steps/s; a rerun with the compilation cache
+in ~/.cache/fp8jax is faster).  The loss falls from ~5.5 (ln 256) to about 2.6
+on the default stdlib corpus.
 Override any field on the command line, e.g. --config.recipe=bf16 --config.steps=100.
 All fields and their meaning: fp8jax/train/defaults.py.
 """

@@ -45,7 +45,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import fp8jax
-from fp8jax.train.loop import train
+from fp8jax.train.loop import train, train_loss_key
 
 SMALL = os.environ.get("FP8JAX_NOTEBOOK_SMALL") == "1"
 REPO = Path(fp8jax.__file__).resolve().parents[1]
@@ -117,7 +117,7 @@ for i, (label, overrides) in enumerate(RUNS.items(), start=1):
     elapsed = time.perf_counter() - t_start
     left = elapsed / i * (len(RUNS) - i)
     print(
-        f"[{i}/{len(RUNS)}] {label:>30s}: final train {s['final_train_loss']:.4f}  "
+        f"[{i}/{len(RUNS)}] {label:>30s}: final train {s[train_loss_key(s)]:.4f}  "
         f"val {s['final_val_loss']:.4f}  {s['tokens_per_s']:.0f} tok/s  "
         f"({time.perf_counter() - t0:.0f} s with compilation; about {left:.0f} s left)"
     )
@@ -172,7 +172,7 @@ for label, s in summaries.items():
     gap = (s["final_val_loss"] - ref["final_val_loss"]) / ref["final_val_loss"]
     tel = s["fp8_telemetry"]
     print(
-        f"{label:>30s} {s['final_train_loss']:8.4f} {s['final_val_loss']:8.4f} {100 * gap:7.2f}% "
+        f"{label:>30s} {s[train_loss_key(s)]:8.4f} {s['final_val_loss']:8.4f} {100 * gap:7.2f}% "
         f"{s['tokens_per_s']:7.0f} {tel.get('saturated_max', 0.0):9.2e} "
         f"{tel.get('saturated_max_step1', float('nan')):9.2e} {tel.get('flushed_max', 0.0):9.2e}"
     )

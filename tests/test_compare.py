@@ -1,25 +1,93 @@
-"""The comparison driver's statistics, table and plots (from hand-made run logs)."""
+"""The comparison driver: t quantiles, paired gaps with 95% intervals, verdicts, table,
+plots, config checks, and a whole (tiny) comparison kept under its own workdir."""
 
+import importlib.util
+import io
 import json
 import math
+from pathlib import Path
 
-import ml_collections
+import numpy as np
 import pytest
 
 from fp8jax.train import compare
-from fp8jax.train.defaults import tiny_config
+from fp8jax.train.defaults import (
+    COMPARISON_VAL_TOKENS,
+    ConfigError,
+    comparison_block,
+    model_config,
+    seq_len,
+    tiny_config,
+    validate,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Published Student-t quantiles (e.g. NIST/SEMATECH e-Handbook table, more digits
+# from any statistics package).
+T_975 = {
+    1: 12.706204736174694,
+    2: 4.302652729749462,
+    3: 3.1824463052837078,
+    4: 2.7764451051977934,
+    5: 2.5705818356363146,
+    10: 2.228138851986274,
+    30: 2.0422724563012378,
+    100: 1.9839715185235518,
+}
 
 
-def _cfg():
+@pytest.mark.parametrize("df", sorted(T_975))
+def test_t_quantile_matches_published_values(df):
+    assert compare.t_quantile(0.975, df) == pytest.approx(T_975[df], rel=1e-10)
+
+
+def test_t_quantile_other_levels_and_bad_input():
+    assert compare.t_quantile(0.95, 1) == pytest.approx(6.313751514675037, rel=1e-10)
+    assert compare.t_quantile(0.995, 4) == pytest.approx(4.604094871349992, rel=1e-10)
+    # Large df tends to the normal quantile 1.959964.
+    assert compare.t_quantile(0.975, 5000) == pytest.approx(1.9604386, abs=1e-6)
+    with pytest.raises(ValueError):
+        compare.t_quantile(0.975, 0)
+    with pytest.raises(ValueError):
+        compare.t_quantile(0.3, 3)
+
+
+def test_mean_interval_against_a_float64_reference():
+    gaps = [0.005, 0.01, 0.002]
+    st = compare.mean_interval(gaps)
+    x = np.asarray(gaps, np.float64)
+    half = T_975[2] * x.std(ddof=1) / math.sqrt(3)
+    assert st["mean"] == pytest.approx(x.mean(), rel=1e-14)
+    assert st["half_width"] == pytest.approx(half, rel=1e-10)
+    assert (st["lo"], st["hi"]) == pytest.approx((x.mean() - half, x.mean() + half), rel=1e-10)
+    assert st["per_seed"] == gaps and st["n"] == 3
+    one = compare.mean_interval([0.001])
+    assert one["half_width"] == math.inf and compare.verdict(one) == "cannot resolve"
+    assert compare.verdict(compare.mean_interval([0.001, math.nan])) == "diverged"
+
+
+@pytest.mark.parametrize(
+    "gaps, expected",
+    [
+        ([0.0010, 0.0012, 0.0008, 0.0011], "within"),  # interval inside +-0.25%
+        ([0.0030, 0.0032, 0.0028, 0.0031], "not within"),  # narrow, but above 0.25%
+        ([0.0022, 0.0026, 0.0024, 0.0025], "not within"),  # narrow, crosses +0.25%
+        ([-0.005, 0.004, 0.0], "cannot resolve"),  # wider than 0.5%
+        ([0.0, 0.0], "within"),  # identical runs
+    ],
+)
+def test_verdict_needs_the_whole_interval_inside(gaps, expected):
+    assert compare.verdict(compare.mean_interval(gaps)) == expected
+
+
+def _cfg(seeds=(0, 1)):
     c = tiny_config()
-    c.compare = ml_collections.ConfigDict(
-        dict(
-            name="t",
-            labels=["bf16", "fp8"],
-            baseline="bf16",
-            seeds=[0, 1],
-            runs=dict(bf16=dict(recipe="bf16"), fp8=dict(recipe="deepseek_v3", fp8_reset_every=3)),
-        )
+    c.compare = comparison_block(
+        "t",
+        dict(bf16=dict(recipe="bf16"), fp8=dict(recipe="deepseek_v3", fp8_reset_every=3)),
+        notes="",
+        seeds=seeds,
     )
     return c
 
@@ -28,7 +96,7 @@ def _summary(recipe, val, train, tel=None):
     return {
         "recipe": recipe,
         "final_val_loss": val,
-        "final_train_loss": train,
+        "train_loss_last3_mean": train,
         "tokens_per_s": 100.0,
         "fp8_telemetry": tel or {},
     }
@@ -39,7 +107,7 @@ def _rows(final):
     return rows + [{"step": 10, "val_loss": final + 0.1}, {"step": 20, "val_loss": final}]
 
 
-def test_aggregate_paired_gaps_noise_floor_and_outputs(tmp_path):
+def test_aggregate_paired_gaps_intervals_table_and_plots(tmp_path):
     c = _cfg()
     runs = {
         "bf16": {0: _summary("bf16", 2.00, 2.10), 1: _summary("bf16", 2.02, 2.12)},
@@ -49,37 +117,40 @@ def test_aggregate_paired_gaps_noise_floor_and_outputs(tmp_path):
         },
     }
     res = compare.aggregate(c, runs, {})
-    assert res["noise_floor_val"] == pytest.approx(0.02 / 2.01)
+    assert res["baseline_seed_spread_val"] == pytest.approx(0.02 / 2.01)
     fp8 = res["table"][1]
-    # Paired gaps: (2.01-2.00)/2.00 = 0.5%, (2.0402-2.02)/2.02 = 1%; mean 0.75%.
-    assert fp8["rel_gap_val_per_seed"] == pytest.approx([0.005, 0.01])
-    assert fp8["rel_gap_val"] == pytest.approx(0.0075)
-    assert fp8["within_noise"] is True  # 0.75% <= spread 0.995%
+    # Paired gaps: (2.01-2.00)/2.00 = 0.5%, (2.0402-2.02)/2.02 = 1%; mean 0.75%,
+    # half-width t(0.975, 1) * sd / sqrt(2) with sd = 0.005 / sqrt(2).
+    gap = fp8["gap_val"]
+    assert gap["per_seed"] == pytest.approx([0.005, 0.01])
+    assert gap["mean"] == pytest.approx(0.0075)
+    assert gap["half_width"] == pytest.approx(T_975[1] * 0.0025, rel=1e-9)
+    assert fp8["verdict"] == "cannot resolve" and fp8["within_0.25%"] is False
+    assert fp8["gap_train"]["per_seed"] == pytest.approx([0.0, 0.02 / 2.12])
     assert fp8["fp8_telemetry"]["saturated_max"] == 1e-3
     assert fp8["fp8_telemetry"]["flushed_mean"] == pytest.approx(2e-4)
-    assert res["table"][0]["rel_gap_val"] == 0.0
+    assert res["table"][0]["verdict"] == "baseline"
     md = compare.markdown(res, "python x.py")
-    assert "| fp8 | deepseek_v3 | 2.0251 |" in md and "+0.75%" in md and "python x.py" in md
+    assert "| fp8 | deepseek_v3 | 2.0251 | +0.75% [-2.43%, +3.93%] | +0.50%, +1.00% |" in md
+    assert "cannot resolve 0.25%" in md and "python x.py" in md
     rows = {lab: {s: _rows(runs[lab][s]["final_val_loss"]) for s in (0, 1)} for lab in runs}
     paths = compare.plot(res, rows, tmp_path, smooth=3)
     assert all(p.exists() and p.stat().st_size > 10_000 for p in paths)
     (tmp_path / "results.json").write_text(json.dumps(res))
     head = compare.headline_table([tmp_path])
-    assert (
-        head.count("\n") == 3
-        and "| t | fp8 (deepseek_v3) | 2.0251 | +0.75% | 1.00% | yes |" in head
-    )
+    assert head.count("\n") == 3
+    assert "| t | fp8 (deepseek_v3) | 2.0251 | +0.75% [-2.43%, +3.93%] | +0.50%, +1.00% |" in head
 
 
-def test_gap_outside_noise_and_nan_are_not_within():
+def test_diverged_seed_is_not_within():
     c = _cfg()
     runs = {
         "bf16": {0: _summary("bf16", 2.0, 2.0), 1: _summary("bf16", 2.0, 2.0)},
-        "fp8": {0: _summary("x", 2.01, 2.0), 1: _summary("x", math.nan, 2.0)},
+        "fp8": {0: _summary("x", 2.0, 2.0), 1: {**_summary("x", math.nan, 2.0), "diverged_at": 7}},
     }
-    res = compare.aggregate(c, runs, {})
-    assert res["threshold"] == compare.DEEPSEEK_TOLERANCE
-    assert res["table"][1]["within_noise"] is False
+    row = compare.aggregate(c, runs, {})["table"][1]
+    assert row["verdict"] == "diverged" and row["diverged_at"] == {1: 7}
+    assert row["within_0.25%"] is False
 
 
 def test_run_config_applies_overrides_and_rejects_unknown_fields(tmp_path):
@@ -93,5 +164,76 @@ def test_run_config_applies_overrides_and_rejects_unknown_fields(tmp_path):
     assert d0.parent == d1.parent and d0 != d1
     assert compare.run_dir(tmp_path, rc, 1).parent != d1.parent
     c.compare.runs.fp8.not_a_field = 1
-    with pytest.raises(ValueError, match="not a field"):
+    with pytest.raises(ConfigError, match="not a field"):
         compare.run_config(c, "fp8", 0)
+
+
+def test_comparison_mistakes_raise_one_line_and_create_nothing(tmp_path):
+    workdir = tmp_path / "cmp"
+    c = _cfg()
+    with c.compare.unlocked():
+        c.compare.run_root = "/tmp/shared"
+    with pytest.raises(ConfigError, match="runs live under --workdir/runs"):
+        compare.run_comparison(c, workdir)
+    c = _cfg()
+    c.compare.runs.fp8.recipe = "deepseek_v4"
+    with pytest.raises(ConfigError, match="compare.runs.fp8: unknown recipe") as info:
+        compare.run_comparison(c, workdir)
+    assert "\n" not in str(info.value)
+    c = _cfg()
+    c.compare.baseline = "fp16"
+    with pytest.raises(ConfigError, match="baseline 'fp16' is not among"):
+        compare.run_comparison(c, workdir)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="not a directory"):
+        compare.run_comparison(_cfg(), tmp_path / "file")
+    assert not workdir.exists()
+
+
+def _load(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "compare").glob("*.py")), ids=str)
+def test_comparison_configs_validate_and_hold_enough_validation_tokens(path):
+    c = _load(path)
+    validate(c, extra=("compare",))
+    n = seq_len(c, model_config(c))
+    predicted = c.eval_batches * c.eval_batch_size * (n - 1)
+    assert predicted >= COMPARISON_VAL_TOKENS
+    assert set(c.compare.keys()) == set(compare.COMPARE_FIELDS)
+    for label in c.compare.labels:
+        validate(compare.run_config(c, label, 0))
+
+
+def test_comparison_keeps_its_runs_under_its_workdir_and_reuses_them(tmp_path):
+    c = tiny_config()
+    c.steps, c.batch_size, c.seq_len, c.warmup_steps = 4, 4, 32, 1
+    c.log_every, c.eval_every, c.eval_batches, c.eval_batch_size = 1, 2, 1, 4
+    c.tensorboard, c.final_window = False, 2
+    c.data.source, c.data.max_bytes = "synthetic", 20_000
+    # Two labels that train identically (eval_every is not part of the step): the
+    # paired gap is exactly zero for every seed, so the interval is [0, 0].
+    c.compare = comparison_block(
+        "same",
+        dict(bf16=dict(recipe="bf16"), again=dict(recipe="bf16", eval_every=4)),
+        notes="identical training",
+        seeds=(0, 1),
+    )
+    out = io.StringIO()
+    res = compare.run_comparison(c, tmp_path / "cmp", stream=out)
+    again = res["table"][1]
+    assert again["gap_val"]["per_seed"] == [0.0, 0.0] and again["verdict"] == "within"
+    dirs = [Path(d) for label in res["run_dirs"].values() for d in label.values()]
+    assert len(set(dirs)) == 4
+    assert all((tmp_path / "cmp" / "runs") in d.parents for d in dirs)
+    saved = json.loads((tmp_path / "cmp" / "results.json").read_text())
+    assert saved["table"][1]["gap_val"]["lo"] == 0.0 and "[+0.00%, +0.00%]" in res["markdown"]
+    # A rerun re-reads the finished runs instead of training them again.
+    out2 = io.StringIO()
+    compare.run_comparison(c, tmp_path / "cmp", stream=out2)
+    assert out2.getvalue().count("already complete: ") == 4
+    assert not any(line.startswith("step ") for line in out2.getvalue().splitlines())

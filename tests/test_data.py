@@ -92,3 +92,15 @@ def test_batches_are_a_function_of_seed_and_step():
     assert bytes(v[-1, -1].astype(np.uint8)) == bytes(c.val[-17:])
     with pytest.raises(ValueError):
         data.train_batch(c, 0, 2, c.train.size + 1, seed=0)
+
+
+def test_check_corpus_names_the_short_stream_and_the_fix():
+    c = data.synthetic_corpus(2_000, seed=0, val_fraction=0.05)  # 100 validation bytes
+    data.check_corpus(c, 64)
+    with pytest.raises(ValueError, match="validation 100 bytes") as info:
+        data.check_corpus(c, 100)
+    msg = str(info.value)
+    assert "train" not in msg.split(":")[1] and "--config.seq_len" in msg and "\n" not in msg
+    tiny = data.Corpus("t", np.zeros(10, np.uint8), np.zeros(3, np.uint8), 1, "")
+    with pytest.raises(ValueError, match="train 10 bytes, validation 3 bytes"):
+        data.check_corpus(tiny, 16)

@@ -1,14 +1,22 @@
 """Whole runs: configs/tiny.py trains and its loss goes down; a run stopped at step k
-and resumed from its workdir reaches step n with exactly the uninterrupted losses."""
+and resumed from its workdir reaches step n with exactly the uninterrupted losses;
+divergence stops at the first non-finite step and keeps finite checkpoints; resume
+refuses another config, reports "resuming from step N" / "already complete", skips a
+torn metrics line and falls back past an unreadable checkpoint; user mistakes raise a
+one-line ConfigError before any workdir exists."""
 
 import importlib.util
 import io
 import json
+import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from fp8jax.train.loop import train
+from fp8jax.train.checkpoint import Checkpointer, all_finite
+from fp8jax.train.defaults import ConfigError, tiny_config
+from fp8jax.train.loop import TrainingDiverged, setup, train
 from fp8jax.train.metrics import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,6 +29,17 @@ def _config(name):
     return mod.get_config()
 
 
+def _fast(**overrides):
+    """A few steps of the tiny model on short rows (one compilation shared by the tests)."""
+    c = tiny_config()
+    c.steps, c.batch_size, c.seq_len, c.warmup_steps = 6, 4, 32, 2
+    c.log_every, c.eval_every, c.eval_batches, c.eval_batch_size = 1, 3, 1, 4
+    c.tensorboard = False
+    for k, v in overrides.items():
+        c[k] = v
+    return c
+
+
 def test_tiny_config_trains_and_loss_goes_down(tmp_path):
     c = _config("tiny")
     out = io.StringIO()
@@ -30,19 +49,33 @@ def test_tiny_config_trains_and_loss_goes_down(tmp_path):
     vals = [r["val_loss"] for r in rows if "val_loss" in r]
     # Starts near ln(256) = 5.55 (uniform over bytes); must fall well below it.
     assert losses[0] > 4.0
-    assert s["final_train_loss"] < losses[0] - 1.0
+    assert s["train_loss_last3_mean"] < losses[0] - 1.0
+    assert s["train_loss_last3_mean"] == pytest.approx(np.mean(losses[-3:]), rel=1e-12)
     assert vals[-1] < vals[0] and s["final_val_loss"] < 4.0
     assert s["steps"] == c.steps and np.isfinite(s["tokens_per_s"])
+    assert s["already_complete"] is False
     # Logs: config.json, metrics.jsonl, TensorBoard events, progress lines, a checkpoint.
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["config"]["recipe"] == "deepseek_v3" and cfg["corpus"]["name"] == "stdlib"
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert (tmp_path / "checkpoints" / str(c.steps)).exists()
     lines = out.getvalue().splitlines()
-    assert any(line.startswith(f"step {c.steps}/{c.steps} | loss") for line in lines)
+    # One line per logged step (1, 10, ..., 60): evaluations add no line of their own.
+    logged = [r["step"] for r in rows if "loss" in r]
+    assert [int(line.split()[1].split("/")[0]) for line in lines] == logged
+    assert lines[-1].startswith(f"step {c.steps}/{c.steps} | loss")
+    assert f"| val {vals[-1]:.4f} @{c.steps} |" in lines[-1]
+    # Between evaluations the validation loss shown is the latest one, marked with its step.
+    assert "@20 |" in lines[3] and lines[3].startswith("step 30/")
     assert all("steps/s" in line and "tok/s" in line and "ETA" in line for line in lines)
     # FP8 telemetry is logged for the FP8 recipe.
     assert "fp8/flushed_mean" in rows[0]
+    # The same command again: nothing trained, the summary reported.
+    again = io.StringIO()
+    s2 = train(c, tmp_path, stream=again)
+    assert again.getvalue().startswith("already complete: {")
+    assert len(again.getvalue().splitlines()) == 1
+    assert s2["already_complete"] is True and s2["final_val_loss"] == s["final_val_loss"]
 
 
 def test_resume_is_exact_with_delayed_scaling_state_and_microbatches(tmp_path):
@@ -54,8 +87,167 @@ def test_resume_is_exact_with_delayed_scaling_state_and_microbatches(tmp_path):
     whole = train(c, tmp_path / "a", stream=io.StringIO())
     part = train(c, tmp_path / "b", stop_at=3, stream=io.StringIO())
     assert part["steps"] == 3
-    resumed = train(c, tmp_path / "b", stream=io.StringIO())
+    out = io.StringIO()
+    resumed = train(c, tmp_path / "b", stream=out)
+    assert out.getvalue().splitlines()[0] == "resuming from step 3"
     # Bit-for-bit: same losses at every step, same validation losses.
     assert resumed["train_curve"] == whole["train_curve"]
     assert resumed["val_curve"] == whole["val_curve"]
     assert len(whole["train_curve"]) == 6
+
+
+def test_divergence_stops_at_first_nonfinite_step_and_keeps_finite_checkpoints(tmp_path):
+    # The reproduction: a huge learning rate, sparse logging, frequent checkpoints.
+    c = _fast(lr=1e3, steps=40, log_every=20, checkpoint_every=3, eval_every=0)
+    with pytest.raises(TrainingDiverged) as info:
+        train(c, tmp_path, stream=io.StringIO())
+    step = info.value.step
+    msg = str(info.value)
+    assert "\n" not in msg and f"diverged at step {step}" in msg
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    # The first non-finite step is logged, NaN/Inf written as JSON null.
+    bad = [r for r in rows if r["step"] == step]
+    assert bad and (bad[0]["loss"] is None or bad[0]["grad_norm"] is None)
+    assert "NaN" not in (tmp_path / "metrics.jsonl").read_text()
+    # Every kept checkpoint predates the divergence and is finite; the newest resumes.
+    ck = Checkpointer(tmp_path)
+    kept = ck.all_steps()
+    template = setup(c, tmp_path / "fresh").state
+    assert kept and all(s < step for s in kept)
+    assert all(all_finite(ck.restore(template, s)) for s in kept)
+    ck.close()
+    out = io.StringIO()
+    with pytest.raises(TrainingDiverged) as again:
+        train(c, tmp_path, stream=out)
+    assert out.getvalue().splitlines()[0] == f"resuming from step {kept[-1]}"
+    assert again.value.step == step
+
+
+def test_summary_of_a_diverged_log_has_nan_not_errors(tmp_path):
+    from fp8jax.train.loop import summarize
+
+    rows = [
+        {"step": 1, "loss": 5.0, "fp8/saturated_max": 0.0},
+        {"step": 2, "loss": None, "fp8/saturated_max": None},
+        {"step": 2, "val_loss": None},
+    ]
+    s = summarize(rows, 3)
+    assert math.isnan(s["train_loss_last2_mean"]) and math.isnan(s["final_val_loss"])
+    assert s["train_curve"][1][0] == 2 and math.isnan(s["train_curve"][1][1])
+
+
+def test_resume_refuses_another_config_and_allows_more_steps(tmp_path):
+    c = _fast()
+    train(c, tmp_path, stop_at=2, stream=io.StringIO())
+    before = (tmp_path / "config.json").read_text()
+    for field, value, shown in (
+        ("recipe", "bf16", "recipe 'deepseek_v3' -> 'bf16'"),
+        ("lr", 1e-2, "lr 0.003 -> 0.01"),
+        ("eval_batches", 2, "eval_batches 1 -> 2"),
+    ):
+        with pytest.raises(ConfigError, match="another config") as info:
+            train(_fast(**{field: value}), tmp_path, stream=io.StringIO())
+        assert shown in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="steps may only grow"):
+        train(_fast(steps=1), tmp_path, stream=io.StringIO())
+    assert (tmp_path / "config.json").read_text() == before
+    # steps (and logging fields) may change: the run resumes and config.json says so.
+    out = io.StringIO()
+    train(_fast(steps=7, log_every=2), tmp_path, stop_at=3, stream=out)
+    first = out.getvalue().splitlines()[0]
+    assert first.startswith("resuming from step 2 (changed: ")
+    assert "steps 6 -> 7" in first and "log_every 1 -> 2" in first
+    assert json.loads((tmp_path / "config.json").read_text())["config"]["steps"] == 7
+
+
+def test_torn_metrics_line_is_dropped_with_a_warning(tmp_path):
+    c = _fast()
+    whole = train(c, tmp_path / "a", stream=io.StringIO())
+    train(c, tmp_path / "b", stop_at=3, stream=io.StringIO())
+    path = tmp_path / "b" / "metrics.jsonl"
+    with path.open("a") as f:
+        f.write('{"step": 4, "loss": 2.1')  # a kill in the middle of a write
+    with pytest.warns(UserWarning, match="torn last line"):
+        assert [r["step"] for r in read_jsonl(path)][-1] == 3
+    out = io.StringIO()
+    resumed = train(c, tmp_path / "b", stream=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "resuming from step 3" and "dropped a torn last line" in lines[1]
+    assert resumed["train_curve"] == whole["train_curve"]
+    assert all(line.endswith("}") for line in path.read_text().splitlines())
+
+
+def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    c = _fast(checkpoint_every=2)
+    whole = train(c, tmp_path / "a", stream=io.StringIO())
+    train(c, tmp_path / "b", stop_at=4, stream=io.StringIO())
+    latest = tmp_path / "b" / "checkpoints" / "4"
+    for f in latest.rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"")  # every file of step 4 emptied
+    out = io.StringIO()
+    resumed = train(c, tmp_path / "b", stream=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("warning: checkpoint step 4 is unusable (")
+    assert lines[0].endswith("falling back to step 2")
+    assert lines[1] == "resuming from step 2"
+    assert (tmp_path / "b" / "checkpoints_unreadable" / "4").is_dir()
+    assert resumed["train_curve"] == whole["train_curve"]
+
+
+def _typo(c):
+    with c.unlocked():
+        c.recipie = "bf16"
+
+
+def _text(c, tmp_path, body):
+    p = tmp_path / "corpus.txt"
+    p.write_bytes(body)
+    c.data.source, c.data.path = "text", str(p)
+
+
+MISTAKES = {
+    "typo": (_typo, "unknown config field --config.recipie; did you mean --config.recipe?"),
+    "recipe": (lambda c: setattr(c, "recipe", "deepseek_v4"), "unknown recipe 'deepseek_v4'"),
+    "batch_size": (lambda c: setattr(c, "batch_size", 0), "batch_size must be >= 1"),
+    "seq_len": (lambda c: setattr(c, "seq_len", 1), "seq_len 1 is too short"),
+    "microbatches": (lambda c: setattr(c, "microbatches", 3), "not divisible by microbatches"),
+    "lr": (lambda c: setattr(c, "lr", float("nan")), "lr must be finite"),
+    "data_path": (
+        lambda c: (setattr(c.data, "source", "text"), setattr(c.data, "path", "/no/such/file")),
+        "data path '/no/such/file' does not exist",
+    ),
+    "model": (lambda c: setattr(c, "model", "huge"), "unknown model preset 'huge'"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MISTAKES))
+def test_config_mistakes_raise_one_line_before_creating_the_workdir(tmp_path, name):
+    c = _fast()
+    change, expected = MISTAKES[name]
+    change(c)
+    workdir = tmp_path / "run"
+    with pytest.raises(ConfigError) as info:
+        train(c, workdir, stream=io.StringIO())
+    assert expected in str(info.value) and "\n" not in str(info.value)
+    assert not workdir.exists()
+
+
+def test_small_corpus_and_file_workdir_raise_before_creating_anything(tmp_path):
+    c = _fast()
+    _text(c, tmp_path, b"abc" * 30)
+    with pytest.raises(ConfigError, match="too small for seq_len 32") as info:
+        train(c, tmp_path / "run", stream=io.StringIO())
+    assert "\n" not in str(info.value) and not (tmp_path / "run").exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        train(_fast(), tmp_path / "file", stream=io.StringIO())
+    with pytest.raises(ConfigError, match="which is a file"):
+        train(_fast(), tmp_path / "file" / "run", stream=io.StringIO())
+
+
+def test_eval_batches_zero_trains_without_validation(tmp_path):
+    s = train(_fast(eval_batches=0), tmp_path, stream=io.StringIO())
+    assert math.isnan(s["final_val_loss"]) and s["val_curve"] == []
+    assert (tmp_path / "checkpoints" / "6").exists()
+    assert all(math.isfinite(v) for _, v in s["train_curve"])

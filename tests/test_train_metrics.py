@@ -2,15 +2,18 @@
 
 import io
 import json
+import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import fp8jax
 from fp8jax.scaling import init_delayed_gemm_state
 from fp8jax.train import metrics
-from fp8jax.train.checkpoint import Checkpointer
+from fp8jax.train.checkpoint import Checkpointer, all_finite
 from fp8jax.train.optimizer import scale_by_adam_lowp
 from fp8jax.train.state import TrainState
 
@@ -21,24 +24,67 @@ def test_progress_line_jsonl_and_resume_truncation(tmp_path):
     w.reset_clock(0)
     for s in range(1, 5):
         w.write(s, {"loss": 5.0 - s, "x": np.float32(1.5)})
-    w.write(4, {"val_loss": 3.5})
+        if s == 2:
+            w.write(2, {"val_loss": 3.5})
+        w.progress(s, 5.0 - s)
     w.close()
     rows = metrics.read_jsonl(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 4]
-    assert rows[0]["x"] == 1.5 and rows[-1] == {"step": 4, "val_loss": 3.5}
-    line = out.getvalue().splitlines()[3]
-    assert line.startswith("step 4/10 | loss 1.0000 | ")
-    assert "steps/s" in line and "tok/s" in line and "ETA" in line
-    # Resume at step 2: later rows are dropped so the log reads as one run.
+    assert [r["step"] for r in rows] == [1, 2, 2, 3, 4]
+    assert rows[0]["x"] == 1.5 and rows[2] == {"step": 2, "val_loss": 3.5}
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 4 and "val" not in lines[0]
+    # The latest validation loss, marked with the step it was measured at.
+    assert lines[3].startswith("step 4/10 | loss 1.0000 | val 3.5000 @2 | ")
+    assert "steps/s" in lines[3] and "tok/s" in lines[3] and "ETA" in lines[3]
+    # Resume at step 2: later rows are dropped so the log reads as one run, and the
+    # progress line knows the latest validation loss again.
+    out2 = io.StringIO()
     w2 = metrics.MetricsWriter(
-        tmp_path, total_steps=10, tokens_per_step=100, start_step=2, stream=io.StringIO()
+        tmp_path, total_steps=10, tokens_per_step=100, start_step=2, stream=out2
     )
+    assert w2.progress(3, 1.0).startswith("step 3/10 | loss 1.0000 | val 3.5000 @2 | ")
     w2.close()
-    assert [r["step"] for r in metrics.read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+    assert [r["step"] for r in metrics.read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 2]
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert metrics.format_duration(3725) == "1h02m05s" and metrics.format_duration(65) == "1m05s"
     p = metrics.write_config(tmp_path, {"a": 1}, {"n": np.int64(3)})
     assert json.loads(p.read_text()) == {"config": {"a": 1}, "n": 3}
+
+
+def test_nonfinite_values_are_floats_in_memory_and_null_in_the_file(tmp_path):
+    out = io.StringIO()
+    w = metrics.MetricsWriter(
+        tmp_path, total_steps=3, tokens_per_step=1, tensorboard=False, stream=out
+    )
+    row = w.write(1, {"loss": np.float32("nan"), "grad_norm": float("inf"), "ok": 2.0})
+    assert math.isnan(row["loss"]) and row["grad_norm"] == math.inf and row["ok"] == 2.0
+    assert "loss nan" in w.progress(1, row["loss"])
+    w.close()
+    text = (tmp_path / "metrics.jsonl").read_text()
+    # Strict JSON (no NaN / Infinity tokens), null where the value was not finite.
+    parsed = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
+    assert parsed["loss"] is None and parsed["grad_norm"] is None and parsed["ok"] == 2.0
+    assert metrics.as_float(None) != metrics.as_float(None)  # NaN
+    assert metrics.to_jsonable({"a": [np.float64("-inf"), np.array([1.0, np.nan])]}) == {
+        "a": [None, [1.0, None]]
+    }
+
+
+def test_torn_last_line_is_skipped_and_a_bad_middle_line_is_an_error(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
+    with pytest.warns(UserWarning, match="torn last line"):
+        assert metrics.read_jsonl(p) == [{"step": 1, "loss": 2.0}]
+    out = io.StringIO()
+    w = metrics.MetricsWriter(
+        tmp_path, total_steps=3, tokens_per_step=1, start_step=1, tensorboard=False, stream=out
+    )
+    w.close()
+    assert "dropped a torn last line" in out.getvalue()
+    assert p.read_text() == '{"step": 1, "loss": 2.0}\n'
+    p.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match="line 2 is not a JSON object"):
+        metrics.read_jsonl(p)
 
 
 def test_checkpoint_round_trip_keeps_fp8_state_bias_and_bf16_moments(tmp_path):
@@ -69,9 +115,35 @@ def test_checkpoint_round_trip_keeps_fp8_state_bias_and_bf16_moments(tmp_path):
     assert ck.latest_step() == 7
     back = ck.restore(template)
     ck.close()
-    import jax
-
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64))
     assert back.opt_state[1].mu["w"].dtype == jnp.bfloat16
+
+
+def test_restore_latest_skips_nonfinite_and_unreadable_checkpoints(tmp_path):
+    def state(step, value, dtype=jnp.float32):
+        return TrainState(jnp.int32(step), {"w": jnp.full((3,), value, dtype)}, {}, {}, {}, {})
+
+    ck = Checkpointer(tmp_path, every=1, keep=5)
+    for step, value in ((1, 1.0), (2, 2.0), (3, float("nan"))):
+        assert ck.save(state(step, value))
+    ck.close()
+    for f in (tmp_path / "checkpoints" / "2").rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"")  # a damaged copy: every file of step 2 emptied
+    said = []
+    ck = Checkpointer(tmp_path, keep=5)
+    back = ck.restore_latest(state(0, 0.0), said.append)
+    assert int(back.step) == 1 and float(back.params["w"][0]) == 1.0
+    assert ck.all_steps() == [1]
+    ck.close()
+    assert "step 3 is unusable (it holds non-finite values)" in said[0]
+    assert said[0].endswith("falling back to step 2") and said[1].startswith(
+        "warning: checkpoint step 2 is unusable ("
+    )
+    assert sorted(p.name for p in (tmp_path / "checkpoints_unreadable").iterdir()) == ["2", "3"]
+    assert Checkpointer(tmp_path / "empty").restore_latest(state(0, 0.0)) is None
+    # BF16 leaves are checked too; integer leaves never count as non-finite.
+    assert not all_finite({"m": jnp.array([1.0, jnp.inf], jnp.bfloat16)})
+    assert all_finite({"m": jnp.ones(2, jnp.bfloat16), "i": jnp.arange(3)})

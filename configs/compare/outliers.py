@@ -3,21 +3,19 @@ r"""Outlier stress: massive activations (1e5x) at the FFN down-projection input.
 Command:
   python experiments/compare_recipes.py --config=configs/compare/outliers.py --workdir=/tmp/fp8jax_cmp/outliers
 
-What it prints: a progress line per run and step interval, then the Markdown
-table of results.md: one row per run with final validation/train loss, the
-paired relative gap to bf16, whether it is within max(0.25%, bf16 seed
-spread), tokens/s and FP8 telemetry (saturated / flushed fractions).
+What it prints: a progress line per run and logged step, then the Markdown
+table of results.md: one row per run with the final validation loss (65,536+
+held-out tokens), the paired relative gap to bf16 per seed, its mean and 95%
+t-interval, whether the interval lies within +-0.25% (or cannot resolve it),
+tokens/s and FP8 telemetry (saturated / flushed fractions).  Runs live under
+the workdir (``DIR/runs``).
 Expected: per-tensor scaling pushes the ordinary values into E4M3 subnormals (large flushed fraction) and
 loses to 1x128 tiles; delayed scaling additionally clips (saturated > 0) when its state is fresh or stale.
 """
 
 import ml_collections
 
-from fp8jax.train.defaults import tiny_config
-
-
-def _runs(**runs):
-    return ml_collections.ConfigDict(runs)
+from fp8jax.train.defaults import comparison_block, set_comparison_eval, tiny_config
 
 
 def get_config():
@@ -26,11 +24,9 @@ def get_config():
     c.warmup_steps = 10
     c.eval_every = 25
     c.log_every = 2
-    c.eval_batches = 4
-    c.eval_batch_size = 8
     c.final_window = 10
     # Two channels of the first token of every FFN down-projection input set to
-    # 1e5 x the mean |activation| (fp8jax.models: massive_activation_*).
+    # 1e5 x the median |activation| (fp8jax.models: massive_activation_*).
     c.model_overrides = ml_collections.ConfigDict(
         dict(
             massive_activation_scale=1e5,
@@ -38,35 +34,24 @@ def get_config():
             massive_activation_site="ffn_hidden",
         )
     )
-    c.compare = ml_collections.ConfigDict(
+    set_comparison_eval(c)
+    c.compare = comparison_block(
+        "outliers",
         dict(
-            name="outliers",
-            labels=[
-                "bf16",
-                "deepseek_v3",
-                "tensor_current",
-                "tensor_delayed",
-                "delayed_fresh",
-                "delayed_growing",
-            ],
-            baseline="bf16",
-            seeds=[0, 1],
-            notes=(
-                "Tiny MoE model with massive activations (1e5 x mean |x|, 2 channels of token 0) "
-                "injected into every FFN down-projection input. delayed_fresh resets the delayed "
-                "state to fresh (scale 1, empty history) every 10 steps; delayed_growing divides the "
-                "stored amax history and scale by 4 after every step, i.e. the next step's scale is "
-                "4x too small, as for a tensor whose amax grew 4x since the last step."
-            ),
-            runs=_runs(
-                bf16=dict(recipe="bf16"),
-                deepseek_v3=dict(recipe="deepseek_v3"),
-                tensor_current=dict(recipe="tensor_current"),
-                tensor_delayed=dict(recipe="tensor_delayed"),
-                delayed_fresh=dict(recipe="tensor_delayed", fp8_reset_every=10),
-                delayed_growing=dict(recipe="tensor_delayed", fp8_amax_growth=4.0),
-            ),
-        )
+            bf16=dict(recipe="bf16"),
+            deepseek_v3=dict(recipe="deepseek_v3"),
+            tensor_current=dict(recipe="current_tensor"),
+            tensor_delayed=dict(recipe="tensor_delayed"),
+            delayed_fresh=dict(recipe="tensor_delayed", fp8_reset_every=10),
+            delayed_growing=dict(recipe="tensor_delayed", fp8_amax_growth=4.0),
+        ),
+        notes=(
+            "Tiny MoE model with massive activations (1e5 x median |x|, 2 channels of token 0) "
+            "injected into every FFN down-projection input. delayed_fresh resets the delayed "
+            "state to fresh (scale 1, empty history) every 10 steps; delayed_growing divides the "
+            "stored amax history and scale by 4 after every step, i.e. the next step's scale is "
+            "4x too small, as for a tensor whose amax grew 4x since the last step (both are "
+            "injected faults)."
+        ),
     )
-
     return c

@@ -3,6 +3,7 @@
 from fp8jax.data.corpus import (
     VOCAB_SIZE,
     Corpus,
+    check_corpus,
     load_corpus,
     stdlib_corpus,
     synthetic_corpus,
@@ -14,6 +15,7 @@ from fp8jax.data.corpus import (
 __all__ = [
     "VOCAB_SIZE",
     "Corpus",
+    "check_corpus",
     "load_corpus",
     "stdlib_corpus",
     "synthetic_corpus",

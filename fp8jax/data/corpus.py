@@ -78,7 +78,7 @@ def _split_files(
     name: str, root: Path, files: list[Path], val_fraction: float, max_bytes: int | None
 ) -> Corpus:
     if not files:
-        raise ValueError(f"no text files found under {root}")
+        raise ValueError(f"no text files found under {root}; give a folder that holds text files")
     train_parts: list[bytes] = []
     val_parts: list[bytes] = []
     total = 0
@@ -108,7 +108,10 @@ def _split_bytes(name: str, data: bytes, val_fraction: float, n_files: int, sha:
     arr = np.frombuffer(data, dtype=np.uint8)
     cut = int(round(arr.size * (1.0 - val_fraction)))
     if cut <= 0 or cut >= arr.size:
-        raise ValueError(f"corpus of {arr.size} bytes is too small to split at {val_fraction}")
+        raise ValueError(
+            f"corpus {name!r} of {arr.size} bytes is too small to split into train and "
+            f"validation at val_fraction {val_fraction}; give a larger corpus"
+        )
     return Corpus(name, arr[:cut], arr[cut:], n_files, sha)
 
 
@@ -193,6 +196,25 @@ def load_corpus(
     if source == "synthetic":
         return synthetic_corpus(max_bytes or 100_000, seed=seed, val_fraction=val_fraction)
     raise ValueError(f"unknown data source {source!r}; use 'stdlib', 'text' or 'synthetic'")
+
+
+def check_corpus(corpus: Corpus, length: int) -> None:
+    """Raise ValueError (one line with the fix) unless both streams hold a row of ``length``.
+
+    A training row needs ``length`` bytes of the train stream; the validation
+    windows need ``length`` bytes of the validation stream.
+    """
+    short = [
+        f"{part} {stream.size} bytes"
+        for part, stream in (("train", corpus.train), ("validation", corpus.val))
+        if stream.size < length + 1
+    ]
+    if short:
+        raise ValueError(
+            f"corpus {corpus.name!r} is too small for seq_len {length}: "
+            f"{', '.join(short)} (each needs more than {length}); give a larger corpus "
+            "(--config.data.path) or a smaller --config.seq_len"
+        )
 
 
 def _windows(stream: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:

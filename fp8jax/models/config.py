@@ -67,7 +67,6 @@ class ModelConfig:
     norm_eps: float = 1e-6
     param_dtype: str = "float32"
     dtype: str = "bfloat16"
-    init_std: float = 0.02
     # outlier stress: massive activations injected at one site (0 = off)
     massive_activation_scale: float = 0.0
     massive_activation_count: int = 0

@@ -6,39 +6,78 @@ delayed-scaling state (amax histories and scales) and the router biases.
 Data batches are a pure function of the step (:mod:`fp8jax.data.corpus`), so
 restoring the state is enough to continue bit-for-bit: a run stopped at step
 k and resumed reaches step n with exactly the losses of an uninterrupted run.
+
+The training loop saves only states whose loss and gradient norm were finite
+(:mod:`fp8jax.train.loop`), so the kept checkpoints are the last good ones.
+:meth:`Checkpointer.restore_latest` falls back to the previous checkpoint when
+the latest cannot be read or holds non-finite values, moving the bad one to
+``<workdir>/checkpoints_unreadable/`` (kept for inspection, out of the way of
+the next save at that step).
 """
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from fp8jax.train.state import TrainState
 
 
+class CheckpointError(RuntimeError):
+    """No readable checkpoint where one was expected (one-line message with the fix)."""
+
+
+def all_finite(tree) -> bool:
+    """True when every floating-point leaf of ``tree`` is finite (checked on the host)."""
+    for leaf in jax.tree.leaves(jax.device_get(tree)):
+        a = np.asarray(leaf)
+        # Integer leaves (the step, counters) cannot be NaN; BF16 moments are
+        # widened to float32 for the check (numpy has no native bfloat16 isfinite).
+        if np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_:
+            continue
+        if not np.all(np.isfinite(a.astype(np.float32))):
+            return False
+    return True
+
+
 class Checkpointer:
-    """Thin wrapper: save every ``every`` steps, keep ``keep``, restore the latest."""
+    """Thin wrapper: save every ``every`` steps, keep ``keep``, restore the latest readable."""
 
     def __init__(self, workdir: str | Path, every: int = 0, keep: int = 2):
-        self.directory = Path(workdir).absolute() / "checkpoints"
+        self.workdir = Path(workdir).absolute()
+        self.directory = self.workdir / "checkpoints"
         self.every = int(every)
+        self.keep = int(keep)
+        self.manager = self._manager()
+
+    def _manager(self) -> ocp.CheckpointManager:
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep,
+            max_to_keep=self.keep,
             create=True,
             # Synchronous saves: a checkpoint is complete when save() returns,
             # so a run killed right after cannot leave a half-written latest.
             enable_async_checkpointing=False,
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        return ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
+    def all_steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is a periodic checkpoint step."""
+        return self.every > 0 and step % self.every == 0
+
     def save(self, state: TrainState, *, force: bool = False) -> bool:
         step = int(jax.device_get(state.step))
-        if not force and (self.every <= 0 or step % self.every):
+        if not force and not self.due(step):
             return False
         if step in self.manager.all_steps():
             return False
@@ -47,12 +86,56 @@ class Checkpointer:
         return True
 
     def restore(self, template: TrainState, step: int | None = None) -> TrainState:
-        """Restore into the structure, shapes and dtypes of ``template``."""
+        """Restore ``step`` (default: the latest) into the structure, shapes and dtypes of ``template``."""
         step = self.manager.latest_step() if step is None else step
         if step is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            raise CheckpointError(f"no checkpoint in {self.directory}")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
         return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+
+    def restore_latest(
+        self, template: TrainState, say: Callable[[str], None] = print
+    ) -> TrainState | None:
+        """The newest checkpoint that reads and is finite; None when there is no checkpoint.
+
+        An unreadable or non-finite one is moved to ``checkpoints_unreadable/``
+        and the previous one is tried, each time saying so through ``say``.
+        Raises :class:`CheckpointError` when checkpoints exist but none is usable.
+        """
+        steps = self.all_steps()
+        if not steps:
+            return None
+        for step in reversed(steps):
+            try:
+                state = self.restore(template, step)
+                problem = None if all_finite(state) else "it holds non-finite values"
+            except Exception as e:  # orbax raises many types for damaged files
+                state, problem = None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            if problem is None:
+                return state
+            moved = self._move_aside(step)
+            earlier = [s for s in steps if s < step]
+            then = f"falling back to step {earlier[-1]}" if earlier else "no earlier checkpoint"
+            say(
+                f"warning: checkpoint step {step} is unusable ({problem}); moved to {moved}; {then}"
+            )
+        raise CheckpointError(
+            f"no usable checkpoint in {self.directory} (see the warnings above); start again "
+            "with a new --workdir"
+        )
+
+    def _move_aside(self, step: int) -> Path:
+        dest_root = self.workdir / "checkpoints_unreadable"
+        dest_root.mkdir(exist_ok=True)
+        dest = dest_root / str(step)
+        n = 1
+        while dest.exists():
+            dest, n = dest_root / f"{step}.{n}", n + 1
+        self.manager.close()
+        shutil.move(str(self.directory / str(step)), str(dest))
+        # The manager caches its step list: rebuild it without the moved step.
+        self.manager = self._manager()
+        return dest
 
     def close(self) -> None:
         self.manager.close()

@@ -1,33 +1,41 @@
 """Recipe comparisons: train recipes x seeds on the same data, then tabulate and plot.
 
 A comparison config is a training config (see ``configs/tiny.py``) plus a
-``compare`` block:
+``compare`` block (built by ``fp8jax.train.defaults.comparison_block``):
 
     compare.name      title of the comparison
     compare.labels    run labels, in table order (the baseline first)
     compare.baseline  label of the reference run (normally "bf16")
     compare.seeds     model-init / batch-order seeds; every label runs every seed
+    compare.notes     what the comparison is, for the table
+    compare.smooth    moving-average window of the plotted train-loss curves
     compare.runs.<label>   ConfigDict(recipe=..., <any top-level config field>=...)
 
+A label names a run, not a recipe: several labels may train the same recipe.
 Each (label, seed) trains with :func:`fp8jax.train.loop.train` in
-``<run_root>/<recipe>-<hash of its training config>/seed<k>`` (``run_root`` is
-``compare.run_root`` or ``<workdir>/runs``): an interrupted comparison
-resumes, a finished run is only re-read, and comparisons that share a
-``run_root`` share identical runs (e.g. the bf16 baseline) instead of
-repeating them.  Runs go seed by seed, so a partial comparison already pairs
-every label with the baseline.  All runs with the same seed see the same
-batches, so gaps are *paired*: the relative gap of a label is the mean over
-seeds of ``(val(label, s) - val(baseline, s)) / val(baseline, s)``.  The noise
-floor is the baseline's seed-to-seed spread, ``(max - min) / mean`` of its
-final validation losses; a gap is called "within noise" when
-``|gap| <= max(0.25%, noise floor)`` (DeepSeek-V3's 0.25% criterion).
+``<workdir>/runs/<recipe>-<hash of its training config>/seed<k>``: every run
+stays under the comparison's own workdir; an interrupted comparison resumes,
+a finished run is only re-read, and two labels with identical training
+configs share one run.  Runs go seed by seed, so a partial comparison already
+pairs every label with the baseline.  A run that diverges is recorded as such
+(its final losses are NaN) and the comparison goes on.
 
-Outputs in the workdir: ``results.json``, ``results.md`` (Markdown table),
-``loss_curves.png`` (train and validation loss vs step, mean over seeds) and
-``gap_to_bf16.png`` (relative validation/train-loss gap to the baseline vs
-step; the validation panel shades the baseline's seed spread -- not drawn for
-the train loss, whose per-step spread is mostly the seeds' different batches,
-which the paired gap cancels).
+Statistics.  All runs with the same seed see the same initialization and the
+same batches, so gaps are *paired*: per seed,
+``gap_s = (val(label, s) - val(baseline, s)) / val(baseline, s)``; the table
+gives the per-seed gaps, their mean and a 95% t-interval over seeds
+(``mean +- t(0.975, n - 1) * sd / sqrt(n)``, sample standard deviation).
+DeepSeek-V3's criterion, a relative gap within 0.25%, holds when the whole
+interval lies inside +-0.25%; an interval wider than 0.5% cannot lie inside
+it (unless centred exactly), so the table then says the run cannot resolve
+0.25% rather than claiming either way.  The same statistics are computed for
+the training loss (mean of the last ``final_window`` logged steps).
+
+Outputs in the workdir: ``results.json`` (per label: per-seed values, means,
+intervals, verdict), ``results.md`` (Markdown table), ``loss_curves.png``
+(train and validation loss vs step, mean over seeds) and ``gap_to_bf16.png``
+(paired relative gap to the baseline vs step: mean over seeds, its 95%
+interval shaded, each seed as a thin line, the +-0.25% band).
 """
 
 from __future__ import annotations
@@ -38,12 +46,110 @@ import json
 import math
 from pathlib import Path
 
+import matplotlib
+import ml_collections
 import numpy as np
 
-from fp8jax.train.loop import train
-from fp8jax.train.metrics import read_jsonl, to_jsonable
+from fp8jax.train.defaults import ConfigError, check_workdir, model_config, seq_len, validate
+from fp8jax.train.loop import TrainingDiverged, load_data, summarize, train, train_loss_key
+from fp8jax.train.metrics import as_float, read_jsonl, to_jsonable
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only backend)
 
 DEEPSEEK_TOLERANCE = 0.0025
+COMPARE_FIELDS = ("name", "labels", "baseline", "seeds", "notes", "smooth", "runs")
+
+
+# --- Student t quantiles (no scipy) ------------------------------------------
+
+
+def _t_abs_cdf(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with integer ``df`` (Abramowitz & Stegun 26.7.3-4).
+
+    With theta = atan(t / sqrt(df)): df = 1 gives 2 theta / pi; odd df adds
+    sin(theta) (cos + 2/3 cos^3 + ... + (2.4...(df-3))/(1.3...(df-2)) cos^(df-2));
+    even df is sin(theta) (1 + 1/2 cos^2 + ... + (1.3...(df-3))/(2.4...(df-2)) cos^(df-2)).
+    """
+    theta = math.atan(t / math.sqrt(df))
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2:
+        total, term = 0.0, math.cos(theta)
+        if df > 1:
+            total = term
+            for k in range(1, (df - 3) // 2 + 1):
+                term *= (2 * k) / (2 * k + 1) * c2
+                total += term
+        return 2.0 / math.pi * (theta + s * total)
+    total, term = 1.0, 1.0
+    for k in range(1, (df - 2) // 2 + 1):
+        term *= (2 * k - 1) / (2 * k) * c2
+        total += term
+    return s * total
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile (0.5 < p < 1) of Student's t with ``df >= 1`` degrees of freedom.
+
+    Bisection on the exact finite series of :func:`_t_abs_cdf` (float64, to
+    ~1e-12): t(0.975, 1) = 12.7062, t(0.975, 2) = 4.3027, t(0.975, 30) = 2.0423.
+    """
+    if not 0.5 < p < 1.0:
+        raise ValueError(f"p must be in (0.5, 1), got {p}")
+    if int(df) != df or df < 1:
+        raise ValueError(f"df must be a positive integer, got {df}")
+    df = int(df)
+    target = 2.0 * p - 1.0
+    lo, hi = 0.0, 1.0
+    while _t_abs_cdf(hi, df) < target:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if _t_abs_cdf(mid, df) < target:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-13 * hi:
+            break
+    return 0.5 * (lo + hi)
+
+
+def mean_interval(values, level: float = 0.95) -> dict:
+    """Mean and two-sided ``level`` t-interval of ``values`` (one per seed).
+
+    Returns mean, lo, hi, half_width, n, t and the per-seed values; with one
+    value (or a non-finite one) the interval is unbounded / NaN.
+    """
+    v = np.asarray([as_float(x) for x in values], dtype=np.float64)
+    n = int(v.size)
+    mean = float(np.mean(v)) if n else math.nan
+    if n >= 2 and np.all(np.isfinite(v)):
+        t = t_quantile(0.5 + level / 2.0, n - 1)
+        half = t * float(np.std(v, ddof=1)) / math.sqrt(n)
+    else:
+        t, half = math.nan, (math.inf if n == 1 and math.isfinite(mean) else math.nan)
+    return {
+        "mean": mean,
+        "lo": mean - half,
+        "hi": mean + half,
+        "half_width": half,
+        "n": n,
+        "t": t,
+        "per_seed": v.tolist(),
+    }
+
+
+def verdict(stats: dict, tol: float = DEEPSEEK_TOLERANCE) -> str:
+    """ "within", "not within" or "cannot resolve" +-tol, from a :func:`mean_interval`."""
+    lo, hi = stats["lo"], stats["hi"]
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "cannot resolve" if math.isfinite(stats["mean"]) else "diverged"
+    if hi - lo > 2 * tol:
+        return "cannot resolve"
+    return "within" if -tol <= lo and hi <= tol else "not within"
+
+
+# --- runs --------------------------------------------------------------------
 
 
 def run_config(config, label: str, seed: int):
@@ -54,7 +160,7 @@ def run_config(config, label: str, seed: int):
     run = config.compare.runs[label]
     for key, value in run.items():
         if key not in c:
-            raise ValueError(f"compare.runs.{label}.{key}: not a field of the training config")
+            raise ConfigError(f"compare.runs.{label}.{key}: not a field of the training config")
         c[key] = value
     c.seed = int(seed)
     c.data_seed = int(seed)
@@ -69,62 +175,105 @@ def run_dir(run_root: Path, config, seed: int) -> Path:
     return Path(run_root) / f"{config.recipe}-{digest}" / f"seed{int(seed)}"
 
 
-def _smooth(y: np.ndarray, window: int) -> np.ndarray:
-    if window <= 1 or y.size < window:
-        return y
-    k = np.ones(window) / window
-    # 'valid' would shorten the curve; pad with edge values instead.
-    pad = np.pad(y, (window // 2, window - 1 - window // 2), mode="edge")
-    return np.convolve(pad, k, mode="valid")
+def validate_comparison(config: ml_collections.ConfigDict, workdir: str | Path) -> Path:
+    """ConfigError (one line) for a bad comparison config or workdir; checks every run's config.
+
+    Loads each distinct corpus once to check it fits the runs' sequence length.
+    Creates nothing.
+    """
+    if "compare" not in config:
+        raise ConfigError("not a comparison config: it has no 'compare' block")
+    validate(config, extra=("compare",))
+    cmp = config.compare
+    for name in cmp:
+        if name not in COMPARE_FIELDS:
+            raise ConfigError(
+                f"unknown field compare.{name}; fields: {', '.join(COMPARE_FIELDS)}"
+                + (" (runs live under --workdir/runs)" if name == "run_root" else "")
+            )
+    for name in COMPARE_FIELDS:
+        if name not in cmp:
+            raise ConfigError(f"compare.{name} is missing (build it with comparison_block)")
+    labels = list(cmp.labels)
+    if str(cmp.baseline) not in labels:
+        raise ConfigError(f"baseline {cmp.baseline!r} is not among compare.labels {labels}")
+    missing = [lab for lab in labels if lab not in cmp.runs]
+    if missing:
+        raise ConfigError(f"compare.runs has no entry for {missing}")
+    if not list(cmp.seeds):
+        raise ConfigError("compare.seeds is empty: give at least one seed (two for an interval)")
+    workdir = check_workdir(workdir)
+    checked: set[str] = set()
+    for label in labels:
+        rc = run_config(config, label, int(cmp.seeds[0]))
+        try:
+            validate(rc)
+        except ConfigError as e:
+            raise ConfigError(f"compare.runs.{label}: {e}") from None
+        n = seq_len(rc, model_config(rc))
+        key = json.dumps([to_jsonable(rc.data), n], sort_keys=True)
+        if key not in checked:
+            load_data(rc, n)
+            checked.add(key)
+    return workdir
 
 
-def _curves(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
-    pts = [(r["step"], r[key]) for r in rows if key in r]
-    if not pts:
-        return np.zeros(0), np.zeros(0)
-    s, v = zip(*pts)
-    return np.asarray(s), np.asarray(v, dtype=np.float64)
+def _diverged_summary(rdir: Path, rc, step: int) -> dict:
+    s = summarize(read_jsonl(rdir / "metrics.jsonl"), int(rc.final_window))
+    # A diverged run has no final losses: NaN keeps it out of every mean.
+    s[train_loss_key(s)] = math.nan
+    s.update(final_val_loss=math.nan, recipe=str(rc.recipe), diverged_at=step)
+    return s
+
+
+# --- statistics --------------------------------------------------------------
 
 
 def aggregate(config, runs: dict[str, dict[int, dict]], run_rows: dict) -> dict:
-    """Per-label statistics and paired gaps to the baseline."""
+    """Per-label statistics: per-seed paired gaps to the baseline, means, 95% t-intervals."""
     cmp = config.compare
     base = str(cmp.baseline)
     seeds = [int(s) for s in cmp.seeds]
-    base_val = np.array([runs[base][s]["final_val_loss"] for s in seeds])
-    base_train = np.array([runs[base][s]["final_train_loss"] for s in seeds])
-    noise = float((base_val.max() - base_val.min()) / base_val.mean()) if len(seeds) > 1 else 0.0
-    noise_train = (
-        float((base_train.max() - base_train.min()) / base_train.mean()) if len(seeds) > 1 else 0.0
-    )
-    threshold = max(DEEPSEEK_TOLERANCE, noise)
+
+    def per_seed(label: str, key: str | None = None) -> np.ndarray:
+        vals = []
+        for s in seeds:
+            summary = runs[label][s]
+            vals.append(as_float(summary[key or train_loss_key(summary)]))
+        return np.asarray(vals, dtype=np.float64)
+
+    base_val = per_seed(base, "final_val_loss")
+    base_train = per_seed(base)
+    spread = float((base_val.max() - base_val.min()) / base_val.mean()) if len(seeds) > 1 else 0.0
     table = []
     for label in cmp.labels:
-        val = np.array([runs[label][s]["final_val_loss"] for s in seeds])
-        trn = np.array([runs[label][s]["final_train_loss"] for s in seeds])
-        gaps = (val - base_val) / base_val
-        gaps_train = (trn - base_train) / base_train
+        val = per_seed(label, "final_val_loss")
+        trn = per_seed(label)
+        gap_val = mean_interval((val - base_val) / base_val)
+        gap_train = mean_interval((trn - base_train) / base_train)
         tel: dict[str, float] = {}
         for s in seeds:
             for k, v in runs[label][s]["fp8_telemetry"].items():
                 tel[k] = (
                     max(tel.get(k, -math.inf), v) if "max" in k else tel.get(k, 0) + v / len(seeds)
                 )
-        gap = float(np.mean(gaps))
-        finite = bool(np.all(np.isfinite(val)))
+        diverged = {
+            s: runs[label][s]["diverged_at"] for s in seeds if "diverged_at" in runs[label][s]
+        }
         table.append(
             {
                 "label": label,
                 "recipe": runs[label][seeds[0]]["recipe"],
-                "final_val_loss": float(np.mean(val)),
-                "final_val_loss_per_seed": val.tolist(),
-                "final_train_loss": float(np.mean(trn)),
-                "final_train_loss_per_seed": trn.tolist(),
-                "rel_gap_val": gap,
-                "rel_gap_val_per_seed": gaps.tolist(),
-                "rel_gap_train": float(np.mean(gaps_train)),
-                "within_noise": bool(finite and abs(gap) <= threshold),
-                "tokens_per_s": float(np.mean([runs[label][s]["tokens_per_s"] for s in seeds])),
+                "final_val_loss": mean_interval(val),
+                "train_loss_last_mean": mean_interval(trn),
+                "gap_val": gap_val,
+                "gap_train": gap_train,
+                "verdict": "baseline" if label == base else verdict(gap_val),
+                "within_0.25%": label != base and verdict(gap_val) == "within",
+                "diverged_at": diverged,
+                "tokens_per_s": float(
+                    np.nanmean([as_float(runs[label][s]["tokens_per_s"]) for s in seeds])
+                ),
                 "fp8_telemetry": tel,
                 "overrides": {k: to_jsonable(v) for k, v in cmp.runs[label].items()},
             }
@@ -133,9 +282,10 @@ def aggregate(config, runs: dict[str, dict[int, dict]], run_rows: dict) -> dict:
         "name": str(cmp.name),
         "baseline": base,
         "seeds": seeds,
-        "noise_floor_val": noise,
-        "noise_floor_train": noise_train,
-        "threshold": threshold,
+        "level": 0.95,
+        "tolerance": DEEPSEEK_TOLERANCE,
+        "train_loss_window": int(config.final_window),
+        "baseline_seed_spread_val": spread,
         "table": table,
     }
 
@@ -150,29 +300,64 @@ def _sci(x: float | None) -> str:
     return f"{x:.1e}" if x else "0"
 
 
+def _interval(st: dict) -> str:
+    """'+0.12% [-0.05%, +0.29%]' (mean and 95% interval)."""
+    if not math.isfinite(st["mean"]):
+        return "n/a"
+    if not (math.isfinite(st["lo"]) and math.isfinite(st["hi"])):
+        return f"{_pct(st['mean'])} [unbounded: one seed]"
+    return f"{_pct(st['mean'])} [{_pct(st['lo'])}, {_pct(st['hi'])}]"
+
+
+def _seeds(st: dict) -> str:
+    return ", ".join(_pct(x) for x in st["per_seed"])
+
+
+_VERDICT_TEXT = {
+    "baseline": "--",
+    "within": "yes",
+    "not within": "no",
+    "cannot resolve": "cannot resolve 0.25%",
+    "diverged": "diverged",
+}
+
+
 def markdown(results: dict, command: str | None = None, notes: str = "") -> str:
     """The results table in Markdown (one row per label)."""
     base = results["baseline"]
+    n = len(results["seeds"])
     lines = [f"# Comparison: {results['name']}", ""]
     if notes:
         lines += [notes.strip(), ""]
     lines += [
-        f"Seeds: {results['seeds']}. Gap = mean over seeds of the paired relative gap of the "
-        f"final validation loss to `{base}`. Noise floor (bf16 seed-to-seed spread of the final "
-        f"validation loss, (max-min)/mean): {100 * results['noise_floor_val']:.2f}%. "
-        f'"Within" = |gap| <= max(0.25%, noise floor) = {100 * results["threshold"]:.2f}%.',
+        f"Seeds: {results['seeds']} (each seed: the same initialization and batch order for "
+        f"every run). Gap = paired relative gap of the final validation loss to `{base}`, per "
+        f"seed; the table gives its mean and 95% t-interval over the {n} seeds. "
+        '"Within 0.25%" = the whole interval inside +-0.25%; an interval wider than 0.5% '
+        "cannot resolve 0.25%. "
+        f"Train loss: mean of the last {results['train_loss_window']} logged steps. "
+        f"{base} seed-to-seed spread of the final validation loss, (max-min)/mean: "
+        f"{100 * results['baseline_seed_spread_val']:.2f}%.",
         "",
-        "| run | recipe | final val loss | final train loss | gap to "
-        + base
-        + " (val) | gap (train) | within | tokens/s | saturated max | flushed mean |",
+        f"| run | recipe | final val loss | val gap to {base} [95% CI] | per-seed val gaps "
+        "| within 0.25% | train gap [95% CI] | tokens/s | saturated max | flushed mean |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["table"]:
         tel = r["fp8_telemetry"]
+        verdict_text = _VERDICT_TEXT[r["verdict"]]
+        if r["diverged_at"]:
+            verdict_text += (
+                " (diverged: "
+                + ", ".join(f"seed {s} at step {k}" for s, k in r["diverged_at"].items())
+                + ")"
+            )
+        is_base = r["label"] == base
         lines.append(
-            f"| {r['label']} | {r['recipe']} | {r['final_val_loss']:.4f} | "
-            f"{r['final_train_loss']:.4f} | {_pct(r['rel_gap_val'])} | {_pct(r['rel_gap_train'])} | "
-            f"{'yes' if r['within_noise'] else 'no'} | {r['tokens_per_s']:,.0f} | "
+            f"| {r['label']} | {r['recipe']} | {r['final_val_loss']['mean']:.4f} | "
+            f"{'--' if is_base else _interval(r['gap_val'])} | "
+            f"{'--' if is_base else _seeds(r['gap_val'])} | {verdict_text} | "
+            f"{'--' if is_base else _interval(r['gap_train'])} | {r['tokens_per_s']:,.0f} | "
             f"{_sci(tel.get('saturated_max'))} | {_sci(tel.get('flushed_mean'))} |"
         )
     lines += [
@@ -189,32 +374,58 @@ def markdown(results: dict, command: str | None = None, notes: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def _smooth(y: np.ndarray, window: int) -> np.ndarray:
+    if window <= 1 or y.size < window:
+        return y
+    k = np.ones(window) / window
+    # 'valid' would shorten the curve; pad with edge values instead.
+    pad = np.pad(y, (window // 2, window - 1 - window // 2), mode="edge")
+    return np.convolve(pad, k, mode="valid")
+
+
+def _curves(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    pts = [(r["step"], as_float(r[key])) for r in rows if key in r]
+    if not pts:
+        return np.zeros(0), np.zeros(0)
+    s, v = zip(*pts)
+    return np.asarray(s), np.asarray(v, dtype=np.float64)
+
+
+def _smooth_rows(v: np.ndarray, window: int) -> np.ndarray:
+    return np.stack([_smooth(row, window) for row in v])
+
+
+def _band(gaps_SxN: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean over seeds (axis 0) and its t-interval at every step."""
+    stats = [mean_interval(gaps_SxN[:, i], level) for i in range(gaps_SxN.shape[1])]
+    return tuple(np.asarray([st[k] for st in stats]) for k in ("mean", "lo", "hi"))
+
+
 def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list[Path]:
-    """loss_curves.png and gap_to_bf16.png (means over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """loss_curves.png and gap_to_bf16.png (means over seeds, 95% intervals of the gap)."""
     labels = [r["label"] for r in results["table"]]
     base = results["baseline"]
     seeds = results["seeds"]
 
-    def mean_curve(label: str, key: str):
+    def paired_curves(label: str, key: str):
+        """Steps logged by every seed of ``label`` and of the baseline; both [seeds, steps]."""
         curves = [_curves(run_rows[label][s], key) for s in seeds]
-        # Steps logged by every seed (and the baseline): runs may log extra steps.
+        base_curves = [_curves(run_rows[base][s], key) for s in seeds]
         common = set(curves[0][0].tolist())
-        for c in curves[1:] + [_curves(run_rows[base][s], key) for s in seeds]:
+        for c in curves[1:] + base_curves:
             common &= set(c[0].tolist())
         steps = np.asarray(sorted(common))
-        vals = np.stack([c[1][np.isin(c[0], steps)] for c in curves])
-        return steps, vals
+
+        def pick(cs):
+            return np.stack([c[1][np.isin(c[0], steps)] for c in cs])
+
+        return steps, pick(curves), pick(base_curves)
 
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 4.5))
     for label in labels:
-        s, v = mean_curve(label, "loss")
+        s, v, _ = paired_curves(label, "loss")
         ax_t.plot(s, _smooth(v.mean(0), smooth), label=label, lw=1.2)
-        s, v = mean_curve(label, "val_loss")
+        s, v, _ = paired_curves(label, "val_loss")
         ax_v.plot(s, v.mean(0), marker="o", ms=3, label=label, lw=1.2)
     ax_t.set(
         xlabel="step", ylabel=f"train loss (mean over seeds, {smooth}-step avg)", title="train"
@@ -230,35 +441,35 @@ def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list
     plt.close(fig)
 
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 4.5))
-    _, vb = mean_curve(base, "loss")
-    svb, vvb = mean_curve(base, "val_loss")
     for label in labels:
         if label == base:
             continue
-        s, v = mean_curve(label, "loss")
-        # Paired (same seed) relative gap, then the mean over seeds.
-        gap_t = (
-            (_smooth_rows(v, smooth) - _smooth_rows(vb, smooth)) / _smooth_rows(vb, smooth)
-        ).mean(0)
-        ax_t.plot(s, 100 * gap_t, label=label, lw=1.2)
-        s, v = mean_curve(label, "val_loss")
-        ax_v.plot(s, 100 * ((v - vvb) / vvb).mean(0), marker="o", ms=3, label=label, lw=1.2)
-    if len(seeds) > 1:
-        spread_v = (vvb.max(0) - vvb.min(0)) / vvb.mean(0)
-        ax_v.fill_between(
-            svb,
-            -100 * spread_v,
-            100 * spread_v,
-            color="gray",
-            alpha=0.2,
-            label=f"{base} seed spread",
-        )
+        s, v, vb = paired_curves(label, "loss")
+        # Paired (same seed) relative gap per seed, then its mean and interval.
+        gap_t = (_smooth_rows(v, smooth) - _smooth_rows(vb, smooth)) / _smooth_rows(vb, smooth)
+        mean, lo, hi = _band(gap_t)
+        (line,) = ax_t.plot(s, 100 * mean, label=label, lw=1.2)
+        ax_t.fill_between(s, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.15)
+        s, v, vvb = paired_curves(label, "val_loss")
+        gap_v = (v - vvb) / vvb
+        mean, lo, hi = _band(gap_v)
+        (line,) = ax_v.plot(s, 100 * mean, marker="o", ms=3, label=f"{label} (mean)", lw=1.4)
+        ax_v.fill_between(s, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.15)
+        for row in gap_v:
+            ax_v.plot(s, 100 * row, color=line.get_color(), lw=0.6, alpha=0.5)
     for ax, what in ((ax_t, "train loss"), (ax_v, "validation loss")):
         ax.axhline(0, color="k", lw=0.8)
-        ax.axhspan(-25 * 0.01, 25 * 0.01, color="green", alpha=0.08, label="±0.25%")
-        ax.set(xlabel="step", ylabel=f"relative gap of {what} to {base} (%)")
+        ax.axhspan(
+            -100 * DEEPSEEK_TOLERANCE,
+            100 * DEEPSEEK_TOLERANCE,
+            color="green",
+            alpha=0.08,
+            label="+-0.25%",
+        )
+        ax.set(xlabel="step", ylabel=f"paired gap of {what} to {base} (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    ax_v.set_title(f"mean over {len(seeds)} seeds, shaded: 95% t-interval, thin: each seed")
     fig.suptitle(f"{results['name']}: gap to {base}")
     fig.tight_layout()
     p2 = workdir / "gap_to_bf16.png"
@@ -267,22 +478,16 @@ def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list
     return [p1, p2]
 
 
-def _smooth_rows(v: np.ndarray, window: int) -> np.ndarray:
-    return np.stack([_smooth(row, window) for row in v])
-
-
 def run_comparison(config, workdir: str | Path, *, command: str | None = None, stream=None) -> dict:
-    """Train every (label, seed), then write results.json, results.md and the plots."""
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    """Train every (label, seed) under ``workdir/runs``, then write results and plots.
+
+    Checks the whole comparison first (ConfigError, nothing created).  The
+    returned results hold ``markdown``, the text of results.md.
+    """
+    workdir = validate_comparison(config, workdir)
     cmp = config.compare
     labels = list(cmp.labels)
-    if str(cmp.baseline) not in labels:
-        raise ValueError(f"baseline {cmp.baseline!r} is not among compare.labels {labels}")
-    missing = [lab for lab in labels if lab not in cmp.runs]
-    if missing:
-        raise ValueError(f"compare.runs has no entry for {missing}")
-    run_root = Path(str(cmp.get("run_root", "") or "") or workdir / "runs")
+    run_root = workdir / "runs"
     runs: dict[str, dict[int, dict]] = {label: {} for label in labels}
     run_rows: dict[str, dict[int, list]] = {label: {} for label in labels}
     dirs: dict[str, dict[int, str]] = {label: {} for label in labels}
@@ -291,7 +496,11 @@ def run_comparison(config, workdir: str | Path, *, command: str | None = None, s
             rc = run_config(config, label, int(seed))
             rdir = run_dir(run_root, rc, int(seed))
             print(f"== {cmp.name}: {label} seed {seed} -> {rdir}", file=stream, flush=True)
-            summary = train(rc, rdir, stream=stream)
+            try:
+                summary = train(rc, rdir, stream=stream)
+            except TrainingDiverged as e:
+                print(f"{label} seed {seed}: {e}", file=stream, flush=True)
+                summary = _diverged_summary(rdir, rc, e.step)
             runs[label][int(seed)] = summary
             run_rows[label][int(seed)] = read_jsonl(rdir / "metrics.jsonl")
             dirs[label][int(seed)] = str(rdir)
@@ -299,19 +508,21 @@ def run_comparison(config, workdir: str | Path, *, command: str | None = None, s
     results["run_dirs"] = dirs
     results["command"] = command
     results["config"] = to_jsonable(config)
-    notes = str(cmp.get("notes", ""))
+    notes = str(cmp.notes)
     results["notes"] = notes
     (workdir / "results.json").write_text(json.dumps(to_jsonable(results), indent=2) + "\n")
-    (workdir / "results.md").write_text(markdown(results, command, notes))
-    plot(results, run_rows, workdir, smooth=int(cmp.get("smooth", 10)))
+    text = markdown(results, command, notes)
+    (workdir / "results.md").write_text(text)
+    plot(results, run_rows, workdir, smooth=int(cmp.smooth))
+    results["markdown"] = text
     return results
 
 
 def headline_table(result_dirs: list[str | Path]) -> str:
     """One Markdown table over several comparisons' results.json (non-baseline rows)."""
     lines = [
-        "| comparison | run (recipe) | final val loss | gap to bf16 | bf16 noise floor | within "
-        "| saturated max | flushed mean |",
+        "| comparison | run (recipe) | final val loss | val gap to bf16 [95% CI] | per seed "
+        "| within 0.25% | saturated max | flushed mean |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for d in result_dirs:
@@ -320,10 +531,12 @@ def headline_table(result_dirs: list[str | Path]) -> str:
             if r["label"] == res["baseline"]:
                 continue
             tel = r["fp8_telemetry"]
+            gap = {k: as_float(v) for k, v in r["gap_val"].items() if k != "per_seed"}
+            gap["per_seed"] = [as_float(x) for x in r["gap_val"]["per_seed"]]
             lines.append(
-                f"| {res['name']} | {r['label']} ({r['recipe']}) | {r['final_val_loss']:.4f} | "
-                f"{_pct(r['rel_gap_val'])} | {100 * res['noise_floor_val']:.2f}% | "
-                f"{'yes' if r['within_noise'] else 'no'} | {_sci(tel.get('saturated_max'))} | "
-                f"{_sci(tel.get('flushed_mean'))} |"
+                f"| {res['name']} | {r['label']} ({r['recipe']}) | "
+                f"{as_float(r['final_val_loss']['mean']):.4f} | {_interval(gap)} | "
+                f"{_seeds(gap)} | {_VERDICT_TEXT[r['verdict']]} | "
+                f"{_sci(tel.get('saturated_max'))} | {_sci(tel.get('flushed_mean'))} |"
             )
     return "\n".join(lines) + "\n"

@@ -1,14 +1,46 @@
 """The training config schema with its defaults (configs/*.py start from these).
 
-``base_config()`` lists every field :func:`fp8jax.train.loop.train` reads;
-``tiny_config()`` / ``small_config()`` / ``gpu_config()`` are the three sizes
-the ``configs/`` files expose (they live here so comparison configs can build
-on them by import, whatever directory the entry point runs from).
+``base_config()`` lists every field :func:`fp8jax.train.loop.train` reads, each
+default written once here (the model's own defaults live in
+``fp8jax.models.ModelConfig``); ``tiny_config()`` / ``small_config()`` /
+``gpu_config()`` are the three sizes the ``configs/`` files expose (they live
+here so comparison configs can build on them by import, whatever directory the
+entry point runs from).
+
+:func:`validate` checks a config before anything is created and raises
+:class:`ConfigError` (one line, naming the field and the fix) for every user
+mistake.  ``RESUMABLE_FIELDS`` are the fields a resumed run may change.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import math
+from pathlib import Path
+
 import ml_collections
+
+from fp8jax.models import ModelConfig
+from fp8jax.train.variants import get_recipe
+
+
+class ConfigError(ValueError):
+    """A user mistake in a config, a path or the data: the message is one line with the fix."""
+
+
+# Fields a run may change when it resumes from its workdir: they decide how
+# long it trains and what it logs, not what a step computes.  ``steps`` may
+# only grow (the cosine schedule is then stretched from the resumed step on).
+RESUMABLE_FIELDS = (
+    "steps",
+    "log_every",
+    "eval_every",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "tensorboard",
+    "final_window",
+)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -105,32 +137,231 @@ def gpu_config() -> ml_collections.ConfigDict:
     return c
 
 
+# Comparisons judge gaps of a fraction of a percent: their validation loss is
+# measured on at least this many held-out predicted tokens.
+COMPARISON_VAL_TOKENS = 65_536
+
+
+def set_comparison_eval(c: ml_collections.ConfigDict, batch_size: int = 32) -> None:
+    """Size ``c``'s validation set to at least ``COMPARISON_VAL_TOKENS`` predicted tokens.
+
+    A row of ``seq_len`` bytes gives ``seq_len - 1`` predictions; the rows are
+    evenly spaced windows of the held-out stream (``fp8jax.data.val_batches``).
+    """
+    n = seq_len(c, model_config(c))
+    c.eval_batch_size = batch_size
+    c.eval_batches = math.ceil(COMPARISON_VAL_TOKENS / (batch_size * (n - 1)))
+
+
+def comparison_block(
+    name: str, runs: dict, notes: str, *, seeds=(0, 1), baseline: str = "bf16"
+) -> ml_collections.ConfigDict:
+    """The ``compare`` block of a comparison config (fields: fp8jax.train.compare).
+
+    ``runs`` maps a label to the fields it overrides, at least ``recipe``
+    (several labels may share a recipe: a label names a run, not a recipe).
+    """
+    return ml_collections.ConfigDict(
+        dict(
+            name=name,
+            labels=list(runs),
+            baseline=baseline,
+            seeds=list(seeds),
+            notes=notes,
+            # Moving-average window (logged steps) of the train-loss curves in the plots.
+            smooth=10,
+            runs=ml_collections.ConfigDict(runs),
+        )
+    )
+
+
 def tiny_comparison_config(
     name: str, runs: dict, notes: str, *, seeds=(0, 1)
 ) -> ml_collections.ConfigDict:
     """The tiny model's 120-step comparison setup shared by formats/scaling/granularity.
 
     ``runs`` maps a label to {"recipe": ...}; "bf16" must be one of them (the
-    baseline).  All tiny comparisons share one run_root, so a run that two
-    comparisons contain (same config) is trained once.
+    baseline).  Runs live under the comparison's own workdir.
     """
     c = tiny_config()
     c.steps = 120
     c.warmup_steps = 12
     c.eval_every = 30
     c.log_every = 3
-    c.eval_batches = 4
-    c.eval_batch_size = 8
     c.final_window = 10
-    c.compare = ml_collections.ConfigDict(
-        dict(
-            name=name,
-            labels=list(runs),
-            baseline="bf16",
-            run_root="/tmp/fp8jax_cmp/runs_tiny",
-            seeds=list(seeds),
-            notes=notes,
-            runs=ml_collections.ConfigDict(runs),
-        )
-    )
+    set_comparison_eval(c)
+    c.compare = comparison_block(name, runs, notes, seeds=seeds)
     return c
+
+
+# Validation: everything train() reads, checked before a workdir, a corpus or a
+# model exists, so a mistake costs one line and leaves nothing behind.
+
+_DATA_SOURCES = ("stdlib", "text", "synthetic")
+_MOMENT_DTYPES = ("float32", "bfloat16")
+
+
+def _fields(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, object]:
+    """Dotted field name -> value (nested ConfigDicts flattened, model_overrides kept whole)."""
+    out: dict[str, object] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, ml_collections.ConfigDict) and key != "model_overrides":
+            out.update(_fields(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _check_known_fields(config: ml_collections.ConfigDict, extra: tuple[str, ...]) -> None:
+    schema = _fields(base_config())
+    have = _fields(config)
+    for name in have:
+        if name in schema or name.split(".")[0] in extra:
+            continue
+        close = difflib.get_close_matches(name, list(schema), n=1)
+        hint = f"; did you mean --config.{close[0]}?" if close else ""
+        raise ConfigError(f"unknown config field --config.{name}{hint}")
+    missing = [name for name in schema if name not in have]
+    if missing:
+        raise ConfigError(
+            f"config has no field {missing[0]!r}: build it from "
+            "fp8jax.train.defaults.base_config() (or tiny_config / small_config)"
+        )
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
+def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
+    """The ModelConfig preset named by ``config.model`` with ``config.model_overrides`` applied."""
+    preset = getattr(ModelConfig, str(config.model), None)
+    presets = ("tiny", "small", "gpu_1b")
+    _require(
+        callable(preset) and str(config.model) in presets,
+        f"unknown model preset {config.model!r} (--config.model); known: {', '.join(presets)}",
+    )
+    overrides = dict(config.model_overrides)
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    for key in overrides:
+        close = difflib.get_close_matches(key, sorted(names), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        _require(key in names, f"model_overrides.{key} is not a ModelConfig field{hint}")
+    try:
+        return preset(**overrides)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"model_overrides: {e}") from None
+
+
+def seq_len(config: ml_collections.ConfigDict, mcfg: ModelConfig) -> int:
+    """Tokens per row: ``config.seq_len``, or the model's ``max_seq_len`` when it is <= 0."""
+    return int(config.seq_len) if int(config.seq_len) > 0 else mcfg.max_seq_len
+
+
+def validate(config: ml_collections.ConfigDict, *, extra: tuple[str, ...] = ()) -> None:
+    """Raise :class:`ConfigError` (one line with the fix) for any bad field of ``config``.
+
+    ``extra``: top-level blocks besides the training fields (e.g. ``"compare"``).
+    Checks names (a typo gets a "did you mean"), the recipe and model preset,
+    ranges (batch_size >= 1, seq_len >= 2, finite positive lr, ...) and the
+    data source and path; the corpus itself is checked once it is loaded
+    (:func:`fp8jax.data.corpus.check_corpus`).
+    """
+    _check_known_fields(config, extra)
+    try:
+        get_recipe(str(config.recipe))
+    except ValueError as e:
+        raise ConfigError(f"{e} (--config.recipe)") from None
+    mcfg = model_config(config)
+    n = seq_len(config, mcfg)
+    _require(
+        n >= 2,
+        f"seq_len {n} is too short: a row of n bytes gives n - 1 predictions; use "
+        f"--config.seq_len >= 2 (or <= 0 for the model's max_seq_len {mcfg.max_seq_len})",
+    )
+    _require(
+        n <= mcfg.max_seq_len,
+        f"seq_len {n} exceeds the model's max_seq_len {mcfg.max_seq_len}; use "
+        f"--config.seq_len <= {mcfg.max_seq_len}",
+    )
+    for name in ("batch_size", "microbatches", "steps", "log_every", "eval_batch_size"):
+        _require(int(config[name]) >= 1, f"{name} must be >= 1, got {config[name]}")
+    for name in ("keep_checkpoints", "final_window"):
+        _require(int(config[name]) >= 1, f"{name} must be >= 1, got {config[name]}")
+    for name in ("eval_every", "eval_batches", "checkpoint_every", "warmup_steps"):
+        _require(int(config[name]) >= 0, f"{name} must be >= 0, got {config[name]}")
+    _require(
+        int(config.batch_size) % int(config.microbatches) == 0,
+        f"batch_size {config.batch_size} is not divisible by microbatches {config.microbatches}",
+    )
+    _require(int(config.fp8_reset_every) >= 0, "fp8_reset_every must be >= 0 (0 = off)")
+    _require(
+        _finite(config.fp8_amax_growth) and config.fp8_amax_growth >= 1.0,
+        f"fp8_amax_growth must be a finite number >= 1 (1 = off), got {config.fp8_amax_growth}",
+    )
+    _require(_finite(config.lr) and config.lr > 0, f"lr must be finite and > 0, got {config.lr}")
+    _require(
+        _finite(config.min_lr_ratio) and 0.0 <= config.min_lr_ratio <= 1.0,
+        f"min_lr_ratio must be in [0, 1], got {config.min_lr_ratio}",
+    )
+    for name in ("b1", "b2"):
+        _require(
+            _finite(config[name]) and 0.0 <= config[name] < 1.0,
+            f"{name} must be in [0, 1), got {config[name]}",
+        )
+    _require(_finite(config.eps) and config.eps > 0, f"eps must be > 0, got {config.eps}")
+    for name in ("weight_decay", "clip_norm"):
+        _require(
+            _finite(config[name]) and config[name] >= 0,
+            f"{name} must be finite and >= 0 (clip_norm 0 = no clipping), got {config[name]}",
+        )
+    _require(
+        str(config.moment_dtype) in _MOMENT_DTYPES,
+        f"moment_dtype must be one of {_MOMENT_DTYPES}, got {config.moment_dtype!r}",
+    )
+    d = config.data
+    _require(
+        str(d.source) in _DATA_SOURCES,
+        f"unknown data source {d.source!r} (--config.data.source); use one of {_DATA_SOURCES}",
+    )
+    _require(
+        _finite(d.val_fraction) and 0.0 < d.val_fraction < 1.0,
+        f"data.val_fraction must be in (0, 1), got {d.val_fraction}",
+    )
+    _require(int(d.max_bytes) >= 0, f"data.max_bytes must be >= 0 (0 = all), got {d.max_bytes}")
+    if str(d.source) == "text":
+        _require(
+            bool(str(d.path)),
+            "data source 'text' needs a file or folder: --config.data.path=PATH",
+        )
+        path = Path(str(d.path)).expanduser()
+        _require(
+            path.exists(),
+            f"data path {str(d.path)!r} does not exist: give an existing file or folder "
+            "with --config.data.path",
+        )
+
+
+def check_workdir(workdir: str | Path) -> Path:
+    """The workdir as a Path; ConfigError if it exists and is not a directory."""
+    p = Path(workdir).expanduser()
+    _require(bool(str(workdir)), "--workdir is empty: give a directory for the run")
+    _require(
+        not p.exists() or p.is_dir(),
+        f"workdir {str(workdir)!r} exists and is not a directory: choose another --workdir",
+    )
+    parent = p.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    _require(
+        parent.is_dir(),
+        f"workdir {str(workdir)!r} lies under {str(parent)!r}, which is a file: choose "
+        "another --workdir",
+    )
+    return p

@@ -1,18 +1,32 @@
 """``train(config, workdir)``: one training run, resumable from its workdir.
 
-The config is an ``ml_collections.ConfigDict`` (see ``configs/tiny.py`` for
-every field).  A run:
+The config is an ``ml_collections.ConfigDict`` (every field, with its meaning:
+``fp8jax/train/defaults.py``).  A run:
 
-1. builds the corpus (:mod:`fp8jax.data`), the model
-   (``fp8jax.models.MoETransformer`` from a ``ModelConfig`` preset plus
-   overrides) and the recipe (:mod:`fp8jax.train.variants`);
-2. restores the latest checkpoint in ``<workdir>/checkpoints`` if there is
-   one (then continues from its step; batches depend only on the step);
-3. runs the jitted step, logging train metrics every ``log_every`` steps and
-   validation cross-entropy every ``eval_every`` steps and at the end;
-4. checkpoints every ``checkpoint_every`` steps and at the end.
+1. checks the config, the workdir and (once loaded) the corpus before it
+   creates anything: a mistake raises :class:`~fp8jax.train.defaults.ConfigError`
+   with one line naming the fix, and no workdir is made;
+2. refuses a workdir whose ``config.json`` holds another config (only the
+   ``RESUMABLE_FIELDS`` of :mod:`fp8jax.train.defaults` may change; ``steps``
+   may only grow), so a workdir never mixes two runs;
+3. restores the latest readable, finite checkpoint in ``<workdir>/checkpoints``
+   if there is one ("resuming from step N"; batches depend only on the step),
+   or reports "already complete: <summary>" when it has all the steps;
+4. runs the jitted step, logging train metrics every ``log_every`` steps and
+   validation cross-entropy every ``eval_every`` steps and at the end, one
+   progress line per logged step;
+5. checkpoints every ``checkpoint_every`` steps, at the end, and when SIGINT or
+   SIGTERM arrives (then raises :class:`TrainingInterrupted`).
 
-It returns a summary dict (final losses, throughput, FP8 telemetry).
+Divergence: each step computes, on device, whether its loss and global
+gradient norm are finite.  The loop reads those flags only where it syncs with
+the device anyway (logged steps, evaluations, checkpoints, the end), so finding
+the first non-finite step costs no extra sync; it then writes that step's
+metrics row (NaN/Inf as null), never checkpoints the state, and raises
+:class:`TrainingDiverged` naming the step.  The checkpoints already kept are
+all finite.
+
+It returns a summary dict (losses, throughput, FP8 telemetry, curves).
 """
 
 from __future__ import annotations
@@ -20,67 +34,59 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import signal
+import subprocess
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from flax import nnx
 
 from fp8jax.data import corpus as data_lib
+from fp8jax.models import ModelConfig, MoETransformer, loss_fn, update_router_bias
+from fp8jax.recipes import Recipe
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import metrics as metrics_lib
+from fp8jax.train.defaults import (
+    RESUMABLE_FIELDS,
+    ConfigError,
+    check_workdir,
+    model_config,
+    seq_len,
+    validate,
+)
 from fp8jax.train.optimizer import make_optimizer
 from fp8jax.train.state import TrainState, count_params, create_train_state
 from fp8jax.train.step import make_eval_step, make_train_step
 from fp8jax.train.variants import get_recipe
 
 
-def model_config(config) -> Any:
-    """ModelConfig preset named by ``config.model`` with ``config.model_overrides`` applied."""
-    from fp8jax.models import ModelConfig
+class TrainingDiverged(FloatingPointError):
+    """The loss or gradient norm of a step was NaN or Inf; ``step`` is the first such step."""
 
-    preset = getattr(ModelConfig, str(config.model), None)
-    if preset is None:
-        raise ValueError(f"unknown model preset {config.model!r} (ModelConfig has no such method)")
-    cfg = preset()
-    overrides = dict(config.get("model_overrides", {}) or {})
-    if overrides:
-        cfg = dataclasses.replace(cfg, **overrides)
-    return cfg
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
 
 
-def build_model(config, recipe) -> tuple[Any, nnx.Module]:
-    from fp8jax.models import MoETransformer
+class TrainingInterrupted(Exception):
+    """SIGINT or SIGTERM arrived; a checkpoint of ``step`` was saved in ``workdir``."""
 
-    cfg = model_config(config)
-    return cfg, MoETransformer(cfg, recipe, rngs=nnx.Rngs(int(config.seed)))
-
-
-def load_data(config) -> data_lib.Corpus:
-    d = config.data
-    max_bytes = int(d.get("max_bytes", 0) or 0) or None
-    return data_lib.load_corpus(
-        str(d.source),
-        path=str(d.get("path", "") or "") or None,
-        val_fraction=float(d.val_fraction),
-        max_bytes=max_bytes,
-        seed=int(d.get("seed", 0)),
-    )
-
-
-def _loss_fn():
-    from fp8jax.models import loss_fn
-
-    return loss_fn
+    def __init__(self, message: str, step: int, signum: int):
+        super().__init__(message)
+        self.step = step
+        self.signum = signum
 
 
 def git_state() -> dict | None:
     """Commit and dirty flag of the fp8jax source tree (None outside a git checkout)."""
-    import subprocess
-
     root = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(
@@ -95,45 +101,158 @@ def git_state() -> dict | None:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
-    # Runs record the code they ran: the shared tree changes while experiments run.
+    # Runs record the code they ran: the tree changes while experiments run.
     return {"commit": commit, "fp8jax_dirty": bool(dirty)}
 
 
-def _host(tree) -> dict[str, float]:
-    return {k: float(v) for k, v in jax.device_get(tree).items()}
+def load_data(config: ml_collections.ConfigDict, n: int) -> data_lib.Corpus:
+    """The corpus of ``config.data``, checked to hold rows of ``n`` tokens (ConfigError if not)."""
+    d = config.data
+    try:
+        corpus = data_lib.load_corpus(
+            str(d.source),
+            path=str(d.path) or None,
+            val_fraction=float(d.val_fraction),
+            max_bytes=int(d.max_bytes) or None,
+            seed=int(d.seed),
+        )
+        data_lib.check_corpus(corpus, n)
+    except (OSError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+    return corpus
 
 
 def summarize(rows: list[dict], final_window: int) -> dict:
-    """Final losses and telemetry from metrics.jsonl rows."""
+    """Final losses and telemetry from metrics.jsonl rows (null values read as NaN).
+
+    ``train_loss_last{n}_mean``: mean training loss of the last ``n`` logged
+    steps (``n = final_window``, fewer if fewer were logged: one step's loss is
+    noisy); ``final_val_loss``: the validation loss after the last step;
+    ``tokens_per_s``: mean throughput from the first step after compilation
+    to the last logged one, evaluations excluded.
+    """
+    f = metrics_lib.as_float
     train_rows = [r for r in rows if "loss" in r]
     val_rows = [r for r in rows if "val_loss" in r]
-    last = train_rows[-final_window:] if train_rows else []
+    last = train_rows[-final_window:]
     out: dict[str, Any] = {
         "steps": train_rows[-1]["step"] if train_rows else 0,
-        # Mean of the last few steps' training loss: one step's loss is noisy.
-        "final_train_loss": float(np.mean([r["loss"] for r in last])) if last else math.nan,
-        "final_val_loss": val_rows[-1]["val_loss"] if val_rows else math.nan,
+        f"train_loss_last{len(last)}_mean": (
+            float(np.mean([f(r["loss"]) for r in last])) if last else math.nan
+        ),
+        "final_val_loss": f(val_rows[-1]["val_loss"]) if val_rows else math.nan,
     }
-    tps = [r["tokens_per_s"] for r in train_rows if "tokens_per_s" in r]
+    tps = [f(r["tokens_per_s"]) for r in train_rows if "tokens_per_s" in r]
     out["tokens_per_s"] = tps[-1] if tps else math.nan
     tel = {}
     for key, red in (
-        ("fp8/amax_max", max),
-        ("fp8/saturated_max", max),
+        ("fp8/amax_max", np.max),
+        ("fp8/saturated_max", np.max),
         ("fp8/saturated_mean", np.mean),
-        ("fp8/flushed_max", max),
+        ("fp8/flushed_max", np.max),
         ("fp8/flushed_mean", np.mean),
     ):
-        vals = [r[key] for r in train_rows if key in r]
+        vals = [f(r[key]) for r in train_rows if key in r]
         if vals:
             tel[key.split("/", 1)[1]] = float(red(vals))
     first = [r for r in train_rows if r["step"] == 1]
     if first and "fp8/saturated_max" in first[0]:
-        tel["saturated_max_step1"] = first[0]["fp8/saturated_max"]
+        tel["saturated_max_step1"] = f(first[0]["fp8/saturated_max"])
     out["fp8_telemetry"] = tel
-    out["train_curve"] = [(r["step"], r["loss"]) for r in train_rows]
-    out["val_curve"] = [(r["step"], r["val_loss"]) for r in val_rows]
+    out["train_curve"] = [(r["step"], f(r["loss"])) for r in train_rows]
+    out["val_curve"] = [(r["step"], f(r["val_loss"])) for r in val_rows]
     return out
+
+
+def train_loss_key(summary: dict) -> str:
+    """The ``train_loss_last{n}_mean`` key of a summary."""
+    return next(k for k in summary if k.startswith("train_loss_last") and k.endswith("_mean"))
+
+
+def summary_line(summary: dict) -> str:
+    """The summary's headline fields as one JSON object (NaN as null)."""
+    keys = ("recipe", "steps", train_loss_key(summary), "final_val_loss", "tokens_per_s")
+    head = {k: summary[k] for k in keys}
+    if "wall_s" in summary:
+        head["wall_s"] = summary["wall_s"]
+    return json.dumps(metrics_lib.to_jsonable(head))
+
+
+# --- resume checks -----------------------------------------------------------
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "model_overrides":
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_changes(old: dict, new: dict) -> dict[str, tuple[Any, Any]]:
+    """Dotted field -> (old, new) for every field that differs between two config dicts."""
+    a, b = _flat(old), _flat(new)
+    missing = object()
+    return {
+        k: (a.get(k), b.get(k))
+        for k in sorted(set(a) | set(b))
+        if a.get(k, missing) != b.get(k, missing)
+    }
+
+
+def check_resumable(workdir: Path, config: ml_collections.ConfigDict) -> dict[str, tuple]:
+    """Refuse (ConfigError) a workdir whose config.json holds another run's config.
+
+    Returns the resumable fields that change (empty for a fresh workdir).
+    """
+    path = workdir / "config.json"
+    if not path.exists():
+        return {}
+    try:
+        old = json.loads(path.read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"{path} is unreadable ({type(e).__name__}); use a new --workdir"
+        ) from None
+    new = json.loads(json.dumps(metrics_lib.to_jsonable(config)))
+    changes = config_changes(old, new)
+    fixed = {k: v for k, v in changes.items() if k not in RESUMABLE_FIELDS}
+    if fixed:
+        shown = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in list(fixed.items())[:4])
+        more = f" (+{len(fixed) - 4} more)" if len(fixed) > 4 else ""
+        raise ConfigError(
+            f"workdir {str(workdir)!r} holds a run with another config ({shown}{more}); "
+            f"use a new --workdir, or change only {', '.join(RESUMABLE_FIELDS)}"
+        )
+    if "steps" in changes and changes["steps"][1] < changes["steps"][0]:
+        raise ConfigError(
+            f"workdir {str(workdir)!r} holds a run of {changes['steps'][0]} steps; steps may only "
+            f"grow on resume (got {changes['steps'][1]}): use a new --workdir"
+        )
+    return changes
+
+
+# --- setup -------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything a run needs before its first step (nothing on disk yet)."""
+
+    config: ml_collections.ConfigDict
+    workdir: Path
+    recipe: Recipe
+    mcfg: ModelConfig
+    corpus: data_lib.Corpus
+    seq_len: int
+    graphdef: Any
+    state: TrainState
+    step_fn: Callable
+    eval_fn: Callable
+    val: jax.Array | None
+    changes: dict[str, tuple]
 
 
 # Jitted step/eval functions of this process, keyed by everything they close
@@ -146,6 +265,8 @@ _NOT_IN_STEP = (
     "data_seed",
     "data",
     "eval_every",
+    "eval_batches",
+    "eval_batch_size",
     "log_every",
     "checkpoint_every",
     "keep_checkpoints",
@@ -160,24 +281,23 @@ def _compile_key(config, recipe, mcfg) -> str:
     return json.dumps(blob, sort_keys=True, default=str)
 
 
-def train(config, workdir: str | Path, *, stop_at: int | None = None, stream=None) -> dict:
-    """Train (or resume) the run described by ``config`` in ``workdir``.
+def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
+    """Check everything, then build corpus, model, state and jitted functions.
 
-    ``stop_at``: stop after this step (checkpointing it), as if interrupted;
-    the learning-rate schedule still spans ``config.steps``.
+    Writes nothing: every user mistake (config, workdir, data) raises
+    ConfigError before anything exists on disk.
     """
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    validate(config)
+    workdir = check_workdir(workdir)
+    changes = check_resumable(workdir, config)
     recipe = get_recipe(str(config.recipe))
-    corpus = load_data(config)
-    mcfg, model = build_model(config, recipe)
-    seq_len = int(config.seq_len) if int(config.get("seq_len", 0) or 0) > 0 else mcfg.max_seq_len
-    if seq_len > mcfg.max_seq_len:
-        raise ValueError(f"seq_len {seq_len} exceeds the model's max_seq_len {mcfg.max_seq_len}")
-    total = int(config.steps)
+    mcfg = model_config(config)
+    n = seq_len(config, mcfg)
+    corpus = load_data(config, n)
+    model = MoETransformer(mcfg, recipe, rngs=nnx.Rngs(int(config.seed)))
     tx, schedule = make_optimizer(
         peak_lr=float(config.lr),
-        total_steps=total,
+        total_steps=int(config.steps),
         warmup_steps=int(config.warmup_steps),
         min_lr_ratio=float(config.min_lr_ratio),
         b1=float(config.b1),
@@ -189,117 +309,241 @@ def train(config, workdir: str | Path, *, stop_at: int | None = None, stream=Non
     )
     graphdef, state = create_train_state(model, tx)
     del model
-    fresh_fp8 = jax.tree.map(jnp.copy, state.fp8)
-    from fp8jax.models import update_router_bias
-
     key = _compile_key(config, recipe, mcfg)
     if key not in _COMPILED:
         step_fn = make_train_step(
             graphdef,
             tx,
-            _loss_fn(),
+            loss_fn,
             microbatches=int(config.microbatches),
-            bias_rate=float(getattr(mcfg, "bias_update_rate", 0.0)),
+            bias_rate=float(mcfg.bias_update_rate),
             update_bias_fn=update_router_bias,
             schedule=schedule,
-            fp8_fresh=fresh_fp8,
-            fp8_reset_every=int(config.get("fp8_reset_every", 0)),
-            fp8_amax_growth=float(config.get("fp8_amax_growth", 1.0)),
+            fp8_fresh=jax.tree.map(jnp.copy, state.fp8),
+            fp8_reset_every=int(config.fp8_reset_every),
+            fp8_amax_growth=float(config.fp8_amax_growth),
         )
         if len(_COMPILED) >= _MAX_COMPILED:
             _COMPILED.pop(next(iter(_COMPILED)))
-        _COMPILED[key] = (step_fn, make_eval_step(graphdef, _loss_fn()))
+        _COMPILED[key] = (step_fn, make_eval_step(graphdef, loss_fn))
     step_fn, eval_fn = _COMPILED[key]
-    val = jnp.asarray(
-        data_lib.val_batches(corpus, int(config.eval_batches), int(config.eval_batch_size), seq_len)
+    val = None
+    if int(config.eval_batches) > 0:
+        val = jnp.asarray(
+            data_lib.val_batches(corpus, int(config.eval_batches), int(config.eval_batch_size), n)
+        )
+    return Run(
+        config, workdir, recipe, mcfg, corpus, n, graphdef, state, step_fn, eval_fn, val, changes
     )
 
-    ckpt = ckpt_lib.Checkpointer(
-        workdir, every=int(config.checkpoint_every), keep=int(config.keep_checkpoints)
-    )
-    start = 0
-    if ckpt.latest_step() is not None:
-        state = ckpt.restore(state)
-        start = int(jax.device_get(state.step))
-    else:
-        metrics_lib.write_config(
-            workdir,
-            config,
-            {
-                "corpus": corpus.summary(),
-                "recipe": dataclasses.asdict(recipe),
-                "model_config": dataclasses.asdict(mcfg),
-                "n_params": count_params(state.params),
-                "seq_len": seq_len,
-                "jax_version": jax.__version__,
-                "backend": jax.default_backend(),
-                "git": git_state(),
-            },
-        )
-    batch_size = int(config.batch_size)
-    data_seed = int(config.data_seed) if int(config.get("data_seed", -1)) >= 0 else int(config.seed)
-    writer = metrics_lib.MetricsWriter(
-        workdir,
-        total_steps=total,
-        # Predicted tokens per step (each row of seq_len tokens gives seq_len - 1).
-        tokens_per_step=batch_size * (seq_len - 1),
-        start_step=start,
-        tensorboard=bool(config.get("tensorboard", True)),
-        print_every=int(config.log_every),
-        stream=stream,
-    )
-    end = total if stop_at is None else min(int(stop_at), total)
-    log_every = max(int(config.log_every), 1)
-    eval_every = int(config.eval_every)
-    t_start = time.perf_counter()
+
+def _run_facts(run: Run) -> dict:
+    return {
+        "corpus": run.corpus.summary(),
+        "recipe": dataclasses.asdict(run.recipe),
+        "model_config": dataclasses.asdict(run.mcfg),
+        "n_params": count_params(run.state.params),
+        "seq_len": run.seq_len,
+        "jax_version": jax.__version__,
+        "backend": jax.default_backend(),
+        "git": git_state(),
+    }
+
+
+# --- the loop ----------------------------------------------------------------
+
+
+@contextmanager
+def _stop_signals() -> Iterator[list[int]]:
+    """Record SIGINT / SIGTERM in the yielded list instead of raising mid-step.
+
+    Only the main thread may install handlers; elsewhere the list stays empty
+    and signals keep their usual effect.
+    """
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+        signal.signal(s, lambda signum, frame: caught.append(signum))
     try:
+        yield caught
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class _Divergence:
+    """Per-step finiteness flags, left on device until the loop syncs anyway."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[int, dict]] = []
+
+    def add(self, step: int, metrics: dict) -> None:
+        self.pending.append((step, metrics))
+
+    def first_bad(self) -> tuple[int, dict] | None:
+        """(step, host metrics) of the first non-finite pending step, else None; clears."""
+        flags = jax.device_get([m["finite"] for _, m in self.pending])
+        bad = next((i for i, ok in enumerate(flags) if not ok), None)
+        found = None
+        if bad is not None:
+            step, m = self.pending[bad]
+            found = (step, _host(m))
+        self.pending = []
+        return found
+
+
+def _host(tree) -> dict[str, float]:
+    return {k: float(v) for k, v in jax.device_get(tree).items() if k != "finite"}
+
+
+def _diverged(
+    run: Run, step: int, row: dict, ckpt: ckpt_lib.Checkpointer, writer, *, logged: bool = False
+) -> TrainingDiverged:
+    if not logged:
+        writer.write(step, row)
+    kept = ckpt.all_steps()
+    where = (
+        f"the workdir keeps the finite checkpoints of steps {', '.join(map(str, kept))}"
+        if kept
+        else "no checkpoint was saved"
+    )
+    return TrainingDiverged(
+        f"training diverged at step {step}: loss {row['loss']}, gradient norm "
+        f"{row['grad_norm']} (first non-finite step; {where}); lower --config.lr or raise "
+        "--config.warmup_steps and use a new --workdir",
+        step,
+    )
+
+
+def run_loop(
+    run: Run,
+    ckpt: ckpt_lib.Checkpointer,
+    writer: metrics_lib.MetricsWriter,
+    start: int,
+    end: int,
+) -> TrainState:
+    """Steps ``start+1 .. end``: log, evaluate, checkpoint; stop on divergence or a signal."""
+    c = run.config
+    total = int(c.steps)
+    batch_size = int(c.batch_size)
+    data_seed = int(c.data_seed) if int(c.data_seed) >= 0 else int(c.seed)
+    log_every = int(c.log_every)
+    eval_every = int(c.eval_every)
+    state = run.state
+    watch = _Divergence()
+    with _stop_signals() as caught:
         for step in range(start, end):
-            tokens = jnp.asarray(data_lib.train_batch(corpus, step, batch_size, seq_len, data_seed))
-            state, m = step_fn(state, tokens)
+            tokens = jnp.asarray(
+                data_lib.train_batch(run.corpus, step, batch_size, run.seq_len, data_seed)
+            )
+            state, m = run.step_fn(state, tokens)
             done = step + 1
+            watch.add(done, m)
             if step == start:
                 # Exclude compilation from the throughput clock.
                 jax.block_until_ready(state.step)
                 writer.reset_clock(done)
             # Step 1 always: it shows what a fresh delayed-scaling state does.
-            if done % log_every == 0 or done == total or done == 1:
-                row = _host(m)
-                if not math.isfinite(row["loss"]):
-                    writer.write(done, row)
-                    raise FloatingPointError(f"non-finite loss {row['loss']} at step {done}")
-                writer.write(done, row)
-            if (eval_every > 0 and done % eval_every == 0) or done == total:
+            log = done % log_every == 0 or done == total or done == 1
+            evaluate = run.val is not None and (
+                (eval_every > 0 and done % eval_every == 0) or done == total
+            )
+            if not (log or evaluate or ckpt.due(done) or done == end or caught):
+                continue
+            bad = watch.first_bad()
+            if bad is not None:
+                raise _diverged(run, bad[0], bad[1], ckpt, writer)
+            if log:
+                row = writer.write(done, _host(m))
+            if evaluate:
                 t_eval = time.perf_counter()
-                val_loss = float(eval_fn(state, val))
+                val_loss = float(run.eval_fn(state, run.val))
                 # Evaluation time (and its compilation) is not training throughput.
                 writer.exclude_time(time.perf_counter() - t_eval)
                 writer.write(done, {"val_loss": val_loss})
-            ckpt.save(state, force=(done == end))
-    finally:
-        writer.close()
-        ckpt.close()
-    rows = metrics_lib.read_jsonl(workdir / "metrics.jsonl")
-    summary = summarize(rows, max(1, int(config.get("final_window", 10))))
-    summary["wall_s"] = time.perf_counter() - t_start
-    summary["recipe"] = recipe.name
-    summary["seed"] = int(config.seed)
-    return summary
+            if log:
+                writer.progress(done, row["loss"])
+            # Decided after the syncs above: a signal that arrived while the
+            # host waited for the device is seen here, not one step late.
+            if ckpt.due(done) or done == end or caught:
+                if not ckpt_lib.all_finite(state):
+                    raise _diverged(run, done, _host(m), ckpt, writer, logged=log)
+                ckpt.save(state, force=True)
+            if caught:
+                name = signal.Signals(caught[0]).name
+                raise TrainingInterrupted(
+                    f"{name} at step {done}/{total}: checkpoint saved in {run.workdir}",
+                    done,
+                    caught[0],
+                )
+    return state
 
 
-def final_state(config, workdir: str | Path) -> tuple[Any, TrainState]:
-    """(graphdef, TrainState) restored from the latest checkpoint of a run."""
-    recipe = get_recipe(str(config.recipe))
-    _, model = build_model(config, recipe)
-    tx, _ = make_optimizer(
-        peak_lr=float(config.lr),
-        total_steps=int(config.steps),
-        warmup_steps=int(config.warmup_steps),
-        moment_dtype=str(config.moment_dtype),
-        clip_norm=float(config.clip_norm),
+def train(
+    config: ml_collections.ConfigDict,
+    workdir: str | Path,
+    *,
+    stop_at: int | None = None,
+    stream=None,
+) -> dict:
+    """Train (or resume) the run described by ``config`` in ``workdir``.
+
+    ``stop_at``: stop after this step (checkpointing it), as if interrupted;
+    the learning-rate schedule still spans ``config.steps``.  Status lines
+    ("resuming from step N", "already complete: <summary>", warnings) and
+    progress lines go to ``stream`` (default stdout).  The summary's
+    ``already_complete`` is True when the workdir already held every step.
+    """
+    say = lambda line: print(line, file=stream, flush=True)  # noqa: E731
+    run = setup(config, workdir)
+    total = int(config.steps)
+    final_window = int(config.final_window)
+    run.workdir.mkdir(parents=True, exist_ok=True)
+    ckpt = ckpt_lib.Checkpointer(
+        run.workdir, every=int(config.checkpoint_every), keep=int(config.keep_checkpoints)
     )
-    graphdef, state = create_train_state(model, tx)
-    ckpt = ckpt_lib.Checkpointer(workdir)
     try:
-        return graphdef, ckpt.restore(state)
+        restored = ckpt.restore_latest(run.state, say)
+        start = 0 if restored is None else int(jax.device_get(restored.step))
+        if restored is not None:
+            run.state = restored
+        if start >= total:
+            rows = metrics_lib.read_jsonl(run.workdir / "metrics.jsonl")
+            summary = summarize(rows, final_window)
+            summary.update(recipe=run.recipe.name, seed=int(config.seed), already_complete=True)
+            say(f"already complete: {summary_line(summary)}")
+            return summary
+        if start > 0:
+            changed = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in run.changes.items())
+            say(f"resuming from step {start}" + (f" (changed: {changed})" if changed else ""))
+        if start == 0 or run.changes:
+            metrics_lib.write_config(run.workdir, config, _run_facts(run))
+        writer = metrics_lib.MetricsWriter(
+            run.workdir,
+            total_steps=total,
+            # Predicted tokens per step (each row of seq_len tokens gives seq_len - 1).
+            tokens_per_step=int(config.batch_size) * (run.seq_len - 1),
+            start_step=start,
+            tensorboard=bool(config.tensorboard),
+            stream=stream,
+        )
+        end = total if stop_at is None else min(int(stop_at), total)
+        t_start = time.perf_counter()
+        try:
+            run_loop(run, ckpt, writer, start, end)
+        finally:
+            writer.close()
     finally:
         ckpt.close()
+    rows = metrics_lib.read_jsonl(run.workdir / "metrics.jsonl")
+    summary = summarize(rows, final_window)
+    summary.update(
+        wall_s=time.perf_counter() - t_start,
+        recipe=run.recipe.name,
+        seed=int(config.seed),
+        already_complete=False,
+    )
+    return summary

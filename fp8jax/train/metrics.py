@@ -1,12 +1,18 @@
 """Run logs: metrics.jsonl, config.json, TensorBoard events, a progress line.
 
-* ``<workdir>/config.json``: the run's config (written once, at the start).
+* ``<workdir>/config.json``: the run's config (written at the start, updated
+  when a resume changes a resumable field).
 * ``<workdir>/metrics.jsonl``: one JSON object per logged step
   (``{"step": ..., "loss": ..., ...}``; validation rows carry ``val_loss``).
-  On resume, rows beyond the restored step are dropped first, so the file
-  reads like the log of one uninterrupted run.
+  NaN and Inf are written as JSON ``null`` (JSON has no NaN); rows are plain
+  floats in memory, and :func:`read_jsonl` gives ``None`` back for them.  On
+  resume, rows beyond the restored step are dropped first, so the file reads
+  like the log of one uninterrupted run; a torn last line (a run killed while
+  writing it) is dropped with a warning.
 * ``<workdir>/tb/``: TensorBoard event files (tensorboardX), same scalars.
-* stdout: ``step 120/400 | loss 2.3456 | val 2.4012 | 4.1 steps/s | 2,100 tok/s | ETA 1m08s``.
+* stdout, one line per logged step:
+  ``step 120/400 | loss 2.3456 | val 2.4012 @100 | 4.10 steps/s | 2,100 tok/s | ETA 1m08s``
+  (``val ... @100``: the latest validation loss and the step it was measured at).
 """
 
 from __future__ import annotations
@@ -15,14 +21,16 @@ import json
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tensorboardX import SummaryWriter
 
 
 def to_jsonable(x: Any) -> Any:
-    """ConfigDict / numpy / jax values -> plain JSON types."""
+    """ConfigDict / numpy / jax values -> plain JSON types; NaN and +-Inf -> None (null)."""
     if hasattr(x, "to_dict"):
         return to_jsonable(x.to_dict())
     if isinstance(x, dict):
@@ -30,13 +38,17 @@ def to_jsonable(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return [to_jsonable(v) for v in x]
     if isinstance(x, np.generic):
-        return x.item()
+        return to_jsonable(x.item())
     if hasattr(x, "shape") and hasattr(x, "dtype"):
-        a = np.asarray(x)
-        return a.item() if a.ndim == 0 else a.tolist()
+        return to_jsonable(np.asarray(x).tolist())
     if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
+        return None
     return x
+
+
+def as_float(x: Any) -> float:
+    """A logged number as a float; ``None`` (a NaN or Inf written as null) -> NaN."""
+    return math.nan if x is None else float(x)
 
 
 def format_duration(seconds: float) -> str:
@@ -48,11 +60,38 @@ def format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+def _parse_jsonl(path: Path) -> tuple[list[dict], int | None]:
+    """(rows, byte length of the complete lines if the last line is torn, else None)."""
+    if not path.exists():
+        return [], None
+    blob = path.read_bytes()
+    lines = blob.split(b"\n")
+    rows: list[dict] = []
+    offset = 0
+    for i, line in enumerate(lines):
+        last = i == len(lines) - 1
+        if line.strip():
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as e:
+                # Only the last line can be torn by a kill during a write.
+                if last or all(not rest.strip() for rest in lines[i + 1 :]):
+                    return rows, offset
+                raise ValueError(f"{path} line {i + 1} is not a JSON object ({e})") from None
+            rows.append(row)
+        offset += len(line) + 1
+    return rows, None
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
+    """Rows of a metrics.jsonl; a torn last line is skipped with a warning."""
     p = Path(path)
-    if not p.exists():
-        return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    rows, torn_at = _parse_jsonl(p)
+    if torn_at is not None:
+        warnings.warn(f"{p}: skipped a torn last line", stacklevel=2)
+    return rows
 
 
 class MetricsWriter:
@@ -66,7 +105,6 @@ class MetricsWriter:
         tokens_per_step: int,
         start_step: int = 0,
         tensorboard: bool = True,
-        print_every: int = 1,
         stream=None,
     ):
         self.workdir = Path(workdir)
@@ -74,25 +112,31 @@ class MetricsWriter:
         self.path = self.workdir / "metrics.jsonl"
         self.total_steps = total_steps
         self.tokens_per_step = tokens_per_step
-        self.print_every = max(int(print_every), 1)
         self.stream = stream if stream is not None else sys.stdout
+        self._last_val: tuple[int, float] | None = None
         self._truncate_after(start_step)
         self._t0 = time.perf_counter()
         self._step0 = start_step
-        self._last_val: float | None = None
         self._tb = None
         if tensorboard:
-            from tensorboardX import SummaryWriter
-
             self._tb = SummaryWriter(str(self.workdir / "tb"), purge_step=start_step)
 
     def _truncate_after(self, step: int) -> None:
-        rows = read_jsonl(self.path)
-        keep = [r for r in rows if r.get("step", 0) <= step]
-        if len(keep) != len(rows) or (step == 0 and rows):
-            if step == 0:
-                keep = []
+        """Keep rows up to ``step`` (none for a fresh run); drop a torn last line, saying so."""
+        rows, torn_at = _parse_jsonl(self.path)
+        if torn_at is not None:
+            print(
+                f"warning: {self.path}: dropped a torn last line (the run was killed while "
+                "writing it)",
+                file=self.stream,
+                flush=True,
+            )
+        keep = [r for r in rows if 0 < step and r.get("step", 0) <= step]
+        if len(keep) != len(rows) or torn_at is not None:
             self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        vals = [r for r in keep if "val_loss" in r]
+        if vals:
+            self._last_val = (int(vals[-1]["step"]), as_float(vals[-1]["val_loss"]))
 
     def reset_clock(self, step: int) -> None:
         """Start the steps/s clock at ``step`` (call after compilation)."""
@@ -109,34 +153,31 @@ class MetricsWriter:
         sps = done / dt if dt > 0 and done > 0 else float("nan")
         return sps, sps * self.tokens_per_step
 
-    def write(self, step: int, scalars: dict[str, Any]) -> dict:
-        row = {"step": int(step), **{k: to_jsonable(v) for k, v in scalars.items()}}
+    def write(self, step: int, scalars: dict[str, float]) -> dict[str, float]:
+        """Append one row (floats in memory, NaN/Inf as null in the file); no printing."""
+        row: dict[str, Any] = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
         sps, tps = self.rates(step)
         if "loss" in row and math.isfinite(sps):
             row.setdefault("steps_per_s", sps)
             row.setdefault("tokens_per_s", tps)
         with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(to_jsonable(row), allow_nan=False) + "\n")
         if self._tb is not None:
             for k, v in row.items():
-                if k != "step" and isinstance(v, int | float) and math.isfinite(v):
+                if k != "step" and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
         if "val_loss" in row:
-            self._last_val = row["val_loss"]
-        if "loss" in row and (step % self.print_every == 0 or step == self.total_steps):
-            self.progress(step, row["loss"])
-        elif "val_loss" in row and "loss" not in row:
-            self.progress(step, None)
+            self._last_val = (int(step), row["val_loss"])
         return row
 
-    def progress(self, step: int, loss: float | None) -> str:
+    def progress(self, step: int, loss: float) -> str:
+        """Print the step's progress line: loss, latest val loss @ its step, rates, ETA."""
         sps, tps = self.rates(step)
         eta = (self.total_steps - step) / sps if math.isfinite(sps) and sps > 0 else float("nan")
-        parts = [f"step {step}/{self.total_steps}"]
-        if loss is not None:
-            parts.append(f"loss {loss:.4f}")
+        parts = [f"step {step}/{self.total_steps}", f"loss {loss:.4f}"]
         if self._last_val is not None:
-            parts.append(f"val {self._last_val:.4f}")
+            val_step, val = self._last_val
+            parts.append(f"val {val:.4f} @{val_step}")
         parts.append(f"{sps:.2f} steps/s" if math.isfinite(sps) else "- steps/s")
         parts.append(f"{tps:,.0f} tok/s" if math.isfinite(tps) else "- tok/s")
         parts.append(f"ETA {format_duration(eta)}")
@@ -152,9 +193,14 @@ class MetricsWriter:
 
 
 def write_config(workdir: str | Path, config: Any, extra: dict | None = None) -> Path:
-    """config.json: the config plus run facts (corpus fingerprint, param count...)."""
+    """config.json: the config plus run facts (corpus fingerprint, param count...).
+
+    Written to a temporary file and renamed, so a kill never leaves half a file.
+    """
     p = Path(workdir) / "config.json"
     p.parent.mkdir(parents=True, exist_ok=True)
     payload = {"config": to_jsonable(config), **to_jsonable(extra or {})}
-    p.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    tmp.replace(p)
     return p

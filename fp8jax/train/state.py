@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from fp8jax.nn import FP8State, RouterBias
+
 
 class TrainState(NamedTuple):
     step: jax.Array
@@ -35,8 +37,6 @@ class TrainState(NamedTuple):
 
 def variable_filters():
     """(Param, FP8State, RouterBias) filters; FP8State/RouterBias come from fp8jax.nn."""
-    from fp8jax.nn import FP8State, RouterBias
-
     return nnx.Param, FP8State, RouterBias
 
 
@@ -68,11 +68,6 @@ def create_train_state(
         opt_state=tx.init(params),
     )
     return graphdef, state
-
-
-def merge_model(graphdef, state: TrainState) -> nnx.Module:
-    """Rebuild the NNX module from a TrainState (e.g. for evaluation or export)."""
-    return nnx.merge(graphdef, state.params, state.fp8, state.bias, state.rest)
 
 
 def count_params(params) -> int:

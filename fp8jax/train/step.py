@@ -15,7 +15,10 @@ One step on a batch ``tokens [B, T]`` split into ``M`` microbatches:
    the zero default); it is kept as it was instead of being zeroed.
 4. Router biases move by ``update_router_bias(bias, load, rate)``.
 
-All of it is one ``jax.jit``-compiled function of (TrainState, tokens).
+All of it is one ``jax.jit``-compiled function of (TrainState, tokens).  Its
+metrics include ``finite``: whether the step's loss and global gradient norm
+are finite (the training loop stops at the first step where it is not and
+never checkpoints the state that follows).
 """
 
 from __future__ import annotations
@@ -73,24 +76,16 @@ def _keep_unused(new_state, old_state):
 
 
 def update_bias_state(bias_state, expert_load: jax.Array, rate: float, update_fn) -> Any:
-    """Apply ``update_fn(bias [L,E], load [L,E], rate)`` to the RouterBias state.
-
-    The state holds either one [L, E] leaf or L leaves of shape [E] (one per
-    MoE layer, in the state's flattening order, which is layer order).
-    """
+    """Apply ``update_fn(bias [L,E], load [L,E], rate)`` to the RouterBias state (one [L, E] leaf)."""
     leaves, treedef = jax.tree.flatten(bias_state)
     if not leaves:
         return bias_state
-    if len(leaves) == 1 and leaves[0].shape == expert_load.shape:
-        return jax.tree.unflatten(treedef, [update_fn(leaves[0], expert_load, rate)])
-    stacked = jnp.stack(leaves)
-    if stacked.shape != expert_load.shape:
+    if len(leaves) != 1 or leaves[0].shape != expert_load.shape:
         raise ValueError(
             f"router bias leaves {[x.shape for x in leaves]} do not match expert_load "
             f"{expert_load.shape}"
         )
-    new = update_fn(stacked, expert_load, rate)
-    return jax.tree.unflatten(treedef, [new[i].astype(x.dtype) for i, x in enumerate(leaves)])
+    return jax.tree.unflatten(treedef, [update_fn(leaves[0], expert_load, rate)])
 
 
 def make_train_step(
@@ -179,12 +174,16 @@ def make_train_step(
         if load_sum is not None and update_bias_fn is not None and bias_rate > 0:
             bias = update_bias_state(state.bias, load_sum, bias_rate, update_bias_fn)
         loss = loss_sum * inv
+        grad_norm = optax.global_norm(g_params)
         metrics = {
             "loss": loss,
             "aux_loss": aux_sum * inv,
             "ce": loss - aux_sum * inv,
-            "grad_norm": optax.global_norm(g_params),
+            "grad_norm": grad_norm,
             "param_norm": optax.global_norm(params),
+            # Divergence flag, computed on device every step: the loop fetches
+            # it only where it syncs anyway (logging, checkpoints, the end).
+            "finite": jnp.isfinite(loss) & jnp.isfinite(grad_norm),
         }
         if schedule is not None:
             metrics["lr"] = schedule(state.step)

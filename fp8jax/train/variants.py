@@ -1,31 +1,31 @@
 """Named recipes for training configs and comparisons.
 
 Configs name a recipe by string; this registry maps the name to a
-:class:`fp8jax.Recipe`.  Besides the presets of :mod:`fp8jax.recipes`, it
-holds the variants the comparisons need, each built with
-``dataclasses.replace`` on the preset's QuantSpecs so that exactly one
-property changes:
+:class:`fp8jax.Recipe`: the presets of :mod:`fp8jax.recipes`
+(``deepseek_v3``, ``hybrid_delayed``, ``current_tensor``, ``rowwise``,
+``bf16``) plus the variants the comparisons need, each built with
+``dataclasses.replace`` on a preset's QuantSpecs so that exactly one property
+changes:
 
-formats (both fine-grained 1x128 / 128x128, online):
-  ``fine_e4m3``    unified E4M3 (= deepseek_v3)
-  ``fine_hybrid``  E4M3 forward, E5M2 for the gradient dy (dgrad lhs, wgrad rhs)
-scaling (E4M3 everywhere, so only the scaling differs):
-  ``tensor_current``   per-tensor online (= current_tensor)
-  ``tensor_delayed``   per-tensor delayed (amax history 16, max)
-  ``fine_online``      1x128 / 128x128 online (= deepseek_v3); delayed scaling
-                       is per-tensor only in the core, so there is no
-                       fine-grained delayed variant
-granularity (E4M3, online): ``tensor`` / ``row`` / ``tile_block``
-accumulation (emulated Hopper tensor core, slow): ``acc_no_promote`` (14-bit
-  accumulation over all of K) and ``acc_promote128`` (promoted to FP32 every 128)
-below 8 bits (``mxfp8``, ``nvfp4`` are presets): ``nvfp4_no_rht`` / ``nvfp4_no_sr``
-  switch off the Wgrad Hadamard transform / the gradient's stochastic
-  rounding, ``nvfp4_rtn`` both (16x16 weight blocks in all three)
+  ``fine_hybrid``     deepseek_v3's 1x128 / 128x128 online scaling, E5M2 for the
+                      gradient dy (dgrad lhs, wgrad rhs)
+  ``tensor_delayed``  per-tensor delayed scaling (amax history 16, max), E4M3
+                      everywhere (only the scaling differs from current_tensor)
+  ``acc_no_promote``  deepseek_v3 with emulated 14-bit tensor-core accumulation
+                      over all of K (slow)
+  ``acc_promote128``  the same, promoted to FP32 every 128 elements
+  ``nvfp4_no_rht`` / ``nvfp4_no_sr``  the ``nvfp4`` preset without the Wgrad
+                      Hadamard transform / the gradient's stochastic rounding
+  ``nvfp4_rtn``       both off (round-to-nearest; 16x16 weight blocks kept)
+
+A name that only relabels a preset is not a recipe: comparison configs give a
+run its own label (``compare.runs.<label>.recipe``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Callable
 
 from fp8jax import recipes
@@ -56,20 +56,10 @@ def tensor_delayed() -> Recipe:
     )
 
 
-def _renamed(fn: Callable[[], Recipe], name: str) -> Callable[[], Recipe]:
-    return lambda: dataclasses.replace(fn(), name=name)
-
-
 VARIANTS: dict[str, Callable[[], Recipe]] = {
     **recipes.PRESETS,
-    "fine_e4m3": _renamed(recipes.deepseek_v3, "fine_e4m3"),
     "fine_hybrid": fine_hybrid,
-    "tensor_current": _renamed(recipes.current_tensor, "tensor_current"),
     "tensor_delayed": tensor_delayed,
-    "fine_online": _renamed(recipes.deepseek_v3, "fine_online"),
-    "tensor": _renamed(recipes.current_tensor, "tensor"),
-    "row": _renamed(recipes.rowwise, "row"),
-    "tile_block": _renamed(recipes.deepseek_v3, "tile_block"),
     "acc_no_promote": lambda: dataclasses.replace(
         recipes.deepseek_v3(accumulation=Accumulation(promote_every=None)),
         name="acc_no_promote",
@@ -91,4 +81,8 @@ def get_recipe(name: str) -> Recipe:
     try:
         return VARIANTS[name]()
     except KeyError:
-        raise ValueError(f"unknown recipe {name!r}; known: {sorted(VARIANTS)}") from None
+        close = difflib.get_close_matches(name, list(VARIANTS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(
+            f"unknown recipe {name!r}; {hint}known: {', '.join(sorted(VARIANTS))}"
+        ) from None
