@@ -48,8 +48,8 @@ from flax import nnx
 import fp8jax
 from fp8jax import blockscaled, hadamard, microscaling
 from fp8jax.models import cross_entropy
-from fp8jax.train.loop import final_state, load_data, train
-from fp8jax.train.state import merge_model
+from fp8jax.train.checkpoint import Checkpointer
+from fp8jax.train.loop import setup, train, train_loss_key
 
 SMALL = os.environ.get("FP8JAX_NOTEBOOK_SMALL") == "1"
 REPO = Path(fp8jax.__file__).resolve().parents[1]
@@ -76,7 +76,8 @@ else:
     cfg.data.max_bytes = 4_000_000
 workdir = Path(tempfile.mkdtemp(prefix="fp8jax_nb05_"))
 summary = train(cfg, workdir, stream=io.StringIO())
-print(f"trained {cfg.steps} steps: final train loss {summary['final_train_loss']:.3f}")
+key = train_loss_key(summary)
+print(f"trained {cfg.steps} steps: {key} {summary[key]:.3f}")
 
 # %% [markdown]
 # ## One activation and one gradient
@@ -88,9 +89,14 @@ print(f"trained {cfg.steps} steps: final train loss {summary['final_train_loss']
 # model's own modules (`MoETransformer.__call__`) to reach them.
 
 # %%
-graphdef, state = final_state(cfg, workdir)
-model = merge_model(graphdef, state)
-corpus = load_data(cfg)
+# The run's model, state template and corpus (setup builds them without training),
+# then the trained state from the run's last checkpoint.
+run = setup(cfg, workdir)
+ckpt = Checkpointer(workdir)
+state = ckpt.restore(run.state)
+ckpt.close()
+model = nnx.merge(run.graphdef, state.params, state.fp8, state.bias, state.rest)
+corpus = run.corpus
 rng = np.random.default_rng(0)
 starts = rng.integers(0, len(corpus.train) - cfg.seq_len - 1, cfg.batch_size)
 tokens = jnp.asarray(np.stack([corpus.train[s : s + cfg.seq_len] for s in starts]), jnp.int32)
