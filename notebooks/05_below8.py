@@ -36,6 +36,7 @@
 import importlib.util
 import io
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -50,6 +51,13 @@ from fp8jax import blockscaled, hadamard, microscaling
 from fp8jax.models import cross_entropy
 from fp8jax.train.checkpoint import Checkpointer
 from fp8jax.train.loop import setup, train, train_loss_key
+
+# fp8jax.train's comparison module selects Agg when imported; in a notebook
+# kernel switch back to the inline backend so that plt.show() stores the figures.
+if "ipykernel" in sys.modules:
+    from IPython import get_ipython
+
+    get_ipython().run_line_magic("matplotlib", "inline")
 
 SMALL = os.environ.get("FP8JAX_NOTEBOOK_SMALL") == "1"
 REPO = Path(fp8jax.__file__).resolve().parents[1]
