@@ -21,7 +21,9 @@ flags.DEFINE_integer("k", 1024, "input features")
 flags.DEFINE_integer("n", 1024, "output features")
 flags.DEFINE_integer("seed", 0, "random seed")
 flags.DEFINE_list(
-    "recipes", ["bf16", "deepseek_v3", "current_tensor", "rowwise", "hybrid_delayed"], "presets"
+    "recipes",
+    ["bf16", "deepseek_v3", "current_tensor", "rowwise", "hybrid_delayed", "mxfp8", "nvfp4"],
+    "presets",
 )
 flags.DEFINE_string("out", None, "optional path for the Markdown table")
 

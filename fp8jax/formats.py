@@ -37,6 +37,12 @@ E4M3FNUZ = jnp.dtype(ml_dtypes.float8_e4m3fnuz)
 E5M2FNUZ = jnp.dtype(ml_dtypes.float8_e5m2fnuz)
 E8M0 = jnp.dtype(ml_dtypes.float8_e8m0fnu)
 BF16 = jnp.dtype(jnp.bfloat16)
+# FP4 E2M1 (0, 0.5, 1, 1.5, 2, 3, 4, 6; no Inf, no NaN): the elements of NVFP4.
+E2M1 = jnp.dtype(ml_dtypes.float4_e2m1fn)
+
+# Block-scaled formats (fp8jax.microscaling): elements per scale along the
+# contraction axis.  MXFP8: E4M3 + E8M0 scales; NVFP4: E2M1 + E4M3 scales.
+BLOCK_FORMATS: dict[str, int] = {"mxfp8": 32, "nvfp4": 16}
 
 FORMATS: dict[str, jnp.dtype] = {
     "e4m3": E4M3,

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp8jax import accumulate
+from fp8jax import accumulate, blockscaled
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
 from fp8jax.kernels.block_gemm import (
     CHUNK,
@@ -43,6 +43,7 @@ from fp8jax.kernels.block_gemm import (
 )
 from fp8jax.kernels.dispatch import kernel_available
 from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligned
+from fp8jax.microscaling import BlockTensor
 from fp8jax.operands import materialize
 from fp8jax.quant import QTensor
 from fp8jax.recipes import Recipe
@@ -151,6 +152,8 @@ def gemm(a, b, kind: str, recipe: Recipe) -> jax.Array:
     """One dense GEMM of the canonical layouts (module docstring); float32 result."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if isinstance(a, BlockTensor) or isinstance(b, BlockTensor):
+        return _block(a, b, kind, recipe)
     impl = select_impl(recipe, a, b, kind)
     if impl == "plain":
         if isinstance(a, QTensor) or isinstance(b, QTensor):
@@ -174,6 +177,20 @@ def gemm(a, b, kind: str, recipe: Recipe) -> jax.Array:
             a_codes, a_s, b_codes, b_s, group=group, acc=recipe.accumulation
         )
     return _chunked(a_codes, a_s, b_codes, b_s, group, impl)
+
+
+def _block(a, b, kind: str, recipe: Recipe) -> jax.Array:
+    """MXFP8 / NVFP4 operands: the native block-scaled GEMM where the device has one
+    (``fp8jax.blockscaled``), else the exact emulation: both dequantized to
+    float32 (exact for MXFP8, one rounding of NVFP4's tensor scale) and one
+    ``F32_F32_F32`` dot."""
+    if not (isinstance(a, BlockTensor) and isinstance(b, BlockTensor)):
+        raise ValueError(f"recipe {recipe.name!r}: a {kind} GEMM mixes block and other formats")
+    if recipe.accumulation is not None:
+        raise ValueError("the accumulation emulator models FP8 (Hopper) tensor cores only")
+    if blockscaled.choose_impl(blockscaled.block_impl(recipe.impl)) == "scaled_matmul":
+        return blockscaled.block_gemm(*blockscaled.nk_layout(a, b, kind), impl="scaled_matmul")
+    return _dot(materialize(a, jnp.float32), materialize(b, jnp.float32), DIMS[kind])
 
 
 def _swap12(op):
@@ -307,6 +324,10 @@ def tile_rows(op, layout: GroupLayout):
     Row-local scales (1xN tiles and rows along C, or one per tensor) move with
     their rows; padding rows are zero codes with unit scales.
     """
+    if isinstance(op, BlockTensor) and not op.two_d and op.axis == 1:
+        # Row-local blocks along C; padding rows: zero codes, unit scales.
+        scale = to_tiles(op.scale, layout, fill=1)
+        return BlockTensor(to_tiles(op.data, layout), scale, op.tensor_scale, 2, op.block)
     if not isinstance(op, QTensor):
         return to_tiles(op, layout)
     data = to_tiles(op.data, layout)
@@ -322,6 +343,8 @@ def tile_rows(op, layout: GroupLayout):
 def _per_tile(op, layout: GroupLayout):
     """(E, K, N) expert weights -> (T, K, N): each tile's expert (padding tiles take expert 0)."""
     g = jnp.maximum(layout.tile_group, 0)
+    if isinstance(op, BlockTensor):
+        return BlockTensor(op.data[g], op.scale[g], op.tensor_scale, op.axis, op.block, op.two_d)
     if not isinstance(op, QTensor):
         return op[g]
     scale = op.scale if op.granularity == "tensor" else op.scale[g]

@@ -11,8 +11,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fp8jax import scaling
+from fp8jax import blockscaled, scaling
 from fp8jax.formats import round_to_e5m6
+from fp8jax.microscaling import BlockTensor, dequantize_blocks
 from fp8jax.quant import QTensor, dequantize, quantize, quantize_with_scale
 from fp8jax.recipes import QuantSpec, Recipe
 
@@ -35,6 +36,9 @@ def quantize_operand(
     if not spec.quantized:
         # Unquantized operands run in the recipe's compute dtype (bf16 baseline).
         return t.astype(recipe.compute), None
+    if blockscaled.is_block_format(spec.fmt):
+        # MXFP8 / NVFP4: the format's own online block scales (fp8jax.blockscaled).
+        return blockscaled.quantize_spec_operand(t, spec, caxis, recipe.seed), None
     if spec.scaling == "delayed":
         if dstate is None:
             raise ValueError(
@@ -71,7 +75,7 @@ def requantize(
     way).  A delayed spec re-uses this step's delayed scale of the tensor.
     """
     if (
-        isinstance(cached, QTensor)
+        isinstance(cached, QTensor | BlockTensor)
         and spec == prev_spec
         and spec.granularity in ("tensor", "block")
     ):
@@ -88,6 +92,8 @@ def materialize(op, dtype) -> jax.Array:
     """A QTensor dequantized to ``dtype`` (one float32 rounding of data * scale), or an array cast."""
     if isinstance(op, QTensor):
         return dequantize(op, dtype)
+    if isinstance(op, BlockTensor):
+        return dequantize_blocks(op, dtype)
     return op.astype(dtype)
 
 
@@ -98,6 +104,11 @@ def cache_for_wgrad(x: jax.Array, qx, recipe: Recipe):
     copy); with ``recipe.x_cache == "e5m6"`` a copy of x rounded to E5M6,
     stored in bfloat16 (which holds every E5M6 value exactly).
     """
+    if blockscaled.is_block_format(recipe.wgrad.lhs.fmt):
+        # Block formats quantize Wgrad's x along the tokens (after the RHT) from
+        # x itself, as Transformer Engine's columnwise copy is made from the
+        # high-precision tensor: re-quantizing 4-bit codes would round twice.
+        return x
     if recipe.x_cache == "e5m6" and recipe.wgrad.lhs.quantized:
         # E5M6 keeps 6 mantissa bits: Wgrad re-quantizes from it, not from E4M3.
         return round_to_e5m6(x.astype(jnp.float32)).astype(jnp.bfloat16)

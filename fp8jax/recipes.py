@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import jax.numpy as jnp
 
+from fp8jax.formats import BLOCK_FORMATS
+
 GRANULARITIES = ("tensor", "row", "tile", "block")
 SCALINGS = ("current", "delayed")
 IMPLS = ("auto", "xla", "chunked", "fp8", "fp8_fast", "pallas")
@@ -51,6 +53,12 @@ class QuantSpec:
       pow2: round every scale up to a power of two (UE8M0 scales).
       amax_floor: amax is clamped to at least this before dividing by the
         format max (0 keeps only the amax == 0 guard).
+      hadamard, stochastic: block formats only ("mxfp8", "nvfp4",
+        ``fp8jax.microscaling``; ``tile`` is then their block, 32 / 16, and
+        the scales are the format's own, online): apply the 16-point random
+        Hadamard transform along the contraction axis before quantizing (for
+        both Wgrad operands, where it cancels), and round the elements
+        stochastically instead of to nearest.
     """
 
     fmt: str | None = "e4m3"
@@ -59,6 +67,8 @@ class QuantSpec:
     scaling: str = "current"
     pow2: bool = False
     amax_floor: float = 0.0
+    hadamard: bool = False
+    stochastic: bool = False
 
     def __post_init__(self) -> None:
         if self.granularity not in GRANULARITIES:
@@ -73,6 +83,21 @@ class QuantSpec:
             # A delayed history is one amax per tensor; per-tile histories would
             # need shape-dependent state. Fine-grained scaling is online.
             raise ValueError("delayed scaling is supported for granularity='tensor' only")
+        if self.fmt in BLOCK_FORMATS:
+            block = BLOCK_FORMATS[self.fmt]
+            if self.tile != block or self.granularity not in ("tile", "block"):
+                raise ValueError(
+                    f"{self.fmt} scales 1x{block} runs ('tile') or {block}x{block} blocks "
+                    f"('block') with tile={block}; got {self.granularity!r}, tile={self.tile}"
+                )
+            if self.fmt == "mxfp8" and self.granularity == "block":
+                raise ValueError("mxfp8 scales 1x32 runs only: granularity must be 'tile'")
+            if self.scaling != "current" or self.pow2 or self.amax_floor:
+                raise ValueError(
+                    f"{self.fmt} computes its own online scales (current, no pow2/floor)"
+                )
+        elif self.hadamard or self.stochastic:
+            raise ValueError("hadamard / stochastic apply to the block formats 'mxfp8' and 'nvfp4'")
 
     @property
     def quantized(self) -> bool:
@@ -204,6 +229,8 @@ class Recipe:
     x_cache: str | None = None
     dispatch_pow2: bool = False
     attn_out_cache: str | None = None
+    # Seed of the Hadamard signs and the stochastic-rounding keys (block formats).
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.impl not in IMPLS:
@@ -348,8 +375,44 @@ def fp32() -> Recipe:
     return _uniform("fp32", spec, spec, spec, compute_dtype="float32")
 
 
+def mxfp8() -> Recipe:
+    """MXFP8 (OCP MX v1.0): E4M3 elements, one E8M0 power-of-two scale per 32
+    elements along every GEMM's contraction axis (32x1 along the tokens for
+    Wgrad; the weight re-quantized along N for Dgrad)."""
+    spec = QuantSpec("mxfp8", "tile", 32)
+    return _uniform("mxfp8", spec, spec, spec)
+
+
+def nvfp4(hadamard: bool = True, stochastic: bool = True, weight_2d: bool = True) -> Recipe:
+    """NVIDIA's NVFP4 training recipe ("Pretraining LLMs with NVFP4", 2025).
+
+    E2M1 elements, one E4M3 scale per 16 elements along the contraction axis
+    and a float32 scale per tensor.  ``weight_2d``: weights in 16x16 blocks,
+    which serve W and W^T alike (else 1x16 runs, and Dgrad re-quantizes the
+    cached FP4 weight along N).  ``hadamard``: the 16-point random Hadamard
+    transform on both Wgrad operands along the tokens.  ``stochastic``:
+    stochastic rounding of the gradient dy (Dgrad and Wgrad); activations
+    and weights round to nearest.  The paper also keeps a few layers in
+    BF16; here every GEMM the recipe covers is NVFP4 (the embedding, head,
+    router and attention core are high precision in every recipe).
+    """
+    act = QuantSpec("nvfp4", "tile", 16)
+    wgt = QuantSpec("nvfp4", "block" if weight_2d else "tile", 16)
+    dy = QuantSpec("nvfp4", "tile", 16, stochastic=stochastic)
+    return Recipe(
+        name="nvfp4",
+        fprop=GemmSpec(act, wgt),
+        dgrad=GemmSpec(dy, wgt),
+        wgrad=GemmSpec(
+            dataclasses.replace(act, hadamard=hadamard), dataclasses.replace(dy, hadamard=hadamard)
+        ),
+    )
+
+
 PRESETS = {
     "deepseek_v3": deepseek_v3,
+    "mxfp8": mxfp8,
+    "nvfp4": nvfp4,
     "hybrid_delayed": hybrid_delayed,
     "current_tensor": current_tensor,
     "rowwise": rowwise,

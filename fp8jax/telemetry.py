@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax.formats import fmt_max
+from fp8jax.microscaling import BlockTensor, dequantize_blocks
 from fp8jax.quant import QTensor, expand_scale
 from fp8jax.scaling import exact_div, finite_amax
 
@@ -52,6 +53,25 @@ def flushed_fraction(x: jax.Array, q: QTensor) -> jax.Array:
     return jnp.mean(((xf != 0) & ~jnp.isnan(xf) & zero_code).astype(jnp.float32))
 
 
+def block_fractions(x: jax.Array, q: BlockTensor) -> dict[str, jax.Array]:
+    """Saturated and flushed fractions of a block-format operand (MXFP8 / NVFP4).
+
+    The definitions above with each element's own scale s = |decoded| / |code|:
+    saturated where the code is +-max and |x| > |decoded| * clip_threshold / max;
+    flushed where x is non-zero and the code is zero.
+    """
+    xf = jnp.where(jnp.isfinite(x), x, 0.0).astype(jnp.float32)
+    codes = jnp.abs(q.data.astype(jnp.float32))
+    m = fmt_max(q.data.dtype)
+    dec = jnp.abs(dequantize_blocks(q))
+    sat = (codes == m) & (jnp.abs(xf) > dec * (clip_threshold(q.data.dtype) / m))
+    flushed = (xf != 0) & ~jnp.isnan(x.astype(jnp.float32)) & (codes == 0)
+    return {
+        "saturated": jnp.mean(sat.astype(jnp.float32)),
+        "flushed": jnp.mean(flushed.astype(jnp.float32)),
+    }
+
+
 def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
     """{"amax", "saturated", "flushed"} of one GEMM operand (x before, ``op`` after quantization).
 
@@ -61,6 +81,8 @@ def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
     if x.size == 0:
         return {"amax": zero, "saturated": zero, "flushed": zero}
     amax = finite_amax(x)
+    if isinstance(op, BlockTensor):
+        return {"amax": amax, **block_fractions(x, op)}
     if not isinstance(op, QTensor):
         return {"amax": amax, "saturated": zero, "flushed": zero}
     return {
