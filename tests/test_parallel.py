@@ -132,7 +132,8 @@ def test_rules_shard_params_and_moments_alike():
     w13 = ps["blocks"][1]["ffn"]["w13"].value
     # Experts over "expert", FSDP over the largest other divisible axis (2F = 128).
     assert w13.spec == P("expert", None, "fsdp"), (w13.spec, (e, d, 2 * f))
-    assert ps["blocks"][1]["ffn"]["shared"]["w13"]["kernel"].value.spec == P(None, None, "fsdp")
+    # A Dense kernel: its first (input-feature) axis, whole rows of its (K, N) matrix.
+    assert ps["blocks"][1]["ffn"]["shared"]["w13"]["kernel"].value.spec == P("fsdp", None, None)
     assert ps["embed"].value.spec == P("fsdp", None)  # (256, 64): the vocabulary axis
     os_ = rules.tree_shardings(state.opt_state, mesh, cfg.n_routed_experts)
     mu = os_[1].mu["blocks"][1]["ffn"]["w13"].value
@@ -395,12 +396,10 @@ def test_gather_weight_gradient_is_reduce_scattered():
     spec = DSV3.fprop.rhs
 
     def body(w_shard, x_loc):
-        q = fsdp.gather_weight(w_shard, "fsdp", 0, spec)
+        wq = fsdp.gather_weight(w_shard, "fsdp", 0, spec=spec)
         # Per-device partial loss on this device's rows of x: the gradient of
         # w is the sum over devices, which the reduce-scatter forms.
-        return (
-            jnp.sum((x_loc @ _value_block(q)) ** 2)[None] + jnp.sum(_value_block(q) * c)[None] / 8
-        )
+        return jnp.sum((x_loc @ wq) ** 2)[None] + jnp.sum(wq * c)[None] / 8
 
     fn = jax.shard_map(
         body,
@@ -424,12 +423,79 @@ def test_gather_weight_gradient_is_reduce_scattered():
         )(w)
 
 
-@jax.custom_vjp
-def _value_block(q):
-    return fp8jax.dequantize(q)
+# --------------------------------------------------------------------------
+# The model on meshes = the model on one device
+# --------------------------------------------------------------------------
 
-
-_value_block.defvjp(
-    lambda q: (fp8jax.dequantize(q), q.scale),
-    lambda s, g: (QTensor(g, jnp.zeros_like(s), "block", 1, 128),),
+# d_model 256: with fsdp = 2 every Dense kernel split on its first axis holds
+# whole 128-row bands, so its FSDP gather moves FP8 blocks.
+MESH_CFG = dict(
+    max_seq_len=32,
+    d_model=256,
+    n_heads=4,
+    head_dim=64,
+    d_ff=512,
+    d_expert=128,
+    n_layers=1,
+    n_dense_layers=0,
+    dtype="float32",
 )
+
+
+def _loss_and_grads(recipe, sizes, tokens):
+    """Loss and parameter gradients of the tiny model on a mesh of prod(sizes) devices."""
+    from fp8jax.models import ModelConfig, MoETransformer, loss_fn
+    from fp8jax.parallel.fsdp import fsdp_loss, kernel_layouts
+
+    cfg = ModelConfig.tiny(**MESH_CFG)
+    make = lambda: MoETransformer(cfg, recipe, rngs=nnx.Rngs(0), telemetry=False)
+    abstract = nnx.eval_shape(make)
+    graph, _ = nnx.split(abstract)
+    # Initialised under jit: the same values on every mesh, fast.
+    params, rest = jax.jit(lambda: nnx.state(make()))().split(nnx.Param, ...)
+    mesh = make_mesh(sizes, jax.devices()[: int(np.prod(sizes))])
+    params = rules.shard_tree(params, mesh, cfg.n_routed_experts)
+    rest = jax.device_put(rest, rules.replicated_shardings(rest, mesh))
+    loss = fsdp_loss(loss_fn, mesh, recipe, cfg.n_routed_experts, kernel_layouts(abstract))
+
+    @jax.jit
+    def step(params, rest, tok):
+        f = lambda p: loss(nnx.merge(graph, p, rest), tok)
+        return jax.value_and_grad(f, has_aux=True)(params)
+
+    with jax.set_mesh(mesh):
+        (value, _), grads = step(params, rest, global_batch(tokens, mesh))
+    return float(value), [np.asarray(g) for g in jax.tree.leaves(grads)]
+
+
+def _worst_leaf(ga, gb):
+    return max(float(np.linalg.norm(a - b) / max(np.linalg.norm(a), 1e-30)) for a, b in zip(ga, gb))
+
+
+@pytest.mark.slow
+@on_8_devices
+def test_meshes_match_one_device():
+    """Loss and gradients on (8,1,1), (2,2,2), (1,4,2) = one device.
+
+    fp32: the mesh machinery itself (batch split, FSDP gathers and
+    reduce-scatters, expert placement) adds only float32 reduction order.
+    bf16 and deepseek_v3 cast GEMM operands to BF16 / E4M3: a reduction-order
+    difference that moves a value across a rounding boundary changes it by
+    one BF16 (2^-8) or E4M3 (2^-3) step, so their gradients differ more.
+    Measured worst leaves (relative L2): fp32 8.4e-7, bf16 6.7e-4,
+    deepseek_v3 3.3e-3; the bounds are about 15x those.
+    """
+    tokens = np.random.default_rng(0).integers(0, 256, (8, 32)).astype(np.int32)
+    for name, loss_tol, grad_tol in (
+        ("fp32", 1e-6, 1e-5),
+        ("bf16", 1e-5, 1e-2),
+        ("deepseek_v3", 1e-4, 5e-2),
+    ):
+        recipe = fp8jax.recipes.get(name)
+        l1, g1 = _loss_and_grads(recipe, (1, 1, 1), tokens)
+        for sizes in ((8, 1, 1), (2, 2, 2), (1, 4, 2)):
+            ln, gn = _loss_and_grads(recipe, sizes, tokens)
+            assert abs(ln - l1) <= loss_tol * abs(l1), (name, sizes, l1, ln)
+            err = _worst_leaf(g1, gn)
+            print(f"{name} {sizes}: loss {l1:.7f} vs {ln:.7f}, worst gradient leaf {err:.2e}")
+            assert err < grad_tol, (name, sizes, err)

@@ -15,25 +15,34 @@ would cut a block is refused with a clear error.
 
 The gradient goes back by a reduce-scatter (``psum_scatter``) of the
 per-device partial gradients in ``reduce_dtype`` (float32 by default;
-bfloat16 halves the bytes at the cost of a BF16 sum).  The cotangent of the
-QTensor that :func:`gather_weight` returns follows the straight-through
-contract of :mod:`fp8jax.parallel.dispatch`: its ``data`` cotangent is the
-cotangent of the represented values, its ``scale`` cotangent is ignored.
+bfloat16 halves the bytes at the cost of a BF16 sum).
 
-All functions run inside ``jax.shard_map`` over the axis they gather.
+The collectives run inside ``jax.shard_map`` over the axis they gather;
+:func:`gather_params` opens that region itself for a whole parameter tree.
+Which weights move in FP8 there: the routed experts and the Dense kernels
+whose shards hold whole 128-row bands of their GEMM's (K, N) matrix (the
+sharding rules split a Dense kernel on its first axis for this).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from fp8jax.formats import as_format
-from fp8jax.quant import QTensor, quantize
-from fp8jax.recipes import QuantSpec
+from fp8jax.nn.dense import Dense
+from fp8jax.parallel.rules import is_routed_expert_keys, param_spec
+from fp8jax.quant import QTensor, dequantize, quantize
+from fp8jax.recipes import QuantSpec, Recipe
 
 
 def _check_aligned(shape: tuple[int, ...], axis: int, tile: int) -> None:
@@ -75,18 +84,37 @@ def all_gather_fp8(w_shard: jax.Array, spec: QuantSpec, axis_name: str, axis: in
     return QTensor(data, scale, q.granularity, q.axis, q.tile)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
-def _gather_fp8(w_shard, spec, axis_name, axis, reduce_dtype):
-    return all_gather_fp8(w_shard, spec, axis_name, axis)
+def _gathered_shape(shape: tuple[int, ...], axis: int, n: int) -> tuple[int, ...]:
+    return shape[:axis] + (shape[axis] * n,) + shape[axis + 1 :]
 
 
-def _gather_fp8_fwd(w_shard, spec, axis_name, axis, reduce_dtype):
+@partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
+def _gather_fp8(w_shard, spec, axis_name, axis, view, view_axis, reduce_dtype):
+    return _gather_fp8_fwd(w_shard, spec, axis_name, axis, view, view_axis, reduce_dtype)[0]
+
+
+def _gather_fp8_fwd(w_shard, spec, axis_name, axis, view, view_axis, reduce_dtype):
+    n = lax.axis_size(axis_name)
+    q = all_gather_fp8(w_shard.reshape(view), spec, axis_name, view_axis)
+    # The GEMM quantizes this weight again in the same 128x128 blocks: from
+    # these values it recovers the same E4M3 codes, and each block's scale up
+    # to one float32 ulp (dequantizing rounds codes x scale once in float32).
+    w = dequantize(q, jnp.float32).reshape(_gathered_shape(w_shard.shape, axis, n))
     # An empty array carries the shard's dtype to the backward pass.
-    return all_gather_fp8(w_shard, spec, axis_name, axis), jnp.zeros((0,), w_shard.dtype)
+    return w.astype(w_shard.dtype), jnp.zeros((0,), w_shard.dtype)
 
 
-def _gather_fp8_bwd(spec, axis_name, axis, reduce_dtype, res, ct):
-    return (_reduce_scatter(ct.data, axis_name, axis, reduce_dtype).astype(res.dtype),)
+def _gather_fp8_bwd(spec, axis_name, axis, view, view_axis, reduce_dtype, res, ct):
+    n = lax.axis_size(axis_name)
+    shard_shape = _scattered_shape(ct.shape, axis, n)
+    g = _reduce_scatter(
+        ct.reshape(_gathered_shape(view, view_axis, n)), axis_name, view_axis, reduce_dtype
+    )
+    return (g.reshape(shard_shape).astype(res.dtype),)
+
+
+def _scattered_shape(shape, axis, n):
+    return shape[:axis] + (shape[axis] // n,) + shape[axis + 1 :]
 
 
 _gather_fp8.defvjp(_gather_fp8_fwd, _gather_fp8_bwd)
@@ -98,9 +126,8 @@ def _gather_plain(w_shard, dtype, axis_name, axis, reduce_dtype):
 
 
 def _gather_plain_fwd(w_shard, dtype, axis_name, axis, reduce_dtype):
-    return _gather_plain(w_shard, dtype, axis_name, axis, reduce_dtype), jnp.zeros(
-        (0,), w_shard.dtype
-    )
+    out = _gather_plain(w_shard, dtype, axis_name, axis, reduce_dtype)
+    return out, jnp.zeros((0,), w_shard.dtype)
 
 
 def _gather_plain_bwd(dtype, axis_name, axis, reduce_dtype, res, ct):
@@ -120,25 +147,141 @@ def gather_weight(
     w_shard: jax.Array,
     axis_name: str,
     axis: int,
-    spec: QuantSpec | None,
     *,
-    compute_dtype=jnp.bfloat16,
+    spec: QuantSpec | None = None,
+    view: tuple[int, ...] | None = None,
+    view_axis: int | None = None,
+    dtype=None,
     reduce_dtype=jnp.float32,
-) -> QTensor | jax.Array:
-    """The whole weight from this device's shard, differentiable (reduce-scatter backward).
+) -> jax.Array:
+    """The whole weight from this device's shard along ``axis``; differentiable.
 
-    ``spec`` a quantized, current-scaling block spec: an FP8 gather
-    (:func:`all_gather_fp8`) returning a QTensor.  Otherwise the shard is
-    cast to ``compute_dtype`` and gathered (the BF16 baseline).
+    With ``spec`` (quantized, current scaling, "block"): an FP8 gather of
+    the shard seen as ``view`` (its GEMM's (..., K, N) layout, blocks over the
+    last two axes; default: the shard as it is) along ``view_axis``; the
+    result is the dequantized weight in the shard's dtype.  Otherwise the
+    shard is cast to ``dtype`` (default: its own) and gathered.  Backward: a
+    reduce-scatter of the per-device partial gradients in ``reduce_dtype``.
     """
     axis = axis % w_shard.ndim
-    if (
-        spec is not None
-        and spec.quantized
-        and spec.scaling == "current"
-        and spec.granularity == "block"
-    ):
-        return _gather_fp8(w_shard, spec, axis_name, axis, jnp.dtype(reduce_dtype))
-    return _gather_plain(
-        w_shard, jnp.dtype(compute_dtype), axis_name, axis, jnp.dtype(reduce_dtype)
+    rd = jnp.dtype(reduce_dtype)
+    if spec is not None and is_block_fp8(spec):
+        view = tuple(view) if view is not None else tuple(w_shard.shape)
+        view_axis = axis if view_axis is None else view_axis % len(view)
+        return _gather_fp8(w_shard, spec, axis_name, axis, view, view_axis, rd)
+    dt = jnp.dtype(dtype) if dtype is not None else w_shard.dtype
+    return _gather_plain(w_shard, dt, axis_name, axis, rd)
+
+
+def is_block_fp8(spec: QuantSpec) -> bool:
+    """The weight spec quantizes online in blocks (what an FP8 gather reproduces)."""
+    return spec.quantized and spec.scaling == "current" and spec.granularity == "block"
+
+
+# --------------------------------------------------------------------------
+# The model's parameters: one gather per step at the top of the loss
+# --------------------------------------------------------------------------
+
+
+def kernel_layouts(model: nnx.Module) -> dict[tuple[str, ...], int]:
+    """``{path of a Dense kernel: number of its in_features axes}`` (its GEMM's K axes)."""
+    out = {}
+    for path, module in nnx.iter_modules(model):
+        if isinstance(module, Dense):
+            out[tuple(str(p) for p in path) + ("kernel",)] = len(module.in_features)
+    return out
+
+
+def _gemm_view(keys, shape, axis, n_experts, layouts, tile):
+    """(view, view_axis) of a shard whose FP8 blocks match its GEMM's, or None.
+
+    Routed experts (E, K, N) are their own view; a Dense kernel split on its
+    first axis is a band of rows of its (K, N) matrix.  The gathered axis
+    must hold whole blocks.
+    """
+    if is_routed_expert_keys(keys, shape, n_experts):
+        return (shape, axis) if axis in (1, 2) and shape[axis] % tile == 0 else None
+    n_in = layouts.get(tuple(keys))
+    if n_in is None or axis != 0:
+        return None
+    view = (math.prod(shape[:n_in]), math.prod(shape[n_in:]))
+    return (view, 0) if view[0] % tile == 0 else None
+
+
+def gather_params(
+    params: Any,
+    mesh: Mesh,
+    recipe: Recipe,
+    n_experts: int | None,
+    layouts: dict[tuple[str, ...], int],
+    *,
+    reduce_dtype=jnp.float32,
+) -> Any:
+    """Gather every FSDP-split parameter (one ``shard_map`` over the tree), differentiably.
+
+    GEMM weights (Dense kernels, routed experts) move as FP8 blocks when the
+    recipe quantizes weights in blocks and the shard holds whole blocks of
+    the GEMM's (K, N) matrix; otherwise in the recipe's compute dtype when
+    the recipe does not quantize weights (what the GEMM would cast them to),
+    and in their own dtype else.  Other parameters (embedding, head, norms,
+    router) move in their own dtype.  Routed experts stay split over
+    "expert".  Gradients return by reduce-scatter in ``reduce_dtype``.
+    """
+    n_fsdp = mesh.shape["fsdp"]
+    if n_fsdp == 1:
+        return params
+    in_specs = jax.tree_util.tree_map_with_path(
+        lambda p, x: param_spec(p, tuple(x.shape), mesh, n_experts), params
     )
+    out_specs = jax.tree.map(
+        lambda s: P(*(None if a == "fsdp" else a for a in s)),
+        in_specs,
+        is_leaf=lambda s: isinstance(s, P),
+    )
+    wspec = recipe.fprop.rhs
+
+    def one(path, shard, spec):
+        if "fsdp" not in tuple(spec):
+            return shard
+        axis = tuple(spec).index("fsdp")
+        keys = [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]
+        gemm = is_routed_expert_keys(keys, shard.shape, n_experts) or tuple(keys) in layouts
+        if gemm and is_block_fp8(wspec):
+            vw = _gemm_view(keys, shard.shape, axis, n_experts, layouts, wspec.tile)
+            if vw is not None:
+                return gather_weight(
+                    shard,
+                    "fsdp",
+                    axis,
+                    spec=wspec,
+                    view=vw[0],
+                    view_axis=vw[1],
+                    reduce_dtype=reduce_dtype,
+                )
+        # The GEMM casts an unquantized weight to the compute dtype first:
+        # moving it in that dtype changes nothing.
+        dtype = recipe.compute if gemm and not wspec.quantized else shard.dtype
+        out = gather_weight(shard, "fsdp", axis, dtype=dtype, reduce_dtype=reduce_dtype)
+        return out.astype(shard.dtype) if dtype != shard.dtype else out
+
+    body = lambda tree: jax.tree_util.tree_map_with_path(
+        lambda p, x, s: one(p, x, s), tree, in_specs
+    )
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(in_specs,), out_specs=out_specs, check_vma=False
+    )(params)
+
+
+def fsdp_loss(
+    loss_fn: Callable, mesh: Mesh, recipe: Recipe, n_experts: int | None, layouts
+) -> Callable:
+    """``loss_fn(model, tokens)`` that first gathers the model's FSDP-split parameters."""
+    if mesh.shape["fsdp"] == 1:
+        return loss_fn
+
+    def wrapped(model, tokens):
+        params = nnx.state(model, nnx.Param)
+        nnx.update(model, gather_params(params, mesh, recipe, n_experts, layouts))
+        return loss_fn(model, tokens)
+
+    return wrapped

@@ -7,7 +7,11 @@ moment has its parameter's path and shape, so it gets the same sharding):
   over "expert" when E divides by the expert axis;
 * FSDP: the largest remaining axis whose length divides by the fsdp axis
   is split over "fsdp" (ties: the later axis, a GEMM's output features);
-  arrays with no such axis stay replicated;
+  a Dense ``kernel`` (in_features + out_features) is split over its first
+  axis when that divides: each shard is then a band of whole rows of the
+  GEMM's (K, N) weight matrix, so 128x128 FP8 blocks never straddle two
+  shards (see :mod:`fp8jax.parallel.fsdp`); arrays with no divisible axis
+  stay replicated;
 * everything else (FP8 delayed-scaling state, router bias, step counters,
   scalars): replicated.
 
@@ -31,7 +35,12 @@ def _dict_keys(path) -> list[str]:
 
 def is_routed_expert(path, shape: tuple[int, ...], n_experts: int | None) -> bool:
     """A routed expert weight: the MoE's own w13 / w2 (E, ., .), not a shared expert's."""
-    keys = _dict_keys(path)
+    return is_routed_expert_keys(_dict_keys(path), shape, n_experts)
+
+
+def is_routed_expert_keys(keys, shape: tuple[int, ...], n_experts: int | None) -> bool:
+    """:func:`is_routed_expert` on the path's dictionary keys."""
+    keys = list(keys)
     return (
         bool(keys)
         and keys[-1] in ROUTED_EXPERT_NAMES
@@ -62,7 +71,12 @@ def param_spec(path, shape: tuple[int, ...], mesh: Mesh, n_experts: int | None =
     if is_routed_expert(path, shape, n_experts) and n_exp > 1 and shape[0] % n_exp == 0:
         spec[0] = "expert"
         skip = (0,)
-    ax = fsdp_axis(shape, mesh.shape["fsdp"], skip)
+    n_fsdp = mesh.shape["fsdp"]
+    keys = _dict_keys(path)
+    if keys and keys[-1] == "kernel" and n_fsdp > 1 and shape[0] % n_fsdp == 0:
+        ax = 0
+    else:
+        ax = fsdp_axis(shape, n_fsdp, skip)
     if ax is not None:
         spec[ax] = "fsdp"
     return P(*spec)
@@ -86,6 +100,23 @@ def tree_shardings(tree: Any, mesh: Mesh, n_experts: int | None = None) -> Any:
 def replicated_shardings(tree: Any, mesh: Mesh) -> Any:
     """Every leaf replicated (FP8 scaling state, router bias, RNG counters)."""
     return jax.tree.map(lambda _: NamedSharding(mesh, P()), tree)
+
+
+def train_state_shardings(state: Any, mesh: Mesh, n_experts: int | None = None) -> Any:
+    """Shardings of a training state with fields step, params, fp8, bias, rest, opt_state.
+
+    Params and optimizer state follow :func:`tree_shardings`; the step, the
+    FP8 scaling state, the router bias and the rest are replicated.
+    """
+    rep = replicated_shardings
+    return state._replace(
+        step=NamedSharding(mesh, P()),
+        params=tree_shardings(state.params, mesh, n_experts),
+        fp8=rep(state.fp8, mesh),
+        bias=rep(state.bias, mesh),
+        rest=rep(state.rest, mesh),
+        opt_state=tree_shardings(state.opt_state, mesh, n_experts),
+    )
 
 
 def shard_tree(tree: Any, mesh: Mesh, n_experts: int | None = None) -> Any:
