@@ -5,8 +5,9 @@ presets, and a differentiable FP8 ``dot_general``.
 """
 
 from fp8jax import accumulate, formats, recipes, scaling
-from fp8jax.dot_general import dot_general, make_dot_general
+from fp8jax.dot_general import dot_general, dot_general_with_stats
 from fp8jax.formats import E4M3, E4M3FNUZ, E5M2, E5M2FNUZ, E8M0, saturating_cast
+from fp8jax.grouped import grouped_dot, grouped_dot_with_stats
 from fp8jax.quant import QTensor, dequantize, quantize
 from fp8jax.recipes import Accumulation, DelayedConfig, GemmSpec, QuantSpec, Recipe, needs_state
 
@@ -18,7 +19,9 @@ __all__ = [
     "E8M0",
     "saturating_cast",
     "dot_general",
-    "make_dot_general",
+    "dot_general_with_stats",
+    "grouped_dot",
+    "grouped_dot_with_stats",
     "needs_state",
     "QTensor",
     "quantize",

@@ -518,3 +518,22 @@ def plot_error_vs_k(rows: Sequence[dict], path: str | None = None, title: str = 
     if path is not None:
         fig.savefig(path, dpi=120)
     return fig
+
+
+def emulated_gemm(a_codes, a_scale, b_codes, b_scale, *, group: int, acc: Accumulation):
+    """The emulator on FP8 codes with per-run scales (see the GEMM core's contract).
+
+    a_codes (B, M, K), a_scale (B, M, ceil(K/group)); b_codes (B, K, N),
+    b_scale (B, ceil(K/group), N).  Each run of ``group`` along K is one
+    accumulation chain on the scaled values (:func:`emulated_matmul`); the
+    runs' results are added in float32 in order.
+    """
+    k = a_codes.shape[2]
+    out = None
+    for r, start in enumerate(range(0, k, group)):
+        stop = min(start + group, k)
+        a = a_codes[:, :, start:stop].astype(jnp.float32) * a_scale[:, :, r : r + 1]
+        b = b_codes[:, start:stop, :].astype(jnp.float32) * b_scale[:, r : r + 1, :]
+        part = emulated_matmul(a, b, acc)
+        out = part if out is None else out + part
+    return out

@@ -86,3 +86,29 @@ def saturating_cast(x: jnp.ndarray, fmt) -> jnp.ndarray:
     if not jnp.issubdtype(x.dtype, jnp.floating) or jnp.finfo(x.dtype).bits < 32:
         x = x.astype(jnp.float32)
     return jnp.clip(x, -m, m).astype(fmt)
+
+
+# E5M6 (DeepSeek-V3's cache format for the input of the linear after
+# attention): 5 exponent bits (bias 15, E5M2's range), 6 mantissa bits.
+E5M6_MANTISSA_BITS = 6
+E5M6_MIN_EXP = -14
+E5M6_MAX = (2.0 - 2.0**-E5M6_MANTISSA_BITS) * 2.0**15
+
+
+def round_to_e5m6(x: jnp.ndarray) -> jnp.ndarray:
+    """x rounded to nearest-even on the E5M6 grid (emulated), float32 in and out.
+
+    Normal values keep 6 mantissa bits; below 2^-14 the grid is the format's
+    subnormal spacing 2^-20; finite values beyond the largest (65024)
+    saturate to it; NaN and +-Inf pass through.  Every E5M6 value is exact in
+    bfloat16 and float32.
+    """
+    xf = x.astype(jnp.float32)
+    _, e = jnp.frexp(xf)
+    # frexp's exponent is floor(log2|x|) + 1; below the normal range the
+    # spacing stays that of the smallest normal binade.
+    exp = jnp.maximum(e - 1, E5M6_MIN_EXP)
+    quantum = jnp.ldexp(jnp.float32(1.0), exp - E5M6_MANTISSA_BITS)
+    # Division and multiplication by a power of two are exact; round is half-to-even.
+    y = jnp.round(xf / quantum) * quantum
+    return jnp.where(jnp.isfinite(xf), jnp.clip(y, -E5M6_MAX, E5M6_MAX), xf)

@@ -31,7 +31,9 @@ import jax.numpy as jnp
 
 GRANULARITIES = ("tensor", "row", "tile", "block")
 SCALINGS = ("current", "delayed")
-IMPLS = ("auto", "xla", "pallas")
+IMPLS = ("auto", "xla", "chunked", "fp8", "fp8_fast", "pallas")
+CACHE_FORMATS = (None, "e5m6")
+SITES = ("attn_out", "dispatch")
 
 
 @dataclass(frozen=True)
@@ -123,18 +125,45 @@ class DelayedConfig:
 
 @dataclass(frozen=True)
 class Recipe:
-    """Precision of the three GEMMs of a linear layer.
+    """Precision of the three GEMMs of a linear layer, and how they run.
 
     fprop: (x, w); dgrad: (dy, w); wgrad: (x, dy).
-    ``compute_dtype`` is what unquantized operands are cast to; ``accumulation``
-    switches on the (slow) tensor-core accumulation emulator for analysis runs;
-    ``impl`` picks the GEMM implementation ("auto": a Pallas FP8 kernel on
-    Hopper GPUs when one exists for the recipe, XLA elsewhere; "xla" never
-    uses the kernel; "pallas" insists on it).  ``dequant_dtype`` is what the
-    XLA path dequantizes FP8 operands into before a float32-accumulated dot:
-    "float32" is exact up to one rounding of data * scale; "bfloat16" is
-    exact for power-of-two scales, else adds <= 2^-9 relative rounding, and
-    is 2-3x faster on CPU.
+
+    ``compute_dtype``: what unquantized operands are cast to (the bf16
+    baseline's bfloat16); their dots run as ``BF16_BF16_F32`` (bfloat16) or
+    ``F32_F32_F32`` (float32), so the baseline is the same computation on
+    every backend.
+
+    ``impl``: how a quantized GEMM runs (``fp8jax.gemm`` decides, in one place):
+
+    * ``"xla"``: dequantize both operands (``data * scale``, one float32
+      rounding) to ``dequant_dtype`` and run one dot with float32
+      accumulation, named ``F32_F32_F32`` (or ``BF16_BF16_F32`` for bfloat16
+      dequantization, exact only for power-of-two scales).  Equal to FP8 x FP8
+      products with FP32 accumulation up to the rounding of data * scale.
+    * ``"chunked"``: the contraction in runs over which both scales are
+      constant (128 for 1x128 tiles / 128x128 blocks, all of K per tensor
+      or row); each run is one dot of the unscaled FP8 codes, exact in
+      bfloat16, as ``BF16_BF16_F32``; its float32 partial sum is multiplied by
+      the two scales and added into a float32 accumulator (DeepGEMM's
+      promotion, exact products, float32 sums).
+    * ``"fp8"`` / ``"fp8_fast"``: as "chunked" with the runs as hardware FP8
+      dots (``ANY_F8_ANY_F8_F32`` / ``..._FAST_ACCUM``; GPUs with FP8 only).
+    * ``"pallas"``: the block-scaled Pallas kernel (interpret mode off-GPU).
+    * ``"auto"``: the Pallas kernel on a Hopper GPU where it applies, else the
+      backend's fastest exact XLA path (see ``fp8jax.gemm.select_impl``).
+
+    ``accumulation``: when set, every quantized GEMM the recipe covers (dense
+    and expert) runs on the tensor-core accumulation emulator instead
+    (``fp8jax.accumulate``), whatever ``impl`` says.
+
+    Sites (DeepSeek-V3 section 3.3.2), switched per recipe and applied by
+    :func:`for_site`: ``dispatch_pow2`` gives the tokens dispatched to the
+    routed experts power-of-two scales; ``attn_out_cache="e5m6"`` caches the
+    input of the linear after attention in E5M6 for its Wgrad.  ``x_cache``
+    is what a GEMM's Wgrad re-quantizes x from: None, its cached FP8 operand;
+    "e5m6", a copy of x rounded to E5M6 (emulated in bfloat16, which holds
+    every E5M6 value exactly).
     """
 
     name: str
@@ -146,12 +175,20 @@ class Recipe:
     delayed: DelayedConfig = field(default_factory=DelayedConfig)
     impl: str = "auto"
     dequant_dtype: str = "float32"
+    x_cache: str | None = None
+    dispatch_pow2: bool = False
+    attn_out_cache: str | None = None
 
     def __post_init__(self) -> None:
         if self.impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
         if self.dequant_dtype not in ("float32", "bfloat16"):
             raise ValueError("dequant_dtype must be 'float32' or 'bfloat16'")
+        for name in ("x_cache", "attn_out_cache"):
+            if getattr(self, name) not in CACHE_FORMATS:
+                raise ValueError(
+                    f"{name} must be one of {CACHE_FORMATS}, got {getattr(self, name)!r}"
+                )
 
     @property
     def compute(self) -> jnp.dtype:
@@ -173,14 +210,28 @@ class Recipe:
         return any(s.quantized for s in self.specs().values())
 
 
+def for_site(recipe: Recipe, site: str) -> Recipe:
+    """The recipe a GEMM at ``site`` runs with (see :class:`Recipe`'s sites).
+
+    "dispatch": the routed experts' up-projection, whose input tokens are
+    dispatched to the experts: power-of-two scales for them if
+    ``recipe.dispatch_pow2``.  "attn_out": the linear after attention: its x
+    is cached in ``recipe.attn_out_cache`` for Wgrad.  Other GEMMs use the
+    recipe as it is.
+    """
+    if site not in SITES:
+        raise ValueError(f"unknown site {site!r}; sites: {SITES}")
+    if site == "dispatch" and recipe.dispatch_pow2 and recipe.fprop.lhs.quantized:
+        lhs = dataclasses.replace(recipe.fprop.lhs, pow2=True)
+        return dataclasses.replace(recipe, fprop=GemmSpec(lhs, recipe.fprop.rhs))
+    if site == "attn_out" and recipe.attn_out_cache is not None:
+        return dataclasses.replace(recipe, x_cache=recipe.attn_out_cache)
+    return recipe
+
+
 def needs_state(recipe: Recipe) -> bool:
     """True when the recipe uses delayed scaling (a DelayedGemmState is needed)."""
     return any(s.quantized and s.scaling == "delayed" for s in recipe.specs().values())
-
-
-def replace(recipe: Recipe, **changes) -> Recipe:
-    """dataclasses.replace, re-exported for convenience."""
-    return dataclasses.replace(recipe, **changes)
 
 
 def _uniform(name: str, spec_x: QuantSpec, spec_w: QuantSpec, spec_dy: QuantSpec, **kw) -> Recipe:

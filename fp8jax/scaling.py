@@ -176,7 +176,3 @@ def merge_delayed_states(a, b):
     the one computed from that max.
     """
     return jax.tree.map(jnp.maximum, a, b)
-
-
-def is_delayed_state(x) -> bool:
-    return isinstance(x, DelayedGemmState | DelayedState)

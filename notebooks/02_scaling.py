@@ -50,7 +50,7 @@ import numpy as np
 
 import fp8jax
 from fp8jax import recipes, scaling
-from fp8jax.dot_general import operand_stats
+from fp8jax.telemetry import operand_stats
 
 SMALL = os.environ.get("FP8JAX_NOTEBOOK_SMALL") == "1"
 T, D, N = (128, 256, 128) if SMALL else (1024, 1024, 512)  # tokens, d_model, d_out
@@ -108,7 +108,7 @@ def error_report(x: np.ndarray, granularity: str) -> dict[str, float]:
     median over tokens of each token's relative error; typical_rel: relative
     error of the typical values only (|x| < 10 x median |x|: what the outliers
     do to everything else); saturated / flushed: fractions of values clipped /
-    turned into 0 (fp8jax.dot_general.operand_stats).
+    turned into 0 (fp8jax.telemetry.operand_stats).
     """
     xq, st = _qdq_stats(jnp.asarray(x), granularity)
     xq = np.asarray(xq, np.float64)
@@ -228,14 +228,14 @@ delayed = recipes.hybrid_delayed(history_len=16)
 
 
 def _delayed_loss(x, w, state):
-    y, stats = fp8jax.dot_general(x, w, DIMS, recipe=delayed, state=state, return_stats=True)
+    y, stats = fp8jax.dot_general_with_stats(x, w, DIMS, recipe=delayed, state=state)
     return jnp.sum(y), (y, stats)
 
 
 # grad w.r.t. the state = the updated state (amax of x, w and dy rolled in).
 delayed_step = jax.jit(jax.grad(_delayed_loss, argnums=2, has_aux=True))
 online = {
-    name: jax.jit(lambda x, w, r=r: fp8jax.dot_general(x, w, DIMS, recipe=r, return_stats=True))
+    name: jax.jit(lambda x, w, r=r: fp8jax.dot_general_with_stats(x, w, DIMS, recipe=r))
     for name, r in (
         ("current_tensor", recipes.current_tensor()),
         ("deepseek_v3", recipes.deepseek_v3()),

@@ -16,7 +16,11 @@ from test_convert_helpers import (
     FP8_WEIGHTS,
     HARD_SCALE,
     HIGH_PRECISION,
+    ref_block_scale,
+    ref_deepseek_dequant,
+    ref_deepseek_weight_quant,
     ref_round_bf16,
+    ref_round_f32,
     write_fp8_checkpoint,
 )
 
@@ -115,20 +119,28 @@ def test_round_to_is_correct_where_a_plain_cast_double_rounds():
     assert convert.round_to(np.array([1 + 2**-4 + 2**-30]), E4M3).astype(float)[0] == 1.125
 
 
-def test_dequant_rows_matches_float64_reference():
+@pytest.mark.parametrize("rounding", ["deepseek", "exact"])
+def test_dequant_rows_matches_reference(rounding):
     rng = np.random.default_rng(3)
     w = rng.integers(0, 256, (200, 300), dtype=np.uint8)
     w[(w & 0x7F) == 0x7F] = 0
     w = w.view(E4M3)
     s = (2.0 ** rng.uniform(-20, 10, (2, 3))).astype(np.float32)
     w[5, 7], s[0, 0] = 1.25, HARD_SCALE
-    out = blockwise.dequant_rows(w, s)
-    assert float(out[5, 7]) == 1 + 2**-7  # not 1.0, what float32 rounding then BF16 gives
+    out = blockwise.dequant_rows(w, s, rounding=rounding)
     ref = np.empty((200, 300))
     for i in range(200):
         for j in range(0, 300, 64):  # 64 divides 128: no run crosses a block edge
             ref[i, j : j + 64] = w[i, j : j + 64].astype(np.float64) * float(s[i // 128, j // 128])
-    np.testing.assert_array_equal(out.astype(np.float64), ref_round_bf16(ref))
+    if rounding == "exact":
+        assert float(out[5, 7]) == 1 + 2**-7  # the exact product is above the BF16 midpoint
+        np.testing.assert_array_equal(out.astype(np.float64), ref_round_bf16(ref))
+    else:
+        # The float32 product 1 + 2^-8 is a BF16 tie, which goes to even: 1.0.
+        assert float(out[5, 7]) == 1.0
+        np.testing.assert_array_equal(out.astype(np.float64), ref_round_bf16(ref_round_f32(ref)))
+    with pytest.raises(ValueError, match="rounding must be"):
+        blockwise.dequant_rows(w, s, rounding="nearest")
 
 
 # -- whole checkpoints ---------------------------------------------------------------
@@ -146,26 +158,23 @@ def _load_dir(root: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def test_fp8_to_bf16_is_bit_exact_reference(tmp_path):
+def test_fp8_to_bf16_is_deepseeks_arithmetic_bit_for_bit(tmp_path):
+    """Default rounding: BF16(float32(w * s)), DeepSeek's weight_dequant, on odd shapes."""
     src, dst = tmp_path / "fp8", tmp_path / "bf16"
     tensors = write_fp8_checkpoint(src)
     err = io.StringIO()
     rep = convert.fp8_to_bf16(src, dst, progress_stream=err)
-    assert rep.converted == len(FP8_WEIGHTS) and rep.shards == 3
+    assert rep.converted == len(FP8_WEIGHTS) and rep.shards == 3 and rep.rounding == "deepseek"
     assert "fp8-to-bf16 [" in err.getvalue() and "100.0%" in err.getvalue()
     out = _load_dir(dst)
     assert not any(k.endswith("_scale_inv") for k in out)
     assert set(out) == {n for n, _ in FP8_WEIGHTS} | {n for n, _ in HIGH_PRECISION}
     for name, shape in FP8_WEIGHTS:
         assert out[name].dtype == BF16 and out[name].shape == shape
-        w = tensors[name].astype(np.float64)
-        s = tensors[name + "_scale_inv"].astype(np.float64)
-        ref = np.empty(shape)
-        for bi in range(s.shape[0]):
-            for bj in range(s.shape[1]):
-                blk = (slice(bi * 128, (bi + 1) * 128), slice(bj * 128, (bj + 1) * 128))
-                ref[blk] = w[blk] * s[bi, bj]
-        np.testing.assert_array_equal(out[name].astype(np.float64), ref_round_bf16(ref))
+        ref = ref_deepseek_dequant(tensors[name], tensors[name + "_scale_inv"])
+        np.testing.assert_array_equal(out[name].astype(np.float64), ref)
+    # The planted product 1.25 * HARD_SCALE: float32 rounds it onto a BF16 tie.
+    assert float(out[FP8_WEIGHTS[0][0]][0, 0]) == 1.0
     for name, _ in HIGH_PRECISION:
         assert out[name].tobytes() == tensors[name].tobytes()
     cfg = json.loads((dst / "config.json").read_text())
@@ -174,6 +183,62 @@ def test_fp8_to_bf16_is_bit_exact_reference(tmp_path):
     idx = json.loads((dst / "model.safetensors.index.json").read_text())
     assert idx["metadata"]["total_size"] == sum(v.nbytes for v in out.values())
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_fp8_to_bf16_exact_rounding_is_float64_reference(tmp_path):
+    src, dst = tmp_path / "fp8", tmp_path / "bf16"
+    tensors = write_fp8_checkpoint(src)
+    rep = convert.fp8_to_bf16(src, dst, rounding="exact", quiet=True)
+    assert rep.rounding == "exact"
+    out = _load_dir(dst)
+    for name, shape in FP8_WEIGHTS:
+        exact = tensors[name].astype(np.float64) * ref_block_scale(
+            tensors[name + "_scale_inv"], *shape
+        )
+        np.testing.assert_array_equal(out[name].astype(np.float64), ref_round_bf16(exact))
+    assert float(out[FP8_WEIGHTS[0][0]][0, 0]) == 1 + 2**-7
+
+
+def _bf16_checkpoint(root: Path, seed: int = 0) -> dict[str, np.ndarray]:
+    """One shard of BF16 weights with odd shapes, heavy tails, an all-zero block and subnormals."""
+    rng = np.random.default_rng(seed)
+    root.mkdir()
+    tensors = {}
+    for name, shape in FP8_WEIGHTS:
+        x = rng.standard_normal(shape) * np.exp(2 * rng.standard_normal(shape)) * 0.02
+        tensors[name] = x.astype(np.float32).astype(BF16)
+    big = FP8_WEIGHTS[0][0]
+    tensors[big][:128, :128] = 0  # an all-zero block
+    tensors[big][200:, 128:] *= BF16(2.0**-100)  # a block of tiny (float32-normal) values
+    for name, shape in HIGH_PRECISION:
+        tensors[name] = rng.standard_normal(shape).astype(BF16)
+    convert.save_file(root / "model.safetensors", tensors)
+    return tensors
+
+
+def test_bf16_to_fp8_is_fp8jax_quantize_element_for_element(tmp_path):
+    import jax
+
+    import fp8jax
+
+    src, dst = tmp_path / "bf16", tmp_path / "fp8"
+    tensors = _bf16_checkpoint(src)
+    rep = convert.bf16_to_fp8(src, dst, quiet=True)
+    assert rep.converted == len(FP8_WEIGHTS) and rep.rounding is None
+    out = convert.load_file(dst / "model.safetensors")
+    quant = lambda x: fp8jax.quantize(x, fp8jax.E4M3, "block")
+    for name, shape in FP8_WEIGHTS:
+        x = tensors[name]
+        for q in (quant(x), jax.jit(quant)(x)):
+            assert out[name].dtype == E4M3 and out[name].shape == shape
+            assert out[name].tobytes() == np.asarray(q.data).tobytes(), name
+            assert out[name + "_scale_inv"].tobytes() == np.asarray(q.scale).tobytes(), name
+        # ... which is DeepSeek's weight_quant arithmetic, transcribed in float64.
+        data, scale = ref_deepseek_weight_quant(x)
+        np.testing.assert_array_equal(out[name].astype(np.float64), data)
+        np.testing.assert_array_equal(out[name + "_scale_inv"], scale)
+    for name, _ in HIGH_PRECISION:
+        assert out[name].tobytes() == tensors[name].tobytes()
 
 
 def test_bf16_to_fp8_to_bf16_within_e4m3_error(tmp_path):
@@ -252,3 +317,47 @@ def test_destination_must_not_exist(tmp_path):
     with pytest.raises(convert.ConversionError, match="exists"):
         convert.fp8_to_bf16(src, dst, quiet=True)
     assert (dst / "keep.txt").read_text() == "x"
+
+
+def test_example_checkpoint_has_deepseeks_layout(tmp_path):
+    root = convert.make_example_checkpoint(tmp_path / "ex", seed=1)
+    cfg = json.loads((root / "config.json").read_text())
+    assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
+    t = _load_dir(root)
+    fp8 = [k for k, v in t.items() if v.dtype == E4M3]
+    assert len(fp8) == 18 and not any("embed" in k or "norm" in k or "lm_head" in k for k in fp8)
+    assert t["model.layers.1.mlp.gate.weight"].dtype == BF16  # the router stays BF16
+    for k in fp8:
+        s = t[k + "_scale_inv"]
+        assert s.dtype == np.float32 and s.shape == blockwise.scale_shape(t[k].shape)
+        w = t[k].astype(np.float64) * ref_block_scale(s, *t[k].shape)
+        assert 0.015 < w.std() < 0.025 and all(dim % 128 for dim in t[k].shape)
+    with pytest.raises(convert.ConversionError, match="not an empty directory"):
+        convert.make_example_checkpoint(root)
+    # Same seed, same bytes.
+    again = convert.make_example_checkpoint(tmp_path / "ex2", seed=1)
+    for p in sorted(root.iterdir()):
+        assert (again / p.name).read_bytes() == p.read_bytes()
+
+
+def test_zero_size_weights(tmp_path):
+    src = tmp_path / "s"
+    src.mkdir()
+    convert.save_file(
+        src / "model.safetensors",
+        {
+            "a.weight": np.zeros((0, 5), E4M3),
+            "a.weight_scale_inv": np.zeros((0, 1), np.float32),
+            "b.weight": np.array([[2.0, -3.0]], np.float32).astype(E4M3),
+            "b.weight_scale_inv": np.array([[0.5]], np.float32),
+        },
+    )
+    convert.fp8_to_bf16(src, tmp_path / "bf16", quiet=True)
+    out = convert.load_file(tmp_path / "bf16" / "model.safetensors")
+    assert out["a.weight"].shape == (0, 5) and out["a.weight"].dtype == BF16
+    np.testing.assert_array_equal(out["b.weight"].astype(np.float64), [[1.0, -1.5]])
+    # Back to FP8: the empty weight is copied (no blocks, nothing to scale).
+    convert.bf16_to_fp8(tmp_path / "bf16", tmp_path / "fp8", quiet=True)
+    back = convert.load_file(tmp_path / "fp8" / "model.safetensors")
+    assert back["a.weight"].dtype == BF16 and "a.weight_scale_inv" not in back
+    assert back["b.weight"].dtype == E4M3 and back["b.weight_scale_inv"].shape == (1, 1)

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import signal
+import socket
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
-from test_convert_helpers import FP8_WEIGHTS, write_fp8_checkpoint, write_index
+from test_convert_helpers import (
+    E4M3,
+    FP8_WEIGHTS,
+    ref_deepseek_dequant,
+    write_fp8_checkpoint,
+    write_index,
+)
 
 from fp8jax.toolkit import convert
 
@@ -74,6 +86,14 @@ def test_unreadable_shard_garbage_header(tmp_path, src):
     data = bytearray(shard.read_bytes())
     data[8:40] = b"\x00garbage, not json at all!!\xff\xfe\x01"
     shard.write_bytes(bytes(data))
+    _fails(tmp_path, src, r"unreadable shard .*header is not UTF-8")
+
+
+def test_unreadable_shard_text_header(tmp_path, src):
+    shard = src / _index(src)["weight_map"][WEIGHT]
+    data = bytearray(shard.read_bytes())
+    data[8:40] = b"garbage, not json at all!!! {}[]"
+    shard.write_bytes(bytes(data))
     _fails(tmp_path, src, r"unreadable shard .*not valid JSON")
 
 
@@ -129,3 +149,203 @@ def test_header_offsets_inconsistent(tmp_path, src):
     raw = json.dumps(header).encode()
     shard.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n :])
     _fails(tmp_path, src, r"needs .* bytes, data_offsets give")
+
+
+# -- malformed headers: what the reference safetensors library refuses ------------
+
+
+def _header(shard: Path) -> tuple[dict, bytes]:
+    data = shard.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8 : 8 + n]), data[8 + n :]
+
+
+def _put_header(shard: Path, raw: bytes, body: bytes) -> None:
+    shard.write_bytes(struct.pack("<Q", len(raw)) + raw + body)
+
+
+def test_overlapping_offsets(tmp_path, src):
+    """One scale pointed at another's bytes (same size): the reference refuses it, and so
+    must we, or the converter would write the other tensor's data."""
+    shard = src / _index(src)["weight_map"][SCALE]
+    header, body = _header(shard)
+    other = FP8_WEIGHTS[0][0] + "_scale_inv"  # (3, 2) float32: 24 bytes, like SCALE's (2, 3)
+    assert _index(src)["weight_map"][other] == shard.name
+    header[SCALE]["data_offsets"] = header[other]["data_offsets"]
+    _put_header(shard, json.dumps(header).encode(), body)
+    _fails(tmp_path, src, r"unreadable shard .*overlaps the previous tensor")
+
+
+def test_trailing_bytes(tmp_path, src):
+    shard = src / _index(src)["weight_map"][WEIGHT]
+    shard.write_bytes(shard.read_bytes() + bytes(16))
+    _fails(tmp_path, src, r"unreadable shard .*16 trailing data bytes belong to no tensor")
+
+
+def test_duplicate_json_key(tmp_path, src):
+    shard = src / _index(src)["weight_map"][WEIGHT]
+    header, body = _header(shard)
+    entry = json.dumps(header[WEIGHT])
+    raw = json.dumps(header).encode()[:-1] + f', "{WEIGHT}": {entry}}}'.encode()
+    _put_header(shard, raw, body)
+    _fails(tmp_path, src, r"unreadable shard .*duplicate key")
+
+
+def test_bool_in_shape(tmp_path, src):
+    name = FP8_WEIGHTS[3][0]  # (1, 5): [true, 5] has the right size if true counted as 1
+    shard = src / _index(src)["weight_map"][name]
+    header, body = _header(shard)
+    header[name]["shape"] = [True, 5]
+    _put_header(shard, json.dumps(header).encode(), body)
+    _fails(tmp_path, src, r"unreadable shard .*bad shape \[True, 5\]")
+
+
+def test_deeply_nested_header(tmp_path, src):
+    shard = src / _index(src)["weight_map"][WEIGHT]
+    header, body = _header(shard)
+    raw = json.dumps(header).encode()[:-1] + b', "x": {"y": ' + b"[" * 5000 + b"]" * 5000 + b"}}"
+    _put_header(shard, raw, body)
+    _fails(tmp_path, src, r"unreadable shard .*JSON nested 500[0-9] levels deep \(at most 127")
+
+
+def test_deeply_nested_index(tmp_path, src):
+    idx = (src / "model.safetensors.index.json").read_text()
+    (src / "model.safetensors.index.json").write_text(
+        idx[:-1] + ', "extra": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    )
+    _fails(tmp_path, src, r"unreadable index .*JSON nested 100001 levels deep")
+
+
+# -- scales and codes ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.0, -0.5])
+def test_non_positive_scale(tmp_path, src, bad):
+    s = np.ones((2, 3), np.float32)
+    s[0, 1] = bad
+    _rewrite(src, SCALE, s)
+    _fails(tmp_path, src, r"non-positive scale: '.*down_proj\.weight_scale_inv' holds 1 value")
+
+
+def test_oversized_scale(tmp_path, src):
+    _rewrite(src, SCALE, np.ones((3, 4), np.float32))  # (130, 257) needs (2, 3)
+    _fails(tmp_path, src, r"wrong scale shape .*\[3, 4\], expected \[2, 3\]")
+
+
+def test_nan_code_is_named(tmp_path, src):
+    w = convert.load_file(src / _index(src)["weight_map"][WEIGHT])[WEIGHT].copy()
+    w.view(np.uint8)[3, 4] = 0xFF  # E4M3FN NaN (-NaN)
+    w.view(np.uint8)[129, 0] = 0x7F  # +NaN
+    _rewrite(src, WEIGHT, w)
+    dst = tmp_path / "out"
+    with pytest.raises(convert.ConversionError) as e:
+        convert.fp8_to_bf16(src, dst, quiet=True)
+    msg = str(e.value)
+    assert re.search(r"down_proj\.weight' .* holds 2 NaN value\(s\)", msg), msg
+    assert "overflows" not in msg and not dst.exists()
+
+
+def test_bf16_overflow_is_named(tmp_path, src):
+    s = np.ones((2, 3), np.float32)
+    s[1, 1] = 3e38  # 448 * 3e38 is past BF16's range
+    _rewrite(src, SCALE, s)
+    _fails(tmp_path, src, r"dequantized '.*down_proj\.weight' overflows BF16")
+
+
+# -- directories, signals, leftovers ------------------------------------------------
+
+
+def test_shard_missing_from_index_is_converted_with_a_warning(tmp_path, src):
+    rng = np.random.default_rng(4)
+    w = rng.integers(0, 0x7E, (3, 130), dtype=np.uint8).view(E4M3)
+    s = np.array([[0.5, 0.25]], np.float32)
+    convert.save_file(src / "extra.safetensors", {"x.weight": w, "x.weight_scale_inv": s})
+    dst = tmp_path / "out"
+    seen = []
+    rep = convert.fp8_to_bf16(src, dst, quiet=True, warn=seen.append)
+    assert len(seen) == 1 and "extra.safetensors is not listed in" in seen[0]
+    assert rep.warnings == tuple(seen) and rep.shards == 4
+    out = convert.load_file(dst / "extra.safetensors")
+    assert list(out) == ["x.weight"]
+    np.testing.assert_array_equal(out["x.weight"].astype(np.float64), ref_deepseek_dequant(w, s))
+    assert "x.weight" not in _index(dst)["weight_map"]
+
+
+def test_sigterm_removes_partial_output(tmp_path, src):
+    class KillOnWrite:
+        def write(self, s):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        def flush(self):
+            pass
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(convert.ConversionTerminated) as e:
+        convert.fp8_to_bf16(src, tmp_path / "out", progress_stream=KillOnWrite())
+    assert e.value.signum == signal.SIGTERM
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    assert signal.getsignal(signal.SIGTERM) is before  # handler restored
+
+
+def _fake_partial(parent: Path, name: str, pid: int | None) -> Path:
+    d = parent / name
+    (d / "sub").mkdir(parents=True)
+    (d / "sub" / "big.safetensors").write_bytes(bytes(1000))
+    if pid is not None:
+        marker = {"pid": pid, "host": socket.gethostname()}
+        (d / ".fp8jax-convert.json").write_text(json.dumps(marker))
+    return d
+
+
+def test_stale_partials_of_dead_processes_are_removed(tmp_path, src):
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stale = _fake_partial(tmp_path, ".old.partial-1234-abcd", int(dead.stdout))
+    live = _fake_partial(tmp_path, ".other.partial-99-beef", os.getppid())
+    foreign = _fake_partial(tmp_path, ".mine.partial-xyz", None)  # no marker: not ours
+    seen = []
+    convert.fp8_to_bf16(src, tmp_path / "out", quiet=True, warn=seen.append)
+    assert not stale.exists() and live.exists() and foreign.exists()
+    assert len(seen) == 1 and "partial output of an earlier conversion" in seen[0]
+
+
+def test_output_inside_input_refused(tmp_path, src):
+    for dst in (src / "out", src / "a" / "b", src):
+        with pytest.raises(convert.ConversionError, match="inside the source"):
+            convert.fp8_to_bf16(src, dst, quiet=True)
+    assert not (src / "out").exists() and not any(p.name.startswith(".") for p in src.iterdir())
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_output_directory_honours_umask(tmp_path, src, umask):
+    old = os.umask(umask)
+    try:
+        convert.fp8_to_bf16(src, tmp_path / "out", quiet=True)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o777 & ~umask
+    shard = next((tmp_path / "out").glob("*.safetensors"))
+    assert shard.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_already_bf16_checkpoint_is_reported(tmp_path, src):
+    bf16 = tmp_path / "bf16"
+    convert.fp8_to_bf16(src, bf16, quiet=True)
+    shutil.rmtree(src)
+    bf16.rename(src)
+    _fails(tmp_path, src, r"no FP8 tensor in .*BF16 x 8.*already is a high-precision checkpoint")
+
+
+def test_bad_keep_pattern(tmp_path, src):
+    bf16 = tmp_path / "bf16"
+    convert.fp8_to_bf16(src, bf16, quiet=True)
+    shutil.rmtree(src)
+    bf16.rename(src)
+    dst = tmp_path / "out"
+    with pytest.raises(convert.ConversionError, match=r"keep pattern '\[' is not a regular"):
+        convert.bf16_to_fp8(src, dst, keep=["["], quiet=True)
+    assert not dst.exists()

@@ -86,14 +86,62 @@ def write_index(root: Path, weight_map: dict[str, str]) -> None:
     (root / "model.safetensors.index.json").write_text(json.dumps(idx))
 
 
-def ref_round_bf16(x64: np.ndarray) -> np.ndarray:
-    """Float64 -> nearest BF16 value (ties to even), by exact power-of-two scaling.
+def ref_round(x64: np.ndarray, bits: int, min_exp: int) -> np.ndarray:
+    """Float64 -> nearest value with ``bits`` significant bits (ties to even), in float64.
 
-    Independent of ml_dtypes: x = m 2^e with 0.5 <= |m| < 1; BF16 keeps 8
-    significant bits, so the quantum is 2^(e-8), but never below 2^-133 (BF16's
-    smallest subnormal).  Scaling by a power of two is exact in float64, and
-    np.rint rounds half to even.
+    Independent of ml_dtypes: x = m 2^e with 0.5 <= |m| < 1; the quantum is
+    2^(e - bits), but never below 2^min_exp (the format's smallest
+    subnormal).  Scaling by a power of two is exact in float64, and np.rint
+    rounds half to even.  No overflow handling: callers stay in range.
     """
     _, e = np.frexp(x64)
-    q = np.maximum(e - 8, -133)
+    q = np.maximum(e - bits, min_exp)
     return np.ldexp(np.rint(np.ldexp(x64, -q)), q)
+
+
+def ref_round_bf16(x64: np.ndarray) -> np.ndarray:
+    """Float64 -> nearest BF16 value (8 significant bits, smallest subnormal 2^-133)."""
+    return ref_round(x64, 8, -133)
+
+
+def ref_round_f32(x64: np.ndarray) -> np.ndarray:
+    """Float64 -> nearest float32 value (24 significant bits, smallest subnormal 2^-149)."""
+    return ref_round(x64, 24, -149)
+
+
+def ref_round_e4m3(x64: np.ndarray) -> np.ndarray:
+    """Float64 -> nearest E4M3 value, saturating at +-448 (4 bits, smallest subnormal 2^-9)."""
+    return ref_round(np.clip(x64, -448, 448), 4, -9)
+
+
+def ref_block_scale(s: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Each 128x128 block's scale repeated over its block, cropped to (rows, cols), float64."""
+    full = np.repeat(np.repeat(s.astype(np.float64), 128, axis=0), 128, axis=1)
+    return full[:rows, :cols]
+
+
+def ref_deepseek_dequant(w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """DeepSeek-V3 fp8_cast_bf16.py / weight_dequant, transcribed: BF16(float32(w * s)), float64.
+
+    The kernel loads the FP8 value as float32 and multiplies by the float32
+    scale (one float32 rounding of the exact product), then stores to BF16
+    (a second rounding, of the float32 result).
+    """
+    exact = w.astype(np.float64) * ref_block_scale(s, *w.shape)
+    return ref_round_bf16(ref_round_f32(exact))
+
+
+def ref_deepseek_weight_quant(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """DeepSeek-V3 weight_quant, transcribed: per 128x128 block s = amax / 448 in float32,
+    data = E4M3(float32(x / s)).  Returns (data as float64, s as float32); all-zero blocks
+    get s = 1 (DeepSeek's kernel divides 0 by 0 there)."""
+    x64 = x.astype(np.float64)
+    r, c = x64.shape
+    sr, sc = -(-r // 128), -(-c // 128)
+    s = np.empty((sr, sc), np.float32)
+    for i in range(sr):
+        for j in range(sc):
+            amax = np.abs(x64[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128]).max()
+            s[i, j] = ref_round_f32(np.float64(amax) / 448.0) if amax > 0 else 1.0
+    q = ref_round_f32(x64 / ref_block_scale(s, r, c))
+    return ref_round_e4m3(q), s

@@ -10,7 +10,7 @@ from reference import ref_linear_grads
 
 import fp8jax
 from fp8jax import scaling
-from fp8jax.dot_general import dot_general
+from fp8jax.dot_general import dot_general, dot_general_with_stats
 
 DN = (((2,), (1,)), ((0,), (0,)))  # canonical (B,M,K) x (B,K,N)
 RECIPES = ["deepseek_v3", "current_tensor", "rowwise", "fp32", "bf16"]
@@ -97,7 +97,7 @@ def test_delayed_fresh_state_clips_first_step():
     w = jnp.ones((1, 128, 8)) / 128
     st = scaling.init_delayed_gemm_state(recipe)
     y, stats = jax.jit(
-        lambda x, w, st: dot_general(x, w, DN, recipe=recipe, state=st, return_stats=True)
+        lambda x, w, st: dot_general_with_stats(x, w, DN, recipe=recipe, state=st)
     )(x, w, st)
     # scale 1 on a fresh state: 1000 clips to 448.
     np.testing.assert_allclose(np.asarray(y), 448.0, rtol=1e-6)
@@ -120,8 +120,8 @@ def test_massive_activations_stats_and_tile_advantage():
     errs = {}
     for name in ["current_tensor", "deepseek_v3"]:
         f = jax.jit(
-            lambda x, w, r=fp8jax.recipes.get(name): dot_general(  # noqa: B008
-                x, w, DN, recipe=r, return_stats=True
+            lambda x, w, r=fp8jax.recipes.get(name): dot_general_with_stats(  # noqa: B008
+                x, w, DN, recipe=r
             )
         )
         y, st = f(jnp.asarray(x), w)

@@ -194,26 +194,15 @@ def test_bad_out_dtype_raises():
 # ----------------------------------------------------------------------------
 
 
-def test_resolve_impl():
-    assert dispatch.resolve_impl("xla") == "xla"
-    assert dispatch.resolve_impl("pallas") == "pallas"
-    assert dispatch.resolve_impl("auto") == ("pallas" if dispatch.kernel_available() else "xla")
-    with pytest.raises(ValueError, match="impl"):
-        dispatch.resolve_impl("cublas")
-
-
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="CPU-only expectation")
 def test_kernel_not_available_on_cpu():
     assert dispatch.kernel_available() is False
 
 
-def test_maybe_block_gemm():
+def test_nt_layout_matches_kn():
     a, sa, b, sb = make_case(21, 20, 200, 140)
-    assert dispatch.maybe_block_gemm(a, sa, b, sb, impl="xla") is None
-    got = dispatch.maybe_block_gemm(a, sa, b, sb, impl="pallas", out_dtype=jnp.float32)
-    assert_close(got, a, sa, b, sb, jnp.float32)
-    got_nt = dispatch.maybe_block_gemm(
-        a, sa, b.T.copy(), sb.T.copy(), impl="pallas", out_dtype=jnp.float32, b_layout="nk"
+    got_nt = bg.block_scaled_matmul_nt(
+        a, sa, b.T.copy(), sb.T.copy(), out_dtype=jnp.float32, interpret=True
     )
     assert_close(got_nt, a, sa, b, sb, jnp.float32)
 
@@ -360,11 +349,11 @@ def np_dequant(q) -> np.ndarray:
 
 
 @pytest.mark.parametrize("canon", ["fprop", "dgrad", "wgrad"])
-def test_integration_canonical_gemms(canon):
+def test_gemm_core_runs_the_kernel(canon):
     import dataclasses
 
     import fp8jax
-    from fp8jax.kernels import integration
+    from fp8jax import gemm
 
     recipe = dataclasses.replace(fp8jax.recipes.deepseek_v3(), impl="pallas")
     rng = np.random.default_rng(3)
@@ -382,8 +371,9 @@ def test_integration_canonical_gemms(canon):
         a = fp8jax.quantize(jnp.asarray(rng.standard_normal((bsz, m, k))), e4, "tile", axis=1)
         b = fp8jax.quantize(jnp.asarray(rng.standard_normal((bsz, m, n))), e4, "tile", axis=1)
         ref_fn = lambda a64, b64: np.swapaxes(a64, 1, 2) @ b64
-    got = integration.block_gemm_or_none(a, b, recipe, canon)
-    assert got is not None and got.dtype == jnp.float32
+    assert gemm.select_impl(recipe, a, b, canon) == "pallas"
+    got = gemm.gemm(a, b, canon, recipe)
+    assert got.dtype == jnp.float32
     a64, b64 = np_dequant(a), np_dequant(b)
     ref, mag = ref_fn(a64, b64), ref_fn(np.abs(a64), np.abs(b64))
     contraction = {"fprop": k, "dgrad": n, "wgrad": m}[canon]
@@ -391,6 +381,7 @@ def test_integration_canonical_gemms(canon):
     assert np.all(err <= tolerance(mag, ref, contraction, jnp.float32))
     # impl="xla" and per-tensor operands leave the GEMM to XLA
     xla = dataclasses.replace(recipe, impl="xla")
-    assert integration.block_gemm_or_none(a, b, xla, canon) is None
+    assert gemm.select_impl(xla, a, b, canon) == "xla"
     qt = fp8jax.quantize(jnp.ones((bsz, m, k)), e4, "tensor")
-    assert integration.block_gemm_or_none(qt, b, recipe, canon) is None
+    with pytest.raises(ValueError, match="pallas"):
+        gemm.select_impl(recipe, qt, b, canon)

@@ -111,29 +111,6 @@ def test_grouped_reference_matches_float64():
     assert_grouped_close(got, a, sa, b, sb, gs, jnp.float32)
 
 
-def test_aligned_group_layout():
-    gs = np.array([5, 0, 17, 16, 1], np.int32)
-    m, bm = 45, 16
-    lay = jax.tree.map(np.asarray, gg.aligned_group_layout(jnp.asarray(gs), m, bm))
-    mp = gg.aligned_rows(m, len(gs), bm)
-    assert lay.src_row.shape == (mp,) and lay.block_group.shape == (mp // bm,)
-    # expected: groups start at multiples of bm, tiles tagged with their group
-    want_tiles = [0, 2, 2, 3, 4]  # 5 -> 1 tile, 0 -> none, 17 -> 2, 16 -> 1, 1 -> 1
-    np.testing.assert_array_equal(lay.block_group[: len(want_tiles)], want_tiles)
-    assert np.all(lay.block_group[len(want_tiles) :] == -1)
-    starts = np.cumsum(gs) - gs
-    n_in = int(gs.sum())
-    assert np.all(lay.in_group[:n_in]) and not np.any(lay.in_group[n_in:])
-    for row in range(n_in):
-        dst = lay.dst_row[row]
-        e = np.searchsorted(np.cumsum(gs), row, side="right")
-        assert lay.row_valid[dst] and lay.src_row[dst] == row
-        assert lay.block_group[dst // bm] == e
-        # placement: the group's aligned start plus the row's offset in its group
-        assert dst - (row - starts[e]) == np.sum(-(-gs[:e] // bm)) * bm
-    assert lay.row_valid.sum() == n_in
-
-
 def test_aligned_entry_point_skips_padding_tiles():
     a, sa, b, sb, _ = make_grouped(2, 64, 128, 128, [0, 0])
     block_group = np.array([1, -1, 0, -1], np.int32)
@@ -163,18 +140,6 @@ def test_grouped_bad_inputs_raise():
         gg.grouped_block_scaled_matmul_aligned(
             a[:30], sa[:30], b, sb, np.zeros(2, np.int32), block_m=16, interpret=True
         )
-
-
-def test_maybe_grouped_block_gemm_xla_is_none():
-    a, sa, b, sb, gs = make_grouped(6, 30, 140, 70, [10, 0, 15])
-    assert dispatch.maybe_grouped_block_gemm(a, sa, b, sb, gs, impl="xla") is None
-
-
-@pytest.mark.slow
-def test_maybe_grouped_block_gemm_pallas():
-    a, sa, b, sb, gs = make_grouped(6, 30, 140, 70, [10, 0, 15])
-    got = dispatch.maybe_grouped_block_gemm(a, sa, b, sb, gs, impl="pallas", out_dtype=jnp.float32)
-    assert_grouped_close(got, a, sa, b, sb, gs, jnp.float32)
 
 
 @pytest.mark.gpu

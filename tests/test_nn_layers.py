@@ -12,6 +12,7 @@ from flax import nnx
 import fp8jax
 from fp8jax.nn import Dense, Einsum, FP8State
 from fp8jax.nn.einsum import parse_einsum
+from fp8jax.nn.telemetry import capture
 
 
 def _x(shape, seed=0):
@@ -101,8 +102,7 @@ def test_telemetry_names_and_values():
     x = np.zeros((4, 64), np.float32)
     x[0, 0] = 1e4  # one outlier: per-tensor scaling flushes the small values
     x[1:] = 1e-3 * _x((3, 64), 5)
-    stats = {}
-    layer(jnp.asarray(x), stats)
+    _, stats = capture(layer, jnp.asarray(x))
     assert set(stats) == {"proj/x", "proj/w"}
     np.testing.assert_allclose(float(stats["proj/x"]["amax"]), 1e4)
     # Independent count: values whose E4M3 code is zero under scale 1e4/448.
@@ -110,5 +110,15 @@ def test_telemetry_names_and_values():
     want = np.mean((x != 0) & (ref.ref_cast(x / s, ref.E4M3).astype(np.float32) == 0))
     np.testing.assert_allclose(float(stats["proj/x"]["flushed"]), want, rtol=1e-6)
     assert float(stats["proj/x"]["saturated"]) == 0
+    # Two layers with one name cannot both report.
+    class Twice(nnx.Module):
+        def __init__(self):
+            kw = dict(recipe=layer.recipe, name="proj")
+            self.a = Dense(64, 64, rngs=nnx.Rngs(1), **kw)
+            self.b = Dense(64, 64, rngs=nnx.Rngs(2), **kw)
+
+        def __call__(self, x):
+            return self.b(self.a(x))
+
     with pytest.raises(ValueError, match="duplicate"):
-        layer(jnp.asarray(x), stats)
+        capture(Twice(), jnp.asarray(x))

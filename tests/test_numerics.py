@@ -120,3 +120,71 @@ def test_demos_show_loss_and_remedy():
     assert math.isnan(fp8.lossy) and fp8.remedy == 500.0
     text = numerics.format_demos()
     assert "9007199254740993" in text and "absorption" in text
+
+
+def test_point_one_has_no_finite_binary_form():
+    d = numerics.point_one()
+    # The float64 nearest 0.1 is not 1/10: its exact value has a power-of-two denominator.
+    assert Fraction(0.1) != Fraction(1, 10) and Fraction(0.1).denominator == 2**55
+    assert d.lossy == 0.9999999999999999 and d.lossy != 1.0
+    assert d.remedy == 1.0 and d.exact == 1
+    assert d.lossy_error == pytest.approx(2**-53, rel=1e-9)
+    assert "isclose" in d.advice
+    # 3 tenths: 0.1 + 0.1 + 0.1 != 0.3, exactly 0.3 with Decimal.
+    d3 = numerics.point_one(3)
+    assert d3.lossy == 0.30000000000000004 and d3.remedy == 0.3
+
+
+def test_float_to_int_truncates():
+    d = numerics.float_to_int()
+    assert (d.lossy, d.remedy, d.exact) == (3, 4, 4)
+    assert d.lossy_error == 0.25 and d.remedy_error == 0
+    assert "int(0.29 * 100) = 28" in d.what
+    neg = numerics.float_to_int(-2.7)
+    assert (neg.lossy, neg.remedy) == (-2, -3)  # toward zero, not down
+
+
+def test_ill_conditioned_system_amplifies_rounding():
+    n = 8
+    d = numerics.ill_conditioned(n=n, steps=4)
+    # Hilbert matrix condition number grows like e^(3.5 n): ~1.5e10 for n = 8.
+    h = np.array([[1.0 / (i + j + 1) for j in range(n)] for i in range(n)])
+    cond = np.linalg.cond(h)
+    assert 1e10 < cond < 1e11 and f"{cond:.1e}" in d.what
+    # float64 solve: errors of order cond * eps, far above eps.
+    assert 1e-9 < d.lossy < cond * 1e-15
+    # Refinement with exact residuals converges to float64's own rounding of x = 1.
+    assert d.remedy <= 2**-52 and d.exact == 0
+    assert d.lossy_error == d.lossy  # absolute error against exact 0
+
+
+def test_subnormal_speed_measures_what_it_says():
+    for dt in (np.float32, np.float64):
+        normal, sub = numerics.subnormal_operands(dt, 1000)
+        fi = np.finfo(dt)
+        assert np.all((sub > 0) & (sub < fi.smallest_normal))
+        assert np.all(normal >= fi.smallest_normal)
+        # The timed operations keep subnormal operands subnormal, except sqrt.
+        for y in (sub * dt(0.9), sub + sub, sub / dt(3)):
+            assert np.all((y > 0) & (y < fi.smallest_normal))
+        assert np.all(np.sqrt(sub) >= fi.smallest_normal)
+        # Same draws: the subnormal copy keeps all but the 4 bits it lost below 2^emin.
+        ratio = sub.astype(np.float64) / float(fi.smallest_normal) / normal.astype(np.float64)
+        assert np.allclose(ratio, 1.0, rtol=2.0 ** -(fi.nmant - 5), atol=0)
+    d = numerics.subnormal_speed(n=4096, repeats=2)
+    assert {(r[0], r[1]) for r in d.rows} == {
+        (t, op) for t in ("float32", "float64") for op in ("x * 0.9", "x + x", "x / 3", "sqrt(x)")
+    }
+    for name, op, t_norm, t_sub in d.rows:
+        assert t_norm > 0 and t_sub > 0
+        assert d.ratio(name, op) == t_sub / t_norm
+    text = numerics.format_speed(d)
+    assert "ratio" in text and "measured now" in text and "flush-to-zero" in text
+
+
+def test_every_demo_says_what_to_do():
+    for d in numerics.all_demos():
+        assert d.advice, d.name
+    text = numerics.format_demos(numerics.all_demos(), numerics.subnormal_speed(n=1024, repeats=1))
+    assert text.count("  do: ") == len(numerics.all_demos()) + 1
+    assert "0.9999999999999999" in text and "ill-conditioned" in text

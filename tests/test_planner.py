@@ -1,6 +1,7 @@
 """Planner numbers for DeepSeek-R1, worked out by hand below (not by the planner)."""
 
 import math
+import re
 
 import pytest
 
@@ -102,7 +103,130 @@ def test_bad_inputs():
     m = planner.get_model("deepseek-r1")
     with pytest.raises(ValueError, match="unknown weight precision"):
         planner.plan(m, hardware.get("h800"), weights="int3")
+    with pytest.raises(ValueError, match="positive integer"):
+        planner.plan(m, hardware.get("h800"), context=0)
     with pytest.raises(ValueError, match="unknown model"):
         planner.get_model("gpt-5")
     with pytest.raises(ValueError, match="cannot exceed"):
         planner.ModelSpec("x", 1e9, 2e9, 1, 1, "gqa")
+
+
+# Quantized weights, by hand.  Bytes per parameter = element bytes + the
+# group's scale (and zero-point) bytes per parameter.
+INT8_BPP = 1 + 4 / 16384  # INT8 + float32 per 128x128 block (block-INT8 R1)
+INT4_BPP = 0.5 + (2 + 0.5) / 128  # INT4 + FP16 scale + 4-bit zero per 128 (W4A16)
+FP4_BPP = 0.5 + 1 / 16  # FP4 E2M1 + E4M3 scale per 16 (NVFP4)
+
+
+def _plan(weights, gpu, **kw):
+    return planner.plan(
+        planner.get_model("deepseek-r1"),
+        hardware.get(gpu),
+        weights=weights,
+        context=CONTEXT,
+        batch=BATCH,
+        overhead=OVERHEAD,
+        **kw,
+    )
+
+
+def test_int8_weights_on_h100_native():
+    p = _plan("int8", "h100")
+    assert p.weight_bytes + p.scale_bytes == pytest.approx(671e9 * INT8_BPP)
+    total = (671e9 * INT8_BPP + KV_TOTAL) * 1.10  # 819.33 GB, as FP8
+    assert p.total_bytes == pytest.approx(total)
+    assert (p.cards, p.nodes, p.layout_cards) == (11, 2, 16)
+    assert p.execution == "native" and any("multiplies INT8 natively" in n for n in p.notes)
+    # Gaudi 3 lists no INT8 unit: the same weights are dequantized there.
+    assert _plan("int8", "gaudi3").execution == "dequantized"
+
+
+def test_int4_weights_on_h800_dequantized():
+    p = _plan("int4", "h800")
+    assert INT4_BPP == 0.51953125
+    assert p.weight_bytes == pytest.approx(671e9 * 0.5)
+    assert p.scale_bytes == pytest.approx(671e9 * 2.5 / 128)  # 13.11 GB
+    total = (671e9 * INT4_BPP + KV_TOTAL) * 1.10  # 464.52 GB
+    assert p.total_bytes == pytest.approx(total)
+    assert total / 80e9 == pytest.approx(5.81, abs=0.01)
+    assert (p.cards, p.nodes, p.layout_cards, p.layout_nodes) == (6, 1, 8, 1)
+    per_token = 37e9 * INT4_BPP + KV_SEQ
+    assert p.tokens_per_s_one_card == pytest.approx(3350e9 / per_token)
+    # W4A16 is weight-only on every card, even one with INT4 units (A100).
+    assert p.execution == "dequantized"
+    a100 = _plan("int4", "a100-80g")
+    assert a100.execution == "dequantized" and any("W4A4" in n for n in a100.notes)
+
+
+@pytest.mark.parametrize("gpu,kind", [("b200", "native"), ("h100", "dequantized")])
+def test_fp4_weights(gpu, kind):
+    p = _plan("fp4", gpu)
+    assert p.weight_bytes == pytest.approx(671e9 * 0.5)
+    assert p.scale_bytes == pytest.approx(671e9 / 16)  # 41.94 GB of E4M3 scales
+    total = (671e9 * FP4_BPP + KV_TOTAL) * 1.10
+    assert p.total_bytes == pytest.approx(total)
+    card = hardware.get(gpu).memory_gb * 1e9
+    assert p.cards == math.ceil(total / card)
+    assert p.execution == kind
+    if gpu == "b200":
+        assert (p.cards, p.layout_cards) == (3, 4)  # 496.24 GB over 180 GB cards
+    # MXFP4: an E8M0 scale per 32 instead, half the scale bytes.
+    mx = _plan("mxfp4", gpu)
+    assert mx.scale_bytes == pytest.approx(671e9 / 32)
+
+
+def test_unknown_formats_are_said():
+    p = _plan("int4", "thead-ppu", bandwidth_gbs=1000.0)
+    assert p.execution == "unknown"
+    auto = _plan("auto", "thead-ppu")
+    assert auto.weights.name == "bf16" and any("formats are unknown" in n for n in auto.notes)
+    with pytest.raises(ValueError, match="no memory figure"):
+        _plan("auto", "hygon-dcu")
+    assert _plan("auto", "hygon-dcu", memory_gb=64.0).cards == 25
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -100.0, 0.0])
+def test_plan_rejects_bad_overrides(bad):
+    for kw in ("memory_gb", "bandwidth_gbs"):
+        with pytest.raises(ValueError, match="positive finite"):
+            _plan("auto", "h800", **{kw: bad})
+    with pytest.raises(ValueError, match="positive finite"):
+        planner.ModelSpec("x", bad, 1e9, 1, 1, "gqa")
+
+
+def test_compare_lists_every_card_in_the_order_asked():
+    m = planner.get_model("deepseek-r1")
+    cards = hardware.accelerators()
+    budget = dict(context=CONTEXT, batch=BATCH, overhead=OVERHEAD)
+    rows = planner.compare(m, cards, **budget)
+    assert [r.accel.key for r in rows] == [a.key for a in cards]
+    by_key = {r.accel.key: r for r in rows}
+    # The seed example, inside the comparison too.
+    assert (by_key["h800"].plan.nodes, by_key["h800"].plan.weights.name) == (2, "fp8")
+    assert (by_key["ascend910b"].plan.nodes, by_key["ascend910b"].plan.weights.name) == (4, "bf16")
+    assert by_key["hygon-dcu"].plan is None and "no memory figure" in by_key["hygon-dcu"].reason
+    for r in rows:
+        if r.plan is not None:
+            assert r.plan == planner.plan(m, r.accel, **budget)
+
+    def keys(sort):
+        return [r.accel.key for r in planner.compare(m, cards, sort=sort, **budget)]
+
+    assert keys("name") == sorted(a.key for a in cards)
+    planned = [r for r in rows if r.plan is not None]
+    by_cards = keys("cards")
+    assert sorted(by_cards) == sorted(a.key for a in cards)
+    lay = [by_key[k].plan.layout_cards for k in by_cards if by_key[k].plan is not None]
+    assert lay == sorted(lay) and by_cards[-1] == "hygon-dcu"
+    by_decode = keys("decode")
+    tps = [by_key[k].plan.tokens_per_s_all_cards for k in by_decode[: len(planned) - 2]]
+    assert tps == sorted(tps, reverse=True)
+    # Cards with no bandwidth (910B, T-Head PPU) or no plan come last, in table order.
+    assert by_decode[-3:] == ["ascend910b", "hygon-dcu", "thead-ppu"]
+    mem = [by_key[k].plan.total_bytes / by_key[k].plan.layout_cards for k in keys("memory")[:-1]]
+    assert mem == sorted(mem)
+    with pytest.raises(ValueError, match="unknown sort"):
+        planner.compare(m, cards, sort="price")
+    text = planner.format_compare(rows, m)
+    for a in cards:
+        assert re.search(rf"^{re.escape(a.key)}\s", text, re.M)

@@ -6,8 +6,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fp8jax.toolkit.convert import round_to, save_file
 from fp8jax.toolkit import quant_error as qe
+from fp8jax.toolkit.convert import round_to, save_file
 
 E4M3 = ml_dtypes.float8_e4m3fn
 
@@ -123,6 +123,45 @@ def test_load_tensor(tmp_path, tensor):
         qe.load_tensor(tmp_path / "m.safetensors")
     with pytest.raises(ValueError, match="no tensor"):
         qe.load_tensor(tmp_path / "m.safetensors", "nope")
-    np.save(tmp_path / "bad.npy", np.array([1.0, np.nan]))
-    with pytest.raises(ValueError, match="inf/NaN"):
+    np.save(tmp_path / "bad.npy", np.array([1.0, np.nan, np.inf]))
+    with pytest.raises(ValueError, match="holds 1 NaN and 1 Inf value"):
         qe.load_tensor(tmp_path / "bad.npy")
+
+
+def _fp8_file(tmp_path, w_codes: np.ndarray, scale: np.ndarray):
+    p = tmp_path / "w.safetensors"
+    save_file(p, {"l.weight": w_codes.view(E4M3), "l.weight_scale_inv": scale})
+    return p
+
+
+def test_load_tensor_refuses_bad_scales_and_codes(tmp_path):
+    codes = np.full((130, 5), 0x38, np.uint8)  # E4M3 1.0
+    ok = _fp8_file(tmp_path, codes, np.array([[0.5], [2.0]], np.float32))
+    a, _ = qe.load_tensor(ok, "l.weight")
+    assert a[0, 0] == 0.5 and a[129, 4] == 2.0
+    # A scale larger than the weight's blocks was cropped silently: now refused.
+    big = _fp8_file(tmp_path, codes, np.ones((3, 2), np.float32))
+    with pytest.raises(ValueError, match=r"wrong scale shape .*\[3, 2\], expected \[2, 1\]"):
+        qe.load_tensor(big, "l.weight")
+    for bad, match in [(0.0, "non-positive scale"), (-1.0, "non-positive"), (np.nan, "non-finite")]:
+        p = _fp8_file(tmp_path, codes, np.array([[1.0], [bad]], np.float32))
+        with pytest.raises(ValueError, match=match):
+            qe.load_tensor(p, "l.weight")
+    nan = codes.copy()
+    nan[3, 3] = 0x7F
+    p = _fp8_file(tmp_path, nan, np.array([[0.5], [2.0]], np.float32))
+    with pytest.raises(ValueError, match=r"l\.weight holds 1 NaN value"):
+        qe.load_tensor(p, "l.weight")
+
+
+def test_report_validates_axis_and_tokens():
+    x = np.ones((3, 130))
+    for axis in (-2, -1, 0, 1):
+        assert qe.check_axis(axis, 2) == axis % 2
+    for axis in (2, 7, -3):
+        with pytest.raises(ValueError, match=f"--axis {axis} is out of range for a 2-D tensor"):
+            qe.quant_error_report(x, axis=axis, gemm=False)
+    with pytest.raises(ValueError, match="tokens must be >= 1, got 0"):
+        qe.quant_error_report(x, tokens=0)
+    with pytest.raises(ValueError, match="tokens must be >= 1"):
+        qe.gemm_rows(x, tokens=0)

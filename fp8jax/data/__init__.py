@@ -1,5 +1,4 @@
-"""Byte-level LM data (vocabulary 256): corpora and deterministic batches.
-"""
+"""Byte-level LM data (vocabulary 256): corpora and deterministic batches."""
 
 from fp8jax.data.corpus import (
     VOCAB_SIZE,

@@ -11,21 +11,14 @@ from fp8jax.kernels.block_gemm import (
     block_scaled_matmul_tn,
     block_scaled_matmul_tn_reference,
 )
-from fp8jax.kernels.dispatch import (
-    kernel_available,
-    maybe_block_gemm,
-    maybe_grouped_block_gemm,
-    resolve_impl,
-)
+from fp8jax.kernels.dispatch import kernel_available
 from fp8jax.kernels.grouped_block_gemm import (
-    aligned_group_layout,
     grouped_block_scaled_matmul,
     grouped_block_scaled_matmul_aligned,
     grouped_block_scaled_matmul_reference,
 )
 
 __all__ = [
-    "aligned_group_layout",
     "block_scaled_matmul",
     "block_scaled_matmul_nt",
     "block_scaled_matmul_reference",
@@ -35,7 +28,4 @@ __all__ = [
     "grouped_block_scaled_matmul_aligned",
     "grouped_block_scaled_matmul_reference",
     "kernel_available",
-    "maybe_block_gemm",
-    "maybe_grouped_block_gemm",
-    "resolve_impl",
 ]

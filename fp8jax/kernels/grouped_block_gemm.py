@@ -15,7 +15,7 @@ with the same FP32 two-level accumulation as ``block_gemm`` (see there).
 **Alignment.**  The kernel needs every ``block_m``-row tile to belong to one
 expert (DeepGEMM requires each expert's segment to be padded to its M block
 size).  ``grouped_block_scaled_matmul`` accepts any ``group_sizes`` and builds
-that layout itself: ``aligned_group_layout`` places group ``e`` at the next
+that layout itself: ``fp8jax.groups.group_layout`` places group ``e`` at the next
 multiple of ``block_m``, padding rows get zero data and unit scales, tiles
 that hold only padding are tagged -1 and skipped (written as zeros).  The
 aligned buffer has the static size ``(ceil(M / block_m) + E) * block_m`` rows
@@ -28,20 +28,19 @@ call ``grouped_block_scaled_matmul_aligned`` with one expert id per row tile.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from fp8jax.groups import group_layout
 from fp8jax.kernels.block_gemm import (
     CHUNK,
     _compiler_params,
     _launch_args,
     _pad_to,
     block_scaled_matmul_reference,
-    cdiv,
     check_blocks,
     check_int32_offsets,
     check_operands,
@@ -49,58 +48,6 @@ from fp8jax.kernels.block_gemm import (
     round_up,
     tile_ij,
 )
-
-
-class GroupLayout(NamedTuple):
-    """Mapping between the caller's grouped rows and the block-aligned rows.
-
-    ``src_row``/``row_valid`` (Mp,): which input row fills aligned row r (if valid);
-    ``block_group`` (Mp // block_m,): expert of each aligned tile, -1 for padding;
-    ``dst_row``/``in_group`` (M,): where input row m lands (if it is in a group).
-    """
-
-    src_row: jax.Array
-    row_valid: jax.Array
-    block_group: jax.Array
-    dst_row: jax.Array
-    in_group: jax.Array
-
-
-def aligned_rows(num_rows: int, num_groups: int, block_m: int) -> int:
-    """Static row count of the aligned buffer: (ceil(M / bm) + E) * bm."""
-    return (cdiv(num_rows, block_m) + num_groups) * block_m
-
-
-def aligned_group_layout(group_sizes: jax.Array, num_rows: int, block_m: int) -> GroupLayout:
-    """Pad every group to a multiple of ``block_m`` rows (traceable in ``group_sizes``)."""
-    if group_sizes.ndim != 1:
-        raise ValueError(f"group_sizes must be 1D (E,), got {group_sizes.shape}")
-    num_groups = group_sizes.shape[0]
-    gs = group_sizes.astype(jnp.int32)
-    ends = jnp.cumsum(gs)
-    offs = ends - gs
-    blocks = (gs + block_m - 1) // block_m
-    block_ends = jnp.cumsum(blocks)
-    aligned_offs = (block_ends - blocks) * block_m
-    mp = aligned_rows(num_rows, num_groups, block_m)
-
-    # Expert of each aligned tile: the first group whose cumulative tile count
-    # exceeds the tile index (empty groups own no tile); beyond all groups: -1.
-    tile = jnp.arange(mp // block_m, dtype=jnp.int32)
-    g_tile = jnp.searchsorted(block_ends, tile, side="right").astype(jnp.int32)
-    block_group = jnp.where(g_tile < num_groups, g_tile, -1)
-
-    r = jnp.arange(mp, dtype=jnp.int32)
-    g_r = jnp.clip(g_tile[r // block_m], 0, num_groups - 1)
-    pos = r - aligned_offs[g_r]
-    row_valid = (g_tile[r // block_m] < num_groups) & (pos < gs[g_r])
-    src_row = jnp.where(row_valid, offs[g_r] + pos, 0)
-
-    m = jnp.arange(num_rows, dtype=jnp.int32)
-    g_m = jnp.clip(jnp.searchsorted(ends, m, side="right").astype(jnp.int32), 0, num_groups - 1)
-    in_group = m < ends[-1]
-    dst_row = jnp.where(in_group, aligned_offs[g_m] + (m - offs[g_m]), 0)
-    return GroupLayout(src_row, row_valid, block_group, dst_row, in_group)
 
 
 def _check_group_sizes(group_sizes, num_groups):
@@ -342,7 +289,7 @@ def grouped_block_scaled_matmul(
     )
     check_blocks(block_m, block_n)
     _check_group_sizes(group_sizes, b_data.shape[0])
-    layout = aligned_group_layout(group_sizes, m, block_m)
+    layout = group_layout(group_sizes, m, block_m)
     valid = layout.row_valid[:, None]
     # Padding rows: zero data (adds nothing) and unit scales (inert).
     a_al = jnp.where(valid, a_data[layout.src_row], jnp.zeros((), a_data.dtype))
@@ -352,7 +299,7 @@ def grouped_block_scaled_matmul(
         sa_al,
         b_data,
         b_scale,
-        layout.block_group,
+        layout.tile_group,
         out_dtype=out_dtype,
         block_m=block_m,
         block_n=block_n,

@@ -16,8 +16,7 @@ from flax import nnx
 
 from fp8jax.models.config import ModelConfig
 from fp8jax.nn import Dense
-from fp8jax.nn._stats import StatsDict
-from fp8jax.recipes import Recipe
+from fp8jax.recipes import Recipe, for_site
 
 
 class RMSNorm(nnx.Module):
@@ -58,12 +57,17 @@ def attention_core(q, k, v, scale: float) -> jax.Array:
     """
     # High-precision core (paper): float32 logits, softmax and PV.
     qf, kf, vf = (a.astype(jnp.float32) for a in (q, k, v))
-    logits = jnp.einsum("bthd,bshd->bhts", qf, kf, precision=jax.lax.Precision.HIGHEST) * scale
+    logits = (
+        jnp.einsum("bthd,bshd->bhts", qf, kf, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32)
+        * scale
+    )
     t = q.shape[1]
     causal = jnp.tril(jnp.ones((t, t), bool))
     logits = jnp.where(causal[None, None], logits, -jnp.inf)
     probs = jax.nn.softmax(logits, axis=-1)
-    return jnp.einsum("bhts,bshd->bthd", probs, vf, precision=jax.lax.Precision.HIGHEST)
+    return jnp.einsum(
+        "bhts,bshd->bthd", probs, vf, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32
+    )
 
 
 class MHA(nnx.Module):
@@ -74,16 +78,19 @@ class MHA(nnx.Module):
         kw = dict(recipe=recipe, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
         self.cfg = cfg
         self.wqkv = Dense(d, (3, h, hd), name=f"{name}/wqkv", **kw)
-        self.wo = Dense((h, hd), d, name=f"{name}/wo", **kw)
+        # The linear after attention is its own site (DeepSeek-V3 caches its input in E5M6).
+        self.wo = Dense(
+            (h, hd), d, name=f"{name}/wo", **{**kw, "recipe": for_site(recipe, "attn_out")}
+        )
 
-    def __call__(self, x_BxTxD: jax.Array, stats: StatsDict | None = None) -> jax.Array:
-        qkv = self.wqkv(x_BxTxD, stats)  # (B, T, 3, H, hd)
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+        qkv = self.wqkv(x_BxTxD)  # (B, T, 3, H, hd)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         q = rope(q, self.cfg.rope_theta)
         k = rope(k, self.cfg.rope_theta)
         o = attention_core(q, k, v, 1.0 / math.sqrt(self.cfg.head_dim))
         # Back to the activation dtype for the FP8/bf16 output projection.
-        return self.wo(o.astype(self.cfg.dtype), stats)
+        return self.wo(o.astype(self.cfg.dtype))
 
 
 class MLA(nnx.Module):
@@ -113,27 +120,30 @@ class MLA(nnx.Module):
         self.wkv_a = Dense(d, cfg.kv_lora_rank + rp, name=f"{name}/wkv_a", **kw)
         self.kv_norm = RMSNorm(cfg.kv_lora_rank, **nkw)
         self.wkv_b = Dense(cfg.kv_lora_rank, (h, nope + vd), name=f"{name}/wkv_b", **kw)
-        self.wo = Dense((h, vd), d, name=f"{name}/wo", **kw)
+        # The linear after attention is its own site (DeepSeek-V3 caches its input in E5M6).
+        self.wo = Dense(
+            (h, vd), d, name=f"{name}/wo", **{**kw, "recipe": for_site(recipe, "attn_out")}
+        )
 
-    def __call__(self, x_BxTxD: jax.Array, stats: StatsDict | None = None) -> jax.Array:
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
         cfg = self.cfg
         nope, rp = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
         if self.wq is not None:
-            q = self.wq(x_BxTxD, stats)
+            q = self.wq(x_BxTxD)
         else:
-            q = self.wq_b(self.q_norm(self.wq_a(x_BxTxD, stats)), stats)
+            q = self.wq_b(self.q_norm(self.wq_a(x_BxTxD)))
         q_nope, q_pe = q[..., :nope], rope(q[..., nope:], cfg.rope_theta)
-        kv_a = self.wkv_a(x_BxTxD, stats)
+        kv_a = self.wkv_a(x_BxTxD)
         c_kv, k_pe = kv_a[..., : cfg.kv_lora_rank], kv_a[..., cfg.kv_lora_rank :]
         # One RoPE key per token, shared by all heads (decoupled RoPE).
         k_pe = rope(k_pe[:, :, None, :], cfg.rope_theta)
-        kv = self.wkv_b(self.kv_norm(c_kv), stats)  # (B, T, H, nope + v)
+        kv = self.wkv_b(self.kv_norm(c_kv))  # (B, T, H, nope + v)
         k_nope, v = kv[..., :nope], kv[..., nope:]
         k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pe, k_nope.shape[:-1] + (rp,))], -1)
         qf = jnp.concatenate([q_nope, q_pe], -1)
         o = attention_core(qf, k, v, 1.0 / math.sqrt(nope + rp))
         # Back to the activation dtype for the output projection.
-        return self.wo(o.astype(cfg.dtype), stats)
+        return self.wo(o.astype(cfg.dtype))
 
 
 def make_attention(cfg: ModelConfig, recipe: Recipe, *, name: str, rngs: nnx.Rngs):

@@ -2,7 +2,7 @@
 
 Routed experts are computed dropless: every (token, expert) pair selected by
 the router is one row of the grouped expert GEMM (rows sorted by expert, see
-:func:`fp8jax.nn.grouped_dot`); nothing is dropped and no capacity factor
+:func:`fp8jax.grouped.grouped_dot`); nothing is dropped and no capacity factor
 exists.  Outputs are combined with the router's gate weights in float32.
 """
 
@@ -12,13 +12,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fp8jax.grouped import grouped_dot_with_stats
 from fp8jax.models.config import ModelConfig
 from fp8jax.models.router import Router, expert_load, route, seq_balance_loss
-from fp8jax.nn import Dense, grouped_dot
-from fp8jax.nn._stats import StatsDict, record
+from fp8jax.nn import Dense
 from fp8jax.nn.dense import fan_in_init
+from fp8jax.nn.telemetry import record
 from fp8jax.nn.variables import FP8State
-from fp8jax.recipes import Recipe, needs_state
+from fp8jax.recipes import Recipe, for_site, needs_state
 from fp8jax.scaling import init_delayed_gemm_state
 
 
@@ -51,13 +52,13 @@ class SwiGLU(nnx.Module):
         self.w13 = Dense(cfg.d_model, (2, d_ff), name=f"{name}/w13", **kw)
         self.w2 = Dense(d_ff, cfg.d_model, name=f"{name}/w2", **kw)
 
-    def __call__(self, x_BxTxD: jax.Array, stats: StatsDict | None = None) -> jax.Array:
-        h = swiglu(self.w13(x_BxTxD, stats), self.cfg.dtype)
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+        h = swiglu(self.w13(x_BxTxD), self.cfg.dtype)
         if self.cfg.massive_activation_site == "ffn_hidden":
             h = inject_massive(
                 h, self.cfg.massive_activation_scale, self.cfg.massive_activation_count
             )
-        return self.w2(h, stats)
+        return self.w2(h)
 
 
 def sort_by_expert(idx_TxK: jax.Array, n_experts: int):
@@ -83,6 +84,8 @@ class MoE(nnx.Module):
         pdt = jnp.dtype(cfg.param_dtype)
         self.cfg = cfg
         self.recipe = recipe
+        # Tokens dispatched to the routed experts are their own site (power-of-2 scales).
+        self.dispatch_recipe = for_site(recipe, "dispatch")
         self.name = name
         self.router = Router(d, e, rngs=rngs)
         self.w13 = nnx.Param(fan_in_init(d)(rngs.params(), (e, d, 2 * f), pdt))
@@ -96,26 +99,22 @@ class MoE(nnx.Module):
             else None
         )
 
-    def _experts(self, x, w, state_var, group_sizes, label: str, stats):
-        """One grouped expert GEMM through the recipe, recording its telemetry."""
+    def _experts(self, x, w, state_var, group_sizes, label: str, recipe: Recipe):
+        """One grouped expert GEMM through ``recipe``, sowing its telemetry."""
         st = state_var.get_value() if state_var is not None else None
-        out = grouped_dot(
+        out, stats = grouped_dot_with_stats(
             x,
             w[...],
             group_sizes,
-            recipe=self.recipe,
+            recipe=recipe,
             state=st,
             preferred_element_type=self.cfg.dtype,
-            return_stats=stats is not None,
         )
-        if stats is None:
-            return out
-        out, s = out
-        record(stats, f"{self.name}/{label}", s)
+        record(self, f"{self.name}/{label}", stats)
         return out
 
     def __call__(
-        self, x_BxTxD: jax.Array, bias_E: jax.Array, stats: StatsDict | None = None
+        self, x_BxTxD: jax.Array, bias_E: jax.Array
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Returns (output (B, T, D) in cfg.dtype, {"load": (E,), "balance_loss": ()})."""
         cfg = self.cfg
@@ -127,18 +126,22 @@ class MoE(nnx.Module):
         gates = gates * cfg.routed_scaling
         order, token, group_sizes = sort_by_expert(idx, e)
         xs = x[token]  # (BT*k, D), sorted by expert
-        h = self._experts(xs, self.w13, self.w13_state, group_sizes, "experts_w13", stats)
+        h = self._experts(
+            xs, self.w13, self.w13_state, group_sizes, "experts_w13", self.dispatch_recipe
+        )
         f = cfg.d_expert
         act = swiglu(h.reshape(-1, 2, f), cfg.dtype)
-        y = self._experts(act, self.w2, self.w2_state, group_sizes, "experts_w2", stats)
+        y = self._experts(act, self.w2, self.w2_state, group_sizes, "experts_w2", self.recipe)
         # Combine in float32: un-sort the rows (a gather) and sum the k slots
         # weighted by their gates.
         inv = jnp.argsort(order)
         y_tk = y[inv].astype(jnp.float32).reshape(b * t, k, d)
-        out = jnp.einsum("tkd,tk->td", y_tk, gates)
+        out = jnp.einsum(
+            "tkd,tk->td", y_tk, gates, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32
+        )
         if self.shared is not None:
             # Shared experts' output joins the float32 combine.
-            out = out + self.shared(x_BxTxD, stats).reshape(b * t, d).astype(jnp.float32)
+            out = out + self.shared(x_BxTxD).reshape(b * t, d).astype(jnp.float32)
         aux = {"load": expert_load(idx, e)}
         if cfg.seq_aux_loss_coef > 0:
             aux["balance_loss"] = seq_balance_loss(scores.reshape(b, t, e), idx.reshape(b, t, k))

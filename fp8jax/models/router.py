@@ -95,6 +95,6 @@ class Router(nnx.Module):
         logits = jnp.dot(
             x_TxD.astype(jnp.float32),
             self.weight[...].astype(jnp.float32).T,
-            precision=jax.lax.Precision.HIGHEST,
+            precision=jax.lax.DotAlgorithmPreset.F32_F32_F32,
         )
         return jax.nn.sigmoid(logits)

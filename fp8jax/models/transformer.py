@@ -19,6 +19,7 @@ from fp8jax.models.attention import RMSNorm, make_attention
 from fp8jax.models.config import ModelConfig
 from fp8jax.models.moe import MoE, SwiGLU, inject_massive
 from fp8jax.nn.dense import fan_in_init
+from fp8jax.nn.telemetry import capture
 from fp8jax.nn.variables import RouterBias
 from fp8jax.recipes import Recipe
 
@@ -37,16 +38,16 @@ class Block(nnx.Module):
         else:
             self.ffn = SwiGLU(cfg, recipe, cfg.d_ff, name=f"layer{layer}/ffn", rngs=rngs)
 
-    def __call__(self, x, bias_E, stats):
+    def __call__(self, x, bias_E):
         # Residual adds in float32, one rounding back to the activation dtype.
-        x = (
-            x.astype(jnp.float32) + self.attn(self.attn_norm(x), stats).astype(jnp.float32)
-        ).astype(x.dtype)
+        x = (x.astype(jnp.float32) + self.attn(self.attn_norm(x)).astype(jnp.float32)).astype(
+            x.dtype
+        )
         h = self.ffn_norm(x)
         if self.is_moe:
-            y, aux = self.ffn(h, bias_E, stats)
+            y, aux = self.ffn(h, bias_E)
         else:
-            y, aux = self.ffn(h, stats), None
+            y, aux = self.ffn(h), None
         x = (x.astype(jnp.float32) + y.astype(jnp.float32)).astype(x.dtype)
         return x, aux
 
@@ -84,12 +85,18 @@ class MoETransformer(nnx.Module):
         )
 
     def __call__(self, tokens: jax.Array) -> tuple[jax.Array, dict]:
-        cfg = self.cfg
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be [B, T], got shape {tokens.shape}")
-        if tokens.shape[1] > cfg.max_seq_len:
-            raise ValueError(f"sequence length {tokens.shape[1]} > max_seq_len {cfg.max_seq_len}")
-        stats: dict | None = {} if self.telemetry else None
+        if tokens.shape[1] > self.cfg.max_seq_len:
+            raise ValueError(
+                f"sequence length {tokens.shape[1]} > max_seq_len {self.cfg.max_seq_len}"
+            )
+        (logits, aux), stats = capture(self._forward, tokens)
+        aux["fp8"] = stats if self.telemetry else {}
+        return logits, aux
+
+    def _forward(self, tokens: jax.Array) -> tuple[jax.Array, dict]:
+        cfg = self.cfg
         # High-precision embedding lookup; activations then live in cfg.dtype.
         x = self.embed[...][tokens].astype(cfg.dtype)
         if cfg.massive_activation_site == "residual":
@@ -98,7 +105,7 @@ class MoETransformer(nnx.Module):
         loads, bal = [], []
         for i, blk in enumerate(self.blocks):
             j = i - cfg.n_dense_layers
-            x, aux = blk(x, bias[j] if j >= 0 else None, stats)
+            x, aux = blk(x, bias[j] if j >= 0 else None)
             if aux is not None:
                 loads.append(aux["load"])
                 bal.append(aux["balance_loss"])
@@ -107,7 +114,7 @@ class MoETransformer(nnx.Module):
         logits = jnp.dot(
             h.astype(jnp.float32),
             self.head[...].astype(jnp.float32),
-            precision=jax.lax.Precision.HIGHEST,
+            precision=jax.lax.DotAlgorithmPreset.F32_F32_F32,
         )
         e = cfg.n_routed_experts
         load = jnp.stack(loads) if loads else jnp.zeros((0, e), jnp.float32)
@@ -120,7 +127,6 @@ class MoETransformer(nnx.Module):
             "load_max_over_mean": jnp.max(load, axis=-1)
             / jnp.maximum(jnp.mean(load, axis=-1), 1e-9),
             "router_bias": bias,
-            "fp8": stats if stats is not None else {},
         }
         return logits, aux
 

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from fp8jax.dot_general import dot_general
-from fp8jax.nn._stats import StatsDict, record
+from fp8jax.dot_general import dot_general_with_stats
+from fp8jax.nn.telemetry import record
 from fp8jax.nn.variables import FP8State
 from fp8jax.recipes import Recipe, needs_state
 from fp8jax.scaling import init_delayed_gemm_state
@@ -91,7 +91,7 @@ class Dense(nnx.Module):
         )
         self.fp8_state = FP8State(init_delayed_gemm_state(recipe)) if needs_state(recipe) else None
 
-    def __call__(self, x: jax.Array, stats: StatsDict | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array) -> jax.Array:
         axes = tuple(a % x.ndim for a in self.axis)
         for a, n in zip(axes, self.in_features):
             if x.shape[a] != n:
@@ -101,7 +101,7 @@ class Dense(nnx.Module):
                 )
         dn = ((axes, tuple(range(len(axes)))), ((), ()))
         state = self.fp8_state.get_value() if self.fp8_state is not None else None
-        out = dot_general(
+        out, st = dot_general_with_stats(
             x,
             self.kernel[...],
             dn,
@@ -109,11 +109,8 @@ class Dense(nnx.Module):
             state=state,
             # GEMM output straight in the activation dtype (accumulation is float32).
             preferred_element_type=self.dtype,
-            return_stats=stats is not None,
         )
-        if stats is not None:
-            out, st = out
-            record(stats, self.name, st)
+        record(self, self.name, st)
         # dot_general puts x's free axes first (in order), then the kernel's output
         # axes: the DenseGeneral layout.
         if self.bias is not None:

@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from fp8jax.dot_general import dot_general
-from fp8jax.nn._stats import StatsDict, record
+from fp8jax.dot_general import dot_general_with_stats
 from fp8jax.nn.dense import fan_in_init
+from fp8jax.nn.telemetry import record
 from fp8jax.nn.variables import FP8State
 from fp8jax.recipes import Recipe, needs_state
 from fp8jax.scaling import init_delayed_gemm_state
@@ -94,9 +94,9 @@ class Einsum(nnx.Module):
         self.kernel = nnx.Param(init(rngs.params(), tuple(kernel_shape), jnp.dtype(param_dtype)))
         self.fp8_state = FP8State(init_delayed_gemm_state(recipe)) if needs_state(recipe) else None
 
-    def __call__(self, x: jax.Array, stats: StatsDict | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array) -> jax.Array:
         state = self.fp8_state.get_value() if self.fp8_state is not None else None
-        out = dot_general(
+        out, st = dot_general_with_stats(
             x,
             self.kernel[...],
             self.dn,
@@ -104,9 +104,6 @@ class Einsum(nnx.Module):
             state=state,
             # GEMM output in the activation dtype (accumulation is float32).
             preferred_element_type=self.dtype,
-            return_stats=stats is not None,
         )
-        if stats is not None:
-            out, st = out
-            record(stats, self.name, st)
+        record(self, self.name, st)
         return jnp.transpose(out, self.perm)

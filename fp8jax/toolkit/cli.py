@@ -1,14 +1,18 @@
 """The ``fp8jax`` console script.
 
-    fp8jax formats                      number formats (bits, range, eps, ...)
-    fp8jax gpus [--sources]             accelerator table
-    fp8jax plan --model deepseek-r1 --gpu h800
+    fp8jax --version
+    fp8jax formats                      number formats (bits, range, eps, ...) and group formats
+    fp8jax gpus [--sources | --formats] accelerator table, or native support per format
+    fp8jax plan --model deepseek-r1 --gpu h800 [--weights auto|fp8|int8|int4|fp4|...]
+    fp8jax plan --model deepseek-r1 --compare [--sort decode] [--json]
     fp8jax convert fp8-to-bf16 SRC DST  (or bf16-to-fp8)
     fp8jax quant-error FILE [--tensor NAME]
     fp8jax numerics                     floating-point losses and their remedies
 
 Every subcommand prints plain text (``--json`` for machine-readable output
-where it makes sense).  Errors go to stderr with a non-zero exit status.
+where it makes sense).  Errors go to stderr as one line: exit status 2 for a
+usage mistake (unknown option, a number out of range, NaN or Inf), 1 for an
+error while running.
 """
 
 from __future__ import annotations
@@ -17,7 +21,53 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib import metadata
+
+
+class UsageError(ValueError):
+    """A mistake in the command line (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: "fp8jax plan: error: ..." and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind: type, lo: float, lo_open: bool, hi: float | None = None) -> Callable:
+    """An argparse type: a finite ``kind`` in (lo, hi) / [lo, hi); one-line message otherwise."""
+    rng = f"{'>' if lo_open else '>='} {lo:g}" + (f" and < {hi:g}" if hi is not None else "")
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind is int else 'a number'}"
+            ) from None
+        bad_lo = v <= lo if lo_open else v < lo
+        if not math.isfinite(v) or bad_lo or (hi is not None and v >= hi):
+            what = "an integer" if kind is int else "a finite number"
+            raise argparse.ArgumentTypeError(f"{text!r} must be {what} {rng}")
+        return v
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+_POSITIVE = _number(float, 0.0, True)
+_POSITIVE_INT = _number(int, 0, True)
+_NONNEG_INT = _number(int, 0, False)
+_OVERHEAD = _number(float, 0.0, False, 10.0)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("fp8jax")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _dump(obj) -> str:
@@ -38,9 +88,18 @@ def _cmd_formats(args) -> int:
     from fp8jax.toolkit import catalog
 
     if args.json:
-        print(_dump([r.asdict() for r in catalog.catalog()]))
+        print(
+            _dump(
+                {
+                    "formats": [r.asdict() for r in catalog.catalog()],
+                    "group_formats": [g.asdict() for g in catalog.group_formats()],
+                }
+            )
+        )
     else:
         print(catalog.format_table())
+        print()
+        print(catalog.group_table())
     return 0
 
 
@@ -49,38 +108,49 @@ def _cmd_gpus(args) -> int:
 
     from fp8jax.toolkit import hardware
 
+    if args.sources and args.formats:
+        raise UsageError("give --sources or --formats, not both")
     if args.json:
-        print(_dump([asdict(a) for a in hardware.accelerators()]))
+        print(_dump([asdict(a) | {"fp8_native": a.fp8_native} for a in hardware.accelerators()]))
+    elif args.formats:
+        print(hardware.format_matrix())
     else:
         print(hardware.format_table(sources=args.sources))
     return 0
 
 
-def _cmd_plan(args) -> int:
-    from fp8jax.toolkit import hardware, planner
+def _model_from_args(args):
+    from fp8jax.toolkit import planner
 
     custom = [args.params, args.active, args.layers, args.kv_per_layer]
     if args.model and any(v is not None for v in custom):
-        raise ValueError(
+        raise UsageError(
             "give either --model or --params/--active/--layers/--kv-per-layer, not both"
         )
     if args.model:
-        model = planner.get_model(args.model)
-    elif args.params is not None:
-        model = planner.ModelSpec(
-            name=args.name,
-            total_params=args.params,
-            active_params=args.active if args.active is not None else args.params,
-            n_layers=args.layers if args.layers is not None else 1,
-            kv_elems_per_layer=args.kv_per_layer if args.kv_per_layer is not None else 0,
-            kv_kind=f"{args.kv_per_layer or 0} elements per token per layer",
-        )
-    else:
-        raise ValueError(f"give --model (one of {sorted(planner.MODELS)}) or --params")
-    p = planner.plan(
-        model,
-        hardware.get(args.gpu),
-        weights=args.weights,
+        try:
+            return planner.get_model(args.model)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    if args.params is None:
+        raise UsageError(f"give --model (one of {sorted(planner.MODELS)}) or --params")
+    if args.active is not None and args.active > args.params:
+        raise UsageError(f"--active {args.active:g} exceeds --params {args.params:g}")
+    return planner.ModelSpec(
+        name=args.name,
+        total_params=args.params,
+        active_params=args.active if args.active is not None else args.params,
+        n_layers=args.layers if args.layers is not None else 1,
+        kv_elems_per_layer=args.kv_per_layer if args.kv_per_layer is not None else 0,
+        kv_kind=f"{args.kv_per_layer or 0} elements per token per layer",
+    )
+
+
+def _cmd_plan(args) -> int:
+    from fp8jax.toolkit import hardware, planner
+
+    model = _model_from_args(args)
+    budget = dict(
         kv_dtype=args.kv_cache,
         context=args.context,
         batch=args.batch,
@@ -89,6 +159,28 @@ def _cmd_plan(args) -> int:
         memory_gb=args.memory_gb,
         bandwidth_gbs=args.bandwidth,
     )
+    if args.compare:
+        if args.gpu:
+            raise UsageError("give --gpu or --compare, not both")
+        rows = planner.compare(
+            model, hardware.accelerators(), weights=args.weights, sort=args.sort, **budget
+        )
+        if args.json:
+            print(
+                _dump({"model": model.name, "sort": args.sort, "rows": [r.asdict() for r in rows]})
+            )
+        else:
+            print(planner.format_compare(rows, model))
+        return 0
+    if args.sort != "table":
+        raise UsageError("--sort applies to --compare")
+    if not args.gpu:
+        raise UsageError("give --gpu KEY (see fp8jax gpus) or --compare")
+    try:
+        accel = hardware.get(args.gpu)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    p = planner.plan(model, accel, weights=args.weights, **budget)
     if args.json:
         d = {
             k: getattr(p, k)
@@ -108,22 +200,78 @@ def _size(b: float) -> str:
     return f"{b / 1e9:.2f} GB" if b >= 1e9 else f"{b / 1e6:.2f} MB"
 
 
-def _cmd_convert(args) -> int:
-    from fp8jax.toolkit.convert import convert_checkpoint
+def _seconds_since_start() -> float | None:
+    """Wall seconds since this process started (Linux /proc; None elsewhere)."""
+    import os
 
-    rep = convert_checkpoint(args.direction, args.src, args.dst, keep=args.keep, quiet=args.quiet)
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            # Field 22, start time in clock ticks after boot; fields after the
+            # ")" that closes the command name start at field 3.
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cmd_convert(args) -> int:
+    from fp8jax.toolkit import convert
+
+    def fail(msg: str, code: int = 2) -> int:
+        # One line, argparse style: a user's mistake (bad input, bad path) is no traceback.
+        print(f"fp8jax convert: error: {' '.join(str(msg).split())}", file=sys.stderr)
+        return code
+
+    try:
+        if args.direction == "example":
+            root = convert.make_example_checkpoint(args.dst, seed=args.seed)
+            files = sorted(p.name for p in root.iterdir())
+            size = sum(p.stat().st_size for p in root.iterdir())
+            print(f"wrote {root}: {len(files)} files ({', '.join(files)}), {_size(size)}")
+            return 0
+        keep = getattr(args, "keep", [])
+        convert.compile_keep(keep)
+        rep = convert.convert_checkpoint(
+            args.direction,
+            args.src,
+            args.dst,
+            keep=keep,
+            quiet=args.quiet,
+            rounding=getattr(args, "rounding", "deepseek"),
+        )
+    except convert.ConversionTerminated as e:
+        print(f"fp8jax convert: {e}; partial output removed", file=sys.stderr)
+        return 128 + e.signum
+    except (convert.ConversionError, ValueError, OSError) as e:
+        return fail(e)
+    rounding = f", {rep.rounding} rounding" if rep.rounding else ""
+    # The conversion's own time, and the whole command's (Python and JAX start-up included).
+    total = _seconds_since_start()
+    whole = f" ({total:.2f} s since the command started)" if total is not None else ""
     print(
-        f"converted {rep.converted} of {rep.tensors_in} tensors in {rep.shards} shard(s): "
+        f"converted {rep.converted} of {rep.tensors_in} tensors in {rep.shards} shard(s){rounding}: "
         f"{_size(rep.bytes_in)} -> {_size(rep.bytes_out)}, {rep.tensors_out} tensors, "
-        f"written to {rep.dst} ({rep.seconds:.1f} s)"
+        f"written to {rep.dst} in {rep.seconds:.2f} s{whole}"
     )
     return 0
 
 
 def _cmd_quant_error(args) -> int:
+    def fail(msg: str) -> int:
+        print(f"fp8jax quant-error: error: {' '.join(str(msg).split())}", file=sys.stderr)
+        return 2
+
+    if args.tokens < 1:
+        return fail(f"--tokens must be >= 1, got {args.tokens}")
     from fp8jax.toolkit import quant_error as qe
 
-    x64, desc = qe.load_tensor(args.path, args.tensor)
+    try:
+        x64, desc = qe.load_tensor(args.path, args.tensor)
+        qe.check_axis(args.axis, x64.ndim)
+    except (ValueError, OSError) as e:
+        return fail(e)
     rows = qe.quant_error_report(x64, axis=args.axis, gemm=not args.no_gemm, tokens=args.tokens)
     if args.json:
         print(_dump({"tensor": desc, "rows": qe.rows_as_dicts(rows)}))
@@ -140,12 +288,13 @@ def _cmd_numerics(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="fp8jax",
         description="Precision and hardware toolkit: formats, accelerators, deployment plans, "
         "FP8 <-> BF16 checkpoint conversion, quantization error.",
     )
-    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    ap.add_argument("--version", action="version", version=f"fp8jax {_version()}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("formats", help="number formats: bits, range, precision")
     p.add_argument("--json", action="store_true")
@@ -153,48 +302,90 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("gpus", help="accelerator table (dense TFLOP/s, memory, bandwidth)")
     p.add_argument("--sources", action="store_true", help="print each row's source and note")
+    p.add_argument(
+        "--formats", action="store_true", help="native support per format (FP64 ... FP4, INT8/4)"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_gpus)
+
+    from fp8jax.toolkit.planner import KV_BYTES, SORT_KEYS, WEIGHT_FORMATS
 
     p = sub.add_parser("plan", help="memory, cards, nodes and decode bound of a deployment")
     p.add_argument(
         "--model", help="named config: deepseek-v3, deepseek-r1, llama-3.1-{8b,70b,405b}"
     )
-    p.add_argument("--params", type=float, help="custom model: total parameters (e.g. 70e9)")
-    p.add_argument("--active", type=float, help="custom model: active parameters per token")
-    p.add_argument("--layers", type=int, help="custom model: layers")
-    p.add_argument("--kv-per-layer", type=int, help="custom model: KV elements per token per layer")
+    p.add_argument("--params", type=_POSITIVE, help="custom model: total parameters (e.g. 70e9)")
+    p.add_argument("--active", type=_POSITIVE, help="custom model: active parameters per token")
+    p.add_argument("--layers", type=_POSITIVE_INT, help="custom model: layers")
+    p.add_argument(
+        "--kv-per-layer", type=_NONNEG_INT, help="custom model: KV elements per token per layer"
+    )
     p.add_argument("--name", default="custom model")
-    p.add_argument("--gpu", required=True, help="accelerator key or name (fp8jax gpus)")
+    p.add_argument("--gpu", help="accelerator key or name (fp8jax gpus)")
     p.add_argument(
-        "--weights", default="auto", help="auto (FP8 if native, else BF16), fp8, bf16, fp16, fp32"
+        "--compare", action="store_true", help="plan on every card of the table, side by side"
     )
-    p.add_argument("--kv-cache", default="bf16", help="KV cache precision: bf16, fp16, fp8, fp32")
-    p.add_argument("--context", type=int, default=32768, help="tokens per sequence (default 32768)")
-    p.add_argument("--batch", type=int, default=32, help="concurrent sequences (default 32)")
     p.add_argument(
-        "--overhead", type=float, default=0.10, help="fraction of weights + KV (default 0.10)"
+        "--sort",
+        default="table",
+        choices=sorted(SORT_KEYS),
+        help="--compare order: table (default), name, cards, nodes, memory, decode, batch",
     )
-    p.add_argument("--node-size", type=int, default=8, help="cards per node (default 8)")
-    p.add_argument("--memory-gb", type=float, help="override the card's memory")
-    p.add_argument("--bandwidth", type=float, help="override the card's bandwidth, GB/s")
+    p.add_argument(
+        "--weights",
+        default="auto",
+        choices=["auto", *WEIGHT_FORMATS],
+        help="auto (FP8 if native, else BF16), " + ", ".join(WEIGHT_FORMATS),
+    )
+    p.add_argument(
+        "--kv-cache", default="bf16", choices=sorted(KV_BYTES), help="KV cache precision"
+    )
+    p.add_argument(
+        "--context", type=_POSITIVE_INT, default=32768, help="tokens per sequence (default 32768)"
+    )
+    p.add_argument(
+        "--batch", type=_POSITIVE_INT, default=32, help="concurrent sequences (default 32)"
+    )
+    p.add_argument(
+        "--overhead", type=_OVERHEAD, default=0.10, help="fraction of weights + KV (default 0.10)"
+    )
+    p.add_argument("--node-size", type=_POSITIVE_INT, default=8, help="cards per node (default 8)")
+    p.add_argument("--memory-gb", type=_POSITIVE, help="override the card's memory, GB")
+    p.add_argument("--bandwidth", type=_POSITIVE, help="override the card's bandwidth, GB/s")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser(
         "convert", help="convert a checkpoint between FP8 (DeepSeek layout) and BF16"
     )
-    p.add_argument("direction", choices=["fp8-to-bf16", "bf16-to-fp8"])
-    p.add_argument("src", help="source checkpoint directory")
-    p.add_argument("dst", help="new output directory (must not exist)")
-    p.add_argument(
-        "--keep",
-        action="append",
-        default=[],
-        metavar="REGEX",
-        help="bf16-to-fp8: also keep tensors whose name matches REGEX in high precision (repeatable)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    conv = p.add_subparsers(dest="direction", required=True, metavar="DIRECTION")
+    for direction, help_ in (
+        ("fp8-to-bf16", "dequantize FP8 weights (with their _scale_inv) to BF16"),
+        ("bf16-to-fp8", "quantize 2-D weights to E4M3 with 128x128 block scales"),
+    ):
+        q = conv.add_parser(direction, help=help_)
+        q.add_argument("src", help="source checkpoint directory")
+        q.add_argument("dst", help="new output directory (must not exist, or be empty)")
+        if direction == "fp8-to-bf16":
+            q.add_argument(
+                "--rounding",
+                choices=["deepseek", "exact"],
+                default="deepseek",
+                help="deepseek (default): float32 product rounded to BF16, bit for bit what "
+                "DeepSeek's fp8_cast_bf16.py writes; exact: the exact product rounded once",
+            )
+        else:
+            q.add_argument(
+                "--keep",
+                action="append",
+                default=[],
+                metavar="REGEX",
+                help="also keep tensors whose name matches REGEX in high precision (repeatable)",
+            )
+        q.add_argument("--quiet", action="store_true", help="no progress bar")
+    q = conv.add_parser("example", help="write a small FP8 checkpoint in DeepSeek-V3's layout")
+    q.add_argument("dst", help="new output directory")
+    q.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("quant-error", help="quantization error of a tensor under each recipe")
@@ -202,7 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor", help="tensor name in a .safetensors file")
     p.add_argument("--axis", type=int, default=-1, help="contraction axis (default -1)")
     p.add_argument(
-        "--tokens", type=int, default=128, help="rows of the Gaussian activation for the GEMM"
+        "--tokens",
+        type=int,
+        default=128,
+        help="rows of the Gaussian activation for the GEMM (>= 1)",
     )
     p.add_argument("--no-gemm", action="store_true", help="skip the dot_general section")
     p.add_argument("--json", action="store_true")
@@ -220,6 +414,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except UsageError as e:
+        print(
+            f"fp8jax {args.command}: error: {e} (see fp8jax {args.command} --help)", file=sys.stderr
+        )
+        return 2
     except BrokenPipeError:
         # Output piped into `head` and closed early: not an error of ours.
         import os

@@ -4,11 +4,15 @@ Given a model (total and active parameters, layers and KV-cache geometry), a
 weight precision, an accelerator and a serving budget (context length,
 concurrent sequences, KV-cache precision), :func:`plan` computes:
 
-* **weights**: ``total_params * bytes_per_param`` plus the scales of block
-  formats (FP8 as DeepSeek-V3 ships it: one float32 ``scale_inv`` per
-  128x128 block, 4 / 16384 bytes per parameter).  Every parameter is counted
-  at the weight precision; DeepSeek's BF16 leftovers (embeddings, norms,
-  router) are under 2% of its parameters and are covered by the overhead;
+* **weights**: ``total_params * bytes_per_param`` plus the scales of group
+  formats (:class:`fp8jax.toolkit.catalog.GroupFormat`): FP8 and INT8 as
+  DeepSeek-V3 / the block-INT8 R1 ship them (one float32 per 128x128 block,
+  4 / 16384 bytes per parameter), INT4 as W4A16 (an FP16 scale and a 4-bit
+  zero point per 128 weights, 2.5 / 128 bytes), FP4 as NVFP4 (an E4M3 scale
+  per 16, 1 / 16 bytes) or MXFP4 (an E8M0 scale per 32, 1 / 32 bytes).
+  Every parameter is counted at the weight precision; DeepSeek's BF16
+  leftovers (embeddings, norms, router) are under 2% of its parameters and
+  are covered by the overhead;
 * **KV cache**: ``batch * context * layers * kv_elems_per_layer *
   kv_bytes``.  Multi-head latent attention (DeepSeek-V2/V3/R1) caches one
   compressed latent (512) plus the decoupled RoPE key (64) per token per
@@ -28,7 +32,13 @@ concurrent sequences, KV-cache precision), :func:`plan` computes:
 
 Cards without native FP8 cannot run FP8 weights; they hold the BF16
 conversion (``fp8jax convert fp8-to-bf16``), twice the bytes.  The planner
-switches to BF16 on such cards and says so.
+switches to BF16 on such cards and says so.  INT8, INT4 and FP4 weights are
+planned on every card; a note says whether the card multiplies them natively
+(its ``native`` formats, :mod:`fp8jax.toolkit.hardware`) or dequantizes them
+to BF16/FP16 inside the GEMM, which saves memory and bandwidth but no FLOPs.
+W4A16 is always dequantized (its activations are BF16/FP16).
+
+:func:`compare` plans one model on every card of the table side by side.
 
 Units: GB = 1e9 bytes; card memory is the vendor figure read as 1e9 bytes.
 """
@@ -38,6 +48,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from fp8jax.toolkit import catalog
 from fp8jax.toolkit.hardware import Accelerator
 
 BLOCK = 128
@@ -60,8 +71,11 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
-        if self.total_params <= 0 or self.active_params <= 0:
-            raise ValueError("parameter counts must be positive")
+        for what, v in (("total", self.total_params), ("active", self.active_params)):
+            if not math.isfinite(v) or v <= 0:
+                raise ValueError(
+                    f"{what} parameter count must be a positive finite number, got {v}"
+                )
         if self.active_params > self.total_params:
             raise ValueError("active parameters cannot exceed total parameters")
         if self.n_layers <= 0 or self.kv_elems_per_layer < 0:
@@ -111,23 +125,37 @@ def get_model(name: str) -> ModelSpec:
 
 @dataclass(frozen=True)
 class WeightFormat:
-    """Bytes per parameter of a weight format, and of its scales."""
+    """Bytes per parameter of a weight format, and of its scales.
+
+    ``group`` is the catalog group format behind a scaled format (None for
+    plain BF16/FP16/FP32).  ``needs_fp8``: the format is only planned on cards
+    with native E4M3 (others get the BF16 conversion).
+    """
 
     name: str
     bytes_per_param: float
     scale_bytes_per_param: float
     needs_fp8: bool
     describe: str
+    group: catalog.GroupFormat | None = None
+
+
+def _scaled(name: str, group: str, needs_fp8: bool, describe: str) -> WeightFormat:
+    g = catalog.group_format(group)
+    # Bits to bytes: a parameter costs element_bits / 8 plus its share of the
+    # group's scale and zero point, overhead_bits / 8.
+    return WeightFormat(name, g.element_bits / 8, g.overhead_bits / 8, needs_fp8, describe, g)
 
 
 WEIGHT_FORMATS: dict[str, WeightFormat] = {
     "fp32": WeightFormat("fp32", 4.0, 0.0, False, "FP32"),
     "bf16": WeightFormat("bf16", 2.0, 0.0, False, "BF16"),
     "fp16": WeightFormat("fp16", 2.0, 0.0, False, "FP16"),
-    # DeepSeek-V3 layout: one float32 scale_inv per 128x128 block.
-    "fp8": WeightFormat(
-        "fp8", 1.0, 4.0 / (BLOCK * BLOCK), True, "FP8 E4M3 + float32 scale per 128x128 block"
-    ),
+    "fp8": _scaled("fp8", "fp8-b128", True, "FP8 E4M3 + float32 scale per 128x128 block"),
+    "int8": _scaled("int8", "int8-b128", False, "INT8 (W8A8) + float32 scale per 128x128 block"),
+    "int4": _scaled("int4", "w4a16-g128", False, "INT4 (W4A16) + FP16 scale, 4-bit zero per 128"),
+    "fp4": _scaled("fp4", "nvfp4", False, "NVFP4: FP4 E2M1 + E4M3 scale per 16"),
+    "mxfp4": _scaled("mxfp4", "mxfp4", False, "MXFP4: FP4 E2M1 + E8M0 scale per 32"),
 }
 
 KV_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
@@ -168,6 +196,7 @@ class Plan:
     tokens_per_s_all_cards: float | None
     batch_tokens_per_s: float | None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    execution: str = ""
 
     def format(self) -> str:
         return format_plan(self)
@@ -188,18 +217,27 @@ def plan(
     """Plan a deployment (see the module docstring for every formula).
 
     ``weights``: "auto" (FP8 where the card has it, else BF16), or one of
-    WEIGHT_FORMATS; "fp8" on a card without FP8 becomes BF16 with a note.
-    ``memory_gb`` / ``bandwidth_gbs`` override the table (e.g. for a card
-    whose figure is not in it).
+    WEIGHT_FORMATS; "fp8" on a card without FP8 becomes BF16 with a note;
+    int8 / int4 / fp4 / mxfp4 are kept on every card, with a note (and
+    ``Plan.execution``) saying whether the card multiplies them natively or
+    dequantizes them.  ``memory_gb`` / ``bandwidth_gbs`` override the table
+    (e.g. for a card whose figure is not in it).  Raises ValueError for
+    non-positive, NaN or infinite numbers.
     """
-    if context <= 0 or batch <= 0 or node_size <= 0:
-        raise ValueError("context, batch and node size must be positive")
-    if not 0 <= overhead < 10:
-        raise ValueError("overhead is a fraction of weights + KV cache, e.g. 0.1")
+    for what, v in (("context", context), ("batch", batch), ("node size", node_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{what} must be a positive integer, got {v!r}")
+    if not (math.isfinite(overhead) and 0 <= overhead < 10):
+        raise ValueError(
+            f"overhead is a fraction of weights + KV cache (0 <= x < 10), got {overhead}"
+        )
+    for what, v in (("memory_gb", memory_gb), ("bandwidth_gbs", bandwidth_gbs)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{what} must be a positive finite number, got {v}")
     notes: list[str] = []
     card_gb = memory_gb if memory_gb is not None else accel.memory_gb
-    if card_gb is None or card_gb <= 0:
-        raise ValueError(f"{accel.name}: no memory figure; pass memory_gb")
+    if card_gb is None:
+        raise ValueError(f"{accel.name}: no memory figure in the table; pass memory_gb")
     bw_gbs = bandwidth_gbs if bandwidth_gbs is not None else accel.bandwidth_gbs
 
     wname = weights.lower()
@@ -207,9 +245,10 @@ def plan(
         wname = "fp8" if accel.fp8_native else "bf16"
         if not accel.fp8_native:
             notes.append(
-                f"{accel.name} has no native FP8: weights held in BF16 "
-                "(an FP8 checkpoint is converted with `fp8jax convert fp8-to-bf16`), "
-                "twice the bytes of FP8."
+                f"{accel.name} has no native FP8"
+                + (" (its formats are unknown)" if accel.native is None else "")
+                + ": weights held in BF16 (an FP8 checkpoint is converted with "
+                "`fp8jax convert fp8-to-bf16`), twice the bytes of FP8."
             )
     if wname not in WEIGHT_FORMATS:
         raise ValueError(
@@ -222,6 +261,20 @@ def plan(
             "(`fp8jax convert fp8-to-bf16`), twice the bytes; planned in BF16."
         )
         wf = WEIGHT_FORMATS["bf16"]
+    if wf.needs_fp8:
+        exec_kind = "native"
+        if not accel.supports("fp8_e4m3"):
+            # FNUZ-only cards (MI300 series): E4M3FN codes above 240 do not exist
+            # in e4m3fnuz, so the re-encode halves the codes and doubles the scales.
+            notes.append(
+                f"{accel.name} runs FP8 as e4m3fnuz (max 240): DeepSeek's e4m3fn weights are "
+                "re-encoded (values halved, scales doubled), same 3 mantissa bits."
+            )
+    elif wf.group is not None:
+        exec_kind, note = execution(wf, accel)
+        notes.append(note)
+    else:
+        exec_kind = ""
 
     kv = kv_dtype.lower()
     if kv not in KV_BYTES:
@@ -291,6 +344,45 @@ def plan(
         tokens_per_s_all_cards=all_,
         batch_tokens_per_s=batch_tps,
         notes=tuple(notes),
+        execution=exec_kind,
+    )
+
+
+_ELEMENT_LABELS = {"fp4_e2m1": "FP4 (E2M1)", "fp8_e4m3": "FP8 E4M3"}
+
+
+def execution(wf: WeightFormat, accel: Accelerator) -> tuple[str, str]:
+    """What the card does with a scaled weight format, as (kind, note).
+
+    kind is "native" (its matrix units multiply the stored elements),
+    "dequantized" (weights widened to BF16/FP16 inside the GEMM) or "unknown"
+    (the card's formats are not known).
+    """
+    g = wf.group
+    assert g is not None
+    elem = _ELEMENT_LABELS.get(g.element, g.element.upper())
+    if accel.native is None:
+        return "unknown", (
+            f"{accel.name}: supported formats unknown, so whether it multiplies {elem} "
+            "natively is unknown; planned by storage bytes only."
+        )
+    if not g.native:
+        extra = (
+            f" ({accel.name} does multiply {elem} natively: a W4A4 scheme could use it.)"
+            if accel.supports(g.element)
+            else ""
+        )
+        return "dequantized", (
+            f"{g.name} is weight-only: {accel.name} dequantizes the {elem} weights to "
+            "BF16/FP16 inside the GEMM; memory and bandwidth shrink, FLOPs do not." + extra
+        )
+    if accel.supports(*g.native):
+        return "native", (
+            f"{accel.name} multiplies {elem} natively ({g.name}, activations: {g.activations})."
+        )
+    return "dequantized", (
+        f"{accel.name} has no native {elem}: the {g.name} weights are dequantized to BF16/FP16 "
+        "inside the GEMM (weight-only); memory and bandwidth shrink, FLOPs do not."
     )
 
 
@@ -311,7 +403,7 @@ def format_plan(p: Plan) -> str:
         f"per token, {m.n_layers} layers, KV: {m.kv_kind}",
         f"accelerator  {a.name}: {card_gb:g} GB, "
         + (f"{p.bandwidth / 1e9:g} GB/s" if p.bandwidth else "bandwidth unknown")
-        + f", native FP8: {'yes' if a.fp8_native else 'no'}",
+        + f", native FP8: {'unknown' if a.native is None else ('yes' if a.fp8_native else 'no')}",
         f"serving      {p.batch} sequences x {p.context} tokens, KV cache {p.kv_dtype.upper()}",
         "",
         f"weights      {p.weights.describe}: {_gb(p.weight_bytes)}"
@@ -342,3 +434,166 @@ def format_plan(p: Plan) -> str:
     for n in p.notes:
         lines.append(f"note         {n}")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    """One card of :func:`compare`: its plan, or why there is none (``reason``)."""
+
+    accel: Accelerator
+    plan: Plan | None
+    reason: str = ""
+
+    def asdict(self) -> dict:
+        p = self.plan
+        d: dict = {"accelerator": self.accel.key, "name": self.accel.name}
+        if p is None:
+            d.update(planned=False, reason=self.reason)
+            return d
+        d.update(
+            planned=True,
+            weights=p.weights.name,
+            execution=p.execution,
+            kv_cache=p.kv_dtype,
+            card_gb=p.card_bytes / 1e9,
+            total_gb=p.total_bytes / 1e9,
+            cards=p.cards,
+            nodes=p.nodes,
+            layout_cards=p.layout_cards,
+            layout_nodes=p.layout_nodes,
+            gb_per_card=p.total_bytes / p.layout_cards / 1e9,
+            tokens_per_s_one_card=p.tokens_per_s_one_card,
+            tokens_per_s_all_cards=p.tokens_per_s_all_cards,
+            batch_tokens_per_s=p.batch_tokens_per_s,
+            notes=list(p.notes),
+        )
+        return d
+
+
+# Sort keys of :func:`compare`: (key function on a planned row, descending?).
+SORT_KEYS: dict[str, tuple] = {
+    "table": (None, False),
+    "name": (lambda r: r.accel.key, False),
+    "cards": (lambda r: (r.plan.layout_cards, r.plan.cards), False),
+    "nodes": (lambda r: (r.plan.layout_nodes, r.plan.cards), False),
+    "memory": (lambda r: r.plan.total_bytes / r.plan.layout_cards, False),
+    "decode": (lambda r: r.plan.tokens_per_s_all_cards, True),
+    "batch": (lambda r: r.plan.batch_tokens_per_s, True),
+}
+
+
+def compare(
+    model: ModelSpec,
+    accels: tuple[Accelerator, ...] | list[Accelerator],
+    weights: str = "auto",
+    sort: str = "table",
+    **kw,
+) -> list[CompareRow]:
+    """Plan ``model`` on every card of ``accels`` with the same budget (``kw`` as :func:`plan`).
+
+    ``sort``: "table" (the table's order), "name", "cards" / "nodes" (fewest
+    first, by the power-of-two layout, then by cards), "memory" (least per card
+    first), "decode" / "batch" (highest per-sequence / total decode bound
+    first).  Except for "name", cards that cannot be planned (no memory
+    figure) and, for "decode" / "batch", cards without a bandwidth figure come
+    last, in table order.
+    """
+    if sort not in SORT_KEYS:
+        raise ValueError(f"unknown sort {sort!r}; one of {sorted(SORT_KEYS)}")
+    rows = []
+    for a in accels:
+        if a.memory_gb is None and kw.get("memory_gb") is None:
+            rows.append(CompareRow(a, None, "no memory figure in the table"))
+            continue
+        rows.append(CompareRow(a, plan(model, a, weights=weights, **kw)))
+    key, descending = SORT_KEYS[sort]
+    if key is None:
+        return rows
+
+    def sortable(r: CompareRow) -> bool:
+        if sort == "name":
+            return True
+        return r.plan is not None and (
+            sort not in ("decode", "batch") or r.plan.tokens_per_s_all_cards is not None
+        )
+
+    head = sorted((r for r in rows if sortable(r)), key=key, reverse=descending)
+    return head + [r for r in rows if not sortable(r)]
+
+
+def _tps(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.1f}"
+
+
+def format_compare(rows: list[CompareRow], model: ModelSpec) -> str:
+    """The compare table (what ``fp8jax plan --compare`` prints)."""
+    head = [
+        "card",
+        "weights",
+        "cards",
+        "nodes",
+        "layout",
+        "GB/card",
+        "of card",
+        "tok/s/seq",
+        "tok/s batch",
+        "notes",
+    ]
+    body = []
+    for r in rows:
+        p = r.plan
+        if p is None:
+            body.append([r.accel.key, "-", "-", "-", "-", "-", "-", "-", "-", r.reason])
+            continue
+        per_card = p.total_bytes / p.layout_cards
+        flags = []
+        if any("no native FP8" in n for n in p.notes):
+            flags.append("no FP8: BF16")
+        if p.weights.group is not None and p.execution:
+            flags.append({"unknown": "formats unknown"}.get(p.execution, p.execution))
+        if p.tokens_per_s_one_card is None:
+            flags.append("no bandwidth figure")
+        body.append(
+            [
+                r.accel.key,
+                p.weights.name,
+                str(p.cards),
+                str(p.nodes),
+                f"{p.layout_cards}={p.layout_nodes}x{min(p.layout_cards, p.node_size)}",
+                f"{per_card / 1e9:,.1f}",
+                f"{per_card / p.card_bytes:.0%}",
+                _tps(p.tokens_per_s_all_cards),
+                "-" if p.batch_tokens_per_s is None else f"{p.batch_tokens_per_s:,.0f}",
+                "; ".join(dict.fromkeys(flags)),
+            ]
+        )
+    right = {2, 3, 5, 6, 7, 8}
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
+
+    first = next((r.plan for r in rows if r.plan is not None), None)
+    out = [
+        f"model   {model.name}: {_params(model.total_params)} parameters, "
+        f"{_params(model.active_params)} active, {model.n_layers} layers, KV: {model.kv_kind}",
+    ]
+    if first is not None:
+        out.append(
+            f"budget  {first.batch} sequences x {first.context} tokens, KV cache "
+            f"{first.kv_dtype.upper()} where the card allows, overhead {first.overhead_frac:.0%}, "
+            f"{first.node_size} cards per node"
+        )
+    out += ["", line(head), line(["-" * w for w in widths])]
+    out += [line(b) for b in body]
+    out += [
+        "",
+        "cards: ceil(total / card memory); layout: the power-of-two number of cards that holds it "
+        "(= nodes x cards per node); GB/card and 'of card' on that layout.",
+        "tok/s/seq: decode bound per sequence with the reads split over the layout; "
+        "tok/s batch: total bound at the batch size.  Bounds from memory bandwidth only.",
+        "Details and notes per card: fp8jax plan --model ... --gpu KEY",
+    ]
+    return "\n".join(out)

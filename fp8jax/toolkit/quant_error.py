@@ -34,6 +34,13 @@ import ml_dtypes
 import numpy as np
 
 from fp8jax.numerics.metrics import flushed_fraction, relative_error, saturated_fraction, sqnr_db
+from fp8jax.toolkit.convert.blockwise import (
+    all_finite,
+    check_scale,
+    dequant_rows,
+    describe_nonfinite,
+)
+from fp8jax.toolkit.convert.safetensors_io import FP8_DTYPES, SafetensorsFile
 
 
 @dataclass(frozen=True)
@@ -52,18 +59,21 @@ def load_tensor(path: str | Path, name: str | None = None) -> tuple[np.ndarray, 
     """Load a tensor as float64: a .npy file, or ``name`` from a .safetensors file.
 
     An FP8 safetensors tensor with a ``<name>_scale_inv`` next to it (the
-    DeepSeek layout) is dequantized blockwise first.
+    DeepSeek layout) is dequantized blockwise first: the exact product of
+    each FP8 value and its block's scale, rounded to float32.  The scale must
+    have one value per 128x128 block, finite and > 0.  ValueError (one line)
+    for a missing or corrupt file, a non-float or empty tensor, NaN or Inf.
     """
-    from fp8jax.toolkit.convert.blockwise import dequant_rows
-    from fp8jax.toolkit.convert.safetensors_io import FP8_DTYPES, SafetensorsFile
-
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"no such file: {p}")
     if p.suffix == ".npy":
         if name:
             raise ValueError("--tensor is for .safetensors files; a .npy file holds one array")
-        a = np.load(p, allow_pickle=False)
+        try:
+            a = np.load(p, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise ValueError(f"unreadable .npy file {p}: {e}") from None
         desc = f"{p.name}"
     elif p.suffix == ".safetensors":
         with SafetensorsFile(p) as f:
@@ -78,8 +88,11 @@ def load_tensor(path: str | Path, name: str | None = None) -> tuple[np.ndarray, 
                 raise ValueError(f"{p.name} has no tensor {name!r}; it has: {names[:20]}")
             info = f.info(name)
             sname = name + "_scale_inv"
-            if info.dtype in FP8_DTYPES and sname in f and len(info.shape) == 2:
-                a = dequant_rows(f.get(name), f.get(sname), np.float32)
+            if info.dtype in FP8_DTYPES and sname in f:
+                w, s = f.get(name), f.get(sname)
+                check_scale(name, info.shape, sname, s)
+                _check_finite(w, f"{p.name}:{name}")
+                a = dequant_rows(w, s, np.float32, rounding="exact")
                 desc = f"{p.name}:{name} ({info.dtype} x {sname}, dequantized)"
             else:
                 a = np.array(f.get(name))
@@ -92,12 +105,29 @@ def load_tensor(path: str | Path, name: str | None = None) -> tuple[np.ndarray, 
         or "float8" in a.dtype.name
     ):
         raise ValueError(f"tensor dtype {a.dtype} is not floating point")
+    if a.ndim == 0 or a.size == 0:
+        raise ValueError(
+            f"need a non-empty tensor of at least 1 dimension, got shape {list(a.shape)}"
+        )
+    _check_finite(a, desc)
     a64 = a.astype(np.float64)
-    if a64.ndim == 0 or a64.size == 0:
-        raise ValueError("need a non-empty tensor of at least 1 dimension")
-    if not np.isfinite(a64).all():
-        raise ValueError("tensor has inf/NaN values; error metrics would be meaningless")
     return a64, f"{desc} shape {list(a64.shape)}"
+
+
+def _check_finite(a: np.ndarray, what: str) -> None:
+    if not all_finite(a):
+        raise ValueError(
+            f"{what} holds {describe_nonfinite(a)}; error metrics would be meaningless"
+        )
+
+
+def check_axis(axis: int, ndim: int) -> int:
+    """``axis`` normalised to 0..ndim-1; ValueError (one line) when out of range."""
+    if not -ndim <= axis < ndim:
+        raise ValueError(
+            f"--axis {axis} is out of range for a {ndim}-D tensor (use {-ndim}..{ndim - 1})"
+        )
+    return axis % ndim
 
 
 # All layouts in one jitted function: one XLA compilation instead of one per
@@ -129,9 +159,10 @@ class _Request:
 
 
 def _evaluate(x64: np.ndarray, axis: int, reqs: list[_Request]) -> list[ErrorRow]:
+    axis = check_axis(axis, x64.ndim)
     x = jnp.asarray(x64, jnp.float32)
     layouts = tuple(dict.fromkeys(r.layout for r in reqs if r.layout is not None))
-    results = dict(zip(layouts, _qdq_all(x, layouts, axis % x.ndim))) if layouts else {}
+    results = dict(zip(layouts, _qdq_all(x, layouts, axis))) if layouts else {}
     rows = []
     for r in reqs:
         if r.layout is None:
@@ -281,6 +312,8 @@ def gemm_rows(
 
     if w64.ndim != 2:
         return []
+    if tokens < 1:
+        raise ValueError(f"tokens must be >= 1, got {tokens}")
     rng = np.random.default_rng(seed)
     x64 = rng.standard_normal((tokens, w64.shape[1])).astype(np.float32).astype(np.float64)
     y_ref = x64 @ w64.T
@@ -322,7 +355,13 @@ def quant_error_report(
     tokens: int = 128,
     gemm_recipes: tuple[str, ...] | None = None,
 ) -> list[ErrorRow]:
-    """All three sections (the GEMM one for 2-D tensors only)."""
+    """All three sections (the GEMM one for 2-D tensors only).
+
+    ValueError for an ``axis`` outside -ndim..ndim-1 or ``tokens`` < 1.
+    """
+    check_axis(axis, x64.ndim)
+    if gemm and tokens < 1:
+        raise ValueError(f"tokens must be >= 1, got {tokens}")
     reqs = _operand_requests(x64.ndim) + _grid_requests(x64.ndim)
     rows = _evaluate(x64, axis, reqs)
     if gemm and x64.ndim == 2:

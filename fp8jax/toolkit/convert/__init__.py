@@ -1,20 +1,32 @@
 """Checkpoint conversion between FP8 (DeepSeek-V3 block-scaled layout) and BF16.
 
-* :mod:`~fp8jax.toolkit.convert.safetensors_io`: safetensors reader (memory-mapped)
-  and streaming writer, float8 dtypes via ml_dtypes;
-* :mod:`~fp8jax.toolkit.convert.blockwise`: correctly rounded 128x128 block
-  (de)quantization;
+* :mod:`~fp8jax.toolkit.convert.safetensors_io`: a strict safetensors reader
+  (memory-mapped; accepts what the reference library accepts) and a streaming
+  writer, float8 dtypes via ml_dtypes;
+* :mod:`~fp8jax.toolkit.convert.blockwise`: 128x128 block (de)quantization:
+  DeepSeek's FP8 -> BF16 arithmetic bit for bit (or the correctly rounded
+  one), BF16 -> FP8 through ``fp8jax.quantize``;
 * :mod:`~fp8jax.toolkit.convert.checkpoint`: whole-directory conversion with
-  verification and an all-or-nothing output.
+  verification and an all-or-nothing output, and a small example checkpoint.
 """
 
-from fp8jax.toolkit.convert.blockwise import dequant_rows, quant_rows, round_to, scale_shape
+from fp8jax.toolkit.convert.blockwise import (
+    ROUNDINGS,
+    check_scale,
+    dequant_rows,
+    quant_rows,
+    round_to,
+    scale_shape,
+)
 from fp8jax.toolkit.convert.checkpoint import (
     ConversionError,
+    ConversionTerminated,
     Report,
     bf16_to_fp8,
+    compile_keep,
     convert_checkpoint,
     fp8_to_bf16,
+    make_example_checkpoint,
     open_source,
 )
 from fp8jax.toolkit.convert.safetensors_io import (
@@ -23,21 +35,28 @@ from fp8jax.toolkit.convert.safetensors_io import (
     SafetensorsFile,
     SafetensorsWriter,
     load_file,
+    loads_json,
     save_file,
 )
 
 __all__ = [
     "DTYPES",
+    "ROUNDINGS",
     "ConversionError",
+    "ConversionTerminated",
     "Report",
     "SafetensorsError",
     "SafetensorsFile",
     "SafetensorsWriter",
     "bf16_to_fp8",
+    "check_scale",
+    "compile_keep",
     "convert_checkpoint",
     "dequant_rows",
     "fp8_to_bf16",
     "load_file",
+    "loads_json",
+    "make_example_checkpoint",
     "open_source",
     "quant_rows",
     "round_to",

@@ -1,30 +1,53 @@
-"""128x128 block (de)quantization of 2-D weights, in numpy, correctly rounded.
+"""128x128 block (de)quantization of 2-D weights (DeepSeek-V3 checkpoint layout).
 
-DeepSeek-V3 layout: an FP8 weight ``W`` (rows x cols, float8_e4m3fn) and a
-float32 ``W_scale_inv`` of shape (ceil(rows/128), ceil(cols/128)); block
-(i, j) covers rows 128i..128i+127 and cols 128j..128j+127, clipped at the
-bottom and right edges.  ``dequant(W) = W * scale_inv[block]``.
+Layout: an FP8 weight ``W`` (rows x cols, float8_e4m3fn) and a float32
+``W_scale_inv`` of shape (ceil(rows/128), ceil(cols/128)); block (i, j)
+covers rows 128i..128i+127 and cols 128j..128j+127, clipped at the bottom and
+right edges.  ``dequant(W) = W * scale_inv[block]``.
 
-Rounding.  ml_dtypes casts float64 to bfloat16 / float8 through float32,
-rounding twice (1 + 2^-8 + 2^-40 becomes 1.0 instead of 1 + 2^-7).
-:func:`round_to` casts correctly: float64 -> float32 with round-to-odd,
-then float32 -> target with round-to-nearest-even; with at least two more
-significand bits in the intermediate than in the target (24 vs 8 for BF16,
-4 for E4M3) round-to-odd makes the second rounding give the correctly
-rounded result.
+Dequantization, two roundings to choose from (:data:`ROUNDINGS`):
 
-Dequantization computes the product of an FP8 value (4 significant bits) and
-a float32 scale (24 bits) exactly in float64 (28 bits <= 53), then rounds
-once to BF16: the result is the float64 reference rounded to BF16, bit for bit.
+* ``"deepseek"`` (the default): what DeepSeek-V3's ``fp8_cast_bf16.py`` does
+  through ``weight_dequant``: the FP8 value and its scale as float32, their
+  product rounded to nearest-even in float32, that product rounded to
+  nearest-even in BF16.  Two roundings: for about one product in 10^5 the
+  result differs by one BF16 ulp from the correctly rounded one, and a
+  checkpoint converted here is bit for bit the one DeepSeek's script writes.
+  (Products below float32's normal range keep IEEE gradual underflow; a GPU
+  that flushes float32 subnormals would give zero there.)
+* ``"exact"``: the product of an FP8 value (4 significant bits) and a
+  float32 scale (24 bits) is exact in float64 (28 <= 53 bits) and is rounded
+  once to BF16 with :func:`round_to`: the float64 reference rounded to BF16,
+  bit for bit.
+
+Quantization (:func:`quant_rows`) is ``fp8jax.quantize(x, E4M3, "block")``
+itself, so a converted checkpoint holds exactly what the training code's
+weight quantizer gives: scale = amax / 448 per block (a float32 division,
+as DeepSeek's kernels), data = E4M3(float32(x / scale)) with saturation.
+
+:func:`round_to` casts float64 correctly: float64 -> float32 with
+round-to-odd, then float32 -> target with round-to-nearest-even; with at
+least two more significand bits in the intermediate than in the target (24
+vs 8 for BF16, 4 for E4M3) round-to-odd makes the second rounding give the
+correctly rounded result (ml_dtypes' own float64 cast rounds twice).
 """
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import ml_dtypes
 import numpy as np
 
+from fp8jax.formats import E4M3, fmt_max
+from fp8jax.quant import quantize
+
 BLOCK = 128
-E4M3_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)
+E4M3_MAX = fmt_max(E4M3)
+ROUNDINGS = ("deepseek", "exact")
+# Scale dtypes whose values float32 holds exactly (DeepSeek's scales are F32).
+SCALE_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
 
 
 def round_to(x64: np.ndarray, dtype) -> np.ndarray:
@@ -75,77 +98,143 @@ def all_finite(a: np.ndarray) -> bool:
     return not bool(np.any((u & ut(mask)) == ut(mask)))
 
 
+def count_nonfinite(a: np.ndarray) -> tuple[int, int]:
+    """(number of NaN, number of +-Inf) elements of a float array of any checkpoint dtype."""
+    # Every FP8/BF16/F16 value is exact in float32, NaN and Inf included.
+    f = np.asarray(a).astype(np.float32) if np.asarray(a).dtype != np.float64 else np.asarray(a)
+    return int(np.isnan(f).sum()), int(np.isinf(f).sum())
+
+
+def describe_nonfinite(a: np.ndarray) -> str:
+    """'3 NaN and 1 Inf value(s)'-style count of a chunk's non-finite elements."""
+    nan, inf = count_nonfinite(a)
+    parts = [f"{nan} NaN" if nan else "", f"{inf} Inf" if inf else ""]
+    return " and ".join(p for p in parts if p) + " value(s)"
+
+
 def scale_shape(shape: tuple[int, int], block: int = BLOCK) -> tuple[int, int]:
     """(ceil(rows/block), ceil(cols/block))."""
     r, c = shape
     return (-(-r // block), -(-c // block))
 
 
-def expand_blocks(s: np.ndarray, rows: int, cols: int, block: int = BLOCK) -> np.ndarray:
-    """Repeat each block's value over its block, cropped to (rows, cols)."""
-    return np.repeat(np.repeat(s, block, axis=0)[:rows], block, axis=1)[:, :cols]
+def check_scale(weight: str, w_shape: tuple[int, ...], scale_name: str, scale: np.ndarray) -> None:
+    """Refuse a scale tensor that cannot dequantize ``weight``: ValueError with one line.
+
+    The scale must have exactly one value per 128x128 block of the (2-D)
+    weight (a larger one would be cropped silently, a smaller one broadcast),
+    a dtype float32 holds exactly, and every value finite and > 0 (a zero
+    scale zeroes its block, a negative one flips its signs).
+    """
+    if len(w_shape) != 2:
+        raise ValueError(f"FP8 tensor {weight!r} has shape {list(w_shape)}; expected 2-D")
+    want = scale_shape(tuple(w_shape))
+    if tuple(scale.shape) != want:
+        raise ValueError(
+            f"wrong scale shape for {weight!r}: {scale_name!r} is {list(scale.shape)}, expected "
+            f"{list(want)} (one per {BLOCK}x{BLOCK} block of {list(w_shape)})"
+        )
+    if scale.dtype not in SCALE_DTYPES:
+        raise ValueError(f"scale tensor {scale_name!r} has dtype {scale.dtype}; expected float32")
+    s = np.asarray(scale).astype(np.float32)
+    bad = int((~np.isfinite(s)).sum())
+    if bad:
+        raise ValueError(f"non-finite scale: {scale_name!r} holds {bad} inf/NaN value(s)")
+    bad = int((s <= 0).sum())
+    if bad:
+        raise ValueError(
+            f"non-positive scale: {scale_name!r} holds {bad} value(s) <= 0 "
+            f"(smallest {float(s.min()):g}); a scale must be > 0"
+        )
 
 
-def _times_blocks(x64: np.ndarray, s64: np.ndarray, op) -> np.ndarray:
-    """op(x, scale of x's block) for a stripe of rows starting at a block edge.
+def _times_blocks(x: np.ndarray, s: np.ndarray, op) -> np.ndarray:
+    """op(x, scale of x's block) in x's dtype, for a stripe of rows starting at a block edge.
 
     Broadcasts the (rows, ceil(cols/BLOCK)) row-expanded scales over 128-column
     groups instead of materialising a full-size scale array.
     """
-    r, c = x64.shape
-    srow = np.repeat(s64, BLOCK, axis=0)[:r]
-    out = np.empty((r, c), np.float64)
+    r, c = x.shape
+    srow = np.repeat(s, BLOCK, axis=0)[:r]
+    out = np.empty((r, c), x.dtype)
     main = (c // BLOCK) * BLOCK
     if main:
         nb = main // BLOCK
         op(
-            x64[:, :main].reshape(r, nb, BLOCK),
+            x[:, :main].reshape(r, nb, BLOCK),
             srow[:, :nb, None],
             out=out[:, :main].reshape(r, nb, BLOCK),
         )
     if main < c:
-        op(x64[:, main:], srow[:, -1:], out=out[:, main:])
+        op(x[:, main:], srow[:, -1:], out=out[:, main:])
     return out
 
 
-def dequant_rows(w: np.ndarray, scale_rows: np.ndarray, out_dtype=ml_dtypes.bfloat16) -> np.ndarray:
-    """Dequantize a stripe of rows of an FP8 weight.
+def dequant_rows(
+    w: np.ndarray,
+    scale_rows: np.ndarray,
+    out_dtype=ml_dtypes.bfloat16,
+    rounding: str = "deepseek",
+) -> np.ndarray:
+    """Dequantize a stripe of rows of an FP8 weight to ``out_dtype``.
 
     ``w``: (r, cols) FP8 rows starting at a multiple of ``BLOCK``;
     ``scale_rows``: the (ceil(r/BLOCK), ceil(cols/BLOCK)) scales of those rows.
-    Returns ``round_to(float64(w) * float64(scale), out_dtype)``.
+    ``rounding="deepseek"``: ``out_dtype(float32(w) * float32(scale))``;
+    ``"exact"``: ``round_to(float64(w) * float64(scale), out_dtype)``.
     """
-    # float64 holds every FP8 x float32 product exactly (4 + 24 significant bits).
-    prod = _times_blocks(w.astype(np.float64), scale_rows.astype(np.float64), np.multiply)
-    return round_to(prod, out_dtype)
+    if rounding == "deepseek":
+        # DeepSeek's weight_dequant: both operands to float32 (exact for FP8 and
+        # F32/BF16/F16 scales), one float32 product, then a store to BF16.  A
+        # product past float32's range becomes inf, which callers report.
+        with np.errstate(over="ignore"):
+            prod = _times_blocks(w.astype(np.float32), scale_rows.astype(np.float32), np.multiply)
+        return prod.astype(out_dtype)
+    if rounding == "exact":
+        # float64 holds every FP8 x float32 product exactly (4 + 24 significant bits).
+        prod = _times_blocks(w.astype(np.float64), scale_rows.astype(np.float64), np.multiply)
+        return round_to(prod, out_dtype)
+    raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
 
 
-def quant_rows(
-    x: np.ndarray, fmt=ml_dtypes.float8_e4m3fn, block: int = BLOCK
-) -> tuple[np.ndarray, np.ndarray]:
-    """Quantize a stripe of rows blockwise: returns (fp8 data, float32 scale_inv).
+# Blocks per call of the compiled quantizer: 64 x 128 x 128 = 1M elements.
+_GROUP = 64
 
-    Per block: ``scale = amax / fmt_max`` as a float32 division of float32
-    operands (what DeepSeek's kernels compute), 1.0 for an all-zero block (its
-    data are zeros either way, and a scale of 0 would divide by zero);
-    ``data = round_to(clip(x / scale, -max, max))``.  ``x`` must be finite.
+
+@functools.cache
+def _block_quantizer():
+    # fp8jax.quantize's "block" granularity on a stack of 128x128 blocks gives
+    # each block its own scale, the same arithmetic as on the 2-D weight; one
+    # fixed stack shape means one compilation for every tensor of a checkpoint.
+    return jax.jit(lambda x: quantize(x, E4M3, "block", tile=BLOCK))
+
+
+def quant_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Quantize a stripe of rows to E4M3 with 128x128 block scales: (data, float32 scale_inv).
+
+    Exactly ``fp8jax.quantize(x, E4M3, "block")`` (see the module docstring);
+    ``x`` (rows starting at a multiple of 128) must be finite.  The stripe is
+    zero-padded to whole blocks (zeros never raise a block's amax, and
+    fp8jax.quantize pads partial blocks with zeros itself) and quantized as a
+    stack of 128x128 blocks.
     """
-    if block != BLOCK:
-        raise ValueError(f"only {BLOCK}x{BLOCK} blocks are supported")
     r, c = x.shape
-    fmax = float(ml_dtypes.finfo(fmt).max)
-    # Every input element is a float32 value (BF16/F16/F32): float32 holds it,
-    # its absolute value and the block max exactly.
-    ax = np.abs(x.astype(np.float32))
-    sr, sc = scale_shape((r, c), block)
-    pad = np.zeros((sr * block, sc * block), np.float32)
-    pad[:r, :c] = ax
-    amax = pad.reshape(sr, block, sc, block).max(axis=(1, 3))
-    # The float32 division rounds once, as in DeepSeek's kernels.
-    scale = amax / np.float32(fmax)
-    scale = np.where(amax > 0, scale, np.float32(1.0)).astype(np.float32)
-    q = _times_blocks(x.astype(np.float64), scale.astype(np.float64), np.divide)
-    # Clip before the cast: E4M3FN has no inf, and 448 * (1 + tiny) from the
-    # division must saturate, not become NaN.
-    np.clip(q, -fmax, fmax, out=q)
-    return round_to(q, fmt), scale
+    sr, sc = scale_shape((r, c))
+    if r == 0 or c == 0:
+        return np.zeros((r, c), E4M3), np.ones((sr, sc), np.float32)
+    xp = np.zeros((sr * BLOCK, sc * BLOCK), x.dtype)
+    xp[:r, :c] = x
+    blocks = xp.reshape(sr, BLOCK, sc, BLOCK).transpose(0, 2, 1, 3).reshape(sr * sc, BLOCK, BLOCK)
+    n = blocks.shape[0]
+    total = -(-n // _GROUP) * _GROUP
+    if total > n:
+        blocks = np.concatenate([blocks, np.zeros((total - n, BLOCK, BLOCK), x.dtype)])
+    quant = _block_quantizer()
+    data, scale = [], []
+    for g in range(0, total, _GROUP):
+        q = quant(blocks[g : g + _GROUP])
+        data.append(np.asarray(q.data))
+        scale.append(np.asarray(q.scale, np.float32).reshape(-1))
+    data_b = np.concatenate(data)[:n].reshape(sr, sc, BLOCK, BLOCK).transpose(0, 2, 1, 3)
+    data_2d = data_b.reshape(sr * BLOCK, sc * BLOCK)[:r, :c]
+    return np.ascontiguousarray(data_2d), np.concatenate(scale)[:n].reshape(sr, sc)

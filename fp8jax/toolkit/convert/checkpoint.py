@@ -1,28 +1,40 @@
 """Convert DeepSeek-V3-layout checkpoints between FP8 (128x128 block scales) and BF16.
 
 ``fp8_to_bf16(src, dst)``: every FP8 tensor ``x`` with its float32
-``x_scale_inv`` becomes BF16 ``round(x * scale_inv)`` (see
-:mod:`fp8jax.toolkit.convert.blockwise`); the ``_scale_inv`` tensors are dropped;
-other tensors are copied unchanged.
+``x_scale_inv`` becomes BF16 ``x * scale_inv`` (``rounding="deepseek"``, the
+default: the float32 product rounded to BF16, bit for bit what DeepSeek-V3's
+``fp8_cast_bf16.py`` writes; ``"exact"``: the exact product rounded once; see
+:mod:`fp8jax.toolkit.convert.blockwise`); the ``_scale_inv`` tensors are
+dropped; other tensors are copied unchanged.
 
 ``bf16_to_fp8(src, dst)``: every 2-D BF16/F16/F32 tensor whose name ends in
 ``weight`` becomes FP8 E4M3 plus ``<name>_scale_inv`` (float32, one per
-128x128 block), except the tensors that stay high precision: embeddings, the
-output head, norms, the MoE router (``*.gate.weight``) and whatever the
-caller's ``keep`` patterns match.
+128x128 block) through ``fp8jax.quantize(x, E4M3, "block")``, except the
+tensors that stay high precision: embeddings, the output head, norms, the MoE
+router (``*.gate.weight``) and whatever the caller's ``keep`` patterns match.
 
 Both work shard by shard (the output keeps the input's shard names), a
 stripe of rows at a time (memory is bounded by a few times
 ``CHUNK_ELEMS`` elements, not by the size of a tensor), with a plain-text
 progress bar on stderr.
 
-Safety.  All headers, the index and every scale tensor are checked before
-anything is written.  Output goes to a hidden temporary directory next to
-``dst``; each written shard is re-read and checked (names, shapes, dtypes,
-all values finite); config.json and the other files are carried over; the
-index is written last; only then is the directory renamed to ``dst``.  Any
-failure removes the temporary directory, so a failed run leaves no ``dst``
-at all, and :class:`ConversionError` says what was wrong.
+Safety.  All headers (validated as the reference safetensors library does),
+the index, config.json and every scale tensor (shape, finite, > 0) are
+checked before anything is written.  Output goes to a hidden directory
+``.<dst>.partial-*`` next to ``dst`` (created with the umask's permissions,
+marked with the converting process's id); each written shard is re-read and
+checked (names, shapes, dtypes, all values finite); config.json and the other
+files are carried over; the index is written last; only then is the
+directory renamed to ``dst``.  Any failure, Ctrl-C (SIGINT), SIGTERM or
+SIGHUP removes the hidden directory, so a failed run leaves no ``dst`` at all;
+a partial directory left by a process that no longer exists (kill -9, power
+loss) is removed by the next conversion into the same parent directory.
+FP8 NaN codes, non-positive scales, an output inside the input and a source
+with nothing to convert are refused.
+
+A ``.safetensors`` file in a directory with an index that the index does not
+list is converted too (with a warning): it appears in the output under the
+same name and, as in the input, not in the output index.
 """
 
 from __future__ import annotations
@@ -31,18 +43,31 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
+import signal
+import socket
 import sys
-import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 import numpy as np
 
-from fp8jax.toolkit.convert.blockwise import BLOCK, all_finite, dequant_rows, quant_rows, scale_shape
+from fp8jax.toolkit.convert.blockwise import (
+    BLOCK,
+    ROUNDINGS,
+    all_finite,
+    check_scale,
+    dequant_rows,
+    describe_nonfinite,
+    quant_rows,
+    scale_shape,
+)
 from fp8jax.toolkit.convert.safetensors_io import (
     DTYPES,
     FLOAT_DTYPES,
@@ -51,11 +76,16 @@ from fp8jax.toolkit.convert.safetensors_io import (
     SafetensorsFile,
     SafetensorsWriter,
     iter_row_chunks,
+    loads_json,
+    save_file,
 )
 
 INDEX_NAME = "model.safetensors.index.json"
 SCALE_SUFFIX = "_scale_inv"
 CHUNK_ELEMS = 1 << 22
+# Written into the hidden output directory while a conversion runs (and removed
+# before the rename): which process owns it, so a later run can tell a stale one.
+PARTIAL_MARKER = ".fp8jax-convert.json"
 
 # Tensors bf16-to-fp8 leaves in high precision (regular expressions searched in
 # the name).  DeepSeek-V3 keeps these in BF16: embeddings, the output head, all
@@ -73,6 +103,18 @@ FP8_QUANT_CONFIG = {
 
 class ConversionError(RuntimeError):
     """The input checkpoint is corrupt or inconsistent, or the output could not be made."""
+
+
+class ConversionTerminated(BaseException):
+    """SIGTERM or SIGHUP arrived during a conversion (its partial output is removed)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"terminated by signal {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def _stderr_warn(msg: str) -> None:
+    print(f"warning: {msg}", file=sys.stderr)
 
 
 # -- progress -------------------------------------------------------------------
@@ -134,14 +176,24 @@ class Progress:
 
 @dataclass
 class Source:
-    """A checkpoint directory: its shards, weight map and index metadata."""
+    """A checkpoint directory: its shards, weight map and index metadata.
+
+    ``shards`` are the files the index lists (all ``*.safetensors`` files when
+    there is no index); ``unlisted`` the ``*.safetensors`` files an index
+    leaves out.
+    """
 
     root: Path
     shards: list[str]
     weight_map: dict[str, str]
     index_meta: dict
     has_index: bool
+    unlisted: list[str] = field(default_factory=list)
     _open: dict[str, SafetensorsFile] = field(default_factory=dict)
+
+    @property
+    def all_shards(self) -> list[str]:
+        return self.shards + self.unlisted
 
     def file(self, shard: str) -> SafetensorsFile:
         if shard not in self._open:
@@ -151,9 +203,12 @@ class Source:
                 raise ConversionError(str(e)) from None
         return self._open[shard]
 
-    def locate(self, name: str) -> SafetensorsFile | None:
-        shard = self.weight_map.get(name)
-        return None if shard is None else self.file(shard)
+    def locate(self, name: str, shard: str | None = None) -> SafetensorsFile | None:
+        """The file holding ``name``: ``shard`` itself if it has it, else the index's choice."""
+        if shard is not None and name in self.file(shard):
+            return self.file(shard)
+        owner = self.weight_map.get(name)
+        return None if owner is None else self.file(owner)
 
     def close(self) -> None:
         for f in self._open.values():
@@ -161,17 +216,31 @@ class Source:
         self._open.clear()
 
 
-def open_source(src: str | os.PathLike) -> Source:
-    """Read the index (or list the shards) of ``src`` and check that they agree."""
+def _read_json(path: Path, what: str, strict: bool = True):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConversionError(f"unreadable {what} {path}: not UTF-8 text") from None
+    except OSError as e:
+        raise ConversionError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    try:
+        return loads_json(text, strict=strict)
+    except ValueError as e:
+        raise ConversionError(f"unreadable {what} {path}: {e}") from None
+
+
+def open_source(src: str | os.PathLike, warn: Callable[[str], None] | None = None) -> Source:
+    """Read the index (or list the shards) of ``src`` and check that they agree.
+
+    ``warn`` receives one line per ``.safetensors`` file the index does not list.
+    """
+    warn = warn or _stderr_warn
     root = Path(src)
     if not root.is_dir():
         raise ConversionError(f"source {root} is not a directory")
     idx_path = root / INDEX_NAME
     if idx_path.exists():
-        try:
-            idx = json.loads(idx_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ConversionError(f"unreadable index {idx_path}: {e}") from None
+        idx = _read_json(idx_path, "index")
         wm = idx.get("weight_map") if isinstance(idx, dict) else None
         if not isinstance(wm, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in wm.items()
@@ -186,7 +255,15 @@ def open_source(src: str | os.PathLike) -> Source:
                 raise ConversionError(f"index {idx_path} names a file outside the directory: {s!r}")
             if not (root / s).is_file():
                 raise ConversionError(f"index {idx_path} names a missing file: {s}")
-        source = Source(root, shards, dict(wm), dict(meta) if isinstance(meta, dict) else {}, True)
+        unlisted = sorted(p.name for p in root.glob("*.safetensors") if p.name not in set(shards))
+        for u in unlisted:
+            warn(
+                f"{u} is not listed in {INDEX_NAME}: converting it too; it stays out of "
+                "the output index, as in the input"
+            )
+        source = Source(
+            root, shards, dict(wm), dict(meta) if isinstance(meta, dict) else {}, True, unlisted
+        )
     else:
         shards = sorted(p.name for p in root.glob("*.safetensors"))
         if not shards:
@@ -200,7 +277,7 @@ def open_source(src: str | os.PathLike) -> Source:
                     )
                 source.weight_map[name] = s
     # Every tensor the index names must be in its shard, and every tensor of a
-    # shard must be indexed to that shard.
+    # listed shard must be indexed to that shard.
     for s in source.shards:
         f = source.file(s)
         for name in f.names():
@@ -211,6 +288,8 @@ def open_source(src: str | os.PathLike) -> Source:
     for name, s in source.weight_map.items():
         if name not in source.file(s):
             raise ConversionError(f"index puts {name!r} in {s}, but that shard has no such tensor")
+    for s in source.unlisted:
+        source.file(s)  # its header is checked now, before anything is written
     return source
 
 
@@ -227,16 +306,36 @@ class Action:
     scale: str | None = None  # dequant: name of the scale tensor
 
 
+def compile_keep(patterns: Sequence[str]) -> list[re.Pattern]:
+    """The keep patterns (DEFAULT_KEEP and the caller's) compiled; ValueError names a bad one."""
+    out = []
+    for p in (*DEFAULT_KEEP, *patterns):
+        try:
+            out.append(re.compile(p))
+        except re.error as e:
+            raise ValueError(f"keep pattern {p!r} is not a regular expression: {e}") from None
+    return out
+
+
+def _dtype_summary(source: Source) -> str:
+    n = Counter(
+        source.file(s).info(name).dtype
+        for s in source.all_shards
+        for name in source.file(s).names()
+    )
+    return ", ".join(f"{k} x {v}" for k, v in sorted(n.items()))
+
+
 def _plan_fp8_to_bf16(source: Source) -> dict[str, list[Action]]:
     plan: dict[str, list[Action]] = {}
-    for s in source.shards:
+    for s in source.all_shards:
         f = source.file(s)
         acts = []
         for name in f.names():
             t = f.info(name)
             if name.endswith(SCALE_SUFFIX):
                 base = name[: -len(SCALE_SUFFIX)]
-                bf = source.locate(base)
+                bf = source.locate(base, s)
                 if bf is None or bf.info(base).dtype not in FP8_DTYPES:
                     raise ConversionError(
                         f"scale tensor {name!r} ({s}) has no FP8 weight {base!r} to go with it"
@@ -244,43 +343,34 @@ def _plan_fp8_to_bf16(source: Source) -> dict[str, list[Action]]:
                 continue  # consumed by its weight
             if t.dtype in FP8_DTYPES:
                 sname = name + SCALE_SUFFIX
-                sf = source.locate(sname)
+                sf = source.locate(sname, s)
                 if sf is None:
                     raise ConversionError(
                         f"missing scale tensor {sname!r} for FP8 tensor {name!r} ({s})"
                     )
-                if len(t.shape) != 2:
-                    raise ConversionError(
-                        f"FP8 tensor {name!r} has shape {list(t.shape)}; expected 2-D"
-                    )
-                st = sf.info(sname)
-                want = scale_shape(t.shape)
-                if st.shape != want:
-                    raise ConversionError(
-                        f"wrong scale shape for {name!r}: {sname!r} is {list(st.shape)}, expected "
-                        f"{list(want)} (one per {BLOCK}x{BLOCK} block of {list(t.shape)})"
-                    )
-                if st.dtype not in ("F32", "BF16", "F16", "F64"):
-                    raise ConversionError(
-                        f"scale tensor {sname!r} has dtype {st.dtype}; expected F32"
-                    )
-                sv = sf.get(sname).astype(np.float64)
-                if not np.isfinite(sv).all():
-                    bad = int((~np.isfinite(sv)).sum())
-                    raise ConversionError(
-                        f"non-finite scale: {sname!r} holds {bad} inf/NaN value(s)"
-                    )
+                try:
+                    check_scale(name, t.shape, sname, sf.get(sname))
+                except ValueError as e:
+                    raise ConversionError(str(e)) from None
                 acts.append(Action("dequant", name, ((name, "BF16", t.shape),), sname))
             else:
                 acts.append(Action("copy", name, ((name, t.dtype, t.shape),)))
         plan[s] = acts
+    if not any(a.kind == "dequant" for acts in plan.values() for a in acts):
+        raise ConversionError(
+            f"no FP8 tensor in {source.root} ({_dtype_summary(source)}): it already is a "
+            "high-precision checkpoint; nothing to convert"
+        )
     return plan
 
 
 def _plan_bf16_to_fp8(source: Source, keep: Sequence[str]) -> dict[str, list[Action]]:
-    pats = [re.compile(p) for p in (*DEFAULT_KEEP, *keep)]
+    try:
+        pats = compile_keep(keep)
+    except ValueError as e:
+        raise ConversionError(str(e)) from None
     plan: dict[str, list[Action]] = {}
-    for s in source.shards:
+    for s in source.all_shards:
         f = source.file(s)
         acts = []
         for name in f.names():
@@ -291,13 +381,14 @@ def _plan_bf16_to_fp8(source: Source, keep: Sequence[str]) -> dict[str, list[Act
                 )
             quantize = (
                 len(t.shape) == 2
+                and t.numel > 0
                 and t.dtype in ("BF16", "F16", "F32")
                 and name.endswith("weight")
                 and not any(p.search(name) for p in pats)
             )
             if quantize:
                 sname = name + SCALE_SUFFIX
-                if sname in source.weight_map:
+                if source.locate(sname, s) is not None:
                     raise ConversionError(f"{sname!r} already exists in the source")
                 acts.append(
                     Action(
@@ -309,14 +400,40 @@ def _plan_bf16_to_fp8(source: Source, keep: Sequence[str]) -> dict[str, list[Act
             else:
                 acts.append(Action("copy", name, ((name, t.dtype, t.shape),)))
         plan[s] = acts
+    if not any(a.kind == "quant" for acts in plan.values() for a in acts):
+        raise ConversionError(
+            f"no tensor of {source.root} ({_dtype_summary(source)}) is a 2-D BF16/F16/F32 "
+            "'*weight' outside the keep patterns; nothing to convert"
+        )
     return plan
+
+
+def _converted_config(src: Path, direction: str) -> dict | None:
+    """config.json as it will be written (None: the source has none)."""
+    p = src / "config.json"
+    if not p.exists():
+        return None
+    cfg = _read_json(p, "config", strict=False)
+    if not isinstance(cfg, dict):
+        raise ConversionError(f"unreadable config {p}: not a JSON object")
+    if direction == "fp8-to-bf16":
+        cfg.pop("quantization_config", None)
+        cfg["torch_dtype"] = "bfloat16"
+    else:
+        cfg["quantization_config"] = dict(FP8_QUANT_CONFIG)
+    return cfg
 
 
 # -- writing --------------------------------------------------------------------
 
 
 def _write_shard(
-    source: Source, shard: str, acts: list[Action], out_path: Path, progress: Progress
+    source: Source,
+    shard: str,
+    acts: list[Action],
+    out_path: Path,
+    progress: Progress,
+    rounding: str,
 ) -> None:
     f = source.file(shard)
     specs = [o for a in acts for o in a.out]
@@ -335,9 +452,15 @@ def _write_shard(
                     w.write(a.name, f.rows(a.name, r0, r1))
                     progress.update((r1 - r0) * row * t.np_dtype.itemsize, a.name)
             elif a.kind == "dequant":
-                scale = source.locate(a.scale).get(a.scale)
+                scale = source.locate(a.scale, shard).get(a.scale)
                 for r0, r1 in iter_row_chunks(t.shape[0], t.shape[1], BLOCK, CHUNK_ELEMS):
-                    out = dequant_rows(f.rows(a.name, r0, r1), scale[r0 // BLOCK : -(-r1 // BLOCK)])
+                    x = f.rows(a.name, r0, r1)
+                    if not all_finite(x):
+                        raise ConversionError(
+                            f"FP8 tensor {a.name!r} ({shard}, rows {r0}..{r1}) holds "
+                            f"{describe_nonfinite(x)}: NaN/Inf codes are not weights"
+                        )
+                    out = dequant_rows(x, scale[r0 // BLOCK : -(-r1 // BLOCK)], rounding=rounding)
                     if not all_finite(out):
                         raise ConversionError(
                             f"dequantized {a.name!r} overflows BF16 (rows {r0}..{r1}): scale too large"
@@ -353,7 +476,8 @@ def _write_shard(
                     x = f.rows(a.name, r0, r1)
                     if not all_finite(x):
                         raise ConversionError(
-                            f"non-finite values in {a.name!r} (rows {r0}..{r1}) of {shard}"
+                            f"non-finite values in {a.name!r} (rows {r0}..{r1}) of {shard}: "
+                            f"{describe_nonfinite(x)}"
                         )
                     data, sc = quant_rows(x)
                     w.write(a.name, data)
@@ -393,28 +517,97 @@ def _verify_shard(path: Path, acts: list[Action]) -> int:
         return total
 
 
-def _carry_other_files(src: Path, tmp: Path, direction: str, shards: set[str]) -> None:
+def _carry_other_files(src: Path, tmp: Path, config: dict | None, shards: set[str]) -> None:
     for p in sorted(src.iterdir()):
         if p.name in shards or p.name == INDEX_NAME or p.name.endswith(".safetensors"):
             continue
-        if p.name == "config.json":
-            try:
-                cfg = json.loads(p.read_text(encoding="utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                print(f"warning: {p} is not valid JSON; copied unchanged", file=sys.stderr)
-                shutil.copy2(p, tmp / p.name)
-                continue
-            if isinstance(cfg, dict):
-                if direction == "fp8-to-bf16":
-                    cfg.pop("quantization_config", None)
-                    cfg["torch_dtype"] = "bfloat16"
-                else:
-                    cfg["quantization_config"] = dict(FP8_QUANT_CONFIG)
-            (tmp / p.name).write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+        if p.name == "config.json" and config is not None:
+            (tmp / p.name).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         elif p.is_dir():
             shutil.copytree(p, tmp / p.name)
         elif p.is_file():
             shutil.copy2(p, tmp / p.name)
+
+
+# -- the hidden output directory -------------------------------------------------
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    except OverflowError:
+        return False
+    return True
+
+
+def _remove_stale_partials(parent: Path, warn: Callable[[str], None]) -> None:
+    """Remove hidden partial outputs of conversions whose process no longer exists.
+
+    Only directories that carry this converter's marker, written on this host
+    by a process id that is not running, are touched.
+    """
+    host = socket.gethostname()
+    for d in sorted(parent.glob(".*.partial-*")):
+        marker = d / PARTIAL_MARKER
+        if not d.is_dir() or d.is_symlink() or not marker.is_file():
+            continue
+        try:
+            info = json.loads(marker.read_text(encoding="utf-8"))
+            pid, owner_host = int(info["pid"]), str(info["host"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if owner_host != host or pid == os.getpid() or _pid_alive(pid):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        warn(f"removed {d}, the partial output of an earlier conversion (process {pid} is gone)")
+
+
+def _make_partial_dir(dst: Path, src: Path) -> Path:
+    # os.mkdir applies the umask to 0o777, as for any directory the user makes
+    # (tempfile.mkdtemp would force 0o700 onto the final output).
+    for _ in range(100):
+        tmp = dst.parent / f".{dst.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            os.mkdir(tmp, 0o777)
+        except FileExistsError:
+            continue
+        marker = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "src": str(src),
+            "dst": str(dst),
+        }
+        (tmp / PARTIAL_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
+        return tmp
+    raise ConversionError(f"cannot create a temporary directory in {dst.parent}")
+
+
+class _TerminationHandler:
+    """Turns SIGTERM / SIGHUP into ConversionTerminated while active (main thread only)."""
+
+    SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+    def __enter__(self):
+        self._old = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._old[sig] = signal.signal(sig, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise ConversionTerminated(signum)
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+# -- the conversion ---------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -429,6 +622,21 @@ class Report:
     bytes_in: int
     bytes_out: int
     seconds: float
+    rounding: str | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def _check_paths(src_p: Path, dst_p: Path) -> None:
+    if not src_p.is_dir():
+        raise ConversionError(f"source {src_p} is not a directory")
+    if dst_p == src_p or dst_p.is_relative_to(src_p):
+        raise ConversionError(
+            f"destination {dst_p} is inside the source {src_p}; choose a directory outside it"
+        )
+    if dst_p.exists() and (not dst_p.is_dir() or any(dst_p.iterdir())):
+        raise ConversionError(f"destination {dst_p} exists and is not an empty directory")
+    if not dst_p.parent.is_dir():
+        raise ConversionError(f"parent of the destination, {dst_p.parent}, does not exist")
 
 
 def convert_checkpoint(
@@ -438,70 +646,92 @@ def convert_checkpoint(
     keep: Sequence[str] = (),
     progress_stream: TextIO | None = None,
     quiet: bool = False,
+    rounding: str = "deepseek",
+    warn: Callable[[str], None] | None = None,
 ) -> Report:
     """Convert ``src`` into a new directory ``dst`` ("fp8-to-bf16" or "bf16-to-fp8").
 
-    Raises ConversionError (and leaves no ``dst``) on any problem.
+    ``rounding`` ("deepseek" or "exact") chooses fp8-to-bf16's arithmetic.
+    ``warn`` receives one-line warnings (default: printed to stderr); they are
+    also returned in the report.  Raises ConversionError (and leaves no
+    ``dst``) on any problem, ConversionTerminated on SIGTERM / SIGHUP: while
+    it runs in the main thread those two signals raise it (so that the
+    partial output is removed), and the previous handlers are restored after.
     """
     if direction not in ("fp8-to-bf16", "bf16-to-fp8"):
         raise ValueError(f"direction must be fp8-to-bf16 or bf16-to-fp8, got {direction!r}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
     t0 = time.monotonic()
-    src_p, dst_p = Path(src).resolve(), Path(dst).resolve()
-    if dst_p == src_p:
-        raise ConversionError("destination is the source directory")
-    if dst_p.exists() and (not dst_p.is_dir() or any(dst_p.iterdir())):
-        raise ConversionError(f"destination {dst_p} exists and is not an empty directory")
-    if not dst_p.parent.is_dir():
-        raise ConversionError(f"parent of the destination, {dst_p.parent}, does not exist")
+    warnings: list[str] = []
+    sink = warn or _stderr_warn
 
-    source = open_source(src_p)
+    def note(msg: str) -> None:
+        warnings.append(msg)
+        sink(msg)
+
+    src_p, dst_p = Path(src).resolve(), Path(dst).resolve()
+    _check_paths(src_p, dst_p)
+    source = open_source(src_p, warn=note)
     tmp: Path | None = None
     try:
-        if direction == "fp8-to-bf16":
-            plan = _plan_fp8_to_bf16(source)
-        else:
-            plan = _plan_bf16_to_fp8(source, keep)
-        n_in = sum(len(source.file(s).names()) for s in source.shards)
-        bytes_in = sum(
-            source.file(s).info(n).nbytes for s in source.shards for n in source.file(s).names()
-        )
-        converted = sum(a.kind != "copy" for acts in plan.values() for a in acts)
+        with _TerminationHandler():
+            if direction == "fp8-to-bf16":
+                plan = _plan_fp8_to_bf16(source)
+            else:
+                plan = _plan_bf16_to_fp8(source, keep)
+            config = _converted_config(src_p, direction)
+            shards = source.all_shards
+            n_in = sum(len(source.file(s).names()) for s in shards)
+            bytes_in = sum(
+                source.file(s).info(n).nbytes for s in shards for n in source.file(s).names()
+            )
+            converted = sum(a.kind != "copy" for acts in plan.values() for a in acts)
 
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dst_p.name}.partial-", dir=dst_p.parent))
-        progress = Progress(
-            sum(source.file(s).info(a.name).nbytes for s in source.shards for a in plan[s]),
-            direction,
-            progress_stream,
-            quiet=quiet,
-        )
-        weight_map: dict[str, str] = {}
-        bytes_out = 0
-        for s in source.shards:
-            _write_shard(source, s, plan[s], tmp / s, progress)
-            bytes_out += _verify_shard(tmp / s, plan[s])
-            for a in plan[s]:
-                for name, _, _ in a.out:
-                    weight_map[name] = s
-        _carry_other_files(src_p, tmp, direction, set(source.shards))
-        if source.has_index or len(source.shards) > 1:
-            meta = dict(source.index_meta)
-            meta["total_size"] = bytes_out
-            index = {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}
-            (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-        source.close()
-        if dst_p.exists():
-            dst_p.rmdir()  # empty, checked above
-        os.replace(tmp, dst_p)
-        tmp = None
+            _remove_stale_partials(dst_p.parent, note)
+            tmp = _make_partial_dir(dst_p, src_p)
+            progress = Progress(
+                sum(source.file(s).info(a.name).nbytes for s in shards for a in plan[s]),
+                direction,
+                progress_stream,
+                quiet=quiet,
+            )
+            weight_map: dict[str, str] = {}
+            bytes_out = 0
+            n_out = 0
+            for s in shards:
+                _write_shard(source, s, plan[s], tmp / s, progress, rounding)
+                nbytes = _verify_shard(tmp / s, plan[s])
+                n_out += sum(len(a.out) for a in plan[s])
+                if s in source.unlisted:
+                    continue  # converted, and left out of the index as in the input
+                bytes_out += nbytes
+                for a in plan[s]:
+                    for name, _, _ in a.out:
+                        weight_map[name] = s
+            _carry_other_files(src_p, tmp, config, set(shards))
+            if source.has_index or len(source.shards) > 1:
+                meta = dict(source.index_meta)
+                meta["total_size"] = bytes_out
+                index = {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}
+                (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+            source.close()
+            (tmp / PARTIAL_MARKER).unlink()
+            if dst_p.exists():
+                dst_p.rmdir()  # empty, checked above
+            os.replace(tmp, dst_p)
+            tmp = None
         return Report(
             dst=dst_p,
-            shards=len(source.shards),
+            shards=len(shards),
             tensors_in=n_in,
-            tensors_out=len(weight_map),
+            tensors_out=n_out,
             converted=converted,
             bytes_in=bytes_in,
             bytes_out=bytes_out,
             seconds=time.monotonic() - t0,
+            rounding=rounding if direction == "fp8-to-bf16" else None,
+            warnings=tuple(warnings),
         )
     except SafetensorsError as e:
         raise ConversionError(str(e)) from None
@@ -513,9 +743,9 @@ def convert_checkpoint(
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def fp8_to_bf16(src, dst, **kw) -> Report:
+def fp8_to_bf16(src, dst, rounding: str = "deepseek", **kw) -> Report:
     """Dequantize an FP8 (DeepSeek-V3 layout) checkpoint into BF16."""
-    return convert_checkpoint("fp8-to-bf16", src, dst, **kw)
+    return convert_checkpoint("fp8-to-bf16", src, dst, rounding=rounding, **kw)
 
 
 def bf16_to_fp8(src, dst, keep: Sequence[str] = (), **kw) -> Report:
@@ -523,14 +753,112 @@ def bf16_to_fp8(src, dst, keep: Sequence[str] = (), **kw) -> Report:
     return convert_checkpoint("bf16-to-fp8", src, dst, keep=keep, **kw)
 
 
+# -- a small example checkpoint ----------------------------------------------------
+
+# (name, shape, stored as): a two-layer DeepSeek-V3-shaped model at toy size,
+# no dimension a multiple of 128.  Layer 0 is dense, layer 1 a MoE layer with a
+# BF16 router, a float32 router bias, two routed experts and a shared expert.
+_EXAMPLE_HIDDEN, _EXAMPLE_FF, _EXAMPLE_VOCAB = 200, 264, 300
+_EXAMPLE_TENSORS: tuple[tuple[str, tuple[int, ...], str], ...] = (
+    ("model.embed_tokens.weight", (_EXAMPLE_VOCAB, _EXAMPLE_HIDDEN), "BF16"),
+    *(
+        t
+        for layer in (0, 1)
+        for t in (
+            (f"model.layers.{layer}.input_layernorm.weight", (_EXAMPLE_HIDDEN,), "BF16"),
+            (f"model.layers.{layer}.self_attn.q_proj.weight", (192, _EXAMPLE_HIDDEN), "FP8"),
+            (f"model.layers.{layer}.self_attn.kv_proj.weight", (136, _EXAMPLE_HIDDEN), "FP8"),
+            (f"model.layers.{layer}.self_attn.o_proj.weight", (_EXAMPLE_HIDDEN, 192), "FP8"),
+            (f"model.layers.{layer}.post_attention_layernorm.weight", (_EXAMPLE_HIDDEN,), "BF16"),
+        )
+    ),
+    ("model.layers.0.mlp.gate_proj.weight", (_EXAMPLE_FF, _EXAMPLE_HIDDEN), "FP8"),
+    ("model.layers.0.mlp.up_proj.weight", (_EXAMPLE_FF, _EXAMPLE_HIDDEN), "FP8"),
+    ("model.layers.0.mlp.down_proj.weight", (_EXAMPLE_HIDDEN, _EXAMPLE_FF), "FP8"),
+    ("model.layers.1.mlp.gate.weight", (2, _EXAMPLE_HIDDEN), "BF16"),
+    ("model.layers.1.mlp.gate.e_score_correction_bias", (2,), "F32"),
+    *(
+        (f"model.layers.1.mlp.{e}.{p}.weight", shape, "FP8")
+        for e in ("experts.0", "experts.1", "shared_experts")
+        for p, shape in (
+            ("gate_proj", (72, _EXAMPLE_HIDDEN)),
+            ("up_proj", (72, _EXAMPLE_HIDDEN)),
+            ("down_proj", (_EXAMPLE_HIDDEN, 72)),
+        )
+    ),
+    ("model.norm.weight", (_EXAMPLE_HIDDEN,), "BF16"),
+    ("lm_head.weight", (_EXAMPLE_VOCAB, _EXAMPLE_HIDDEN), "BF16"),
+)
+
+
+def make_example_checkpoint(dst: str | os.PathLike, seed: int = 0, shards: int = 3) -> Path:
+    """Write a small FP8 checkpoint in DeepSeek-V3's layout to the new directory ``dst``.
+
+    Gaussian weights (std 0.02; norms 1) quantized with the converter's own
+    bf16-to-fp8 arithmetic (E4M3, 128x128 block scales), spread over
+    ``shards`` files with an index and a config.json; about 0.7 MB.  For
+    trying ``fp8jax convert`` and ``fp8jax quant-error`` without a download.
+    """
+    root = Path(dst)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise ConversionError(f"destination {root} exists and is not an empty directory")
+    if shards < 1:
+        raise ValueError("shards must be >= 1")
+    rng = np.random.default_rng(seed)
+    tensors: dict[str, np.ndarray] = {}
+    for name, shape, kind in _EXAMPLE_TENSORS:
+        if "norm" in name:
+            tensors[name] = np.ones(shape, DTYPES["BF16"])
+        elif kind == "F32":
+            tensors[name] = rng.standard_normal(shape).astype(np.float32)
+        else:
+            # Draw in float32, store as BF16 (what a trained checkpoint holds).
+            w = (0.02 * rng.standard_normal(shape)).astype(np.float32).astype(DTYPES["BF16"])
+            if kind == "FP8":
+                tensors[name], tensors[name + SCALE_SUFFIX] = quant_rows(w)
+            else:
+                tensors[name] = w
+    root.mkdir(parents=True, exist_ok=True)
+    names = list(tensors)
+    per = -(-len(names) // shards)
+    weight_map: dict[str, str] = {}
+    for i in range(shards):
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        members = names[i * per : (i + 1) * per]
+        save_file(root / fname, {n: tensors[n] for n in members}, {"format": "pt"})
+        weight_map.update({n: fname for n in members})
+    total = sum(v.nbytes for v in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (root / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    config = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": _EXAMPLE_HIDDEN,
+        "intermediate_size": _EXAMPLE_FF,
+        "moe_intermediate_size": 72,
+        "n_routed_experts": 2,
+        "n_shared_experts": 1,
+        "num_hidden_layers": 2,
+        "first_k_dense_replace": 1,
+        "vocab_size": _EXAMPLE_VOCAB,
+        "torch_dtype": "bfloat16",
+        "quantization_config": dict(FP8_QUANT_CONFIG),
+    }
+    (root / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return root
+
+
 __all__ = [
     "ConversionError",
+    "ConversionTerminated",
     "DEFAULT_KEEP",
     "DTYPES",
     "Progress",
     "Report",
     "bf16_to_fp8",
+    "compile_keep",
     "convert_checkpoint",
     "fp8_to_bf16",
+    "make_example_checkpoint",
     "open_source",
 ]

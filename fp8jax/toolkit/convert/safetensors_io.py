@@ -1,4 +1,4 @@
-"""A small safetensors reader and writer with float8 support (ml_dtypes).
+"""A small, strict safetensors reader and a streaming writer with float8 support (ml_dtypes).
 
 File layout (https://github.com/huggingface/safetensors, "Format"):
 
@@ -14,9 +14,31 @@ of rows of one) at a time, so converting a shard never holds more than a
 chunk of it in memory.  The writer takes the list of tensors up front (the
 header comes first), then streams each tensor's bytes in order.
 
-Every structural problem raises :class:`SafetensorsError` with the file name
-and what is wrong; a file that ends before its last tensor's bytes is called
-*truncated*, one whose header cannot be parsed *unreadable*.
+Validation follows the reference implementation's rules (what
+``safetensors.deserialize`` accepts, checked by a property test):
+
+* the header is at most 100,000,000 bytes of UTF-8 JSON (standard JSON only:
+  no NaN/Infinity literals, no lone surrogate escapes, numbers within float64
+  range) nested at most 127 levels deep, whose top level is an object;
+* ``__metadata__`` is absent, null, or an object of strings;
+* every other entry is an object with a known ``dtype`` string, a ``shape``
+  of non-negative integers and two integer ``data_offsets`` (integers are
+  JSON integers below 2^64: not booleans, not ``2.0``); other fields are
+  ignored;
+* sorted by offsets, the tensors start at 0, follow each other without gap or
+  overlap and end exactly at the end of the file; each one's byte length is
+  its element count times its dtype's size (computed without overflowing 64
+  bits).
+
+Where fp8jax is stricter than the reference: a duplicate key anywhere in the
+header is refused (the reference keeps the last one silently, so the file
+means two things), a ``dtype`` must be a string (the reference also takes
+``{"F32": null}``), and the packed sub-byte dtypes (F4, F6_E2M3, F6_E3M2)
+are refused as unsupported.
+
+Every problem raises :class:`SafetensorsError` with the file name and what is
+wrong; a file that ends before its last tensor's bytes is called *truncated*,
+one whose header cannot be parsed or breaks a rule above *unreadable*.
 """
 
 from __future__ import annotations
@@ -24,6 +46,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 import sys
 from collections.abc import Iterable, Iterator
@@ -40,7 +63,10 @@ DTYPES: dict[str, np.dtype] = {
     "BF16": np.dtype(ml_dtypes.bfloat16),
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
     "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
+    "F8_E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
     "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "C64": np.dtype("<c8"),
     "I64": np.dtype("<i8"),
     "I32": np.dtype("<i4"),
     "I16": np.dtype("<i2"),
@@ -51,12 +77,17 @@ DTYPES: dict[str, np.dtype] = {
     "U8": np.dtype("u1"),
     "BOOL": np.dtype("?"),
 }
+# Dtypes the reference knows but a numpy array cannot hold one element per item of.
+PACKED_DTYPES = ("F4", "F6_E2M3", "F6_E3M2")
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 
-# A header larger than this is not a real checkpoint header (real ones are a
-# few hundred KB even for thousands of tensors).
-MAX_HEADER_BYTES = 100 * 1024 * 1024
+# The reference's bounds: a header of at most 10^8 bytes, JSON nested at most
+# 127 levels (serde_json's recursion limit), sizes and offsets below 2^64.
+MAX_HEADER_BYTES = 100_000_000
+MAX_JSON_DEPTH = 127
+_U64_MAX = 2**64 - 1
+_INTP_MAX = int(np.iinfo(np.intp).max)
 
 if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
     raise ImportError(
@@ -75,6 +106,106 @@ def dtype_name(dtype) -> str:
         if v == dt:
             return k
     raise ValueError(f"no safetensors dtype for {dt}")
+
+
+# -- strict JSON ------------------------------------------------------------------
+
+# A JSON string (escapes included), to skip strings when measuring nesting.
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_depth(text: str) -> int:
+    """Deepest nesting of [ and { in a JSON text (strings skipped), without parsing it.
+
+    Measured before parsing so that a hostile file never reaches Python's
+    recursion limit.
+    """
+    bare = _JSON_STRING.sub("", text)
+    if "[" not in bare and "{" not in bare:
+        return 0
+    b = np.frombuffer(bare.encode("utf-8", "surrogatepass"), np.uint8)
+    step = (b == ord("[")).astype(np.int64) + (b == ord("{"))
+    step -= (b == ord("]")).astype(np.int64) + (b == ord("}"))
+    return int(np.cumsum(step).max())
+
+
+class _JsonRuleError(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _JsonRuleError(f"duplicate key {_brief(k)}")
+        out[k] = v
+    return out
+
+
+def _reject_constant(name: str):
+    raise _JsonRuleError(f"{name} is not JSON")
+
+
+def _parse_float(s: str) -> float:
+    v = float(s)
+    if math.isinf(v):
+        raise _JsonRuleError(f"number {s[:30]} is out of range")
+    return v
+
+
+def _parse_int(s: str) -> int | float:
+    # JSON integers become Python ints only where they are integers in the
+    # reference too (u64 / i64); "-0" and longer literals are floats there.
+    if s == "-0":
+        return -0.0
+    digits = len(s) - s.startswith("-")
+    if digits <= 20:
+        v = int(s)
+        if -(2**63) <= v <= _U64_MAX:
+            return v
+    return _parse_float(s)
+
+
+def _check_strings(obj) -> None:
+    # Lone surrogate escapes ("\ud800") decode in Python but are not Unicode.
+    # (Recursion is bounded: the nesting was measured before parsing.)
+    if isinstance(obj, str):
+        if _SURROGATE.search(obj):
+            raise _JsonRuleError("a string holds a lone surrogate escape")
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _check_strings(k)
+            _check_strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            _check_strings(v)
+
+
+def loads_json(text: str, max_depth: int = MAX_JSON_DEPTH, strict: bool = True):
+    """Parse JSON with a nesting bound; ``strict``: standard JSON, no duplicate keys.
+
+    Raises ValueError (one line) for anything it refuses; never RecursionError.
+    """
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise ValueError(f"JSON nested {depth} levels deep (at most {max_depth} allowed)")
+    try:
+        if not strict:
+            return json.loads(text)
+        obj = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_reject_constant,
+            parse_float=_parse_float,
+            parse_int=_parse_int,
+        )
+        _check_strings(obj)
+        return obj
+    except _JsonRuleError as e:
+        raise ValueError(str(e)) from None
+    except (json.JSONDecodeError, RecursionError, ValueError) as e:
+        raise ValueError(f"not valid JSON ({e})") from None
 
 
 @dataclass(frozen=True)
@@ -98,6 +229,113 @@ class TensorInfo:
         return math.prod(self.shape)
 
 
+def _brief(v, limit: int = 60) -> str:
+    """repr(v), cut short: a hostile header must not make a megabyte error line."""
+    r = repr(v)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def _is_u64(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _U64_MAX
+
+
+def _entry(name: str, rec) -> TensorInfo:
+    n = _brief(name)
+    if not isinstance(rec, dict) or not {"dtype", "shape", "data_offsets"} <= rec.keys():
+        raise SafetensorsError(f"entry {n} lacks dtype/shape/data_offsets")
+    dt, shape, offs = rec["dtype"], rec["shape"], rec["data_offsets"]
+    if dt in PACKED_DTYPES:
+        raise SafetensorsError(f"tensor {n} has the packed sub-byte dtype {dt}, not supported")
+    if not isinstance(dt, str) or dt not in DTYPES:
+        raise SafetensorsError(f"tensor {n} has unsupported dtype {_brief(dt)}")
+    if not isinstance(shape, list) or not all(_is_u64(d) for d in shape):
+        raise SafetensorsError(
+            f"tensor {n} has a bad shape {_brief(shape)} (need a list of non-negative integers)"
+        )
+    if not isinstance(offs, list) or len(offs) != 2 or not all(_is_u64(o) for o in offs):
+        raise SafetensorsError(
+            f"tensor {n} has bad data_offsets {_brief(offs)} (need two non-negative integers)"
+        )
+    return TensorInfo(name, dt, tuple(shape), offs[0], offs[1])
+
+
+def parse_header(raw: bytes, data_size: int) -> tuple[dict[str, str], dict[str, TensorInfo]]:
+    """Validate a header (the N bytes after the length) against a data block of ``data_size``.
+
+    Returns (metadata, {name: TensorInfo} in header order).  Raises
+    SafetensorsError with a message that starts "unreadable" or "truncated".
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SafetensorsError(f"unreadable: header is not UTF-8 ({e.reason})") from None
+    try:
+        header = loads_json(text)
+    except ValueError as e:
+        raise SafetensorsError(f"unreadable: header: {e}") from None
+    if not isinstance(header, dict):
+        raise SafetensorsError("unreadable: header is not a JSON object")
+    meta = header.pop("__metadata__", None)
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise SafetensorsError("unreadable: __metadata__ is not an object of strings")
+    try:
+        infos = {name: _entry(name, rec) for name, rec in header.items()}
+    except SafetensorsError as e:
+        raise SafetensorsError(f"unreadable: {e}") from None
+    # The data block is the tensors end to end: sorted by offsets, each starts
+    # where the previous one ended, and the last ends where the file does.
+    # Anything else overlaps (two tensors read the same bytes), leaves bytes
+    # that no tensor owns, or points past the end.
+    pos = 0
+    for t in sorted(infos.values(), key=lambda t: (t.begin, t.end)):
+        if t.begin != pos or t.end < t.begin:
+            what = "overlaps the previous tensor" if t.begin < pos else "leaves a gap before it"
+            if t.end < t.begin:
+                what = "ends before it begins"
+            raise SafetensorsError(
+                f"unreadable: tensor {_brief(t.name)} has data_offsets [{t.begin}, {t.end}]: it {what} "
+                f"(tensors must tile the data block from 0 without gaps or overlaps)"
+            )
+        pos = t.end
+        if any(d > _INTP_MAX for d in t.shape):
+            # Stricter than the reference: numpy cannot hold such a dimension,
+            # even in an empty tensor.
+            raise SafetensorsError(
+                f"unreadable: tensor {_brief(t.name)} shape {_brief(list(t.shape))} has a "
+                f"dimension above {_INTP_MAX}"
+            )
+        numel = 1
+        for d in t.shape:
+            numel *= d
+            if numel > _U64_MAX:
+                raise SafetensorsError(
+                    f"unreadable: tensor {_brief(t.name)} shape {_brief(list(t.shape))} overflows"
+                )
+        need = numel * DTYPES[t.dtype].itemsize
+        if need > _U64_MAX:
+            raise SafetensorsError(
+                f"unreadable: tensor {_brief(t.name)} shape {_brief(list(t.shape))} overflows"
+            )
+        if t.nbytes != need:
+            raise SafetensorsError(
+                f"unreadable: tensor {_brief(t.name)} ({t.dtype}, shape {_brief(list(t.shape))}) needs {need} "
+                f"bytes, data_offsets give {t.nbytes}"
+            )
+    if pos > data_size:
+        raise SafetensorsError(
+            f"truncated: the tensors end at data byte {pos} but the file holds only "
+            f"{data_size} data bytes"
+        )
+    if pos < data_size:
+        raise SafetensorsError(
+            f"unreadable: {data_size - pos} trailing data bytes belong to no tensor "
+            f"(the tensors end at data byte {pos} of {data_size})"
+        )
+    return meta, infos
+
+
 class SafetensorsFile:
     """Read-only, memory-mapped safetensors file.  Use as a context manager or call close()."""
 
@@ -106,76 +344,30 @@ class SafetensorsFile:
         p = self.path
         try:
             size = p.stat().st_size
+            with open(p, "rb") as f:
+                head = f.read(8)
+                if len(head) < 8:
+                    raise SafetensorsError(
+                        f"truncated shard {p}: {size} bytes, shorter than the 8-byte header length"
+                    )
+                (n,) = struct.unpack("<Q", head)
+                if n > MAX_HEADER_BYTES or n > size - 8:
+                    raise SafetensorsError(
+                        f"unreadable shard {p}: header length {n} does not fit the file "
+                        f"({size} bytes) or exceeds {MAX_HEADER_BYTES}; not a safetensors file, "
+                        "or truncated"
+                    )
+                raw = f.read(n)
         except OSError as e:
-            raise SafetensorsError(f"cannot open shard {p}: {e.strerror}") from None
-        if size < 8:
-            raise SafetensorsError(
-                f"truncated shard {p}: {size} bytes, shorter than the 8-byte header length"
-            )
-        with open(p, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            if n > size - 8 or n > MAX_HEADER_BYTES:
-                raise SafetensorsError(
-                    f"unreadable shard {p}: header length {n} does not fit the file ({size} bytes); "
-                    "not a safetensors file, or truncated"
-                )
-            raw = f.read(n)
-        try:
-            header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise SafetensorsError(
-                f"unreadable shard {p}: header is not valid JSON ({e})"
-            ) from None
-        if not isinstance(header, dict):
-            raise SafetensorsError(f"unreadable shard {p}: header is not a JSON object")
-        meta = header.pop("__metadata__", None) or {}
-        if not isinstance(meta, dict):
-            raise SafetensorsError(f"unreadable shard {p}: __metadata__ is not an object")
-        self.metadata: dict[str, str] = {str(k): str(v) for k, v in meta.items()}
+            raise SafetensorsError(f"cannot read shard {p}: {e.strerror or e}") from None
         self.data_start = 8 + n
-        data_size = size - self.data_start
-        self._infos: dict[str, TensorInfo] = {}
-        for name, rec in header.items():
-            self._infos[name] = self._parse_entry(name, rec, data_size)
+        try:
+            self.metadata, self._infos = parse_header(raw, size - self.data_start)
+        except SafetensorsError as e:
+            kind, _, rest = str(e).partition(": ")
+            raise SafetensorsError(f"{kind} shard {p}: {rest}") from None
         self._mm = np.memmap(p, dtype=np.uint8, mode="r") if size > self.data_start else None
         self._closed = False
-
-    def _parse_entry(self, name: str, rec, data_size: int) -> TensorInfo:
-        p = self.path
-        if not isinstance(rec, dict) or not {"dtype", "shape", "data_offsets"} <= rec.keys():
-            raise SafetensorsError(
-                f"unreadable shard {p}: entry {name!r} lacks dtype/shape/data_offsets"
-            )
-        dt, shape, offs = rec["dtype"], rec["shape"], rec["data_offsets"]
-        if dt not in DTYPES:
-            raise SafetensorsError(
-                f"unreadable shard {p}: tensor {name!r} has unsupported dtype {dt!r}"
-            )
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise SafetensorsError(
-                f"unreadable shard {p}: tensor {name!r} has a bad shape {shape!r}"
-            )
-        if (
-            not isinstance(offs, list)
-            or len(offs) != 2
-            or not all(isinstance(o, int) for o in offs)
-            or not 0 <= offs[0] <= offs[1]
-        ):
-            raise SafetensorsError(
-                f"unreadable shard {p}: tensor {name!r} has bad data_offsets {offs!r}"
-            )
-        need = math.prod(shape) * DTYPES[dt].itemsize
-        if offs[1] - offs[0] != need:
-            raise SafetensorsError(
-                f"unreadable shard {p}: tensor {name!r} ({dt}, shape {shape}) needs {need} bytes, "
-                f"data_offsets give {offs[1] - offs[0]}"
-            )
-        if offs[1] > data_size:
-            raise SafetensorsError(
-                f"truncated shard {p}: tensor {name!r} ends at data byte {offs[1]} "
-                f"but the file holds only {data_size} data bytes"
-            )
-        return TensorInfo(name, dt, tuple(shape), offs[0], offs[1])
 
     # -- access ---------------------------------------------------------------
 

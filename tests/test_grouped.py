@@ -12,8 +12,8 @@ import pytest
 import reference as ref
 
 import fp8jax
-from fp8jax.nn import grouped_dot
-from fp8jax.nn.grouped import token_tiles
+from fp8jax.dot_general import dot_general
+from fp8jax.grouped import grouped_dot
 
 M, K, N = 300, 200, 160
 # Expert 1 gets no token, expert 0 spans two 128-row wgrad tiles (128 + 2),
@@ -160,14 +160,6 @@ def test_wgrad_tiles_do_not_straddle_experts():
     assert _froberr(dw[0], exact) < 0.1
 
 
-def test_token_tiles_layout():
-    gs = jnp.asarray([3, 0, 5, 1], jnp.int32)
-    tid, n = token_tiles(gs, 12, 2)
-    # group 0: rows 0-2 -> tiles 0,0,1; group 2: rows 3-7 -> 2,2,3,3,4; group 3: row 8 -> 5.
-    np.testing.assert_array_equal(np.asarray(tid)[:9], [0, 0, 1, 2, 2, 3, 3, 4, 5])
-    assert np.all(np.asarray(tid)[9:] == n - 1)
-
-
 def test_delayed_state_gradient_is_updated_state():
     recipe = fp8jax.recipes.hybrid_delayed()
     x, w, dy = _inputs(3)
@@ -196,16 +188,61 @@ def test_bad_inputs():
         grouped_dot(jnp.ones((4, 3)), jnp.ones((2, 3, 5)), jnp.array([2, 2]), recipe=blk)
 
 
-def test_ragged_dot_path_matches_reference(monkeypatch):
-    """The lax.ragged_dot path (used off CPU) gives the same numbers as the tiled CPU path."""
-    import fp8jax.nn.grouped as grouped
-
-    monkeypatch.setattr(grouped, "XLA_GROUPED_IMPL", "ragged")
-    recipe = fp8jax.recipes.deepseek_v3()
+@pytest.mark.parametrize("name", ["deepseek_v3", "current_tensor", "rowwise"])
+def test_chunked_impl_matches_reference(name):
+    """impl='chunked' (codes per 128-run in bfloat16, scales at promotion) on the experts."""
+    recipe = dataclasses.replace(fp8jax.recipes.get(name), impl="chunked")
     x, w, dy = _inputs(4)
     y, dx, dw, _ = _run(x, w, dy, jnp.asarray(GROUPS), recipe)
     ry, rdx, rdw = reference(x, w, dy, GROUPS, recipe)
     assert _relerr(y, ry) < 1e-5 and _relerr(dx, rdx) < 1e-5 and _relerr(dw, rdw) < 1e-5
+
+
+def test_accumulation_emulator_reaches_the_experts():
+    """With recipe.accumulation set, y, dx and dW of the experts come from the emulator:
+    they differ from exact FP32 accumulation and equal a per-expert loop of the dense GEMM."""
+    gs_np = np.array([130, 0, 60, 3], np.int32)
+    e, m, k, n = len(gs_np), 200, 256, 96
+    rng = np.random.default_rng(6)
+    # Positive inputs: the emulator's truncation error does not cancel.
+    x = jnp.asarray(rng.uniform(0, 1, (m, k)), jnp.float32)
+    w = jnp.asarray(rng.uniform(0, 1, (e, k, n)), jnp.float32)
+    dy = jnp.asarray(rng.uniform(0, 1, (m, n)), jnp.float32)
+    acc = fp8jax.recipes.deepseek_v3(accumulation=fp8jax.Accumulation(promote_every=None))
+    exact = fp8jax.recipes.deepseek_v3()
+
+    def grouped(recipe):
+        f = lambda x, w: grouped_dot(
+            x, w, jnp.asarray(gs_np), recipe=recipe, preferred_element_type=jnp.float32
+        )
+        y, vjp = jax.vjp(f, x, w)
+        return (y, *vjp(dy))
+
+    def per_expert(recipe):
+        ys, dxs, dws, off = [], [], [], 0
+        dn = (((1,), (0,)), ((), ()))
+        for i, g in enumerate(gs_np):
+            r = slice(off, off + int(g))
+            f = lambda xe, we: dot_general(
+                xe, we, dn, recipe=recipe, preferred_element_type=jnp.float32
+            )
+            y, vjp = jax.vjp(f, x[r], w[i])
+            dx_e, dw_e = vjp(dy[r])
+            ys.append(y), dxs.append(dx_e), dws.append(dw_e)
+            off += int(g)
+        pad = jnp.zeros((m - off, n)), jnp.zeros((m - off, k))
+        return (
+            jnp.concatenate(ys + [pad[0]]),
+            jnp.concatenate(dxs + [pad[1]]),
+            jnp.stack(dws),
+        )
+
+    got = jax.jit(lambda: grouped(acc))()
+    loop = per_expert(acc)
+    plain = grouped(exact)
+    for a, b, c in zip(got, loop, plain):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert np.any(np.asarray(a) != np.asarray(c))
 
 
 @pytest.mark.slow

@@ -1,0 +1,373 @@
+"""The GEMM core: one place that runs one GEMM of two operands, dense or grouped.
+
+Every FP8 GEMM of the project (the three GEMMs of ``fp8jax.dot_general`` and
+of the grouped expert GEMM) runs through :func:`gemm` (dense) or
+:func:`grouped_gemm` (which lays the expert groups out as tiles and calls
+:func:`gemm`), and :func:`select_impl` decides in one place how it runs.
+
+Canonical dense layouts (B = batch; the custom VJPs bring every GEMM here)::
+
+    fprop  a = x  (B, M, K)   b = w  (B, K, N)   -> (B, M, N)   contract K
+    dgrad  a = dy (B, M, N)   b = w  (B, K, N)   -> (B, M, K)   contract N
+    wgrad  a = x  (B, M, K)   b = dy (B, M, N)   -> (B, K, N)   contract M
+
+Operands are :class:`~fp8jax.quant.QTensor` (quantized along the GEMM's
+contraction axis, or per tensor / per 128x128 block) or plain arrays (the
+recipe's compute dtype).  The result is float32.
+
+Implementations (``Recipe.impl``, see :class:`~fp8jax.recipes.Recipe` for
+their numerics): "xla" (dequantize, one dot), "chunked" (per-run dots of the
+FP8 codes in bfloat16, scales applied at promotion), "fp8" / "fp8_fast" (the
+same with hardware FP8 dots), "pallas" (the block-scaled kernel), and the
+accumulation emulator whenever ``recipe.accumulation`` is set.  Every dot
+names its algorithm (``lax.DotAlgorithmPreset``), so a recipe computes the
+same thing on every backend instead of the backend's default precision.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from fp8jax import accumulate
+from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
+from fp8jax.kernels.block_gemm import (
+    CHUNK,
+    block_scaled_matmul,
+    block_scaled_matmul_nt,
+    block_scaled_matmul_tn,
+)
+from fp8jax.kernels.dispatch import kernel_available
+from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligned
+from fp8jax.operands import materialize
+from fp8jax.quant import QTensor
+from fp8jax.recipes import Recipe
+
+KINDS = ("fprop", "dgrad", "wgrad")
+DIMS = {
+    "fprop": (((2,), (1,)), ((0,), (0,))),  # (B,M,K) x (B,K,N) -> (B,M,N)
+    "dgrad": (((2,), (2,)), ((0,), (0,))),  # (B,M,N) x (B,K,N) -> (B,M,K)
+    "wgrad": (((1,), (1,)), ((0,), (0,))),  # (B,M,K) x (B,M,N) -> (B,K,N)
+}
+_FP8_KERNEL_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+_ALG = lax.DotAlgorithmPreset
+
+
+# --------------------------------------------------------------------------
+# Which implementation runs (the one place that decides)
+# --------------------------------------------------------------------------
+
+
+def auto_xla_impl(backend: str | None = None) -> str:
+    """The XLA implementation "auto" uses off the Pallas kernel, per backend.
+
+    CPU: "xla" (dequantize to float32 then one dot): on XLA CPU one large
+    float32 dot beats a loop of 128-long bfloat16 dots (``experiments/bench_core.py``
+    prints both).  GPU and TPU: "chunked": bfloat16 dots of the FP8 codes run
+    at bfloat16 speed and stay exact, where a float32 dot would run at float32
+    speed.
+    """
+    backend = backend or jax.default_backend()
+    return "xla" if backend == "cpu" else "chunked"
+
+
+def _kernel_layout_fits(a, b, kind: str) -> bool:
+    """Both operands have the Pallas kernel's layouts (128-wide tiles/blocks, E4M3/E5M2)."""
+
+    def q(op, granularity, axis):
+        return (
+            isinstance(op, QTensor)
+            and op.granularity == granularity
+            and op.tile == CHUNK
+            and (axis is None or op.axis == axis)
+            and jnp.dtype(op.data.dtype) in _FP8_KERNEL_DTYPES
+            and op.data.ndim == 3
+        )
+
+    if kind in ("fprop", "dgrad"):
+        fits = q(a, "tile", 2) and q(b, "block", None)
+    else:
+        fits = q(a, "tile", 1) and q(b, "tile", 1)
+    return fits and a.data.dtype == b.data.dtype
+
+
+def select_impl(recipe: Recipe, a, b, kind: str) -> str:
+    """How this GEMM runs: "plain", "emulate", "pallas", "xla", "chunked", "fp8" or "fp8_fast".
+
+    "plain": an operand is not quantized (the high-precision baseline, or a
+    recipe that quantizes one side only): both are cast to a common dtype.
+    """
+    if not (isinstance(a, QTensor) and isinstance(b, QTensor)):
+        return "plain"
+    if recipe.accumulation is not None:
+        return "emulate"
+    impl = recipe.impl
+    fits = _kernel_layout_fits(a, b, kind)
+    if impl == "auto":
+        return "pallas" if fits and kernel_available() else auto_xla_impl()
+    if impl == "pallas" and not fits:
+        raise ValueError(
+            f"recipe {recipe.name!r} asks for impl='pallas' but the Pallas FP8 kernel does not "
+            f"apply to this {kind} GEMM (it needs E4M3/E5M2 operands with 128-wide tiles along "
+            "the contraction axis and 128x128 weight blocks)"
+        )
+    if impl in ("fp8", "fp8_fast") and jax.default_backend() != "gpu":
+        raise ValueError(
+            f"recipe {recipe.name!r} asks for impl={impl!r} (hardware FP8 dots), which "
+            f"needs a GPU with FP8 tensor cores; the backend is {jax.default_backend()!r}"
+        )
+    return impl
+
+
+def dot_algorithm(dtype) -> lax.DotAlgorithmPreset | lax.Precision:
+    """The named algorithm of a dot whose operands are ``dtype``, float32 accumulation."""
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.float32:
+        return _ALG.F32_F32_F32
+    if dtype == jnp.bfloat16:
+        return _ALG.BF16_BF16_F32
+    # float16 / float64 operands: no preset on every backend; ask for the highest.
+    return lax.Precision.HIGHEST
+
+
+def _dot(a, b, dims) -> jax.Array:
+    """lax.dot_general with float32 accumulation and the operands' named algorithm."""
+    return lax.dot_general(
+        a, b, dims, precision=dot_algorithm(a.dtype), preferred_element_type=jnp.float32
+    )
+
+
+# --------------------------------------------------------------------------
+# Dense GEMM
+# --------------------------------------------------------------------------
+
+
+def gemm(a, b, kind: str, recipe: Recipe) -> jax.Array:
+    """One dense GEMM of the canonical layouts (module docstring); float32 result."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    impl = select_impl(recipe, a, b, kind)
+    if impl == "plain":
+        if isinstance(a, QTensor) or isinstance(b, QTensor):
+            # One side quantized: dequantize it to float32 and dot in float32.
+            dt = jnp.float32
+        else:
+            dt = jnp.promote_types(a.dtype, b.dtype)
+        return _dot(materialize(a, dt), materialize(b, dt), DIMS[kind])
+    if impl == "xla":
+        dt = jnp.dtype(recipe.dequant_dtype)
+        return _dot(materialize(a, dt), materialize(b, dt), DIMS[kind])
+    if impl == "pallas":
+        return _pallas(a, b, kind)
+    lhs, rhs = _orient(a, b, kind)
+    k = lhs.data.shape[2]
+    a_codes, a_s, ga = _lhs_groups(lhs)
+    b_codes, b_s, gb = _rhs_groups(rhs)
+    group, a_s, b_s = _common_groups(k, ga, a_s, gb, b_s)
+    if impl == "emulate":
+        return accumulate.emulated_gemm(
+            a_codes, a_s, b_codes, b_s, group=group, acc=recipe.accumulation
+        )
+    return _chunked(a_codes, a_s, b_codes, b_s, group, impl)
+
+
+def _swap12(op):
+    """Swap axes 1 and 2 of a 3-d operand, scales and layout metadata included."""
+    if not isinstance(op, QTensor):
+        return jnp.swapaxes(op, 1, 2)
+    scale = op.scale if op.granularity == "tensor" else jnp.swapaxes(op.scale, 1, 2)
+    axis = {1: 2, 2: 1}.get(op.axis, op.axis) if op.granularity in ("row", "tile") else op.axis
+    return QTensor(jnp.swapaxes(op.data, 1, 2), scale, op.granularity, axis, op.tile)
+
+
+def _orient(a, b, kind: str):
+    """(lhs (B, M', C), rhs (B, C, N')) with the contraction last in lhs, middle in rhs."""
+    if kind == "fprop":
+        return a, b
+    if kind == "dgrad":
+        return a, _swap12(b)
+    return _swap12(a), b
+
+
+def _repeat_crop(s: jax.Array, axis: int, times: int, size: int) -> jax.Array:
+    return lax.slice_in_dim(jnp.repeat(s, times, axis=axis), 0, size, axis=axis)
+
+
+def _lhs_groups(q: QTensor):
+    """(codes (B,M,K), scales (B,M,G), run length g): each scale covers g consecutive K."""
+    bsz, m, k = q.data.shape
+    if q.granularity == "tensor":
+        return q.data, jnp.broadcast_to(q.scale, (bsz, m, 1)), k
+    if q.granularity == "row" and q.axis == 2:
+        return q.data, q.scale, k
+    if q.granularity == "tile" and q.axis == 2:
+        return q.data, q.scale, q.tile
+    if q.granularity == "block":
+        return q.data, _repeat_crop(q.scale, 1, q.tile, m), q.tile
+    raise ValueError(
+        f"lhs scales of granularity {q.granularity!r} along axis {q.axis} vary within K"
+    )
+
+
+def _rhs_groups(q: QTensor):
+    """(codes (B,K,N), scales (B,G,N), run length g): each scale covers g consecutive K."""
+    bsz, k, n = q.data.shape
+    if q.granularity == "tensor":
+        return q.data, jnp.broadcast_to(q.scale, (bsz, 1, n)), k
+    if q.granularity == "row" and q.axis == 1:
+        return q.data, q.scale, k
+    if q.granularity == "tile" and q.axis == 1:
+        return q.data, q.scale, q.tile
+    if q.granularity == "block":
+        return q.data, _repeat_crop(q.scale, 2, q.tile, n), q.tile
+    raise ValueError(
+        f"rhs scales of granularity {q.granularity!r} along axis {q.axis} vary within K"
+    )
+
+
+def _common_groups(k: int, ga: int, a_s, gb: int, b_s):
+    """Re-express both operands' scales on one run length along K."""
+    if ga >= k and gb >= k:
+        return k, a_s, b_s
+    if ga == gb:
+        return ga, a_s, b_s
+    if ga >= k:
+        return gb, jnp.repeat(a_s, b_s.shape[1], axis=2), b_s
+    if gb >= k:
+        return ga, a_s, jnp.repeat(b_s, a_s.shape[2], axis=1)
+    g = math.gcd(ga, gb)
+    runs = -(-k // g)
+    return g, _repeat_crop(a_s, 2, ga // g, runs), _repeat_crop(b_s, 1, gb // g, runs)
+
+
+def _chunked(a_codes, a_s, b_codes, b_s, group: int, impl: str) -> jax.Array:
+    """Runs of ``group`` along K: dot of the codes, times both scales, summed in float32.
+
+    "chunked": codes in bfloat16 (every E4M3/E5M2 code is exact in it) with
+    ``BF16_BF16_F32``; "fp8" / "fp8_fast": the FP8 codes with the hardware
+    FP8 algorithm (with / without the tensor core's promotion).
+    """
+    bsz, m, k = a_codes.shape
+    n = b_codes.shape[2]
+    runs = -(-k // group)
+    pad = runs * group - k
+    if impl == "chunked":
+        a_c, b_c, alg = (
+            a_codes.astype(jnp.bfloat16),
+            b_codes.astype(jnp.bfloat16),
+            _ALG.BF16_BF16_F32,
+        )
+    else:
+        a_c, b_c = a_codes, b_codes
+        alg = _ALG.ANY_F8_ANY_F8_F32 if impl == "fp8" else _ALG.ANY_F8_ANY_F8_F32_FAST_ACCUM
+    if pad:
+        # Zero codes past K add nothing to any run.
+        a_c = jnp.pad(a_c, ((0, 0), (0, 0), (0, pad)))
+        b_c = jnp.pad(b_c, ((0, 0), (0, pad), (0, 0)))
+    dot = partial(
+        lax.dot_general,
+        dimension_numbers=(((2,), (1,)), ((0,), (0,))),
+        precision=alg,
+        preferred_element_type=jnp.float32,
+    )
+    if runs == 1:
+        # One run (per-tensor or per-row scales): one dot, scaled once.
+        return dot(a_c, b_c) * (a_s[:, :, 0:1] * b_s[:, 0:1, :])
+    a_r = jnp.moveaxis(a_c.reshape(bsz, m, runs, group), 2, 0)  # (R, B, M, g)
+    b_r = b_c.reshape(bsz, runs, group, n).swapaxes(0, 1)  # (R, B, g, N)
+    sa = jnp.moveaxis(a_s, 2, 0)[..., None]  # (R, B, M, 1)
+    sb = b_s.swapaxes(0, 1)[:, :, None, :]  # (R, B, 1, N)
+
+    def body(acc, xs):
+        ar, br, sar, sbr = xs
+        # The run's float32 partial sum times fl32(s_a * s_b), added in float32.
+        return acc + dot(ar, br) * (sar * sbr), None
+
+    acc, _ = lax.scan(body, jnp.zeros((bsz, m, n), jnp.float32), (a_r, b_r, sa, sb))
+    return acc
+
+
+def _pallas(a: QTensor, b: QTensor, kind: str) -> jax.Array:
+    """The block-scaled Pallas kernel (compiled on a Hopper GPU, interpreted elsewhere)."""
+    kw = dict(out_dtype=jnp.float32, interpret=not kernel_available())
+    if kind == "fprop":
+        # (B, M, K) tiles along K x (B, K, N) blocks.
+        fn = partial(block_scaled_matmul, **kw)
+    elif kind == "dgrad":
+        # dy (B, M, N) x w (B, K, N) contracted over N: w is the kernel's "nk" operand.
+        fn = partial(block_scaled_matmul_nt, **kw)
+    else:
+        # x (B, M, K) and dy (B, M, N), both in 128x1 tiles along the tokens M.
+        fn = partial(block_scaled_matmul_tn, **kw)
+    if a.data.shape[0] == 1:
+        return fn(a.data[0], a.scale[0], b.data[0], b.scale[0])[None]
+    return jax.vmap(fn)(a.data, a.scale, b.data, b.scale)
+
+
+# --------------------------------------------------------------------------
+# Grouped (MoE expert) GEMM on the expert-aligned tile layout
+# --------------------------------------------------------------------------
+
+
+def tile_rows(op, layout: GroupLayout):
+    """(M, C) rows (QTensor or array) -> (T, tile, C) expert-aligned tiles.
+
+    Row-local scales (1xN tiles and rows along C, or one per tensor) move with
+    their rows; padding rows are zero codes with unit scales.
+    """
+    if not isinstance(op, QTensor):
+        return to_tiles(op, layout)
+    data = to_tiles(op.data, layout)
+    if op.granularity == "tensor":
+        scale = op.scale
+    elif op.granularity in ("tile", "row") and op.axis == 1:
+        scale = to_tiles(op.scale, layout, fill=1)
+    else:
+        raise ValueError(f"cannot tile rows of a {op.granularity!r} operand along axis {op.axis}")
+    return QTensor(data, scale, op.granularity, op.axis + 1, op.tile)
+
+
+def _per_tile(op, layout: GroupLayout):
+    """(E, K, N) expert weights -> (T, K, N): each tile's expert (padding tiles take expert 0)."""
+    g = jnp.maximum(layout.tile_group, 0)
+    if not isinstance(op, QTensor):
+        return op[g]
+    scale = op.scale if op.granularity == "tensor" else op.scale[g]
+    return QTensor(op.data[g], scale, op.granularity, op.axis, op.tile)
+
+
+def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_groups: int):
+    """One grouped GEMM; float32 result.
+
+    fprop: a = x (M, K) rows, b = w (E, K, N) -> (M, N);
+    dgrad: a = dy (M, N) rows, b = w (E, K, N) -> (M, K);
+    wgrad: a = x (T, tile, K), b = dy (T, tile, N) already in tiles -> (E, K, N).
+    Rows in no group give 0.  Runs as a batched :func:`gemm` over the tiles
+    of ``layout`` (or the grouped Pallas kernel, which reads that layout).
+    """
+    if kind == "wgrad":
+        return sum_tiles(gemm(a, b, "wgrad", recipe), layout, num_groups)
+    a_t = tile_rows(a, layout)
+    b_t = _per_tile(b, layout)
+    impl = select_impl(recipe, a_t, b_t, kind)
+    if impl == "pallas":
+        # The grouped kernel reads the aligned rows and each tile's expert id.
+        mp = layout.src_row.shape[0]
+        a_rows = a_t.data.reshape(mp, -1)
+        s_rows = a_t.scale.reshape(mp, -1)
+        y = grouped_block_scaled_matmul_aligned(
+            a_rows,
+            s_rows,
+            b.data,
+            b.scale,
+            layout.tile_group,
+            out_dtype=jnp.float32,
+            b_layout="kn" if kind == "fprop" else "nk",
+            interpret=not kernel_available(),
+        )
+        return from_tiles(y.reshape(layout.num_tiles, layout.tile, -1), layout)
+    return from_tiles(gemm(a_t, b_t, kind, recipe), layout)

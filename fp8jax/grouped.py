@@ -1,0 +1,205 @@
+"""Dropless grouped expert GEMM (MoE) with FP8 Fprop, Dgrad and Wgrad.
+
+Layout (DeepGEMM's "contiguous" layout): the rows of ``x`` are the routed
+tokens sorted by expert; ``group_sizes[e]`` consecutive rows, starting at
+``sum(group_sizes[:e])``, use expert ``e``'s weight ``w[e]``; rows past
+``sum(group_sizes)`` belong to no expert (output 0, gradient 0).  Every
+routed token is computed (dropless): no capacity, no dropping.
+
+    fprop  y[m]   = x[m] @ w[e(m)]                 x (M, K), w (E, K, N) -> (M, N)
+    dgrad  dx[m]  = dy[m] @ w[e(m)]^T                                    -> (M, K)
+    wgrad  dw[e]  = sum_{m in group e} x[m]^T dy[m]                      -> (E, K, N)
+
+Quantization follows the recipe's specs, each relative to that GEMM's
+contraction axis, exactly as for the dense :func:`fp8jax.dot_general` (the
+two share :mod:`fp8jax.operands` and the GEMM core :mod:`fp8jax.gemm`):
+
+* Fprop: x in 1x128 tiles along K, w in 128x128 blocks of each expert's
+  (K, N) matrix.
+* Dgrad: dy in 1x128 tiles along N; the cached FP8 weight blocks are reused
+  (a 128x128 block serves W and W^T alike).
+* Wgrad: the contraction axis is the token axis.  x (from its cached FP8
+  copy, as DeepSeek-V3 does) and dy are laid out in expert-aligned tiles of
+  128 rows (:mod:`fp8jax.groups`) and quantized in 128x1 tiles along the
+  tokens of each tile, so no tile straddles two experts.  ``"row"`` means one
+  scale per (expert, column); ``"tensor"`` one scale for the whole operand
+  (all experts), current or delayed.
+
+The GEMMs run as batched GEMMs over those tiles through the GEMM core, so a
+recipe's implementation choice and its accumulation emulator reach the
+expert GEMMs exactly as they reach the dense ones.  Residuals kept for the
+backward pass: the FP8 data and scales of x and w.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fp8jax import scaling
+from fp8jax.gemm import grouped_gemm
+from fp8jax.groups import GroupLayout, group_layout, to_tiles
+from fp8jax.operands import (
+    cache_for_wgrad,
+    materialize,
+    quantize_operand,
+    requantize,
+    state_part,
+)
+from fp8jax.quant import QTensor, group_amax, quantize_with_scale
+from fp8jax.recipes import QuantSpec, Recipe
+from fp8jax.telemetry import operand_stats
+
+TILE_ROWS = 128
+
+
+def _layout_tile(recipe: Recipe) -> int:
+    """Rows per expert-aligned tile: the Wgrad token-tile length (128 in DeepSeek-V3)."""
+    specs = (recipe.wgrad.lhs, recipe.wgrad.rhs)
+    tiles = {s.tile for s in specs if s.quantized and s.granularity == "tile"}
+    if len(tiles) > 1:
+        raise ValueError(f"grouped GEMM: the two Wgrad operands need one token tile, got {tiles}")
+    return tiles.pop() if tiles else TILE_ROWS
+
+
+def _quantize_rows(t, spec: QuantSpec, recipe: Recipe, dstate):
+    """Quantize a token-major (M, C) Fprop/Dgrad operand along C (row-local scale groups)."""
+    if spec.quantized and spec.scaling != "delayed" and spec.granularity == "block":
+        raise ValueError(
+            "grouped GEMM: 'block' granularity on a token-major activation would mix "
+            "experts' tokens in one block; use 'tile', 'row' or 'tensor'"
+        )
+    return quantize_operand(t, spec, 1, recipe, dstate)
+
+
+def _quantize_tokens(t_tiles, spec: QuantSpec, layout: GroupLayout, recipe: Recipe, dstate):
+    """Quantize a Wgrad operand in tiles (T, tile, C) along the token axis, within experts."""
+    if spec.quantized and spec.scaling == "current" and spec.granularity == "row":
+        # One scale per (expert, column): the max over the expert's tiles.
+        tile_amax = group_amax(t_tiles, "row", axis=1)  # (T, 1, C)
+        seg = jnp.where(layout.tile_group >= 0, layout.tile_group, layout.num_tiles)
+        expert_amax = jax.ops.segment_max(tile_amax, seg, num_segments=layout.num_tiles + 1)
+        amax = jnp.maximum(expert_amax[seg], 0.0)
+        scale = scaling.scale_from_amax(amax, spec.fmt, pow2=spec.pow2, amax_floor=spec.amax_floor)
+        return quantize_with_scale(t_tiles, scale, spec.fmt, "row", axis=1)
+    if spec.quantized and spec.scaling == "current" and spec.granularity == "block":
+        raise ValueError(
+            "grouped GEMM: Wgrad operands support 'tile', 'row' and 'tensor' granularity, "
+            f"got {spec.granularity!r}"
+        )
+    if spec.quantized and spec.scaling == "delayed":
+        # The same scale the forward / Dgrad used for this tensor this step.
+        return quantize_with_scale(t_tiles, dstate.scale, spec.fmt, "tensor")
+    out, _ = quantize_operand(t_tiles, spec, 1, recipe)
+    return out
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _grouped_core(x, w, group_sizes, state, recipe: Recipe, dtypes, with_stats: bool):
+    out, _ = _grouped_fwd(x, w, group_sizes, state, recipe, dtypes, with_stats)
+    return out
+
+
+def _grouped_fwd(x, w, group_sizes, state, recipe, dtypes, with_stats):
+    layout = group_layout(group_sizes, x.shape[0], _layout_tile(recipe))
+    qx, new_x = _quantize_rows(x, recipe.fprop.lhs, recipe, state_part(state, "x"))
+    qw, new_w = quantize_operand(w, recipe.fprop.rhs, 1, recipe, state_part(state, "w"))
+    y = grouped_gemm(qx, qw, layout, "fprop", recipe, w.shape[0]).astype(dtypes[0])
+    out = (y, {"x": operand_stats(x, qx), "w": operand_stats(w, qw)}) if with_stats else y
+    # Residuals: the FP8 operands (data + scales), never high-precision copies.
+    res = (cache_for_wgrad(x, qx, recipe), qw, group_sizes, state, new_x, new_w)
+    return out, res
+
+
+def _grouped_bwd(recipe, dtypes, with_stats, res, g):
+    x_cached, qw, group_sizes, state, new_x, new_w = res
+    _, x_dtype, w_dtype = dtypes
+    dy = g[0] if with_stats else g
+    num_groups = qw.shape[0]
+    layout = group_layout(group_sizes, dy.shape[0], _layout_tile(recipe))
+    # Dgrad: dx = dy @ w^T, contraction over N: dy in 1x128 tiles along N.
+    qdy, new_dy = _quantize_rows(dy, recipe.dgrad.lhs, recipe, state_part(state, "dy"))
+    w_d = requantize(qw, recipe.dgrad.rhs, 2, recipe, recipe.fprop.rhs, state_part(state, "w"))
+    dx = grouped_gemm(qdy, w_d, layout, "dgrad", recipe, num_groups).astype(x_dtype)
+    # Wgrad: dw[e] = x_e^T dy_e over expert-aligned tiles of tokens; x from its cache.
+    if isinstance(x_cached, QTensor) and recipe.wgrad.lhs == recipe.fprop.lhs:
+        reuse = x_cached.granularity == "tensor"
+    else:
+        reuse = False
+    x_hp = materialize(x_cached, jnp.float32)
+    x_t = to_tiles(x_hp, layout)
+    if reuse:
+        # One tensor scale does not depend on the contraction axis: keep the codes.
+        x_w = QTensor(to_tiles(x_cached.data, layout), x_cached.scale, "tensor", 0, x_cached.tile)
+    else:
+        x_w = _quantize_tokens(x_t, recipe.wgrad.lhs, layout, recipe, state_part(state, "x"))
+    dy_w = _quantize_tokens(
+        to_tiles(dy, layout), recipe.wgrad.rhs, layout, recipe, state_part(state, "dy")
+    )
+    dw = grouped_gemm(x_w, dy_w, layout, "wgrad", recipe, num_groups).astype(w_dtype)
+    # Overwrite-with-gradient: the state's cotangent is the updated state.
+    dstate = scaling.updated_gemm_state(state, new_x, new_w, new_dy)
+    return dx, dw, None, dstate
+
+
+_grouped_core.defvjp(_grouped_fwd, _grouped_bwd)
+
+
+def _check(x, w, group_sizes, preferred_element_type):
+    if x.ndim != 2 or w.ndim != 3:
+        raise ValueError(f"grouped_dot wants x (M, K) and w (E, K, N), got {x.shape}, {w.shape}")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"contraction mismatch: x {x.shape} vs w {w.shape}")
+    if group_sizes.shape != (w.shape[0],):
+        raise ValueError(f"group_sizes must have shape ({w.shape[0]},), got {group_sizes.shape}")
+    if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+        raise TypeError(f"group_sizes must be integer, got {group_sizes.dtype}")
+    out_dtype = jnp.dtype(
+        preferred_element_type
+        if preferred_element_type is not None
+        else jnp.result_type(x.dtype, w.dtype)
+    )
+    return (out_dtype.name, x.dtype.name, w.dtype.name)
+
+
+def grouped_dot_with_stats(
+    x: jax.Array,
+    w: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    recipe: Recipe,
+    state: scaling.DelayedGemmState | None = None,
+    preferred_element_type: Any = None,
+) -> tuple[jax.Array, dict[str, dict[str, jax.Array]]]:
+    """:func:`grouped_dot` and the telemetry of its forward operands (as ``dot_general_with_stats``)."""
+    x, w, group_sizes = jnp.asarray(x), jnp.asarray(w), jnp.asarray(group_sizes)
+    dtypes = _check(x, w, group_sizes, preferred_element_type)
+    return _grouped_core(x, w, group_sizes, state, recipe, dtypes, True)
+
+
+def grouped_dot(
+    x: jax.Array,
+    w: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    recipe: Recipe,
+    state: scaling.DelayedGemmState | None = None,
+    preferred_element_type: Any = None,
+) -> jax.Array:
+    """Grouped expert GEMM ``y[m] = x[m] @ w[e(m)]`` through the recipe (see module docstring).
+
+    Args:
+      x: (M, K) routed tokens sorted by expert.
+      w: (E, K, N) expert weights.
+      group_sizes: int (E,) rows per expert, sum <= M (rows past the sum give 0).
+      recipe: precision of Fprop, Dgrad and Wgrad.
+      state: DelayedGemmState for delayed recipes (one for all experts); its
+        gradient is the updated state.
+      preferred_element_type: output dtype (default: result type of x, w).
+    """
+    x, w, group_sizes = jnp.asarray(x), jnp.asarray(w), jnp.asarray(group_sizes)
+    dtypes = _check(x, w, group_sizes, preferred_element_type)
+    return _grouped_core(x, w, group_sizes, state, recipe, dtypes, False)

@@ -1,0 +1,121 @@
+"""Expert groups of a grouped (MoE) GEMM and their expert-aligned row tiles.
+
+The grouped GEMM's rows are routed tokens sorted by expert: group ``e`` is rows
+``[off_e, off_e + g_e)`` with ``off_e = sum(g[:e])``; rows past ``sum(g)``
+belong to no expert.  :func:`group_layout` places every group at the next
+multiple of ``tile`` rows of an aligned buffer (DeepGEMM's "contiguous"
+layout with each expert's segment padded to its M block), so that no tile of
+``tile`` rows holds two experts' tokens:
+
+* the Fprop / Dgrad GEMMs become batched GEMMs over the tiles, each tile with
+  its own expert's weight;
+* Wgrad's 128x1 token tiles are the tiles of this buffer, so they never
+  straddle two experts, and an expert's weight gradient is the sum of its
+  tiles' products.
+
+This is the one group-to-tile layout of the project (the XLA path, the
+accumulation emulator and the Pallas grouped kernel all use it).  The buffer
+has the static size ``(ceil(M / tile) + E) * tile`` rows, a bound on
+``sum_e ceil(g_e / tile)`` tiles.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class GroupLayout(NamedTuple):
+    """Mapping between grouped rows (M) and expert-aligned rows (Mp = num_tiles * tile).
+
+    src_row / row_valid (Mp,): which input row fills aligned row r (if valid);
+    tile_group (Mp // tile,): expert of each tile, -1 for a tile of padding only;
+    dst_row / in_group (M,): where input row m lands (if it belongs to a group).
+    """
+
+    src_row: jax.Array
+    row_valid: jax.Array
+    tile_group: jax.Array
+    dst_row: jax.Array
+    in_group: jax.Array
+
+    @property
+    def num_tiles(self) -> int:
+        return self.tile_group.shape[0]
+
+    @property
+    def tile(self) -> int:
+        return self.src_row.shape[0] // self.tile_group.shape[0]
+
+
+def aligned_rows(num_rows: int, num_groups: int, tile: int) -> int:
+    """Static row count of the aligned buffer: (ceil(M / tile) + E) * tile."""
+    return (-(-num_rows // tile) + num_groups) * tile
+
+
+def group_layout(group_sizes: jax.Array, num_rows: int, tile: int = 128) -> GroupLayout:
+    """The expert-aligned tile layout of ``group_sizes`` (traceable in its values)."""
+    if group_sizes.ndim != 1:
+        raise ValueError(f"group_sizes must be 1-d (E,), got shape {group_sizes.shape}")
+    if tile <= 0:
+        raise ValueError(f"tile must be positive, got {tile}")
+    num_groups = group_sizes.shape[0]
+    gs = group_sizes.astype(jnp.int32)
+    ends = jnp.cumsum(gs)
+    offs = ends - gs
+    tiles = (gs + tile - 1) // tile
+    tile_ends = jnp.cumsum(tiles)
+    aligned_offs = (tile_ends - tiles) * tile
+    mp = aligned_rows(num_rows, num_groups, tile)
+
+    # Expert of each tile: the first group whose cumulative tile count exceeds
+    # the tile index (empty groups own no tile); beyond all groups: -1.
+    t = jnp.arange(mp // tile, dtype=jnp.int32)
+    g_tile = jnp.searchsorted(tile_ends, t, side="right").astype(jnp.int32)
+    tile_group = jnp.where(g_tile < num_groups, g_tile, -1)
+
+    r = jnp.arange(mp, dtype=jnp.int32)
+    g_r = jnp.clip(g_tile[r // tile], 0, num_groups - 1)
+    pos = r - aligned_offs[g_r]
+    row_valid = (g_tile[r // tile] < num_groups) & (pos < gs[g_r])
+    src_row = jnp.where(row_valid, offs[g_r] + pos, 0)
+
+    m = jnp.arange(num_rows, dtype=jnp.int32)
+    g_m = jnp.clip(jnp.searchsorted(ends, m, side="right").astype(jnp.int32), 0, num_groups - 1)
+    in_group = m < ends[-1] if num_groups else jnp.zeros((num_rows,), bool)
+    dst_row = jnp.where(in_group, aligned_offs[g_m] + (m - offs[g_m]), 0)
+    return GroupLayout(src_row, row_valid, tile_group, dst_row, in_group)
+
+
+def to_tiles(a: jax.Array, layout: GroupLayout, fill=0) -> jax.Array:
+    """(M, ...) rows -> (num_tiles, tile, ...) expert-aligned tiles; padding rows = ``fill``."""
+    valid = layout.row_valid.reshape((-1,) + (1,) * (a.ndim - 1))
+    out = jnp.where(valid, a[layout.src_row], jnp.asarray(fill, a.dtype))
+    return out.reshape((layout.num_tiles, layout.tile) + a.shape[1:])
+
+
+def from_tiles(t: jax.Array, layout: GroupLayout) -> jax.Array:
+    """(num_tiles, tile, ...) -> (M, ...) in the caller's row order; rows in no group are 0."""
+    flat = t.reshape((-1,) + t.shape[2:])
+    valid = layout.in_group.reshape((-1,) + (1,) * (flat.ndim - 1))
+    return jnp.where(valid, flat[layout.dst_row], jnp.zeros((), t.dtype))
+
+
+def sum_tiles(per_tile: jax.Array, layout: GroupLayout, num_groups: int) -> jax.Array:
+    """(num_tiles, ...) -> (E, ...): each expert's sum over its tiles, in tile order.
+
+    A left-to-right float32 sum per expert (tiles of padding add nothing), so
+    the result equals adding the tiles' products one after the other, as one
+    GEMM over the expert's tokens would add its promoted partial sums.
+    """
+    seg = jnp.where(layout.tile_group >= 0, layout.tile_group, num_groups)
+
+    def add(acc, xs):
+        s, p = xs
+        return acc.at[s].add(p, mode="drop"), None
+
+    init = jnp.zeros((num_groups,) + per_tile.shape[1:], per_tile.dtype)
+    out, _ = jax.lax.scan(add, init, (seg, per_tile))
+    return out

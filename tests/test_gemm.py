@@ -1,0 +1,179 @@
+"""The GEMM core: implementation choice, the chunked-codes path, named dot algorithms."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fp8jax
+from fp8jax import gemm, scaling
+from fp8jax.grouped import grouped_dot
+
+FP8_PRESETS = ["deepseek_v3", "current_tensor", "rowwise", "hybrid_delayed"]
+ALL_PRESETS = FP8_PRESETS + ["bf16", "fp32"]
+
+
+def _q(t, granularity, axis=-1):
+    return fp8jax.quantize(jnp.asarray(t, jnp.float32), fp8jax.E4M3, granularity, axis=axis)
+
+
+def test_select_impl_dispatch_on_cpu():
+    r = fp8jax.recipes.deepseek_v3()
+    a = _q(np.ones((1, 4, 256)), "tile", 2)
+    b = _q(np.ones((1, 256, 8)), "block")
+    assert gemm.auto_xla_impl("cpu") == "xla" and gemm.auto_xla_impl("gpu") == "chunked"
+    if jax.default_backend() == "cpu":
+        assert gemm.select_impl(r, a, b, "fprop") == "xla"
+        for impl in ("fp8", "fp8_fast"):
+            with pytest.raises(ValueError, match="GPU"):
+                gemm.select_impl(dataclasses.replace(r, impl=impl), a, b, "fprop")
+    assert gemm.select_impl(dataclasses.replace(r, impl="chunked"), a, b, "fprop") == "chunked"
+    assert gemm.select_impl(dataclasses.replace(r, impl="pallas"), a, b, "fprop") == "pallas"
+    # The emulator wins whatever impl says; unquantized operands run "plain".
+    emu = fp8jax.recipes.deepseek_v3(accumulation=fp8jax.Accumulation())
+    assert gemm.select_impl(emu, a, b, "fprop") == "emulate"
+    assert gemm.select_impl(r, jnp.ones((1, 4, 256)), b, "fprop") == "plain"
+    with pytest.raises(ValueError, match="impl"):
+        dataclasses.replace(r, impl="cublas")
+
+
+def _f64(op):
+    return np.asarray(fp8jax.dequantize(op), np.float64)
+
+
+@pytest.mark.parametrize("use_jit", [False, True])
+@pytest.mark.parametrize("kind", ["fprop", "dgrad", "wgrad"])
+@pytest.mark.parametrize("spec", [("tile", "block"), ("tensor", "tensor"), ("row", "row")])
+def test_chunked_path_matches_float64(kind, spec, use_jit):
+    """chunked = exact products, float32 sums: |y - y64| <= (L + 2R + 2) u sum|a b|.
+
+    Within one run of L products XLA sums in float32 (L - 1 roundings of at
+    most u = 2^-24 relative to the running |sum| <= sum|a b|); the run's sum is
+    multiplied by fl(s_a s_b) (2 roundings) and added into the accumulator
+    (R runs, one rounding each).  The float64 reference dequantizes the same
+    codes and scales exactly.
+    """
+    rng = np.random.default_rng(0)
+    bsz, m, k, n = 2, 37, 300, 45  # odd shapes: partial tiles and blocks
+    ga, gb = spec
+    x = rng.standard_normal((bsz, m, k)) * np.exp(rng.uniform(-3, 3, (1, 1, k)))
+    w = rng.standard_normal((bsz, k, n))
+    dy = rng.standard_normal((bsz, m, n))
+    if kind == "fprop":
+        a, b = _q(x, ga, 2), _q(w, gb, 1)
+        ref = lambda a, b: np.einsum("bmk,bkn->bmn", a, b)
+        length = k
+    elif kind == "dgrad":
+        a, b = _q(dy, ga, 2), _q(w, gb, 2)
+        ref = lambda a, b: np.einsum("bmn,bkn->bmk", a, b)
+        length = n
+    else:
+        a, b = _q(x, "tile" if ga == "tile" else ga, 1), _q(dy, "tile" if ga == "tile" else ga, 1)
+        ref = lambda a, b: np.einsum("bmk,bmn->bkn", a, b)
+        length = m
+    recipe = dataclasses.replace(fp8jax.recipes.deepseek_v3(), impl="chunked")
+    fn = jax.jit(gemm.gemm, static_argnums=(2, 3)) if use_jit else gemm.gemm
+    got = np.asarray(fn(a, b, kind, recipe), np.float64)
+    want = ref(_f64(a), _f64(b))
+    mag = ref(np.abs(_f64(a)), np.abs(_f64(b)))
+    runs = -(-length // 128) if ga == "tile" else 1
+    bound = (min(length, 128) + 2 * runs + 2) * 2.0**-24 * mag
+    assert np.all(np.abs(got - want) <= bound)
+    # The dequantize-then-dot path obeys the same kind of bound (plus one rounding per operand).
+    xla = np.asarray(gemm.gemm(a, b, kind, dataclasses.replace(recipe, impl="xla")), np.float64)
+    assert np.all(np.abs(xla - want) <= (length + 4) * 2.0**-24 * mag)
+
+
+@pytest.mark.parametrize("name", FP8_PRESETS)
+def test_every_preset_runs_chunked_end_to_end(name):
+    """dot_general with impl='chunked' vs 'xla': the same quantized GEMMs, float32 apart."""
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((3, 70, 200)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((200, 90)) / 14, jnp.float32)
+    dn = (((2,), (0,)), ((), ()))
+    base = fp8jax.recipes.get(name)
+    state = scaling.init_delayed_gemm_state(base) if fp8jax.needs_state(base) else None
+
+    # A loss linear in y: dy does not depend on the forward's rounding.
+    c = jnp.asarray(rng.standard_normal((3, 70, 90)), jnp.float32)
+
+    def grads(impl):
+        r = dataclasses.replace(base, impl=impl)
+        f = lambda x, w: jnp.sum(fp8jax.dot_general(x, w, dn, recipe=r, state=state) * c)
+        return jax.grad(f, (0, 1))(x, w)
+
+    for a, b in zip(grads("chunked"), grads("xla")):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b))
+
+
+def _dots(jaxpr, out):
+    """Every dot_general / ragged_dot equation of a jaxpr and its sub-jaxprs."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("dot_general", "ragged_dot_general"):
+            out.append(eqn)
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, list | tuple) else [v]:
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    _dots(sub.jaxpr, out)
+                elif isinstance(sub, jax.extend.core.Jaxpr):
+                    _dots(sub, out)
+    return out
+
+
+def _named(eqn) -> bool:
+    p = eqn.params.get("precision")
+    if isinstance(p, jax.lax.DotAlgorithmPreset):
+        return p != jax.lax.DotAlgorithmPreset.DEFAULT
+    if isinstance(p, tuple):
+        return all(q == jax.lax.Precision.HIGHEST for q in p)
+    return False
+
+
+@pytest.mark.parametrize("name", ALL_PRESETS)
+@pytest.mark.parametrize("impl", ["xla", "chunked"])
+def test_every_float32_dot_names_its_algorithm(name, impl):
+    """Forward + backward of every preset, dense and grouped: no float32 dot at the backend's default."""
+    base = dataclasses.replace(fp8jax.recipes.get(name), impl=impl)
+    state = scaling.init_delayed_gemm_state(base) if fp8jax.needs_state(base) else None
+    x = jnp.ones((2, 40, 130), jnp.float32)
+    w = jnp.ones((130, 20), jnp.float32)
+    we = jnp.ones((3, 130, 20), jnp.float32)
+    gs = jnp.asarray([30, 0, 40], jnp.int32)
+
+    def loss(x, w, we):
+        y = fp8jax.dot_general(x, w, (((2,), (0,)), ((), ())), recipe=base, state=state)
+        z = grouped_dot(x.reshape(80, 130), we, gs, recipe=base, state=state)
+        return jnp.sum(y) + jnp.sum(z)
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(x, w, we)
+    dots = _dots(jaxpr.jaxpr, [])
+    assert dots
+    for eqn in dots:
+        if any(v.aval.dtype in (jnp.float32, jnp.bfloat16) for v in eqn.invars):
+            assert _named(eqn), f"{name}: {eqn.primitive} on {[v.aval for v in eqn.invars]}"
+
+
+def test_model_layers_name_their_algorithm():
+    """The high-precision layers (router, attention core, head) and the MoE combine too."""
+    from flax import nnx
+
+    from fp8jax.models import ModelConfig, MoETransformer, loss_fn
+
+    cfg = ModelConfig(
+        vocab_size=64, d_model=32, n_layers=2, n_dense_layers=1, n_heads=2, head_dim=16,
+        d_ff=64, n_routed_experts=4, top_k=2, d_expert=16, max_seq_len=16,
+    )  # fmt: skip
+    model = MoETransformer(cfg, fp8jax.recipes.bf16(), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    tokens = jnp.zeros((2, 8), jnp.int32)
+
+    def f(params):
+        return loss_fn(nnx.merge(graphdef, params), tokens)[0]
+
+    dots = _dots(jax.make_jaxpr(jax.grad(f))(params).jaxpr, [])
+    assert dots and all(_named(e) for e in dots)
