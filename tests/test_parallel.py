@@ -8,6 +8,7 @@ test re-runs itself in a subprocess with the flag.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import subprocess
@@ -27,8 +28,8 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import fp8jax  # noqa: E402
+from fp8jax.grouped import grouped_dot  # noqa: E402
 from fp8jax.models.moe import sort_by_expert  # noqa: E402
-from fp8jax.nn.grouped import grouped_gemm  # noqa: E402
 from fp8jax.parallel import dispatch as dsp  # noqa: E402
 from fp8jax.parallel import fsdp, rules  # noqa: E402
 from fp8jax.parallel.mesh import (  # noqa: E402
@@ -151,6 +152,8 @@ def test_rules_shard_params_and_moments_alike():
 T_LOC, D, E, K, F = 16, 256, 8, 2, 128
 FP32 = fp8jax.recipes.fp32()
 DSV3 = fp8jax.recipes.deepseek_v3()
+# The up-projection's recipe with DeepSeek-V3's power-of-two dispatch scales.
+DSV3_POW2 = fp8jax.recipes.for_site(dataclasses.replace(DSV3, dispatch_pow2=True), "dispatch")
 E4M3_NP = ml_dtypes.float8_e4m3fn
 
 
@@ -197,7 +200,7 @@ def test_dispatch_moves_fp8_codes_and_fp8_gradients():
 
     def body(x, idx, gt):
         route = dsp.plan_route(idx, E, "expert")
-        q = dsp.dispatch(x, route, "expert", DSV3)
+        q = dsp.dispatch(x, route, "expert", DSV3_POW2)
         # The same rows in float32 (exact copies) let the test see what arrived.
         plain = dsp.dispatch(x, route, "expert", FP32)
         g_rows = dsp.dispatch(gt, route, "expert", FP32)
@@ -234,44 +237,22 @@ def test_dispatch_moves_fp8_codes_and_fp8_gradients():
         np.testing.assert_array_equal(dx, (K * _np_pow2_tiles(gt)).astype(np.float32))
 
 
-@jax.jit
-def _unsharded_ref(x, idx, gates, w, c):
-    """Unsharded: the grouped GEMM over all tokens sorted by expert on the same FP8 tokens.
+def _unsharded_ref(x, idx, gates, w, c, recipe):
+    """Unsharded: the grouped GEMM over all tokens sorted by expert, then the BF16 combine.
 
-    Returns (out, dw, gradient rows of x before their E4M3 round trip, token of each row).
+    Returns (out, dw, gradient of each sorted row before its E4M3 round trip, token of each row).
     """
-    q = fp8jax.quantize(x, fp8jax.E4M3, "tile", axis=1, pow2=True, amax_floor=1e-4)
     order, token, gs = sort_by_expert(idx, E)
-    qs = QTensor(q.data[token], q.scale[token], "tile", 1, 128)
-    y = grouped_gemm(qs, w, gs, FP32, "fprop")
-    # Combine: BF16 rows, gate-weighted sum in float32.
-    y = y.astype(jnp.bfloat16)[jnp.argsort(order)].astype(jnp.float32).reshape(-1, K, F)
-    out = jnp.einsum("tkd,tk->td", y, gates)
-    # d loss / d y for loss = sum(out * c), BF16 as it travels, rows sorted by expert.
-    g_rows = (c[:, None, :] * gates[:, :, None]).astype(jnp.bfloat16)
-    g_rows = g_rows.reshape(-1, F).astype(jnp.float32)[order]
-    dw = grouped_gemm(fp8jax.dequantize(qs), g_rows, gs, FP32, "wgrad")
-    dx_rows = grouped_gemm(g_rows, w, gs, FP32, "dgrad")
+
+    def f(xs, w):
+        y = grouped_dot(xs, w, gs, recipe=recipe, preferred_element_type=jnp.float32)
+        # Combine: BF16 rows, gate-weighted sum in float32.
+        y = y.astype(jnp.bfloat16)[jnp.argsort(order)].astype(jnp.float32).reshape(-1, K, F)
+        return jnp.einsum("tkd,tk->td", y, gates)
+
+    out, vjp = jax.vjp(f, x[token], w)
+    dx_rows, dw = vjp(c)
     return out, dw, dx_rows, token
-
-
-@jax.custom_vjp
-def _up_proj(q, w, gs):
-    return grouped_gemm(q, w, gs, FP32, "fprop")
-
-
-def _up_proj_fwd(q, w, gs):
-    return grouped_gemm(q, w, gs, FP32, "fprop"), (q, w, gs)
-
-
-def _up_proj_bwd(res, g):
-    q, w, gs = res
-    dx = grouped_gemm(g, w, gs, FP32, "dgrad")
-    dw = grouped_gemm(q, g, gs, FP32, "wgrad")
-    return QTensor(dx, jnp.zeros_like(q.scale), "tile", 1, 128), dw, None
-
-
-_up_proj.defvjp(_up_proj_fwd, _up_proj_bwd)
 
 
 @on_8_devices
@@ -279,34 +260,39 @@ def test_ep_grouped_gemm_equals_unsharded_on_same_fp8_tokens():
     mesh = _ep_mesh()
     x, idx, gates = _routing(seed=2)
     w = (np.random.default_rng(3).standard_normal((E, D, F)) / 16).astype(np.float32)
+    c = np.random.default_rng(4).standard_normal((x.shape[0], F)).astype(np.float32)
     bs = P(("data", "fsdp", "expert"))
+    # The up-projection's recipe: deepseek_v3's tiles (float32 scales on the wire).
+    rs = fp8jax.recipes.for_site(DSV3, "dispatch")
 
     def body(x, idx, gates, w_loc):
         route = dsp.plan_route(idx, E, "expert")
-        q = dsp.dispatch(x, route, "expert", DSV3)
-        y = _up_proj(q, w_loc, route.group_sizes)
+        q = dsp.dispatch(x, route, "expert", rs)
+        y = grouped_dot(q, w_loc, route.group_sizes, recipe=rs, preferred_element_type=jnp.float32)
         return dsp.combine(y, route, gates, "expert")
 
     ep = jax.shard_map(
         body, mesh=mesh, in_specs=(bs, bs, bs, P("expert")), out_specs=bs, check_vma=False
     )
-    c = np.random.default_rng(4).standard_normal((x.shape[0], F)).astype(np.float32)
 
     @jax.jit
     def run(x, w):
         out, vjp = jax.vjp(lambda x, w: ep(x, idx, gates, w), x, w)
-        return (out, *vjp(jnp.asarray(c)))
+        return (out, *vjp(jnp.asarray(c)), *_unsharded_ref(x, idx, gates, w, c, rs))
 
-    out, dx, dw = (np.asarray(t) for t in run(x, w))
-    ref, dw_ref, dx_rows, token = (np.asarray(t) for t in _unsharded_ref(x, idx, gates, w, c))
+    out, dx, dw, ref, dw_ref, dx_rows, token = (np.asarray(t) for t in run(x, w))
     np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
-    # w: the unsharded wgrad up to float32 order.
-    np.testing.assert_allclose(dw, dw_ref, rtol=1e-5, atol=1e-5 * np.abs(dw_ref).max())
+    # w: Wgrad quantizes x and dy in 128x1 tiles of each expert's tokens; here
+    # each data group's tokens form their own tiles, so the E4M3 roundings
+    # differ (measured 2.5%, about E4M3's own relative error) while the sum
+    # over data groups is right.
+    err_w = np.linalg.norm(dw - dw_ref) / np.linalg.norm(dw_ref)
+    assert err_w < 5e-2, err_w
     # x: each row's gradient after one E4M3 / power-of-two round trip, summed per token.
     dx_ref = np.zeros_like(x, dtype=np.float64)
     np.add.at(dx_ref, token, _np_pow2_tiles(dx_rows))
     err = np.linalg.norm(dx - dx_ref) / np.linalg.norm(dx_ref)
-    # Equal but for rows whose float32 dgrad order flips one E4M3 rounding.
+    # Equal but for rows whose float32 Dgrad order flips one E4M3 rounding.
     assert err < 1e-3, err
 
 

@@ -11,13 +11,14 @@ assignments):
    (one small int32 all-to-all), so the receiver knows which of its experts
    each received row belongs to.
 2. **Dispatch** (:func:`dispatch`): FP8 recipes quantize the tokens once, in
-   1x128 tiles along the features with power-of-two scales (DeepSeek-V3's
-   dispatch: E4M3 codes, UE8M0 scales), *before* the all-to-all; the codes
-   travel as float8 and the scales as their 8-bit exponents (a power of two
-   is exactly its exponent), so a row of D features moves D + D/128 bytes
-   instead of 2D.  The receiver gets a :class:`~fp8jax.QTensor` of its
-   rows sorted by local expert, which the expert up-projection consumes as
-   it is.  In the backward pass the gradient of those rows is quantized the
+   1x128 tiles along the features exactly as the expert up-projection's
+   Fprop would, *before* the all-to-all; the codes travel as float8 and the
+   scales as float32, or, with power-of-two scales (DeepSeek-V3's dispatch,
+   ``Recipe.dispatch_pow2``: UE8M0), as their 8-bit exponents (a power of
+   two is exactly its exponent), so a row of D features moves D + D/128
+   bytes instead of 2D.  The receiver gets a :class:`~fp8jax.QTensor` of its
+   rows sorted by local expert, which the expert up-projection
+   (:func:`fp8jax.grouped.grouped_dot`) consumes as it is.  In the backward pass the gradient of those rows is quantized the
    same way (E4M3, 1x128 tiles, power-of-two scales) before the reverse
    all-to-all, dequantized on the token's device and summed over the k
    slots in float32.  Recipes without FP8 activations move rows in their
@@ -161,23 +162,26 @@ def _send_rows(rows: jax.Array, route: Route) -> jax.Array:
 
 
 def _quantize_rows(x: jax.Array, spec: QuantSpec) -> QTensor:
-    # Power-of-two scales whatever the recipe says (DeepSeek-V3 dispatches
-    # with UE8M0 scales): they travel as one byte and dequantize exactly.
+    # Exactly as the expert up-projection would quantize its input (the
+    # recipe's 1x128 tile spec), so the received rows are its operand as is.
     return quantize(
         x,
         as_format(spec.fmt),
         "tile",
         axis=1,
         tile=spec.tile,
-        pow2=True,
+        pow2=spec.pow2,
         amax_floor=spec.amax_floor,
     )
 
 
-def _exchange_q(q: QTensor, axis_name: str, n_shards: int) -> QTensor:
-    """All-to-all of FP8 rows: codes as float8, scales as 8-bit exponents."""
+def _exchange_q(q: QTensor, axis_name: str, n_shards: int, pow2: bool) -> QTensor:
+    """All-to-all of FP8 rows: codes as float8; scales as 8-bit exponents when powers of two."""
     data = _exchange(q.data, axis_name, n_shards)
-    scale = unpack_pow2(_exchange(pack_pow2(q.scale), axis_name, n_shards))
+    if pow2:
+        scale = unpack_pow2(_exchange(pack_pow2(q.scale), axis_name, n_shards))
+    else:
+        scale = _exchange(q.scale, axis_name, n_shards)
     return QTensor(data, scale, q.granularity, q.axis, q.tile)
 
 
@@ -200,7 +204,7 @@ def _dispatch_fp8_fwd(x, route, axis_name, n_shards, spec, grad_spec):
     # Rows are quantized per token, so a token's copies share one set of
     # codes; the buffer is filled with FP8 codes, never with x itself.
     send = QTensor(_send_rows(q.data, route), _send_rows(q.scale, route), "tile", 1, q.tile)
-    recv = _exchange_q(send, axis_name, n_shards)
+    recv = _exchange_q(send, axis_name, n_shards, spec.pow2)
     order = route.recv_order
     out = QTensor(recv.data[order], recv.scale[order], "tile", 1, q.tile)
     # An empty (T, 0) array carries x's row count and dtype to the backward pass.
@@ -212,7 +216,7 @@ def _dispatch_fp8_bwd(axis_name, n_shards, spec, grad_spec, res, ct):
     t, d = x_like.shape[0], ct.data.shape[1]
     # Back to the received (block) layout, then FP8 for the reverse exchange.
     g = ct.data.astype(jnp.float32)[_inverse(route.recv_order)]
-    qg = _exchange_q(_quantize_rows(g, grad_spec), axis_name, n_shards)
+    qg = _exchange_q(_quantize_rows(g, grad_spec), axis_name, n_shards, grad_spec.pow2)
     # Dequantize on the token's device: FP8 -> float32 is exact, the scales
     # are powers of two, so each row's value is exactly its codes x scale.
     g_slots = jnp.concatenate([dequantize(qg, jnp.float32), jnp.zeros((1, d), jnp.float32)])
@@ -225,11 +229,13 @@ _dispatch_fp8.defvjp(_dispatch_fp8_fwd, _dispatch_fp8_bwd)
 
 
 def fp8_dispatch_spec(recipe: Recipe) -> tuple[QuantSpec, QuantSpec] | None:
-    """(token spec, gradient spec) when the recipe's expert up-projection takes 1x128 FP8 tiles.
+    """(token spec, gradient spec) when the up-projection's input is quantized in 1x128 tiles.
 
-    Only the format, tile and amax floor of each spec are used: the exchange
-    always scales by powers of two, and the gradient rows return in the
-    tiles the tokens left in (so each row's scales line up on both sides).
+    ``recipe`` is the up-projection's (``fp8jax.recipes.for_site(r, "dispatch")``):
+    the tokens are quantized exactly as its Fprop wants them (power-of-two
+    scales when ``dispatch_pow2``), so the experts see the operand the
+    unsharded GEMM would.  The gradient rows always use power-of-two scales
+    (one byte each, dequantized exactly) in the tiles the tokens left in.
     Anything else (the BF16 baseline, per-tensor or row scaling, delayed
     scaling) dispatches in the compute dtype and quantizes on arrival.
     """
