@@ -19,6 +19,7 @@ from fp8jax.nn import Dense
 from fp8jax.nn.dense import fan_in_init
 from fp8jax.nn.telemetry import record
 from fp8jax.nn.variables import FP8State
+from fp8jax.parallel.experts import expert_parallel_size, routed_experts
 from fp8jax.recipes import Recipe, for_site, needs_state
 from fp8jax.scaling import init_delayed_gemm_state
 
@@ -124,21 +125,35 @@ class MoE(nnx.Module):
         scores = self.router(x)  # float32 (BT, E)
         idx, gates = route(scores, bias_E, k, n_groups=cfg.n_groups, topk_groups=cfg.topk_groups)
         gates = gates * cfg.routed_scaling
-        order, token, group_sizes = sort_by_expert(idx, e)
-        xs = x[token]  # (BT*k, D), sorted by expert
-        h = self._experts(
-            xs, self.w13, self.w13_state, group_sizes, "experts_w13", self.dispatch_recipe
-        )
-        f = cfg.d_expert
-        act = swiglu(h.reshape(-1, 2, f), cfg.dtype)
-        y = self._experts(act, self.w2, self.w2_state, group_sizes, "experts_w2", self.recipe)
-        # Combine in float32: un-sort the rows (a gather) and sum the k slots
-        # weighted by their gates.
-        inv = jnp.argsort(order)
-        y_tk = y[inv].astype(jnp.float32).reshape(b * t, k, d)
-        out = jnp.einsum(
-            "tkd,tk->td", y_tk, gates, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32
-        )
+        if expert_parallel_size(self.recipe) > 1:
+            # Expert parallelism: FP8 dispatch to the experts' devices, BF16 combine.
+            out, _ = routed_experts(
+                x,
+                idx,
+                gates,
+                self.w13[...],
+                self.w2[...],
+                recipe=self.recipe,
+                up_recipe=self.dispatch_recipe,
+                activation=lambda h: swiglu(h, cfg.dtype),
+                dtype=cfg.dtype,
+            )
+        else:
+            order, token, group_sizes = sort_by_expert(idx, e)
+            xs = x[token]  # (BT*k, D), sorted by expert
+            h = self._experts(
+                xs, self.w13, self.w13_state, group_sizes, "experts_w13", self.dispatch_recipe
+            )
+            f = cfg.d_expert
+            act = swiglu(h.reshape(-1, 2, f), cfg.dtype)
+            y = self._experts(act, self.w2, self.w2_state, group_sizes, "experts_w2", self.recipe)
+            # Combine in float32: un-sort the rows (a gather) and sum the k slots
+            # weighted by their gates.
+            inv = jnp.argsort(order)
+            y_tk = y[inv].astype(jnp.float32).reshape(b * t, k, d)
+            out = jnp.einsum(
+                "tkd,tk->td", y_tk, gates, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32
+            )
         if self.shared is not None:
             # Shared experts' output joins the float32 combine.
             out = out + self.shared(x_BxTxD).reshape(b * t, d).astype(jnp.float32)

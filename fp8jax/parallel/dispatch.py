@@ -269,18 +269,27 @@ def dispatch(x_TxD: jax.Array, route: Route, axis_name: str, recipe: Recipe) -> 
     return _exchange(rows, axis_name, n_shards)[route.recv_order]
 
 
-def combine(y_RxD: jax.Array, route: Route, gates_TxK: jax.Array, axis_name: str) -> jax.Array:
+def combine(
+    y_RxD: jax.Array, route: Route, gates_TxK: jax.Array, axis_name: str, wire_dtype=jnp.bfloat16
+) -> jax.Array:
     """Return the experts' rows (sorted as :func:`dispatch` gave them) and sum them per token.
 
-    The rows travel in BF16; the gate-weighted sum over the k slots is in
-    float32 and returned as float32 (T, D).
+    The rows travel in ``wire_dtype`` (BF16, DeepSeek-V3's combine; the
+    recipe's compute dtype for recipes computing in float32); the
+    gate-weighted sum over the k slots is in float32 and returned as float32 (T, D).
     """
     n_shards = lax.axis_size(axis_name)
     t, k = gates_TxK.shape
     d = y_RxD.shape[-1]
-    # BF16 on the wire both ways (the reverse exchange is this one's transpose).
-    rows = y_RxD.astype(jnp.bfloat16)[_inverse(route.recv_order)]
+    # One rounding to the wire dtype; the reverse exchange (this one's
+    # transpose) carries the gradient in the same dtype.
+    rows = y_RxD.astype(wire_dtype)[_inverse(route.recv_order)]
     back = _exchange(rows, axis_name, n_shards)
     back = jnp.concatenate([back, jnp.zeros((1, d), back.dtype)])
     y_TxKxD = back[route.send_pos].reshape(t, k, d).astype(jnp.float32)
-    return jnp.einsum("tkd,tk->td", y_TxKxD, gates_TxK.astype(jnp.float32))
+    return jnp.einsum(
+        "tkd,tk->td",
+        y_TxKxD,
+        gates_TxK.astype(jnp.float32),
+        precision=lax.DotAlgorithmPreset.F32_F32_F32,
+    )
