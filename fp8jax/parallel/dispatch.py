@@ -115,7 +115,8 @@ def plan_route(
         .add(keep.astype(jnp.int32))
     )
     # Row s of the result: what shard s sends to this device, per local expert.
-    recv_counts = lax.all_to_all(send_counts, axis_name, 0, 0)
+    with jax.named_scope("dispatch_plan"):
+        recv_counts = lax.all_to_all(send_counts, axis_name, 0, 0)
     ends = jnp.cumsum(recv_counts, axis=1)
     rows = jnp.arange(cap, dtype=jnp.int32)
     # Local expert of received row j of block s; e_loc marks an empty row.
@@ -149,6 +150,16 @@ def unpack_pow2(exps: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(exps.astype(jnp.uint32) << 23, jnp.float32)
 
 
+def to_wire(codes: jax.Array) -> jax.Array:
+    """FP8 codes as uint8 (a bitcast): XLA would widen an FP8 collective to 16 bits on CPU."""
+    return lax.bitcast_convert_type(codes, jnp.uint8)
+
+
+def from_wire(wire: jax.Array, dtype) -> jax.Array:
+    """The inverse of :func:`to_wire`."""
+    return lax.bitcast_convert_type(wire, dtype)
+
+
 def _exchange(t: jax.Array, axis_name: str, n_shards: int) -> jax.Array:
     """(S*C, ...) rows, block s to shard s -> (S*C, ...) rows, block s from shard s."""
     blocks = t.reshape(n_shards, -1, *t.shape[1:])
@@ -176,8 +187,8 @@ def _quantize_rows(x: jax.Array, spec: QuantSpec) -> QTensor:
 
 
 def _exchange_q(q: QTensor, axis_name: str, n_shards: int, pow2: bool) -> QTensor:
-    """All-to-all of FP8 rows: codes as float8; scales as 8-bit exponents when powers of two."""
-    data = _exchange(q.data, axis_name, n_shards)
+    """All-to-all of FP8 rows: codes as bytes; scales as 8-bit exponents when powers of two."""
+    data = from_wire(_exchange(to_wire(q.data), axis_name, n_shards), q.data.dtype)
     if pow2:
         scale = unpack_pow2(_exchange(pack_pow2(q.scale), axis_name, n_shards))
     else:
@@ -204,7 +215,8 @@ def _dispatch_fp8_fwd(x, route, axis_name, n_shards, spec, grad_spec):
     # Rows are quantized per token, so a token's copies share one set of
     # codes; the buffer is filled with FP8 codes, never with x itself.
     send = QTensor(_send_rows(q.data, route), _send_rows(q.scale, route), "tile", 1, q.tile)
-    recv = _exchange_q(send, axis_name, n_shards, spec.pow2)
+    with jax.named_scope("dispatch"):
+        recv = _exchange_q(send, axis_name, n_shards, spec.pow2)
     order = route.recv_order
     out = QTensor(recv.data[order], recv.scale[order], "tile", 1, q.tile)
     # An empty (T, 0) array carries x's row count and dtype to the backward pass.
@@ -216,7 +228,8 @@ def _dispatch_fp8_bwd(axis_name, n_shards, spec, grad_spec, res, ct):
     t, d = x_like.shape[0], ct.data.shape[1]
     # Back to the received (block) layout, then FP8 for the reverse exchange.
     g = ct.data.astype(jnp.float32)[_inverse(route.recv_order)]
-    qg = _exchange_q(_quantize_rows(g, grad_spec), axis_name, n_shards, grad_spec.pow2)
+    with jax.named_scope("dispatch"):
+        qg = _exchange_q(_quantize_rows(g, grad_spec), axis_name, n_shards, grad_spec.pow2)
     # Dequantize on the token's device: FP8 -> float32 is exact, the scales
     # are powers of two, so each row's value is exactly its codes x scale.
     g_slots = jnp.concatenate([dequantize(qg, jnp.float32), jnp.zeros((1, d), jnp.float32)])
@@ -266,7 +279,8 @@ def dispatch(x_TxD: jax.Array, route: Route, axis_name: str, recipe: Recipe) -> 
         return _dispatch_fp8(x_TxD, route, axis_name, n_shards, specs[0], specs[1])
     # The baseline moves rows in its compute dtype (one rounding, as the GEMM would).
     rows = _send_rows(x_TxD.astype(recipe.compute), route)
-    return _exchange(rows, axis_name, n_shards)[route.recv_order]
+    with jax.named_scope("dispatch"):
+        return _exchange(rows, axis_name, n_shards)[route.recv_order]
 
 
 def combine(
@@ -284,7 +298,8 @@ def combine(
     # One rounding to the wire dtype; the reverse exchange (this one's
     # transpose) carries the gradient in the same dtype.
     rows = y_RxD.astype(wire_dtype)[_inverse(route.recv_order)]
-    back = _exchange(rows, axis_name, n_shards)
+    with jax.named_scope("combine"):
+        back = _exchange(rows, axis_name, n_shards)
     back = jnp.concatenate([back, jnp.zeros((1, d), back.dtype)])
     y_TxKxD = back[route.send_pos].reshape(t, k, d).astype(jnp.float32)
     return jnp.einsum(

@@ -40,6 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 from fp8jax.formats import as_format
 from fp8jax.nn.dense import Dense
+from fp8jax.parallel.dispatch import from_wire, to_wire
 from fp8jax.parallel.rules import is_routed_expert_keys, param_spec
 from fp8jax.quant import QTensor, dequantize, quantize
 from fp8jax.recipes import QuantSpec, Recipe
@@ -77,7 +78,8 @@ def all_gather_fp8(w_shard: jax.Array, spec: QuantSpec, axis_name: str, axis: in
     axis = axis % w_shard.ndim
     _check_aligned(w_shard.shape, axis, spec.tile)
     q = quantize_blocks(w_shard, spec)
-    data = lax.all_gather(q.data, axis_name, axis=axis, tiled=True)
+    # The codes travel as bytes (see fp8jax.parallel.dispatch.to_wire).
+    data = from_wire(lax.all_gather(to_wire(q.data), axis_name, axis=axis, tiled=True), q.dtype)
     # The scale array has one entry per block: its axis lines up with the
     # data's axis, shard by shard.
     scale = lax.all_gather(q.scale, axis_name, axis=axis, tiled=True)
@@ -192,14 +194,14 @@ def kernel_layouts(model: nnx.Module) -> dict[tuple[str, ...], int]:
     return out
 
 
-def _gemm_view(keys, shape, axis, n_experts, layouts, tile):
+def _gemm_view(keys, shape, axis, routed, layouts, tile):
     """(view, view_axis) of a shard whose FP8 blocks match its GEMM's, or None.
 
     Routed experts (E, K, N) are their own view; a Dense kernel split on its
     first axis is a band of rows of its (K, N) matrix.  The gathered axis
     must hold whole blocks.
     """
-    if is_routed_expert_keys(keys, shape, n_experts):
+    if routed:
         return (shape, axis) if axis in (1, 2) and shape[axis] % tile == 0 else None
     n_in = layouts.get(tuple(keys))
     if n_in is None or axis != 0:
@@ -240,33 +242,46 @@ def gather_params(
     )
     wspec = recipe.fprop.rhs
 
-    def one(path, shard, spec):
+    # Routed experts by their global shapes (inside, a shard holds E / n_expert).
+    routed = jax.tree_util.tree_map_with_path(
+        lambda p, x: is_routed_expert_keys(
+            [str(k.key) for k in p if isinstance(k, jax.tree_util.DictKey)], x.shape, n_experts
+        ),
+        params,
+    )
+
+    def one(path, shard, spec, is_routed):
         if "fsdp" not in tuple(spec):
             return shard
         axis = tuple(spec).index("fsdp")
         keys = [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]
-        gemm = is_routed_expert_keys(keys, shard.shape, n_experts) or tuple(keys) in layouts
-        if gemm and is_block_fp8(wspec):
-            vw = _gemm_view(keys, shard.shape, axis, n_experts, layouts, wspec.tile)
-            if vw is not None:
-                return gather_weight(
-                    shard,
-                    "fsdp",
-                    axis,
-                    spec=wspec,
-                    view=vw[0],
-                    view_axis=vw[1],
-                    reduce_dtype=reduce_dtype,
-                )
-        # The GEMM casts an unquantized weight to the compute dtype first:
-        # moving it in that dtype changes nothing.
-        dtype = recipe.compute if gemm and not wspec.quantized else shard.dtype
-        out = gather_weight(shard, "fsdp", axis, dtype=dtype, reduce_dtype=reduce_dtype)
-        return out.astype(shard.dtype) if dtype != shard.dtype else out
+        gemm = is_routed or tuple(keys) in layouts
+        if not gemm:
+            with jax.named_scope("other_params"):
+                return gather_weight(shard, "fsdp", axis, reduce_dtype=reduce_dtype)
+        with jax.named_scope("gemm_weights"):
+            if is_block_fp8(wspec):
+                vw = _gemm_view(keys, shard.shape, axis, is_routed, layouts, wspec.tile)
+                if vw is not None:
+                    return gather_weight(
+                        shard,
+                        "fsdp",
+                        axis,
+                        spec=wspec,
+                        view=vw[0],
+                        view_axis=vw[1],
+                        reduce_dtype=reduce_dtype,
+                    )
+            # The GEMM casts an unquantized weight to the compute dtype first:
+            # moving it in that dtype changes nothing.
+            dtype = recipe.compute if not wspec.quantized else shard.dtype
+            out = gather_weight(shard, "fsdp", axis, dtype=dtype, reduce_dtype=reduce_dtype)
+            return out.astype(shard.dtype)
 
-    body = lambda tree: jax.tree_util.tree_map_with_path(
-        lambda p, x, s: one(p, x, s), tree, in_specs
-    )
+    def body(tree):
+        with jax.named_scope("fsdp_gather"):
+            return jax.tree_util.tree_map_with_path(one, tree, in_specs, routed)
+
     return jax.shard_map(
         body, mesh=mesh, in_specs=(in_specs,), out_specs=out_specs, check_vma=False
     )(params)
