@@ -154,14 +154,7 @@ def dot_general_with_stats(
     "flushed"} float32 scalars (:func:`fp8jax.telemetry.operand_stats`);
     unquantized operands report zero fractions.
     """
-    lhs = jnp.asarray(lhs)
-    rhs = jnp.asarray(rhs)
-    out_shape, out_dtype = _check(lhs, rhs, dimension_numbers, preferred_element_type)
-    if not recipe.is_fp8 or lhs.size == 0 or rhs.size == 0:
-        y = _high_precision(lhs, rhs, dimension_numbers, recipe, out_dtype)
-        return y, _zero_stats(lhs, rhs)
-    y, stats = _fp8(lhs, rhs, dimension_numbers, recipe, state, out_shape, out_dtype, True)
-    return y, stats
+    return _run(lhs, rhs, dimension_numbers, recipe, state, preferred_element_type, True)
 
 
 def dot_general(
@@ -191,12 +184,17 @@ def dot_general(
       what ``lax.dot_general`` gives (an empty or all-zero result).
     """
     del precision
+    return _run(lhs, rhs, dimension_numbers, recipe, state, preferred_element_type, False)
+
+
+def _run(lhs, rhs, dimension_numbers, recipe, state, preferred_element_type, with_stats):
     lhs = jnp.asarray(lhs)
     rhs = jnp.asarray(rhs)
     out_shape, out_dtype = _check(lhs, rhs, dimension_numbers, preferred_element_type)
     if not recipe.is_fp8 or lhs.size == 0 or rhs.size == 0:
-        return _high_precision(lhs, rhs, dimension_numbers, recipe, out_dtype)
-    return _fp8(lhs, rhs, dimension_numbers, recipe, state, out_shape, out_dtype, False)
+        y = _high_precision(lhs, rhs, dimension_numbers, recipe, out_dtype)
+        return (y, _zero_stats(lhs, rhs)) if with_stats else y
+    return _fp8(lhs, rhs, dimension_numbers, recipe, state, out_shape, out_dtype, with_stats)
 
 
 def _check(lhs, rhs, dimension_numbers, preferred_element_type):

@@ -165,8 +165,8 @@ def gemm(a, b, kind: str, recipe: Recipe) -> jax.Array:
         return _pallas(a, b, kind)
     lhs, rhs = _orient(a, b, kind)
     k = lhs.data.shape[2]
-    a_codes, a_s, ga = _lhs_groups(lhs)
-    b_codes, b_s, gb = _rhs_groups(rhs)
+    a_codes, a_s, ga = _k_runs(lhs, 2)
+    b_codes, b_s, gb = _k_runs(rhs, 1)
     group, a_s, b_s = _common_groups(k, ga, a_s, gb, b_s)
     if impl == "emulate":
         return accumulate.emulated_gemm(
@@ -197,36 +197,23 @@ def _repeat_crop(s: jax.Array, axis: int, times: int, size: int) -> jax.Array:
     return lax.slice_in_dim(jnp.repeat(s, times, axis=axis), 0, size, axis=axis)
 
 
-def _lhs_groups(q: QTensor):
-    """(codes (B,M,K), scales (B,M,G), run length g): each scale covers g consecutive K."""
-    bsz, m, k = q.data.shape
-    if q.granularity == "tensor":
-        return q.data, jnp.broadcast_to(q.scale, (bsz, m, 1)), k
-    if q.granularity == "row" and q.axis == 2:
-        return q.data, q.scale, k
-    if q.granularity == "tile" and q.axis == 2:
-        return q.data, q.scale, q.tile
-    if q.granularity == "block":
-        return q.data, _repeat_crop(q.scale, 1, q.tile, m), q.tile
-    raise ValueError(
-        f"lhs scales of granularity {q.granularity!r} along axis {q.axis} vary within K"
-    )
+def _k_runs(q: QTensor, k_axis: int):
+    """(codes, scales, run length g) of a 3-d operand contracted along ``k_axis`` (1 or 2).
 
-
-def _rhs_groups(q: QTensor):
-    """(codes (B,K,N), scales (B,G,N), run length g): each scale covers g consecutive K."""
-    bsz, k, n = q.data.shape
+    The scales come out with ``k_axis`` of size ceil(K / g) and the other
+    axes at full size: each scale covers g consecutive elements along K.
+    """
+    other = 3 - k_axis
+    k = q.data.shape[k_axis]
     if q.granularity == "tensor":
-        return q.data, jnp.broadcast_to(q.scale, (bsz, 1, n)), k
-    if q.granularity == "row" and q.axis == 1:
-        return q.data, q.scale, k
-    if q.granularity == "tile" and q.axis == 1:
-        return q.data, q.scale, q.tile
+        shape = list(q.data.shape)
+        shape[k_axis] = 1
+        return q.data, jnp.broadcast_to(q.scale, tuple(shape)), k
+    if q.granularity in ("row", "tile") and q.axis == k_axis:
+        return q.data, q.scale, k if q.granularity == "row" else q.tile
     if q.granularity == "block":
-        return q.data, _repeat_crop(q.scale, 2, q.tile, n), q.tile
-    raise ValueError(
-        f"rhs scales of granularity {q.granularity!r} along axis {q.axis} vary within K"
-    )
+        return q.data, _repeat_crop(q.scale, other, q.tile, q.data.shape[other]), q.tile
+    raise ValueError(f"scales of granularity {q.granularity!r} along axis {q.axis} vary within K")
 
 
 def _common_groups(k: int, ga: int, a_s, gb: int, b_s):

@@ -189,10 +189,7 @@ def grouped_dot_with_stats(
     preferred_element_type: Any = None,
 ) -> tuple[jax.Array, dict[str, dict[str, jax.Array]]]:
     """:func:`grouped_dot` and the telemetry of its forward operands (as ``dot_general_with_stats``)."""
-    x = x if isinstance(x, QTensor) else jnp.asarray(x)
-    w, group_sizes = jnp.asarray(w), jnp.asarray(group_sizes)
-    dtypes = _check(x, w, group_sizes, preferred_element_type)
-    return _grouped_core(x, w, group_sizes, state, recipe, dtypes, True)
+    return _run(x, w, group_sizes, recipe, state, preferred_element_type, True)
 
 
 def grouped_dot(
@@ -218,7 +215,11 @@ def grouped_dot(
         gradient is the updated state.
       preferred_element_type: output dtype (default: result type of x, w).
     """
+    return _run(x, w, group_sizes, recipe, state, preferred_element_type, False)
+
+
+def _run(x, w, group_sizes, recipe, state, preferred_element_type, with_stats):
     x = x if isinstance(x, QTensor) else jnp.asarray(x)
     w, group_sizes = jnp.asarray(w), jnp.asarray(group_sizes)
     dtypes = _check(x, w, group_sizes, preferred_element_type)
-    return _grouped_core(x, w, group_sizes, state, recipe, dtypes, False)
+    return _grouped_core(x, w, group_sizes, state, recipe, dtypes, with_stats)

@@ -88,15 +88,19 @@ class GemmSpec:
 
 @dataclass(frozen=True)
 class Accumulation:
-    """Limited-precision accumulation model of an FP8 tensor core.
+    """Limited-precision accumulation model of an FP8 tensor core (fp8jax.accumulate).
 
-    Within each group of ``block`` products (plus the running accumulator),
-    values are aligned to the group's largest exponent and truncated toward
-    zero to ``frac_bits`` fraction bits below it; the group is summed exactly
-    and the result truncated to ``frac_bits``.  Every ``promote_every``
-    elements of K the partial sum is added into an FP32 accumulator and reset
-    (None: never promoted).  Defaults: the Hopper model, with DeepSeek-V3's
-    promotion interval N_C = 128.
+    Attributes:
+      block: products per block: a block's products (exponent e_a + e_b of
+        the FP8 codes) and the running chain accumulator are aligned to their
+        largest exponent.  32 on Hopper.
+      frac_bits: fraction bits kept below that exponent (each term truncated
+        toward zero), and kept by the block's exact sum below its own leading
+        bit.  13 on Hopper.
+      promote_every: every this many elements of K the chain times its scales
+        is added to an FP32 accumulator (round to nearest) and a new chain
+        starts; None: only where the scales change.  A multiple of ``block``.
+        128: DeepSeek-V3's N_C.
     """
 
     block: int = 32

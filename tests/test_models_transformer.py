@@ -105,6 +105,9 @@ def test_telemetry_sees_saturation_of_fresh_delayed_state():
     aux = fwd(state)
     assert float(aux["fp8"]["layer0/ffn/w2/x"]["saturated"]) > 0
     assert float(aux["fp8"]["layer0/ffn/w2/x"]["amax"]) > 448
+    # Every FFN down projection gets them: the routed experts' too.
+    moe_w2 = [k for k in aux["fp8"] if k.endswith("experts_w2/x")]
+    assert moe_w2 and all(float(aux["fp8"][k]["saturated"]) > 0 for k in moe_w2)
 
 
 def test_cross_entropy_reference():

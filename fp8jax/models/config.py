@@ -29,11 +29,12 @@ class ModelConfig:
     groups of experts of which ``topk_groups`` are kept (1 / 1 = off).
 
     ``massive_activation_scale`` / ``massive_activation_count``: inject
-    ``count`` values of ``scale`` x the mean |activation| at the first token
-    (channels 0..count-1) -- into the residual stream after the embedding
-    (``massive_activation_site="residual"``, the contract) or into the input
-    of every FFN down projection (``"ffn_hidden"``, where real LLMs show them
-    and where they reach an FP8 GEMM operand unnormalised).  0 = off.
+    ``count`` values of ``scale`` x the median |activation| at the first token
+    of every sequence (channels 0..count-1) -- into the residual stream after
+    the embedding (``massive_activation_site="residual"``) or into the input
+    of every FFN down projection, dense, shared and routed experts alike
+    (``"ffn_hidden"``, where real LLMs show them and where they reach an FP8
+    GEMM operand unnormalised).  An injected stress; 0 = off.
     """
 
     vocab_size: int = 256

@@ -24,17 +24,25 @@ from fp8jax.recipes import Recipe, for_site, needs_state
 from fp8jax.scaling import init_delayed_gemm_state
 
 
-def inject_massive(h: jax.Array, scale: float, count: int) -> jax.Array:
-    """Add ``scale`` x mean|h| to channels 0..count-1 of the first token (outlier stress).
+def inject_massive(h: jax.Array, first: jax.Array, scale: float, count: int) -> jax.Array:
+    """Add ``scale`` x median|h| to channels 0..count-1 of the rows where ``first`` is True.
 
-    h: (B, T, C).  The magnitude is a stop-gradient constant of this call.
+    h: (R, C) rows of one GEMM input; first: bool (R,), the rows of each
+    sequence's first token (where real LLMs carry their massive activations).
+    The magnitude is a stop-gradient constant of this call: an injected
+    stress, not a learned value.
     """
     if scale <= 0 or count <= 0:
         return h
-    mag = jax.lax.stop_gradient(jnp.mean(jnp.abs(h.astype(jnp.float32)))) * scale
+    mag = jax.lax.stop_gradient(jnp.median(jnp.abs(h.astype(jnp.float32)))) * scale
     # Added in float32 then rounded once to the activation dtype.
-    h0 = h[:, 0, :count].astype(jnp.float32) + mag
-    return h.at[:, 0, :count].set(h0.astype(h.dtype))
+    bump = jnp.where(first[:, None] & (jnp.arange(h.shape[-1]) < count)[None, :], mag, 0.0)
+    return (h.astype(jnp.float32) + bump).astype(h.dtype)
+
+
+def first_token_rows(batch: int, seq: int) -> jax.Array:
+    """bool (batch * seq,): the rows of position 0 in a flattened (B, T) layout."""
+    return (jnp.arange(batch * seq) % seq) == 0
 
 
 def swiglu(h: jax.Array, dtype) -> jax.Array:
@@ -56,9 +64,13 @@ class SwiGLU(nnx.Module):
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
         h = swiglu(self.w13(x_BxTxD), self.cfg.dtype)
         if self.cfg.massive_activation_site == "ffn_hidden":
+            b, t, f = h.shape
             h = inject_massive(
-                h, self.cfg.massive_activation_scale, self.cfg.massive_activation_count
-            )
+                h.reshape(b * t, f),
+                first_token_rows(b, t),
+                self.cfg.massive_activation_scale,
+                self.cfg.massive_activation_count,
+            ).reshape(b, t, f)
         return self.w2(h)
 
 
@@ -125,7 +137,10 @@ class MoE(nnx.Module):
         scores = self.router(x)  # float32 (BT, E)
         idx, gates = route(scores, bias_E, k, n_groups=cfg.n_groups, topk_groups=cfg.topk_groups)
         gates = gates * cfg.routed_scaling
-        if expert_parallel_size(self.recipe) > 1:
+        # The outlier stress on the experts' inputs needs each row's token
+        # position, which the dispatched rows do not carry: it runs locally.
+        stress = cfg.massive_activation_site == "ffn_hidden" and cfg.massive_activation_scale > 0
+        if expert_parallel_size(self.recipe) > 1 and not stress:
             # Expert parallelism: FP8 dispatch to the experts' devices, BF16 combine.
             out, _ = routed_experts(
                 x,
@@ -146,6 +161,14 @@ class MoE(nnx.Module):
             )
             f = cfg.d_expert
             act = swiglu(h.reshape(-1, 2, f), cfg.dtype)
+            if cfg.massive_activation_site == "ffn_hidden":
+                # The routed experts' down-projection inputs too: rows of first tokens.
+                act = inject_massive(
+                    act,
+                    (token % t) == 0,
+                    cfg.massive_activation_scale,
+                    cfg.massive_activation_count,
+                )
             y = self._experts(act, self.w2, self.w2_state, group_sizes, "experts_w2", self.recipe)
             # Combine in float32: un-sort the rows (a gather) and sum the k slots
             # weighted by their gates.

@@ -17,7 +17,7 @@ from flax import nnx
 
 from fp8jax.models.attention import RMSNorm, make_attention
 from fp8jax.models.config import ModelConfig
-from fp8jax.models.moe import MoE, SwiGLU, inject_massive
+from fp8jax.models.moe import MoE, SwiGLU, first_token_rows, inject_massive
 from fp8jax.nn.dense import fan_in_init
 from fp8jax.nn.telemetry import capture
 from fp8jax.nn.variables import RouterBias
@@ -100,7 +100,13 @@ class MoETransformer(nnx.Module):
         # High-precision embedding lookup; activations then live in cfg.dtype.
         x = self.embed[...][tokens].astype(cfg.dtype)
         if cfg.massive_activation_site == "residual":
-            x = inject_massive(x, cfg.massive_activation_scale, cfg.massive_activation_count)
+            b, t, d = x.shape
+            x = inject_massive(
+                x.reshape(b * t, d),
+                first_token_rows(b, t),
+                cfg.massive_activation_scale,
+                cfg.massive_activation_count,
+            ).reshape(b, t, d)
         bias = self.router_bias.get_value()
         loads, bal = [], []
         for i, blk in enumerate(self.blocks):

@@ -27,13 +27,17 @@ def relative_error(x, ref) -> float:
     return num / den
 
 
+def elementwise_relative_error(x, ref) -> np.ndarray:
+    """|x - ref| / |ref| for each element where ref != 0, as a flat float64 array."""
+    x, ref = np.broadcast_arrays(_f64(x), _f64(ref))
+    nz = ref != 0
+    return np.abs(x[nz] - ref[nz]) / np.abs(ref[nz])
+
+
 def max_relative_error(x, ref) -> float:
     """max |x - ref| / |ref| over the elements where ref != 0."""
-    x, ref = _f64(x), _f64(ref)
-    nz = ref != 0
-    if not nz.any():
-        return 0.0
-    return float(np.max(np.abs(x[nz] - ref[nz]) / np.abs(ref[nz])))
+    rel = elementwise_relative_error(x, ref)
+    return float(rel.max()) if rel.size else 0.0
 
 
 def sqnr_db(x, ref) -> float:
