@@ -295,8 +295,10 @@ def fsdp_loss(
         return loss_fn
 
     def wrapped(model, tokens):
-        params = nnx.state(model, nnx.Param)
-        nnx.update(model, gather_params(params, mesh, recipe, n_experts, layouts))
-        return loss_fn(model, tokens)
+        # A new module over the gathered parameters (no mutation of ``model``,
+        # which may belong to an outer trace).
+        graph, params, rest = nnx.split(model, nnx.Param, ...)
+        gathered = gather_params(params, mesh, recipe, n_experts, layouts)
+        return loss_fn(nnx.merge(graph, gathered, rest), tokens)
 
     return wrapped

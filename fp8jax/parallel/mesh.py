@@ -128,6 +128,33 @@ def global_batch(local_rows: np.ndarray, mesh: Mesh) -> jax.Array:
     return jax.make_array_from_process_local_data(batch_sharding(mesh), local_rows, global_shape)
 
 
+def put_batch(full_rows: np.ndarray, mesh: Mesh, batch_axis: int = 0) -> jax.Array:
+    """A global batch every process holds in full, split over ``mesh`` along ``batch_axis``.
+
+    Each process hands over only the rows its own devices hold
+    (``jax.make_array_from_process_local_data``); one process is a plain
+    ``device_put``.
+    """
+    full_rows = np.asarray(full_rows)
+    n = full_rows.shape[batch_axis]
+    if n % mesh.size:
+        raise ValueError(
+            f"a batch of {n} rows does not split over the mesh's {mesh.size} devices; "
+            f"make it a multiple of {mesh.size}"
+        )
+    spec = P(*([None] * batch_axis), AXES)
+    sharding = NamedSharding(mesh, spec)
+    if jax.process_count() == 1:
+        return jax.device_put(full_rows, sharding)
+    rows = [
+        idx[batch_axis]
+        for idx in sharding.addressable_devices_indices_map(full_rows.shape).values()
+    ]
+    lo, hi = min(r.start for r in rows), max(r.stop for r in rows)
+    local = np.take(full_rows, np.arange(lo, hi), axis=batch_axis)
+    return jax.make_array_from_process_local_data(sharding, local, full_rows.shape)
+
+
 def maybe_initialize_distributed(cfg: Mapping[str, Any] | None = None) -> bool:
     """Run ``jax.distributed.initialize`` when several processes are asked for; True if it ran.
 

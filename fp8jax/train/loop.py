@@ -30,6 +30,8 @@ import numpy as np
 from flax import nnx
 
 from fp8jax.data import corpus as data_lib
+from fp8jax.parallel.mesh import maybe_initialize_distributed, put_batch
+from fp8jax.parallel.training import in_mesh, setup_training
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import metrics as metrics_lib
 from fp8jax.train.optimizer import make_optimizer
@@ -168,6 +170,8 @@ def train(config, workdir: str | Path, *, stop_at: int | None = None, stream=Non
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    # Several processes: before anything touches a device.
+    maybe_initialize_distributed(config.mesh)
     recipe = get_recipe(str(config.recipe))
     corpus = load_data(config)
     mcfg, model = build_model(config, recipe)
@@ -188,6 +192,15 @@ def train(config, workdir: str | Path, *, stop_at: int | None = None, stream=Non
         moment_dtype=str(config.moment_dtype),
     )
     graphdef, state = create_train_state(model, tx)
+    mesh, state, loss_fn = setup_training(
+        config.mesh,
+        state,
+        model,
+        recipe,
+        mcfg.n_routed_experts,
+        _loss_fn(),
+        (int(config.batch_size), int(config.eval_batch_size)),
+    )
     del model
     fresh_fp8 = jax.tree.map(jnp.copy, state.fp8)
     from fp8jax.models import update_router_bias
@@ -197,7 +210,7 @@ def train(config, workdir: str | Path, *, stop_at: int | None = None, stream=Non
         step_fn = make_train_step(
             graphdef,
             tx,
-            _loss_fn(),
+            loss_fn,
             microbatches=int(config.microbatches),
             bias_rate=float(getattr(mcfg, "bias_update_rate", 0.0)),
             update_bias_fn=update_router_bias,
@@ -208,10 +221,15 @@ def train(config, workdir: str | Path, *, stop_at: int | None = None, stream=Non
         )
         if len(_COMPILED) >= _MAX_COMPILED:
             _COMPILED.pop(next(iter(_COMPILED)))
-        _COMPILED[key] = (step_fn, make_eval_step(graphdef, _loss_fn()))
+        eval_fn = make_eval_step(graphdef, loss_fn)
+        _COMPILED[key] = (in_mesh(mesh, step_fn), in_mesh(mesh, eval_fn))
     step_fn, eval_fn = _COMPILED[key]
-    val = jnp.asarray(
-        data_lib.val_batches(corpus, int(config.eval_batches), int(config.eval_batch_size), seq_len)
+    val = put_batch(
+        data_lib.val_batches(
+            corpus, int(config.eval_batches), int(config.eval_batch_size), seq_len
+        ),
+        mesh,
+        batch_axis=1,
     )
 
     ckpt = ckpt_lib.Checkpointer(
@@ -254,7 +272,9 @@ def train(config, workdir: str | Path, *, stop_at: int | None = None, stream=Non
     t_start = time.perf_counter()
     try:
         for step in range(start, end):
-            tokens = jnp.asarray(data_lib.train_batch(corpus, step, batch_size, seq_len, data_seed))
+            tokens = put_batch(
+                data_lib.train_batch(corpus, step, batch_size, seq_len, data_seed), mesh
+            )
             state, m = step_fn(state, tokens)
             done = step + 1
             if step == start:
