@@ -493,3 +493,29 @@ def test_meshes_match_one_device():
             print(f"{name} {sizes}: loss {l1:.7f} vs {ln:.7f}, worst leaf {max(errs):.2e}")
             bad = [(i, e, b) for i, (e, b) in enumerate(zip(errs, bounds)) if not e < b]
             assert not bad, (name, sizes, bad)
+
+
+def test_swiglu_caches_its_input_in_fp8():
+    """Forward unchanged; backward = SwiGLU's gradient at the E4M3-tile-quantized input."""
+    from fp8jax.models.moe import swiglu
+
+    rng = np.random.default_rng(8)
+    h = jnp.asarray(rng.standard_normal((16, 2, 256)) * 3, jnp.float32)
+    g = jnp.asarray(rng.standard_normal((16, 256)), jnp.float32)
+    plain = lambda h: swiglu(h, jnp.float32)
+    cached = lambda h: swiglu(h, jnp.float32, DSV3)
+    for f in (lambda fn: fn, jax.jit):
+        np.testing.assert_array_equal(np.asarray(f(cached)(h)), np.asarray(f(plain)(h)))
+        dh = np.asarray(jax.vjp(f(cached), h)[1](g)[0], np.float64)
+        # Reference: float64 SwiGLU gradient at the dequantized 1x128 E4M3 tiles.
+        ht = np.asarray(h, np.float64).reshape(16, 2, 2, 128)
+        amax = np.maximum(np.abs(ht).max(-1, keepdims=True), 1e-4)
+        scale = (amax / 448).astype(np.float32).astype(np.float64)
+        hq = (np.clip(ht / scale, -448, 448).astype(E4M3_NP).astype(np.float64) * scale).reshape(
+            16, 2, 256
+        )
+        a, b = hq[:, 0], hq[:, 1]
+        sig = 1 / (1 + np.exp(-a))
+        gg = np.asarray(g, np.float64)
+        ref = np.stack([gg * b * sig * (1 + a * (1 - sig)), gg * a * sig], axis=1)
+        np.testing.assert_allclose(dh, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
