@@ -105,17 +105,23 @@ def _grouped_core(x, w, group_sizes, state, recipe: Recipe, dtypes, with_stats: 
 
 def _grouped_fwd(x, w, group_sizes, state, recipe, dtypes, with_stats):
     layout = group_layout(group_sizes, x.shape[0], _layout_tile(recipe))
-    qx, new_x = _quantize_rows(x, recipe.fprop.lhs, recipe, state_part(state, "x"))
+    if isinstance(x, QTensor):
+        # Quantized before it got here (the FP8 expert dispatch): used as is.
+        qx, new_x, x_q = x, None, x
+        x = materialize(x, jnp.float32)  # only for telemetry / an E5M6 cache
+    else:
+        qx, new_x = _quantize_rows(x, recipe.fprop.lhs, recipe, state_part(state, "x"))
+        x_q = None
     qw, new_w = quantize_operand(w, recipe.fprop.rhs, 1, recipe, state_part(state, "w"))
     y = grouped_gemm(qx, qw, layout, "fprop", recipe, w.shape[0]).astype(dtypes[0])
     out = (y, {"x": operand_stats(x, qx), "w": operand_stats(w, qw)}) if with_stats else y
     # Residuals: the FP8 operands (data + scales), never high-precision copies.
-    res = (cache_for_wgrad(x, qx, recipe), qw, group_sizes, state, new_x, new_w)
+    res = (cache_for_wgrad(x, qx, recipe), qw, group_sizes, state, new_x, new_w, x_q)
     return out, res
 
 
 def _grouped_bwd(recipe, dtypes, with_stats, res, g):
-    x_cached, qw, group_sizes, state, new_x, new_w = res
+    x_cached, qw, group_sizes, state, new_x, new_w, x_q = res
     _, x_dtype, w_dtype = dtypes
     dy = g[0] if with_stats else g
     num_groups = qw.shape[0]
@@ -148,6 +154,10 @@ def _grouped_bwd(recipe, dtypes, with_stats, res, g):
     dw = grouped_gemm(x_w, dy_w, layout, "wgrad", recipe, num_groups).astype(w_dtype)
     # Overwrite-with-gradient: the state's cotangent is the updated state.
     dstate = scaling.updated_gemm_state(state, new_x, new_w, new_dy)
+    if x_q is not None:
+        # A pre-quantized x: the cotangent of its codes is that of the values
+        # they represent (straight-through), its scales get none.
+        dx = QTensor(dx, jnp.zeros_like(x_q.scale), x_q.granularity, x_q.axis, x_q.tile)
     return dx, dw, None, dstate
 
 
@@ -155,7 +165,9 @@ _grouped_core.defvjp(_grouped_fwd, _grouped_bwd)
 
 
 def _check(x, w, group_sizes, preferred_element_type):
-    if x.ndim != 2 or w.ndim != 3:
+    if isinstance(x, QTensor) and (x.granularity != "tile" or x.axis != 1):
+        raise ValueError("grouped_dot: a pre-quantized x must be in 1 x tile tiles along K")
+    if len(x.shape) != 2 or w.ndim != 3:
         raise ValueError(f"grouped_dot wants x (M, K) and w (E, K, N), got {x.shape}, {w.shape}")
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"contraction mismatch: x {x.shape} vs w {w.shape}")
@@ -168,7 +180,9 @@ def _check(x, w, group_sizes, preferred_element_type):
         if preferred_element_type is not None
         else jnp.result_type(x.dtype, w.dtype)
     )
-    return (out_dtype.name, x.dtype.name, w.dtype.name)
+    # A pre-quantized x gets its gradient in the output's dtype.
+    x_dtype = out_dtype if isinstance(x, QTensor) else jnp.dtype(x.dtype)
+    return (out_dtype.name, x_dtype.name, w.dtype.name)
 
 
 def grouped_dot_with_stats(
@@ -196,7 +210,10 @@ def grouped_dot(
     """Grouped expert GEMM ``y[m] = x[m] @ w[e(m)]`` through the recipe (see module docstring).
 
     Args:
-      x: (M, K) routed tokens sorted by expert.
+      x: (M, K) routed tokens sorted by expert, or a QTensor of them already
+        quantized in 1 x tile tiles along K (the FP8 expert dispatch); its
+        gradient is then a QTensor whose ``data`` holds the gradient of the
+        represented values.
       w: (E, K, N) expert weights.
       group_sizes: int (E,) rows per expert, sum <= M (rows past the sum give 0).
       recipe: precision of Fprop, Dgrad and Wgrad.
@@ -208,6 +225,7 @@ def grouped_dot(
 
 
 def _run(x, w, group_sizes, recipe, state, preferred_element_type, with_stats):
-    x, w, group_sizes = jnp.asarray(x), jnp.asarray(w), jnp.asarray(group_sizes)
+    x = x if isinstance(x, QTensor) else jnp.asarray(x)
+    w, group_sizes = jnp.asarray(w), jnp.asarray(group_sizes)
     dtypes = _check(x, w, group_sizes, preferred_element_type)
     return _grouped_core(x, w, group_sizes, state, recipe, dtypes, with_stats)

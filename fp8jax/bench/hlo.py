@@ -269,3 +269,128 @@ def hlo_report(text: str, backend: str) -> dict[str, Any]:
         "gemms": summary["gemms"],
         "custom_call_targets": summary["custom_call_targets"],
     }
+
+
+# --------------------------------------------------------------------------
+# Collectives: how many bytes each kind moves
+# --------------------------------------------------------------------------
+
+COLLECTIVES = ("all-to-all", "all-gather", "reduce-scatter", "all-reduce", "collective-permute")
+_SHAPE_RE = re.compile(r"([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_ELEM_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2}
+_ELEM_BYTES.update({"s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8})
+
+
+def _shape_bytes(type_text: str) -> list[int]:
+    """Bytes of every array shape in an HLO type text ('(f32[2,3], u8[4])' -> [24, 4])."""
+    out = []
+    for elem, dims in _SHAPE_RE.findall(type_text):
+        # Every FP8 type (f8e4m3fn, f8e5m2, f8e8m0fnu, ...) is one byte.
+        size = 1 if elem.startswith("f8") else _ELEM_BYTES.get(elem)
+        if size is None:
+            continue
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        out.append(n * size)
+    return out
+
+
+_OP_NAME_RE = re.compile(r'op_name="([^"]*)"')
+
+
+def collective_bytes(text: str, scopes: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """Bytes each collective kind produces per device in an optimized (SPMD) HLO module.
+
+    ``{kind: {"bytes": total result bytes, "count": instructions,
+    "by_type": {element type: bytes}, "by_scope": {scope: bytes}}}`` for the
+    kinds in ``COLLECTIVES``.  ``scopes``: ``jax.named_scope`` names; a
+    collective counts toward the first one its ``op_name`` metadata contains
+    ("" when none).  The result of an all-to-all is what one device sends
+    (and receives); of an all-gather, the gathered array.  Asynchronous
+    pairs count once (the ``-start`` op's last tuple element, its result).
+    A collective inside a loop body counts once, whatever the trip count.
+    """
+    out = {k: {"bytes": 0, "count": 0, "by_type": {}, "by_scope": {}} for k in COLLECTIVES}
+    for line in text.splitlines():
+        d = _DEF_RE.match(line)
+        if not d:
+            continue
+        opcode = d.group(3)
+        kind = opcode[: -len("-start")] if opcode.endswith("-start") else opcode
+        if kind not in out:
+            continue
+        shapes = _SHAPE_RE.findall(d.group(2))
+        sizes = _shape_bytes(d.group(2))
+        if opcode.endswith("-start"):
+            shapes, sizes = shapes[-1:], sizes[-1:]
+        m = _OP_NAME_RE.search(line)
+        op_name = m.group(1) if m else ""
+        parts = re.split(r"[/()]", op_name)
+        scope = next((s for s in scopes if s in parts), "")
+        rec = out[kind]
+        rec["count"] += 1
+        for (elem, _), b in zip(shapes, sizes):
+            rec["bytes"] += b
+            rec["by_type"][elem] = rec["by_type"].get(elem, 0) + b
+            rec["by_scope"][scope] = rec["by_scope"].get(scope, 0) + b
+    return out
+
+
+_MLIR_START_RE = re.compile(
+    r'"stablehlo\.(all_to_all|all_gather|reduce_scatter|all_reduce|collective_permute)"'
+)
+# The op's result types and location: on its own line, or after its
+# reduction region ("}) : (...) -> ... loc(#locN)").
+_MLIR_RESULT_RE = re.compile(r"->\s*(.*?)\s+loc\((#loc\d+)\)\s*$")
+_MLIR_LOC_RE = re.compile(r'^(#loc\d+) = loc\("([^"]*)"')
+_MLIR_TENSOR_RE = re.compile(r"tensor<([^>]*)>")
+_MLIR_ELEM_BYTES = {"i1": 1, "i8": 1, "ui8": 1, "i16": 2, "ui16": 2, "bf16": 2, "f16": 2}
+_MLIR_ELEM_BYTES.update({"i32": 4, "ui32": 4, "f32": 4, "i64": 8, "ui64": 8, "f64": 8})
+
+
+def lowered_collective_bytes(text: str, scopes: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """:func:`collective_bytes` of the collectives a program writes, from its lowered module.
+
+    ``text`` is ``jax.jit(f).lower(...).as_text(debug_info=True)`` (StableHLO
+    with locations).  These are the collectives of ``shard_map`` regions and
+    their transposes, in the element types the program asks for; a backend
+    may widen them when it compiles (XLA on CPU moves BF16 collectives as
+    float32 and FP8 ones as float16; uint8 stays uint8), and the SPMD
+    partitioner adds its own (see :func:`collective_bytes` on the compiled
+    module for those).  Kinds use the HLO spelling ("all-to-all", ...).
+    """
+    locs = {}
+    for line in text.splitlines():
+        m = _MLIR_LOC_RE.match(line)
+        if m:
+            locs[m.group(1)] = m.group(2)
+    out = {k: {"bytes": 0, "count": 0, "by_type": {}, "by_scope": {}} for k in COLLECTIVES}
+    pending = None
+    for line in text.splitlines():
+        start = _MLIR_START_RE.search(line)
+        if start:
+            pending = start.group(1).replace("_", "-")
+        if pending is None:
+            continue
+        m = _MLIR_RESULT_RE.search(line)
+        if not m or (not start and not line.lstrip().startswith("})")):
+            continue
+        kind, pending = pending, None
+        parts = re.split(r"[/()]", locs.get(m.group(2), ""))
+        scope = next((s for s in scopes if s in parts), "")
+        rec = out[kind]
+        rec["count"] += 1
+        for t in _MLIR_TENSOR_RE.findall(m.group(1)):
+            *dims, elem = t.split("x")
+            # Every FP8 type (f8E4M3FN, f8E5M2, ...) is one byte.
+            size = 1 if elem.startswith("f8") else _MLIR_ELEM_BYTES.get(elem)
+            if size is None:
+                continue
+            n = 1
+            for d in dims:
+                n *= int(d)
+            rec["bytes"] += n * size
+            rec["by_type"][elem] = rec["by_type"].get(elem, 0) + n * size
+            rec["by_scope"][scope] = rec["by_scope"].get(scope, 0) + n * size
+    return out

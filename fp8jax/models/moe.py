@@ -8,6 +8,8 @@ exists.  Outputs are combined with the router's gate weights in float32.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -19,6 +21,8 @@ from fp8jax.nn import Dense
 from fp8jax.nn.dense import fan_in_init
 from fp8jax.nn.telemetry import record
 from fp8jax.nn.variables import FP8State
+from fp8jax.parallel.experts import expert_parallel_size, routed_experts
+from fp8jax.quant import dequantize, quantize
 from fp8jax.recipes import Recipe, for_site, needs_state
 from fp8jax.scaling import init_delayed_gemm_state
 
@@ -44,11 +48,48 @@ def first_token_rows(batch: int, seq: int) -> jax.Array:
     return (jnp.arange(batch * seq) % seq) == 0
 
 
-def swiglu(h: jax.Array, dtype) -> jax.Array:
-    """silu(gate) * up on a (..., 2, F) tensor, in float32, returned in ``dtype``."""
+def _swiglu_f32(h: jax.Array) -> jax.Array:
     # The nonlinearity runs in float32; its output is the next GEMM's input.
     hf = h.astype(jnp.float32)
-    return (jax.nn.silu(hf[..., 0, :]) * hf[..., 1, :]).astype(dtype)
+    return jax.nn.silu(hf[..., 0, :]) * hf[..., 1, :]
+
+
+def swiglu(h: jax.Array, dtype, recipe: Recipe | None = None) -> jax.Array:
+    """silu(gate) * up on a (..., 2, F) tensor, in float32, returned in ``dtype``.
+
+    With a recipe whose activations are FP8 in 1 x tile tiles, the backward
+    pass keeps only ``h`` quantized that way (E4M3 codes + one float32 scale
+    per tile) and recomputes SwiGLU from it, as DeepSeek-V3 caches the
+    SwiGLU input: the forward output is unchanged, the gradient is that of
+    SwiGLU at the dequantized ``h``.  Otherwise plain autodiff (``h`` kept
+    in its own dtype).
+    """
+    spec = recipe.fprop.lhs if recipe is not None else None
+    if spec is None or not (spec.quantized and spec.granularity == "tile"):
+        return _swiglu_f32(h).astype(dtype)
+    return _swiglu_cached(h, jnp.dtype(dtype).name, spec)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _swiglu_cached(h, dtype, spec):
+    return _swiglu_f32(h).astype(dtype)
+
+
+def _swiglu_cached_fwd(h, dtype, spec):
+    # Tiles along F within each of gate / up (the last axis).
+    q = quantize(h, spec.fmt, "tile", axis=-1, tile=spec.tile, amax_floor=spec.amax_floor)
+    # An empty array carries h's dtype to the backward pass.
+    return _swiglu_f32(h).astype(dtype), (q, jnp.zeros((0,), h.dtype))
+
+
+def _swiglu_cached_bwd(dtype, spec, res, g):
+    q, h_like = res
+    _, vjp = jax.vjp(_swiglu_f32, dequantize(q, jnp.float32))
+    (dh,) = vjp(g.astype(jnp.float32))
+    return (dh.astype(h_like.dtype),)
+
+
+_swiglu_cached.defvjp(_swiglu_cached_fwd, _swiglu_cached_bwd)
 
 
 class SwiGLU(nnx.Module):
@@ -61,7 +102,7 @@ class SwiGLU(nnx.Module):
         self.w2 = Dense(d_ff, cfg.d_model, name=f"{name}/w2", **kw)
 
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
-        h = swiglu(self.w13(x_BxTxD), self.cfg.dtype)
+        h = swiglu(self.w13(x_BxTxD), self.cfg.dtype, self.w2.recipe)
         if self.cfg.massive_activation_site == "ffn_hidden":
             b, t, f = h.shape
             h = inject_massive(
@@ -136,29 +177,46 @@ class MoE(nnx.Module):
         scores = self.router(x)  # float32 (BT, E)
         idx, gates = route(scores, bias_E, k, n_groups=cfg.n_groups, topk_groups=cfg.topk_groups)
         gates = gates * cfg.routed_scaling
-        order, token, group_sizes = sort_by_expert(idx, e)
-        xs = x[token]  # (BT*k, D), sorted by expert
-        h = self._experts(
-            xs, self.w13, self.w13_state, group_sizes, "experts_w13", self.dispatch_recipe
-        )
-        f = cfg.d_expert
-        act = swiglu(h.reshape(-1, 2, f), cfg.dtype)
-        if cfg.massive_activation_site == "ffn_hidden":
-            # The routed experts' down-projection inputs too: rows of first tokens.
-            act = inject_massive(
-                act,
-                (token % t) == 0,
-                cfg.massive_activation_scale,
-                cfg.massive_activation_count,
+        # The outlier stress on the experts' inputs needs each row's token
+        # position, which the dispatched rows do not carry: it runs locally.
+        stress = cfg.massive_activation_site == "ffn_hidden" and cfg.massive_activation_scale > 0
+        if expert_parallel_size(self.recipe) > 1 and not stress:
+            # Expert parallelism: FP8 dispatch to the experts' devices, BF16 combine.
+            out, _ = routed_experts(
+                x,
+                idx,
+                gates,
+                self.w13[...],
+                self.w2[...],
+                recipe=self.recipe,
+                up_recipe=self.dispatch_recipe,
+                activation=lambda h: swiglu(h, cfg.dtype, self.recipe),
+                dtype=cfg.dtype,
             )
-        y = self._experts(act, self.w2, self.w2_state, group_sizes, "experts_w2", self.recipe)
-        # Combine in float32: un-sort the rows (a gather) and sum the k slots
-        # weighted by their gates.
-        inv = jnp.argsort(order)
-        y_tk = y[inv].astype(jnp.float32).reshape(b * t, k, d)
-        out = jnp.einsum(
-            "tkd,tk->td", y_tk, gates, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32
-        )
+        else:
+            order, token, group_sizes = sort_by_expert(idx, e)
+            xs = x[token]  # (BT*k, D), sorted by expert
+            h = self._experts(
+                xs, self.w13, self.w13_state, group_sizes, "experts_w13", self.dispatch_recipe
+            )
+            f = cfg.d_expert
+            act = swiglu(h.reshape(-1, 2, f), cfg.dtype, self.recipe)
+            if cfg.massive_activation_site == "ffn_hidden":
+                # The routed experts' down-projection inputs too: rows of first tokens.
+                act = inject_massive(
+                    act,
+                    (token % t) == 0,
+                    cfg.massive_activation_scale,
+                    cfg.massive_activation_count,
+                )
+            y = self._experts(act, self.w2, self.w2_state, group_sizes, "experts_w2", self.recipe)
+            # Combine in float32: un-sort the rows (a gather) and sum the k slots
+            # weighted by their gates.
+            inv = jnp.argsort(order)
+            y_tk = y[inv].astype(jnp.float32).reshape(b * t, k, d)
+            out = jnp.einsum(
+                "tkd,tk->td", y_tk, gates, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32
+            )
         if self.shared is not None:
             # Shared experts' output joins the float32 combine.
             out = out + self.shared(x_BxTxD).reshape(b * t, d).astype(jnp.float32)

@@ -90,6 +90,20 @@ def base_config() -> ml_collections.ConfigDict:
     c.checkpoint_every = 0  # 0: only at the end
     c.keep_checkpoints = 2
     c.tensorboard = True
+
+    # Device mesh (fp8jax.parallel): axis sizes, one may be -1 ("the rest");
+    # the default is data parallelism over every device.  batch_size and
+    # eval_batch_size must divide by the device count.  num_processes > 1
+    # (or JAX_COORDINATOR_ADDRESS in the environment) runs
+    # jax.distributed.initialize first; coordinator_address "" and
+    # process_id -1 leave them to the environment / cluster detection.
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1
+    c.mesh.fsdp = 1
+    c.mesh.expert = 1
+    c.mesh.num_processes = 1
+    c.mesh.coordinator_address = ""
+    c.mesh.process_id = -1
     return c
 
 

@@ -51,6 +51,8 @@ from flax import nnx
 
 from fp8jax.data import corpus as data_lib
 from fp8jax.models import ModelConfig, MoETransformer, loss_fn, update_router_bias
+from fp8jax.parallel.mesh import maybe_initialize_distributed, put_batch
+from fp8jax.parallel.training import in_mesh, setup_training
 from fp8jax.recipes import Recipe
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import metrics as metrics_lib
@@ -248,6 +250,7 @@ class Run:
     corpus: data_lib.Corpus
     seq_len: int
     graphdef: Any
+    mesh: Any
     state: TrainState
     step_fn: Callable
     eval_fn: Callable
@@ -290,6 +293,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
     validate(config)
     workdir = check_workdir(workdir)
     changes = check_resumable(workdir, config)
+    # Several processes: before anything touches a device.
+    maybe_initialize_distributed(config.mesh)
     recipe = get_recipe(str(config.recipe))
     mcfg = model_config(config)
     n = seq_len(config, mcfg)
@@ -308,13 +313,23 @@ def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
         moment_dtype=str(config.moment_dtype),
     )
     graphdef, state = create_train_state(model, tx)
+    # The state placed on the mesh; the loss gathers FSDP-split parameters.
+    mesh, state, mesh_loss_fn = setup_training(
+        config.mesh,
+        state,
+        model,
+        recipe,
+        mcfg.n_routed_experts,
+        loss_fn,
+        (int(config.batch_size), int(config.eval_batch_size)),
+    )
     del model
     key = _compile_key(config, recipe, mcfg)
     if key not in _COMPILED:
         step_fn = make_train_step(
             graphdef,
             tx,
-            loss_fn,
+            mesh_loss_fn,
             microbatches=int(config.microbatches),
             bias_rate=float(mcfg.bias_update_rate),
             update_bias_fn=update_router_bias,
@@ -325,15 +340,29 @@ def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
         )
         if len(_COMPILED) >= _MAX_COMPILED:
             _COMPILED.pop(next(iter(_COMPILED)))
-        _COMPILED[key] = (step_fn, make_eval_step(graphdef, loss_fn))
+        eval_fn = make_eval_step(graphdef, mesh_loss_fn)
+        _COMPILED[key] = (in_mesh(mesh, step_fn), in_mesh(mesh, eval_fn))
     step_fn, eval_fn = _COMPILED[key]
     val = None
     if int(config.eval_batches) > 0:
-        val = jnp.asarray(
-            data_lib.val_batches(corpus, int(config.eval_batches), int(config.eval_batch_size), n)
+        batches = data_lib.val_batches(
+            corpus, int(config.eval_batches), int(config.eval_batch_size), n
         )
+        val = put_batch(batches, mesh, batch_axis=1)
     return Run(
-        config, workdir, recipe, mcfg, corpus, n, graphdef, state, step_fn, eval_fn, val, changes
+        config,
+        workdir,
+        recipe,
+        mcfg,
+        corpus,
+        n,
+        graphdef,
+        mesh,
+        state,
+        step_fn,
+        eval_fn,
+        val,
+        changes,
     )
 
 
@@ -436,8 +465,9 @@ def run_loop(
     watch = _Divergence()
     with _stop_signals() as caught:
         for step in range(start, end):
-            tokens = jnp.asarray(
-                data_lib.train_batch(run.corpus, step, batch_size, run.seq_len, data_seed)
+            tokens = put_batch(
+                data_lib.train_batch(run.corpus, step, batch_size, run.seq_len, data_seed),
+                run.mesh,
             )
             state, m = run.step_fn(state, tokens)
             done = step + 1

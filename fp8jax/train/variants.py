@@ -19,10 +19,10 @@ changes:
   ``tile_everywhere`` deepseek_v3 with 1x128 tiles for the weights too
   ``dgrad_blocks``    deepseek_v3 with 128x128 blocks for the Dgrad activation
                       gradient dy (DeepSeek-V3 appendix B.2)
-
   ``nvfp4_no_rht`` / ``nvfp4_no_sr``  the ``nvfp4`` preset without the Wgrad
                       Hadamard transform / the gradient's stochastic rounding
   ``nvfp4_rtn``       both off (round-to-nearest; 16x16 weight blocks kept)
+
 With per-tile scales a chain can only run until the scale changes (the scales
 are applied outside the tensor core), so "no promotion" is only meaningful
 with one scale along K: the accumulation arms use per-tensor scaling.

@@ -1,0 +1,304 @@
+"""FSDP weight gathers in FP8: quantize the shard in 128x128 blocks, gather codes and scales.
+
+A weight sharded over the "fsdp" axis is needed whole by the GEMM that uses
+it.  For FP8 recipes the GEMM would quantize it in ``tile`` x ``tile`` blocks
+anyway, so each device quantizes its own shard and the all-gather moves E4M3
+codes (1 byte per element) plus one float32 scale per block (4 bytes per
+128 x 128 elements) instead of 2 (BF16) or 4 (FP32) bytes per element.
+
+Equality with quantize-then-gather: the blocks are over the last two axes of
+the array as given (the GEMM's (K, N) weight layout).  Gathering along a
+leading axis, or along one of the last two with shards whose length is a
+multiple of the tile, never cuts a block, so every block's amax, scale and
+codes are those of quantizing the whole array (bit for bit).  A shard that
+would cut a block is refused with a clear error.
+
+The gradient goes back by a reduce-scatter (``psum_scatter``) of the
+per-device partial gradients in ``reduce_dtype`` (float32 by default;
+bfloat16 halves the bytes at the cost of a BF16 sum).
+
+The collectives run inside ``jax.shard_map`` over the axis they gather;
+:func:`gather_params` opens that region itself for a whole parameter tree.
+Which weights move in FP8 there: the routed experts and the Dense kernels
+whose shards hold whole 128-row bands of their GEMM's (K, N) matrix (the
+sharding rules split a Dense kernel on its first axis for this).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from fp8jax.formats import as_format
+from fp8jax.nn.dense import Dense
+from fp8jax.parallel.dispatch import from_wire, to_wire
+from fp8jax.parallel.rules import is_routed_expert_keys, param_spec
+from fp8jax.quant import QTensor, dequantize, quantize
+from fp8jax.recipes import QuantSpec, Recipe
+
+
+def _check_aligned(shape: tuple[int, ...], axis: int, tile: int) -> None:
+    nd = len(shape)
+    if axis >= nd - 2 and shape[axis] % tile:
+        raise ValueError(
+            f"an FP8 gather along axis {axis} needs shards whose length is a multiple of "
+            f"the {tile}-element block, got a shard of shape {shape}"
+        )
+
+
+def quantize_blocks(w: jax.Array, spec: QuantSpec) -> QTensor:
+    """``w`` in ``spec.tile`` x ``spec.tile`` blocks over its last two axes, per ``spec``."""
+    return quantize(
+        w,
+        as_format(spec.fmt),
+        "block",
+        axis=w.ndim - 1,
+        tile=spec.tile,
+        pow2=spec.pow2,
+        amax_floor=spec.amax_floor,
+    )
+
+
+def all_gather_fp8(w_shard: jax.Array, spec: QuantSpec, axis_name: str, axis: int) -> QTensor:
+    """Quantize this device's shard in blocks, then all-gather codes and scales along ``axis``.
+
+    Equals ``quantize_blocks(all_gather(w))`` bit for bit (see the module docstring).
+    """
+    if w_shard.ndim < 2:
+        raise ValueError(f"block quantization needs at least 2 axes, got shape {w_shard.shape}")
+    axis = axis % w_shard.ndim
+    _check_aligned(w_shard.shape, axis, spec.tile)
+    q = quantize_blocks(w_shard, spec)
+    # The codes travel as bytes (see fp8jax.parallel.dispatch.to_wire).
+    data = from_wire(lax.all_gather(to_wire(q.data), axis_name, axis=axis, tiled=True), q.dtype)
+    # The scale array has one entry per block: its axis lines up with the
+    # data's axis, shard by shard.
+    scale = lax.all_gather(q.scale, axis_name, axis=axis, tiled=True)
+    return QTensor(data, scale, q.granularity, q.axis, q.tile)
+
+
+def _gathered_shape(shape: tuple[int, ...], axis: int, n: int) -> tuple[int, ...]:
+    return shape[:axis] + (shape[axis] * n,) + shape[axis + 1 :]
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
+def _gather_fp8(w_shard, spec, axis_name, axis, view, view_axis, reduce_dtype):
+    return _gather_fp8_fwd(w_shard, spec, axis_name, axis, view, view_axis, reduce_dtype)[0]
+
+
+def _gather_fp8_fwd(w_shard, spec, axis_name, axis, view, view_axis, reduce_dtype):
+    n = lax.axis_size(axis_name)
+    q = all_gather_fp8(w_shard.reshape(view), spec, axis_name, view_axis)
+    # The GEMM quantizes this weight again in the same 128x128 blocks: from
+    # these values it recovers the same E4M3 codes, and each block's scale up
+    # to one float32 ulp (dequantizing rounds codes x scale once in float32).
+    w = dequantize(q, jnp.float32).reshape(_gathered_shape(w_shard.shape, axis, n))
+    # An empty array carries the shard's dtype to the backward pass.
+    return w.astype(w_shard.dtype), jnp.zeros((0,), w_shard.dtype)
+
+
+def _gather_fp8_bwd(spec, axis_name, axis, view, view_axis, reduce_dtype, res, ct):
+    n = lax.axis_size(axis_name)
+    shard_shape = _scattered_shape(ct.shape, axis, n)
+    g = _reduce_scatter(
+        ct.reshape(_gathered_shape(view, view_axis, n)), axis_name, view_axis, reduce_dtype
+    )
+    return (g.reshape(shard_shape).astype(res.dtype),)
+
+
+def _scattered_shape(shape, axis, n):
+    return shape[:axis] + (shape[axis] // n,) + shape[axis + 1 :]
+
+
+_gather_fp8.defvjp(_gather_fp8_fwd, _gather_fp8_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
+def _gather_plain(w_shard, dtype, axis_name, axis, reduce_dtype):
+    return lax.all_gather(w_shard.astype(dtype), axis_name, axis=axis, tiled=True)
+
+
+def _gather_plain_fwd(w_shard, dtype, axis_name, axis, reduce_dtype):
+    out = _gather_plain(w_shard, dtype, axis_name, axis, reduce_dtype)
+    return out, jnp.zeros((0,), w_shard.dtype)
+
+
+def _gather_plain_bwd(dtype, axis_name, axis, reduce_dtype, res, ct):
+    return (_reduce_scatter(ct, axis_name, axis, reduce_dtype).astype(res.dtype),)
+
+
+_gather_plain.defvjp(_gather_plain_fwd, _gather_plain_bwd)
+
+
+def _reduce_scatter(ct: jax.Array, axis_name: str, axis: int, reduce_dtype) -> jax.Array:
+    # The partial gradients are summed in reduce_dtype (float32 unless told:
+    # a BF16 sum over many devices loses the small contributions).
+    return lax.psum_scatter(ct.astype(reduce_dtype), axis_name, scatter_dimension=axis, tiled=True)
+
+
+def gather_weight(
+    w_shard: jax.Array,
+    axis_name: str,
+    axis: int,
+    *,
+    spec: QuantSpec | None = None,
+    view: tuple[int, ...] | None = None,
+    view_axis: int | None = None,
+    dtype=None,
+    reduce_dtype=jnp.float32,
+) -> jax.Array:
+    """The whole weight from this device's shard along ``axis``; differentiable.
+
+    With ``spec`` (quantized, current scaling, "block"): an FP8 gather of
+    the shard seen as ``view`` (its GEMM's (..., K, N) layout, blocks over the
+    last two axes; default: the shard as it is) along ``view_axis``; the
+    result is the dequantized weight in the shard's dtype.  Otherwise the
+    shard is cast to ``dtype`` (default: its own) and gathered.  Backward: a
+    reduce-scatter of the per-device partial gradients in ``reduce_dtype``.
+    """
+    axis = axis % w_shard.ndim
+    rd = jnp.dtype(reduce_dtype)
+    if spec is not None and is_block_fp8(spec):
+        view = tuple(view) if view is not None else tuple(w_shard.shape)
+        view_axis = axis if view_axis is None else view_axis % len(view)
+        return _gather_fp8(w_shard, spec, axis_name, axis, view, view_axis, rd)
+    dt = jnp.dtype(dtype) if dtype is not None else w_shard.dtype
+    return _gather_plain(w_shard, dt, axis_name, axis, rd)
+
+
+def is_block_fp8(spec: QuantSpec) -> bool:
+    """The weight spec quantizes online in blocks (what an FP8 gather reproduces)."""
+    return spec.quantized and spec.scaling == "current" and spec.granularity == "block"
+
+
+# --------------------------------------------------------------------------
+# The model's parameters: one gather per step at the top of the loss
+# --------------------------------------------------------------------------
+
+
+def kernel_layouts(model: nnx.Module) -> dict[tuple[str, ...], int]:
+    """``{path of a Dense kernel: number of its in_features axes}`` (its GEMM's K axes)."""
+    out = {}
+    for path, module in nnx.iter_modules(model):
+        if isinstance(module, Dense):
+            out[tuple(str(p) for p in path) + ("kernel",)] = len(module.in_features)
+    return out
+
+
+def _gemm_view(keys, shape, axis, routed, layouts, tile):
+    """(view, view_axis) of a shard whose FP8 blocks match its GEMM's, or None.
+
+    Routed experts (E, K, N) are their own view; a Dense kernel split on its
+    first axis is a band of rows of its (K, N) matrix.  The gathered axis
+    must hold whole blocks.
+    """
+    if routed:
+        return (shape, axis) if axis in (1, 2) and shape[axis] % tile == 0 else None
+    n_in = layouts.get(tuple(keys))
+    if n_in is None or axis != 0:
+        return None
+    view = (math.prod(shape[:n_in]), math.prod(shape[n_in:]))
+    return (view, 0) if view[0] % tile == 0 else None
+
+
+def gather_params(
+    params: Any,
+    mesh: Mesh,
+    recipe: Recipe,
+    n_experts: int | None,
+    layouts: dict[tuple[str, ...], int],
+    *,
+    reduce_dtype=jnp.float32,
+) -> Any:
+    """Gather every FSDP-split parameter (one ``shard_map`` over the tree), differentiably.
+
+    GEMM weights (Dense kernels, routed experts) move as FP8 blocks when the
+    recipe quantizes weights in blocks and the shard holds whole blocks of
+    the GEMM's (K, N) matrix; otherwise in the recipe's compute dtype when
+    the recipe does not quantize weights (what the GEMM would cast them to),
+    and in their own dtype else.  Other parameters (embedding, head, norms,
+    router) move in their own dtype.  Routed experts stay split over
+    "expert".  Gradients return by reduce-scatter in ``reduce_dtype``.
+    """
+    n_fsdp = mesh.shape["fsdp"]
+    if n_fsdp == 1:
+        return params
+    in_specs = jax.tree_util.tree_map_with_path(
+        lambda p, x: param_spec(p, tuple(x.shape), mesh, n_experts), params
+    )
+    out_specs = jax.tree.map(
+        lambda s: P(*(None if a == "fsdp" else a for a in s)),
+        in_specs,
+        is_leaf=lambda s: isinstance(s, P),
+    )
+    wspec = recipe.fprop.rhs
+
+    # Routed experts by their global shapes (inside, a shard holds E / n_expert).
+    routed = jax.tree_util.tree_map_with_path(
+        lambda p, x: is_routed_expert_keys(
+            [str(k.key) for k in p if isinstance(k, jax.tree_util.DictKey)], x.shape, n_experts
+        ),
+        params,
+    )
+
+    def one(path, shard, spec, is_routed):
+        if "fsdp" not in tuple(spec):
+            return shard
+        axis = tuple(spec).index("fsdp")
+        keys = [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]
+        gemm = is_routed or tuple(keys) in layouts
+        if not gemm:
+            with jax.named_scope("other_params"):
+                return gather_weight(shard, "fsdp", axis, reduce_dtype=reduce_dtype)
+        with jax.named_scope("gemm_weights"):
+            if is_block_fp8(wspec):
+                vw = _gemm_view(keys, shard.shape, axis, is_routed, layouts, wspec.tile)
+                if vw is not None:
+                    return gather_weight(
+                        shard,
+                        "fsdp",
+                        axis,
+                        spec=wspec,
+                        view=vw[0],
+                        view_axis=vw[1],
+                        reduce_dtype=reduce_dtype,
+                    )
+            # The GEMM casts an unquantized weight to the compute dtype first:
+            # moving it in that dtype changes nothing.
+            dtype = recipe.compute if not wspec.quantized else shard.dtype
+            out = gather_weight(shard, "fsdp", axis, dtype=dtype, reduce_dtype=reduce_dtype)
+            return out.astype(shard.dtype)
+
+    def body(tree):
+        with jax.named_scope("fsdp_gather"):
+            return jax.tree_util.tree_map_with_path(one, tree, in_specs, routed)
+
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(in_specs,), out_specs=out_specs, check_vma=False
+    )(params)
+
+
+def fsdp_loss(
+    loss_fn: Callable, mesh: Mesh, recipe: Recipe, n_experts: int | None, layouts
+) -> Callable:
+    """``loss_fn(model, tokens)`` that first gathers the model's FSDP-split parameters."""
+    if mesh.shape["fsdp"] == 1:
+        return loss_fn
+
+    def wrapped(model, tokens):
+        # A new module over the gathered parameters (no mutation of ``model``,
+        # which may belong to an outer trace).
+        graph, params, rest = nnx.split(model, nnx.Param, ...)
+        gathered = gather_params(params, mesh, recipe, n_experts, layouts)
+        return loss_fn(nnx.merge(graph, gathered, rest), tokens)
+
+    return wrapped
