@@ -126,18 +126,24 @@ def select_impl(recipe: Recipe, a, b, kind: str) -> str:
 
 
 def dot_algorithm(dtype) -> lax.DotAlgorithmPreset | lax.Precision:
-    """The named algorithm of a dot whose operands are ``dtype``, float32 accumulation."""
+    """The named algorithm of a dot whose operands are ``dtype``, float32 accumulation.
+
+    float32: ``F32_F32_F32``.  bfloat16: ``BF16_BF16_F32``, except on XLA CPU,
+    whose elemental dot emitter (small dots such as matrix-vector products)
+    rejects that preset: there ``Precision.HIGHEST``, which XLA CPU computes
+    the same way (exact bfloat16 products, float32 accumulation).  float16 /
+    float64: ``Precision.HIGHEST`` (no preset on every backend).
+    """
     dtype = jnp.dtype(dtype)
     if dtype == jnp.float32:
         return _ALG.F32_F32_F32
-    if dtype == jnp.bfloat16:
+    if dtype == jnp.bfloat16 and jax.default_backend() != "cpu":
         return _ALG.BF16_BF16_F32
-    # float16 / float64 operands: no preset on every backend; ask for the highest.
     return lax.Precision.HIGHEST
 
 
-def _dot(a, b, dims) -> jax.Array:
-    """lax.dot_general with float32 accumulation and the operands' named algorithm."""
+def dot(a: jax.Array, b: jax.Array, dims) -> jax.Array:
+    """``lax.dot_general`` with float32 accumulation and the operands' named algorithm."""
     return lax.dot_general(
         a, b, dims, precision=dot_algorithm(a.dtype), preferred_element_type=jnp.float32
     )
@@ -161,10 +167,10 @@ def gemm(a, b, kind: str, recipe: Recipe) -> jax.Array:
             dt = jnp.float32
         else:
             dt = jnp.promote_types(a.dtype, b.dtype)
-        return _dot(materialize(a, dt), materialize(b, dt), DIMS[kind])
+        return dot(materialize(a, dt), materialize(b, dt), DIMS[kind])
     if impl == "xla":
         dt = jnp.dtype(recipe.dequant_dtype)
-        return _dot(materialize(a, dt), materialize(b, dt), DIMS[kind])
+        return dot(materialize(a, dt), materialize(b, dt), DIMS[kind])
     if impl == "pallas":
         return _pallas(a, b, kind)
     lhs, rhs = _orient(a, b, kind)
@@ -190,7 +196,7 @@ def _block(a, b, kind: str, recipe: Recipe) -> jax.Array:
         raise ValueError("the accumulation emulator models FP8 (Hopper) tensor cores only")
     if blockscaled.choose_impl(blockscaled.block_impl(recipe.impl)) == "scaled_matmul":
         return blockscaled.block_gemm(*blockscaled.nk_layout(a, b, kind), impl="scaled_matmul")
-    return _dot(materialize(a, jnp.float32), materialize(b, jnp.float32), DIMS[kind])
+    return dot(materialize(a, jnp.float32), materialize(b, jnp.float32), DIMS[kind])
 
 
 def _swap12(op):
@@ -261,27 +267,28 @@ def _chunked(a_codes, a_s, b_codes, b_s, group: int, impl: str) -> jax.Array:
     runs = -(-k // group)
     pad = runs * group - k
     if impl == "chunked":
-        a_c, b_c, alg = (
-            a_codes.astype(jnp.bfloat16),
-            b_codes.astype(jnp.bfloat16),
-            _ALG.BF16_BF16_F32,
-        )
+        # Every E4M3 / E5M2 code is exact in bfloat16.
+        a_c, b_c = a_codes.astype(jnp.bfloat16), b_codes.astype(jnp.bfloat16)
     else:
         a_c, b_c = a_codes, b_codes
-        alg = _ALG.ANY_F8_ANY_F8_F32 if impl == "fp8" else _ALG.ANY_F8_ANY_F8_F32_FAST_ACCUM
     if pad:
         # Zero codes past K add nothing to any run.
         a_c = jnp.pad(a_c, ((0, 0), (0, 0), (0, pad)))
         b_c = jnp.pad(b_c, ((0, 0), (0, pad), (0, 0)))
-    dot = partial(
-        lax.dot_general,
-        dimension_numbers=(((2,), (1,)), ((0,), (0,))),
-        precision=alg,
-        preferred_element_type=jnp.float32,
-    )
+    dims = (((2,), (1,)), ((0,), (0,)))
+    if impl == "chunked":
+        dot_fn = partial(dot, dims=dims)
+    else:
+        fp8_alg = _ALG.ANY_F8_ANY_F8_F32 if impl == "fp8" else _ALG.ANY_F8_ANY_F8_F32_FAST_ACCUM
+        dot_fn = partial(
+            lax.dot_general,
+            dimension_numbers=dims,
+            precision=fp8_alg,
+            preferred_element_type=jnp.float32,
+        )
     if runs == 1:
         # One run (per-tensor or per-row scales): one dot, scaled once.
-        return dot(a_c, b_c) * (a_s[:, :, 0:1] * b_s[:, 0:1, :])
+        return dot_fn(a_c, b_c) * (a_s[:, :, 0:1] * b_s[:, 0:1, :])
     a_r = jnp.moveaxis(a_c.reshape(bsz, m, runs, group), 2, 0)  # (R, B, M, g)
     b_r = b_c.reshape(bsz, runs, group, n).swapaxes(0, 1)  # (R, B, g, N)
     sa = jnp.moveaxis(a_s, 2, 0)[..., None]  # (R, B, M, 1)
@@ -290,7 +297,7 @@ def _chunked(a_codes, a_s, b_codes, b_s, group: int, impl: str) -> jax.Array:
     def body(acc, xs):
         ar, br, sar, sbr = xs
         # The run's float32 partial sum times fl32(s_a * s_b), added in float32.
-        return acc + dot(ar, br) * (sar * sbr), None
+        return acc + dot_fn(ar, br) * (sar * sbr), None
 
     acc, _ = lax.scan(body, jnp.zeros((bsz, m, n), jnp.float32), (a_r, b_r, sa, sb))
     return acc

@@ -181,9 +181,10 @@ class Recipe:
     fprop: (x, w); dgrad: (dy, w); wgrad: (x, dy).
 
     ``compute_dtype``: what unquantized operands are cast to (the bf16
-    baseline's bfloat16); their dots run as ``BF16_BF16_F32`` (bfloat16) or
+    baseline's bfloat16); their dots run as ``BF16_BF16_F32`` (bfloat16;
+    ``Precision.HIGHEST`` on XLA CPU, the same computation there) or
     ``F32_F32_F32`` (float32), so the baseline is the same computation on
-    every backend.
+    every backend (``fp8jax.gemm.dot_algorithm``).
 
     ``impl``: how a quantized GEMM runs (``fp8jax.gemm`` decides, in one place):
 

@@ -6,6 +6,7 @@ No test asserts a time: timings are only checked to be positive and finite.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import subprocess
@@ -156,9 +157,9 @@ def test_hlo_of_a_cpu_fp8_dot_general_reports_dequantized_dot():
 
     x = jnp.ones((32, 64), jnp.float32)
     w = jnp.ones((64, 48), jnp.float32)
-    f = lambda x, w: fp8jax.dot_general(
-        x, w, (((1,), (0,)), ((), ())), recipe=recipes.current_tensor()
-    )
+    # The dequantize-then-dot implementation (impl="xla").
+    recipe = dataclasses.replace(recipes.current_tensor(), impl="xla")
+    f = lambda x, w: fp8jax.dot_general(x, w, (((1,), (0,)), ((), ())), recipe=recipe)
     txt = jax.jit(f).lower(x, w).compile().as_text()
     s = hlo.summarize_hlo(txt)
     assert not s["cublaslt_fp8"]
@@ -266,10 +267,14 @@ def test_core_gemm_ratio_names_both_xla_paths_and_their_dot_algorithms():
     for name in core.GEMM_VARIANTS:
         assert g[f"t_{name}_s"] > 0 and g[f"ratio_{name}"] > 0
     # Every dot names its algorithm: bf16 operands for the baseline and for the
-    # FP8 codes of the chunked path, float32 for the float32-dequantized dot.
-    assert g["dot_algorithms_bf16"] == "dot_bf16_bf16_f32"
+    # FP8 codes of the chunked path (BF16_BF16_F32; on XLA CPU Precision.HIGHEST,
+    # see fp8jax.gemm.dot_algorithm), float32 for the float32-dequantized dot.
+    bf16_alg = (
+        "precision=highest,highest" if jax.default_backend() == "cpu" else "dot_bf16_bf16_f32"
+    )
+    assert g["dot_algorithms_bf16"] == bf16_alg
     assert g["dot_algorithms_deepseek_v3/xla"] == "dot_f32_f32_f32"
-    assert g["dot_algorithms_deepseek_v3/chunked"] == "dot_bf16_bf16_f32"
+    assert g["dot_algorithms_deepseek_v3/chunked"] == bf16_alg
     # FP8 data + one float32 scale per 128 values kept for backward, vs bf16 operands.
     assert 0.5 < g["residual_ratio"] < 0.55
 
