@@ -1,7 +1,8 @@
-r"""Outlier stress: massive activations (1e5x) at the FFN down-projection input.
+r"""Outlier stress: massive activations at every FFN down-projection input (routed experts too).
 
-Command:
+Command (1e5 x the median |activation|; the sweep runs 1e2, 1e3, 1e4, 1e5):
   python experiments/compare_recipes.py --config=configs/compare/outliers.py --workdir=/tmp/fp8jax_cmp/outliers
+  python experiments/compare_recipes.py --config=configs/compare/outliers.py:1e3 --workdir=/tmp/fp8jax_cmp/outliers_1e3
 
 What it prints: a progress line per run and logged step, then the Markdown
 table of results.md: one row per run with the final validation loss (65,536+
@@ -18,7 +19,11 @@ import ml_collections
 from fp8jax.train.defaults import comparison_block, set_comparison_eval, tiny_config
 
 
-def get_config():
+def get_config(magnitude: str = "1e5"):
+    """``magnitude``: the injected value in units of the median |activation|
+    (``--config=configs/compare/outliers.py:1e3`` for a point of the sweep
+    1e2 ... 1e5)."""
+    scale = float(magnitude)
     c = tiny_config()
     c.steps = 100
     c.warmup_steps = 10
@@ -29,14 +34,14 @@ def get_config():
     # 1e5 x the median |activation| (fp8jax.models: massive_activation_*).
     c.model_overrides = ml_collections.ConfigDict(
         dict(
-            massive_activation_scale=1e5,
+            massive_activation_scale=scale,
             massive_activation_count=2,
             massive_activation_site="ffn_hidden",
         )
     )
     set_comparison_eval(c)
     c.compare = comparison_block(
-        "outliers",
+        "outliers" if scale == 1e5 else f"outliers_{magnitude}",
         dict(
             bf16=dict(recipe="bf16"),
             deepseek_v3=dict(recipe="deepseek_v3"),
