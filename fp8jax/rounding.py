@@ -4,8 +4,9 @@ Two rules, both saturating (a finite value past the format's largest finite
 value ``M`` becomes ``+-M``; +-Inf becomes +-M; NaN stays NaN where the format
 has one):
 
-* ``round_nearest``: round-to-nearest, ties to even (the cast of
-  ``formats.saturating_cast``).
+* ``round_nearest``: round-to-nearest, ties to even (the clip-then-cast of
+  ``formats.saturating_cast``; unlike the FP8 quantizers, which turn +-Inf
+  into the format's Inf or NaN code, the block formats saturate it).
 * ``round_stochastic``: for ``|x| <= M`` between two neighbouring grid points
   ``lo <= |x| < hi = lo + ulp``, round up with probability
   ``p = (|x| - lo) / ulp``, down otherwise, so that ``E[q] = x``.  A value on
@@ -66,7 +67,8 @@ def floor_log2(a: jnp.ndarray) -> jnp.ndarray:
 
 def round_nearest(x: jnp.ndarray, fmt) -> jnp.ndarray:
     """Saturating round-to-nearest-even of float32 ``x`` to ``fmt`` (returns ``fmt``)."""
-    return saturating_cast(flush_subnormals(x), fmt)
+    # Block formats saturate +-Inf to +-M (module docstring): the clip-only cast.
+    return saturating_cast(flush_subnormals(x), fmt, assume_finite=True)
 
 
 def round_stochastic_with_bits(x: jnp.ndarray, fmt, bits: jnp.ndarray) -> jnp.ndarray:
@@ -97,8 +99,8 @@ def round_stochastic_with_bits(x: jnp.ndarray, fmt, bits: jnp.ndarray) -> jnp.nd
     q = (fl + up.astype(jnp.float32)) * pow2_int(e_ulp)
     q = jnp.where(jnp.signbit(xf), -q, q)
     q = jnp.where(jnp.isnan(xf), xf, q)
-    # q is on the grid and within +-max: the cast below is exact.
-    return saturating_cast(q, fmt)
+    # q is on the grid and within +-max: the cast below is exact (+-Inf saturates).
+    return saturating_cast(q, fmt, assume_finite=True)
 
 
 def round_stochastic(x: jnp.ndarray, fmt, key: jax.Array) -> jnp.ndarray:

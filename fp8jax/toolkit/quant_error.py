@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from fp8jax.formats import BLOCK_FORMATS
 from fp8jax.numerics.metrics import flushed_fraction, relative_error, saturated_fraction, sqnr_db
 from fp8jax.toolkit.convert.blockwise import (
     all_finite,
@@ -234,6 +235,9 @@ def _operand_requests(ndim: int) -> list[_Request]:
             ("weight", specs["fprop_w"]),
             ("gradient", specs["dgrad_dy"]),
         ]
+        # Block formats (MXFP8, NVFP4) have their own quantizers: their GEMM rows
+        # below show them; the operand rows are the FP8 quantizer's.
+        roles = [(role, spec) for role, spec in roles if spec.fmt not in BLOCK_FORMATS]
         # Roles with the same spec share a row.
         groups: dict[tuple, list[str]] = {}
         for role, spec in roles:
