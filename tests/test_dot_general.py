@@ -96,9 +96,9 @@ def test_delayed_fresh_state_clips_first_step():
     x = jnp.full((1, 4, 128), 1000.0)
     w = jnp.ones((1, 128, 8)) / 128
     st = scaling.init_delayed_gemm_state(recipe)
-    y, stats = jax.jit(
-        lambda x, w, st: dot_general_with_stats(x, w, DN, recipe=recipe, state=st)
-    )(x, w, st)
+    y, stats = jax.jit(lambda x, w, st: dot_general_with_stats(x, w, DN, recipe=recipe, state=st))(
+        x, w, st
+    )
     # scale 1 on a fresh state: 1000 clips to 448.
     np.testing.assert_allclose(np.asarray(y), 448.0, rtol=1e-6)
     assert float(stats["x"]["saturated"]) == 1.0

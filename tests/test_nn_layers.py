@@ -109,6 +109,7 @@ def test_telemetry_names_and_values():
     want = np.mean((x != 0) & (ref.ref_cast(x / s, ref.E4M3).astype(np.float32) == 0))
     np.testing.assert_allclose(float(stats["proj/x"]["flushed"]), want, rtol=1e-6)
     assert float(stats["proj/x"]["saturated"]) == 0
+
     # Two layers with one name cannot both report.
     class Twice(nnx.Module):
         def __init__(self):
