@@ -130,15 +130,6 @@ def _canonical_dims(dimension_numbers, lhs_ndim: int, rhs_ndim: int):
     return lc, rc, lb, rb, lf, rf
 
 
-def _zero_stats(lhs, rhs) -> dict[str, dict[str, jax.Array]]:
-    from_array = lambda t: {
-        "amax": scaling.finite_amax(t) if t.size else jnp.zeros((), jnp.float32),
-        "saturated": jnp.zeros((), jnp.float32),
-        "flushed": jnp.zeros((), jnp.float32),
-    }
-    return {"x": from_array(lhs), "w": from_array(rhs)}
-
-
 def dot_general_with_stats(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -193,7 +184,8 @@ def _run(lhs, rhs, dimension_numbers, recipe, state, preferred_element_type, wit
     out_shape, out_dtype = _check(lhs, rhs, dimension_numbers, preferred_element_type)
     if not recipe.is_fp8 or lhs.size == 0 or rhs.size == 0:
         y = _high_precision(lhs, rhs, dimension_numbers, recipe, out_dtype)
-        return (y, _zero_stats(lhs, rhs)) if with_stats else y
+        stats = {"x": operand_stats(lhs, lhs), "w": operand_stats(rhs, rhs)}
+        return (y, stats) if with_stats else y
     return _fp8(lhs, rhs, dimension_numbers, recipe, state, out_shape, out_dtype, with_stats)
 
 

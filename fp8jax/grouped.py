@@ -141,12 +141,11 @@ def _grouped_bwd(recipe, dtypes, with_stats, res, g):
         reuse = x_cached.granularity == "tensor"
     else:
         reuse = False
-    x_hp = materialize(x_cached, jnp.float32)
-    x_t = to_tiles(x_hp, layout)
     if reuse:
         # One tensor scale does not depend on the contraction axis: keep the codes.
         x_w = QTensor(to_tiles(x_cached.data, layout), x_cached.scale, "tensor", 0, x_cached.tile)
     else:
+        x_t = to_tiles(materialize(x_cached, jnp.float32), layout)
         x_w = _quantize_tokens(x_t, recipe.wgrad.lhs, layout, recipe, state_part(state, "x"))
     dy_w = _quantize_tokens(
         to_tiles(dy, layout), recipe.wgrad.rhs, layout, recipe, state_part(state, "dy")

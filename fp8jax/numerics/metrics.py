@@ -12,6 +12,8 @@ import math
 import ml_dtypes
 import numpy as np
 
+from fp8jax.telemetry import clip_threshold
+
 
 def _f64(x) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
@@ -89,12 +91,8 @@ def ulp_distance(a, b, dtype=None) -> np.ndarray:
     return np.where(nan, np.nan, d)
 
 
-def half_ulp_above_max(fmt) -> float:
-    """max + ulp(max) / 2 of a format: values (after scaling) beyond it were clipped, not rounded."""
-    fi = ml_dtypes.finfo(fmt)
-    mx = float(fi.max)
-    ulp = 2.0 ** (math.floor(math.log2(mx)) - int(fi.nmant))
-    return mx + ulp / 2
+# max + ulp(max) / 2: the core's one definition of where a saturating cast clips.
+half_ulp_above_max = clip_threshold
 
 
 def saturated_fraction(x, deq, data, fmt) -> float:
