@@ -24,9 +24,7 @@ What it prints:
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -38,67 +36,27 @@ from flax import nnx
 import fp8jax
 from fp8jax import data as data_lib
 from fp8jax.formats import round_to_e5m6
-from fp8jax.models import loss_fn
+from fp8jax.models import MoETransformer, loss_fn
+from fp8jax.numerics.captured import GemmSite, tap_gemms
 from fp8jax.train import loop
-from fp8jax.train.defaults import small_config
+from fp8jax.train.defaults import model_config, seq_len, small_config
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 20, "training steps before the second capture (0: init only)")
 flags.DEFINE_integer("seed", 0, "seed of model and data")
 
 FLOOR = 1e-4
-_CAPTURED: dict[str, list[np.ndarray]] = defaultdict(list)
 
 
-def _record(name: str, n: int, t) -> None:
-    # Contraction axis last: (rows, n).
-    _CAPTURED[name].append(np.asarray(t, np.float32).reshape(-1, n))
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(1, 2))
-def _tap(y, name, n):
-    return y
-
-
-def _tap_fwd(y, name, n):
-    return y, None
-
-
-def _tap_bwd(name, n, _, g):
-    # The cotangent of a GEMM output is that GEMM's Dgrad lhs (dy), whose
-    # contraction axis is the output features (the last n elements of a row).
-    jax.debug.callback(partial(_record, name, n), g)
-    return (g,)
-
-
-_tap.defvjp(_tap_fwd, _tap_bwd)
-
-
-def _wrap(fn, kind: str, grouped: bool):
-    """fn's output tapped for dy; its inputs recorded as Fprop x and w."""
-
-    def wrapped(x, w, dims_or_groups, *args, **kwargs):
-        if grouped:  # w: (experts, K, N)
-            k, n = w.shape[-2], w.shape[-1]
-        else:  # Dense: the kernel's leading axes are contracted with x's trailing ones
-            nc = len(dims_or_groups[0][1])
-            k, n = math.prod(w.shape[:nc]), math.prod(w.shape[nc:])
-        jax.debug.callback(partial(_record, f"{kind}/x", k), x)
-        jax.debug.callback(partial(_record, f"{kind}/w", n), w)
-        out = fn(x, w, dims_or_groups, *args, **kwargs)
-        if isinstance(out, tuple):
-            return (_tap(out[0], f"{kind}/dy", n), *out[1:])
-        return _tap(out, f"{kind}/dy", n)
-
-    return wrapped
-
-
-def _install_taps() -> None:
-    import fp8jax.models.moe as moe
-    import fp8jax.nn.dense as dense
-
-    dense.dot_general_with_stats = _wrap(dense.dot_general_with_stats, "dense", grouped=False)
-    moe.grouped_dot_with_stats = _wrap(moe.grouped_dot_with_stats, "expert", grouped=True)
+def _by_operand(sites: dict[str, GemmSite]) -> dict[str, list[np.ndarray]]:
+    """Captured operands per "kind/operand" (x, w, dy), contraction axis last: (rows, n)."""
+    out: dict[str, list[np.ndarray]] = defaultdict(list)
+    for s in sites.values():
+        n = s.w.shape[-1]
+        out[f"{s.kind}/x"].append(s.x)
+        out[f"{s.kind}/w"].append(s.w.reshape(-1, n))
+        out[f"{s.kind}/dy"].append(s.dy)
+    return out
 
 
 def _flush_stats(t: np.ndarray, gran: str, floor: float) -> tuple[float, float, float]:
@@ -115,15 +73,16 @@ def _flush_stats(t: np.ndarray, gran: str, floor: float) -> tuple[float, float, 
     return below, flushed, err
 
 
-def _report_capture(label: str) -> None:
+def _report_capture(label: str, sites: dict[str, GemmSite]) -> None:
     print(f"\n## {label}")
     print(
         "operand        groups<1e-4  flushed(floor 1e-4)  flushed(no floor)  rel.err floor / none"
     )
-    for name in sorted(_CAPTURED):
+    captured = _by_operand(sites)
+    for name in sorted(captured):
         # Weights: 128x128 blocks (rows = K, experts stacked); the rest: 1x128 tiles.
         gran = "block" if name.endswith("/w") else "tile"
-        t = np.concatenate([a.reshape(-1, 128) for a in _by_width(_CAPTURED[name])], axis=0)
+        t = np.concatenate([a.reshape(-1, 128) for a in _by_width(captured[name])], axis=0)
         b1, f1, e1 = _flush_stats(t, gran, FLOOR)
         _, f0, e0 = _flush_stats(t, gran, 0.0)
         print(f"{name:<14} {b1:>10.1%}  {f1:>18.2%}  {f0:>17.2%}  {e1:>9.2%} / {e0:.2%}")
@@ -147,7 +106,6 @@ def _loss_and_grad(graphdef, rest):
 
 
 def _capture(step_fn, params, tokens) -> None:
-    _CAPTURED.clear()
     jax.block_until_ready(step_fn(params, tokens))
     jax.effects_barrier()
 
@@ -204,15 +162,19 @@ def main(argv):
     config = small_config()
     config.recipe = "deepseek_v3"
     config.seed = FLAGS.seed
-    _install_taps()
-    corpus = loop.load_data(config)
+    mcfg = model_config(config)
+    corpus = loop.load_data(config, seq_len(config, mcfg))
     tokens = jnp.asarray(data_lib.train_batch(corpus, 0, 8, 128, FLAGS.seed))
-    _, model = loop.build_model(config, fp8jax.recipes.deepseek_v3())
+    model = MoETransformer(mcfg, fp8jax.recipes.deepseek_v3(), rngs=nnx.Rngs(FLAGS.seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    grad_fn = _loss_and_grad(graphdef, rest)
-    _capture(grad_fn, params, tokens)
-    _report_capture("small config at init (deepseek_v3, 8 x 128 tokens)")
-    x_init = np.concatenate([a for a in _by_width(_CAPTURED["dense/x"]) if len(a) % 128 == 0])
+    # Traced inside the tap: every later call of grad_fn records into ``sites``.
+    with tap_gemms() as sites:
+        grad_fn = _loss_and_grad(graphdef, rest)
+        _capture(grad_fn, params, tokens)
+    _report_capture("small config at init (deepseek_v3, 8 x 128 tokens)", sites)
+    x_init = np.concatenate(
+        [a for a in _by_width(_by_operand(sites)["dense/x"]) if len(a) % 128 == 0]
+    )
     if FLAGS.steps > 0:
         # A few Adam steps at the small config's peak learning rate; the
         # captures of these steps are discarded.
@@ -225,7 +187,9 @@ def main(argv):
             params = optax.apply_updates(params, updates)
         print(f"\nloss after {FLAGS.steps} steps: {float(loss):.3f}")
         _capture(grad_fn, params, tokens)
-        _report_capture(f"small config after {FLAGS.steps} Adam steps (same batch as at init)")
+        _report_capture(
+            f"small config after {FLAGS.steps} Adam steps (same batch as at init)", sites
+        )
     _synthetic_dy()
     _report_wgrad("small config Fprop inputs at init, 128-feature slices", x_init)
     g = np.random.default_rng(1)

@@ -74,6 +74,8 @@ def test_mean_interval_against_a_float64_reference():
         ([0.0030, 0.0032, 0.0028, 0.0031], "outside"),  # narrow, above 0.25%
         ([0.0022, 0.0026, 0.0024, 0.0025], "crosses"),  # narrow, crosses +0.25%
         ([-0.005, 0.004, 0.0], "cannot resolve"),  # wider than 0.5%
+        ([0.20, 0.30, 0.25], "outside"),  # wide, but wholly above +0.25%
+        ([0.0, 0.02, 0.01], "cannot resolve"),  # wide, reaching into +-0.25%
         ([0.0, 0.0], "within"),  # identical runs
     ],
 )

@@ -31,7 +31,7 @@ def get_config(magnitude: str = "1e5"):
     c.log_every = 2
     c.final_window = 10
     # Two channels of the first token of every FFN down-projection input set to
-    # 1e5 x the median |activation| (fp8jax.models: massive_activation_*).
+    # ``magnitude`` x the median |activation| (fp8jax.models: massive_activation_*).
     c.model_overrides = ml_collections.ConfigDict(
         dict(
             massive_activation_scale=scale,
@@ -51,7 +51,8 @@ def get_config(magnitude: str = "1e5"):
             delayed_growing=dict(recipe="tensor_delayed", fp8_amax_growth=4.0),
         ),
         notes=(
-            "Tiny MoE model with massive activations (1e5 x median |x|, 2 channels of token 0) "
+            f"Tiny MoE model with massive activations ({magnitude} x median |x|, 2 channels of "
+            "the first token of every sequence) "
             "injected into every FFN down-projection input. delayed_fresh resets the delayed "
             "state to fresh (scale 1, empty history) every 10 steps; delayed_growing divides the "
             "stored amax history and scale by 4 after every step, i.e. the next step's scale is "

@@ -143,12 +143,15 @@ def verdict(stats: dict, tol: float = DEEPSEEK_TOLERANCE) -> str:
     """What a :func:`mean_interval` says about +-tol.
 
     "within": the whole interval lies inside +-tol; "outside": the whole
-    interval lies beyond it; "crosses": a narrow interval (width <= 2 tol)
-    that contains the bound; "cannot resolve": an interval wider than 2 tol.
+    interval lies beyond it (however wide: a gap of [+5%, +20%] is resolved);
+    "crosses": a narrow interval (width <= 2 tol) that contains the bound;
+    "cannot resolve": any other interval wider than 2 tol.
     """
     lo, hi = stats["lo"], stats["hi"]
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return "cannot resolve" if math.isfinite(stats["mean"]) else "diverged"
+    if lo > tol or hi < -tol:
+        return "outside"
     if hi - lo > 2 * tol:
         return "cannot resolve"
     if -tol <= lo and hi <= tol:
@@ -307,7 +310,7 @@ def _sci(x: float | None) -> str:
     return f"{x:.1e}" if x else "0"
 
 
-def _interval(st: dict) -> str:
+def interval_text(st: dict) -> str:
     """'+0.12% [-0.05%, +0.29%]' (mean and 95% interval)."""
     if not math.isfinite(st["mean"]):
         return "n/a"
@@ -316,11 +319,18 @@ def _interval(st: dict) -> str:
     return f"{_pct(st['mean'])} [{_pct(st['lo'])}, {_pct(st['hi'])}]"
 
 
+def stats_from_json(st: dict) -> dict:
+    """A :func:`mean_interval` dict read back from results.json (NaN / inf restored)."""
+    out = {k: as_float(v) for k, v in st.items() if k != "per_seed"}
+    out["per_seed"] = [as_float(x) for x in st["per_seed"]]
+    return out
+
+
 def _seeds(st: dict) -> str:
     return ", ".join(_pct(x) for x in st["per_seed"])
 
 
-_VERDICT_TEXT = {
+VERDICT_TEXT = {
     "baseline": "--",
     "within": "yes",
     "outside": "no",
@@ -353,7 +363,7 @@ def markdown(results: dict, command: str | None = None, notes: str = "") -> str:
     ]
     for r in results["table"]:
         tel = r["fp8_telemetry"]
-        verdict_text = _VERDICT_TEXT[r["verdict"]]
+        verdict_text = VERDICT_TEXT[r["verdict"]]
         if r["diverged_at"]:
             verdict_text += (
                 " (diverged: "
@@ -363,9 +373,9 @@ def markdown(results: dict, command: str | None = None, notes: str = "") -> str:
         is_base = r["label"] == base
         lines.append(
             f"| {r['label']} | {r['recipe']} | {r['final_val_loss']['mean']:.4f} | "
-            f"{'--' if is_base else _interval(r['gap_val'])} | "
+            f"{'--' if is_base else interval_text(r['gap_val'])} | "
             f"{'--' if is_base else _seeds(r['gap_val'])} | {verdict_text} | "
-            f"{'--' if is_base else _interval(r['gap_train'])} | {r['tokens_per_s']:,.0f} | "
+            f"{'--' if is_base else interval_text(r['gap_train'])} | {r['tokens_per_s']:,.0f} | "
             f"{_sci(tel.get('saturated_max'))} | {_sci(tel.get('flushed_mean'))} |"
         )
     lines += [
@@ -539,12 +549,11 @@ def headline_table(result_dirs: list[str | Path]) -> str:
             if r["label"] == res["baseline"]:
                 continue
             tel = r["fp8_telemetry"]
-            gap = {k: as_float(v) for k, v in r["gap_val"].items() if k != "per_seed"}
-            gap["per_seed"] = [as_float(x) for x in r["gap_val"]["per_seed"]]
+            gap = stats_from_json(r["gap_val"])
             lines.append(
                 f"| {res['name']} | {r['label']} ({r['recipe']}) | "
-                f"{as_float(r['final_val_loss']['mean']):.4f} | {_interval(gap)} | "
-                f"{_seeds(gap)} | {_VERDICT_TEXT[r['verdict']]} | "
+                f"{as_float(r['final_val_loss']['mean']):.4f} | {interval_text(gap)} | "
+                f"{_seeds(gap)} | {VERDICT_TEXT[r['verdict']]} | "
                 f"{_sci(tel.get('saturated_max'))} | {_sci(tel.get('flushed_mean'))} |"
             )
     return "\n".join(lines) + "\n"
