@@ -22,7 +22,7 @@ from fp8jax.train.defaults import comparison_block, set_comparison_eval, small_c
 
 
 def parse_seeds(spec: str) -> tuple[int, ...]:
-    """"a-b" (inclusive), "a-b:step" or "s1,s2,..." -> seeds."""
+    """ "a-b" (inclusive), "a-b:step" or "s1,s2,..." -> seeds."""
     if "," in spec or "-" not in spec:
         return tuple(int(s) for s in spec.split(","))
     span, _, step = spec.partition(":")
