@@ -16,6 +16,7 @@ from fp8jax.train.defaults import (
     ConfigError,
     comparison_block,
     model_config,
+    parse_seeds,
     seq_len,
     tiny_config,
     validate,
@@ -239,3 +240,23 @@ def test_comparison_keeps_its_runs_under_its_workdir_and_reuses_them(tmp_path):
     compare.run_comparison(c, tmp_path / "cmp", stream=out2)
     assert out2.getvalue().count("already complete: ") == 4
     assert not any(line.startswith("step ") for line in out2.getvalue().splitlines())
+
+
+@pytest.mark.parametrize(
+    "spec, seeds",
+    [
+        ("0-3", (0, 1, 2, 3)),
+        ("0-15:2", tuple(range(0, 16, 2))),
+        ("1-5:2", (1, 3, 5)),
+        ("7", (7,)),
+        ("3,1", (3, 1)),
+    ],
+)
+def test_parse_seeds(spec, seeds):
+    assert parse_seeds(spec) == seeds
+
+
+@pytest.mark.parametrize("spec", ["a-b", "3-1", "0-3:x", ""])
+def test_parse_seeds_refuses_nonsense(spec):
+    with pytest.raises(ConfigError, match="seeds"):
+        parse_seeds(spec)

@@ -1,7 +1,10 @@
 r"""Below 8 bits: MXFP8 and NVFP4 (with and without the Hadamard transform / stochastic rounding) vs bf16 and deepseek_v3.
 
-Command:
+Command (seeds 0-3):
   python experiments/compare_recipes.py --config=configs/compare/below8.py --workdir=/tmp/fp8jax_cmp/below8
+Two processes sharing the work, then the command above to tabulate all seeds:
+  python experiments/compare_recipes.py --config=configs/compare/below8.py:0-3:2 --workdir=/tmp/fp8jax_cmp/below8
+  python experiments/compare_recipes.py --config=configs/compare/below8.py:1-3:2 --workdir=/tmp/fp8jax_cmp/below8
 
 What it prints: a progress line per run and logged step, then the Markdown
 table of results.md: one row per run with the final validation loss (65,536+
@@ -18,10 +21,11 @@ Smoke check (2 steps, both seeds, every run; about 6.5 min on a loaded 2-core CP
   python experiments/compare_recipes.py --config=configs/compare/below8.py --workdir=/tmp/below8_smoke --config.steps=2 --config.warmup_steps=1 --config.log_every=1 --config.eval_every=2 --config.eval_batches=1 --config.final_window=1
 """
 
-from fp8jax.train.defaults import tiny_comparison_config
+from fp8jax.train.defaults import parse_seeds, tiny_comparison_config
 
 
-def get_config():
+def get_config(seeds: str = "0-3"):
+    """``seeds``: "a-b", "a-b:step" or a comma list (two processes can split them)."""
     return tiny_comparison_config(
         "below8",
         {
@@ -43,4 +47,5 @@ def get_config():
             "No layer is kept in higher precision beyond the embedding, head, gate and attention "
             "core that every recipe keeps in BF16."
         ),
+        seeds=parse_seeds(seeds),
     )

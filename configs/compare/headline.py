@@ -18,16 +18,7 @@ paired gap measured on configs/compare/small_check.py: a standard deviation of
 about 0.4% needs some 13-16 seeds for a 95% half-width under 0.25%.
 """
 
-from fp8jax.train.defaults import comparison_block, set_comparison_eval, small_config
-
-
-def parse_seeds(spec: str) -> tuple[int, ...]:
-    """ "a-b" (inclusive), "a-b:step" or "s1,s2,..." -> seeds."""
-    if "," in spec or "-" not in spec:
-        return tuple(int(s) for s in spec.split(","))
-    span, _, step = spec.partition(":")
-    lo, hi = (int(s) for s in span.split("-"))
-    return tuple(range(lo, hi + 1, int(step or 1)))
+from fp8jax.train.defaults import comparison_block, parse_seeds, set_comparison_eval, small_config
 
 
 def get_config(seeds: str = "0-15"):

@@ -167,6 +167,26 @@ def set_comparison_eval(c: ml_collections.ConfigDict, batch_size: int = 32) -> N
     c.eval_batches = math.ceil(COMPARISON_VAL_TOKENS / (batch_size * (n - 1)))
 
 
+def parse_seeds(spec: str) -> tuple[int, ...]:
+    """Seeds from a config-file argument: "a-b" (inclusive), "a-b:step" or "s1,s2,...".
+
+    Lets two processes share one comparison workdir, each training its own
+    seeds (``--config=FILE:0-15:2`` and ``--config=FILE:1-15:2``); the whole
+    range then re-reads every finished run and tabulates them all.
+    """
+    try:
+        if "," in spec or "-" not in spec:
+            return tuple(int(s) for s in spec.split(","))
+        span, _, step = spec.partition(":")
+        lo, hi = (int(s) for s in span.split("-"))
+        seeds = tuple(range(lo, hi + 1, int(step or 1)))
+    except ValueError:
+        raise ConfigError(f"seeds {spec!r}: give 'a-b', 'a-b:step' or 's1,s2,...'") from None
+    if not seeds:
+        raise ConfigError(f"seeds {spec!r} selects no seed")
+    return seeds
+
+
 def comparison_block(
     name: str, runs: dict, notes: str, *, seeds=(0, 1), baseline: str = "bf16"
 ) -> ml_collections.ConfigDict:
