@@ -14,7 +14,7 @@ from fp8jax.nn import FP8State
 
 CFG = ModelConfig.tiny(max_seq_len=32)
 TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 32)), jnp.int32)
-PRESETS = ["bf16", "deepseek_v3", "hybrid_delayed", "current_tensor", "rowwise"]
+PRESETS = ["bf16", "deepseek_v3", "hybrid_delayed", "current_tensor", "rowwise", "mxfp8", "nvfp4"]
 # Tests compile many small programs: XLA's backend optimizations cost more than they save.
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 

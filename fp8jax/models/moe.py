@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fp8jax.blockscaled import is_block_format
 from fp8jax.grouped import grouped_dot_with_stats
 from fp8jax.models.config import ModelConfig
 from fp8jax.models.router import Router, expert_load, route, seq_balance_loss
@@ -62,10 +63,15 @@ def swiglu(h: jax.Array, dtype, recipe: Recipe | None = None) -> jax.Array:
     per tile) and recomputes SwiGLU from it, as DeepSeek-V3 caches the
     SwiGLU input: the forward output is unchanged, the gradient is that of
     SwiGLU at the dequantized ``h``.  Otherwise plain autodiff (``h`` kept
-    in its own dtype).
+    in its own dtype), also for the block formats (MXFP8 / NVFP4), whose
+    elements this cache does not hold.
     """
     spec = recipe.fprop.lhs if recipe is not None else None
-    if spec is None or not (spec.quantized and spec.granularity == "tile"):
+    if (
+        spec is None
+        or not (spec.quantized and spec.granularity == "tile")
+        or is_block_format(spec.fmt)
+    ):
         return _swiglu_f32(h).astype(dtype)
     return _swiglu_cached(h, jnp.dtype(dtype).name, spec)
 
