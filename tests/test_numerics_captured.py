@@ -10,13 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_train_loop import _fast
 
 import fp8jax
 from fp8jax.models import MoETransformer, loss_fn
 from fp8jax.models.config import ModelConfig
 from fp8jax.nn.dense import Dense
 from fp8jax.numerics.captured import tap_gemms, trained_run_operands
-from fp8jax.train.defaults import ConfigError, tiny_config
+from fp8jax.train.defaults import ConfigError
 from fp8jax.train.loop import train
 
 
@@ -76,14 +77,13 @@ def test_moe_sites_have_consistent_shapes_and_expert_rows():
         next(s for s in sites.values() if s.kind == "dense").expert(0)
 
 
+@pytest.mark.slow  # a whole (short) training run first: about a minute on 2 CPU cores
 def test_trained_run_is_restored_and_captured(tmp_path):
-    c = tiny_config()
-    c.steps, c.batch_size, c.seq_len, c.warmup_steps = 2, 2, 32, 1
-    c.log_every, c.eval_every, c.eval_batches, c.eval_batch_size = 1, 0, 0, 2
-    c.tensorboard = False
+    # The training loop tests' run (its compiled step is shared within a process).
+    c = _fast()
     train(c, tmp_path / "run", stream=io.StringIO())
     sites, cfg = trained_run_operands(tmp_path / "run", batch_size=3)
-    assert cfg.steps == 2
+    assert cfg.steps == c.steps
     assert sites["dense0"].x.shape == (3 * 32, ModelConfig.tiny().d_model)
     with pytest.raises(ConfigError, match="config.json"):
         trained_run_operands(tmp_path / "nothing")
