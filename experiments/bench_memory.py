@@ -18,7 +18,7 @@ from absl import app, flags
 from flax import nnx
 
 from fp8jax import recipes
-from fp8jax.bench.parallel import ParallelBench, _build
+from fp8jax.bench.parallel import ParallelBench, bench_model, build_step
 from fp8jax.bench.residuals import residual_summary, saved_residuals
 from fp8jax.bench.timing import memory_stats
 from fp8jax.models import ModelConfig, MoETransformer, loss_fn
@@ -37,17 +37,7 @@ MiB = 2**20
 
 def main(argv):
     del argv
-    d = _DMODEL.value
-    model = dict(
-        d_model=d,
-        n_heads=4,
-        head_dim=d // 4,
-        d_ff=2 * d,
-        d_expert=d,
-        n_layers=_LAYERS.value,
-        n_dense_layers=1,
-        n_routed_experts=8,
-    )
+    model = bench_model(_DMODEL.value, _LAYERS.value)
     cfg = ModelConfig.tiny(**model, max_seq_len=max(_SEQ.value, 128))
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (_BATCH.value, _SEQ.value))
     tokens = tokens.astype(np.int32)
@@ -65,7 +55,7 @@ def main(argv):
         if _COMPILE.value:
             bench = ParallelBench(model=model, batch=_BATCH.value, seq=_SEQ.value, mesh=(1, 1, 1))
             mesh = make_mesh(bench.mesh)
-            _, step, state, batch = _build(recipes.get(name), bench, mesh)
+            _, step, state, batch = build_step(recipes.get(name), bench, mesh)
             with jax.set_mesh(mesh):
                 s.update(memory_stats(step.lower(state, batch).compile()))
         rows[name] = s

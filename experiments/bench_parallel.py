@@ -22,7 +22,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 
 from absl import app, flags  # noqa: E402
 
-from fp8jax.bench.parallel import ParallelBench, compare, table  # noqa: E402
+from fp8jax.bench.parallel import ParallelBench, bench_model, compare, table  # noqa: E402
 
 _MESH = flags.DEFINE_list("mesh", ["1", "4", "2"], "data,fsdp,expert sizes")
 _BATCH = flags.DEFINE_integer("batch", 8, "global batch (sequences)")
@@ -35,17 +35,7 @@ _ITERS = flags.DEFINE_integer("iters", 3, "timed steps")
 
 def main(argv):
     del argv
-    d = _DMODEL.value
-    model = dict(
-        d_model=d,
-        n_heads=4,
-        head_dim=d // 4,
-        d_ff=2 * d,
-        d_expert=d,
-        n_layers=_LAYERS.value,
-        n_dense_layers=1,
-        n_routed_experts=_EXPERTS.value,
-    )
+    model = bench_model(_DMODEL.value, _LAYERS.value, _EXPERTS.value)
     bench = ParallelBench(
         model=model,
         batch=_BATCH.value,

@@ -55,7 +55,23 @@ class ParallelBench:
     iters: int = 3
 
 
-def _build(recipe: recipes_lib.Recipe, bench: ParallelBench, mesh):
+def bench_model(d_model: int, layers: int, experts: int = 8) -> dict[str, Any]:
+    """ModelConfig.tiny overrides of the benchmarks: 4 heads, FFN 2 d_model, experts of
+    d_model, the first of ``layers`` blocks dense."""
+    return dict(
+        d_model=d_model,
+        n_heads=4,
+        head_dim=d_model // 4,
+        d_ff=2 * d_model,
+        d_expert=d_model,
+        n_layers=layers,
+        n_dense_layers=1,
+        n_routed_experts=experts,
+    )
+
+
+def build_step(recipe: recipes_lib.Recipe, bench: ParallelBench, mesh):
+    """(model config, jitted train step, sharded train state, global batch) on ``mesh``."""
     cfg = ModelConfig.tiny(**bench.model)
     if bench.seq > cfg.max_seq_len:
         cfg = cfg.replace(max_seq_len=bench.seq)
@@ -76,7 +92,7 @@ def _build(recipe: recipes_lib.Recipe, bench: ParallelBench, mesh):
 def run_recipe(recipe: recipes_lib.Recipe, bench: ParallelBench) -> dict[str, Any]:
     """Compile and time one train step of ``recipe`` on the mesh; a flat record."""
     mesh = make_mesh(bench.mesh)
-    cfg, step, state, tokens = _build(recipe, bench, mesh)
+    cfg, step, state, tokens = build_step(recipe, bench, mesh)
     with jax.set_mesh(mesh):
         lowered = step.lower(state, tokens)
     compiled = lowered.compile()
