@@ -75,15 +75,7 @@ def main(argv):
     rows, acc_rows = [], []
     for name in _SITES.value:
         site = sites[name]
-        x, w, dy = (
-            site.expert(site.busiest_expert())
-            if site.kind == "expert"
-            else (
-                site.x,
-                site.w,
-                site.dy,
-            )
-        )
+        x, w, dy = site.operands()
         label = f"{name} ({x.shape[0]}x{x.shape[1]} @ {w.shape[0]}x{w.shape[1]})"
         for r in _RECIPES.value:
             errs = gemm_errors(get_recipe(r), x, w, dy)

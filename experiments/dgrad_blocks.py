@@ -48,12 +48,6 @@ _OUT = flags.DEFINE_string("out_dir", None, "directory for dgrad_blocks.md / .pn
 flags.mark_flags_as_required(["run", "out_dir"])
 
 
-def _site_operands(site):
-    if site.kind == "expert":
-        return site.expert(site.busiest_expert())
-    return site.x, site.w, site.dy
-
-
 def main(argv):
     del argv
     out = Path(_OUT.value)
@@ -70,7 +64,7 @@ def main(argv):
     ]
     curves = {}
     for name, site in sites.items():
-        x, w, dy = _site_operands(site)
+        x, w, dy = site.operands()
         if dy.shape[0] < 128:
             continue  # fewer tokens than one block: blocks and tiles coincide
         dx_err = {

@@ -73,6 +73,9 @@ def test_moe_sites_have_consistent_shapes_and_expert_rows():
         x, w, dy = s.expert(e)
         assert x.shape[0] == dy.shape[0] == s.group_sizes.max()
         np.testing.assert_array_equal(w, s.w[e])
+        # A site's representative GEMM: its busiest expert.
+        for got, want in zip(s.operands(), (x, w, dy)):
+            np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="dense site"):
         next(s for s in sites.values() if s.kind == "dense").expert(0)
 

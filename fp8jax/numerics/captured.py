@@ -58,6 +58,12 @@ class GemmSite:
         """The expert that received the most tokens."""
         return int(np.argmax(self.group_sizes))
 
+    def operands(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """x, w, dy of one dense GEMM: the site's own, or its busiest expert's."""
+        if self.kind == "expert":
+            return self.expert(self.busiest_expert())
+        return self.x, self.w, self.dy
+
 
 def _host(t, n: int) -> np.ndarray:
     # Captures are float32 whatever the compute dtype (bf16 values are exact in it).
