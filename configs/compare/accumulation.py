@@ -3,6 +3,10 @@ r"""Accumulation in training at contraction lengths where it matters (K >= 1024 
 Command:
   python experiments/compare_recipes.py --config=configs/compare/accumulation.py --workdir=/tmp/fp8jax_cmp/accumulation
 
+The argument after the file name picks the seeds ("0-4" by default): two
+processes can share the workdir (``accumulation.py:0-4:2`` and ``:1-4:2``), then
+the command above re-reads every finished run and tabulates them.
+
 What it prints: a progress line per run and logged step, then the Markdown
 table of results.md: one row per run with the final validation loss (65,536+
 held-out tokens), the paired relative gap to bf16 per seed, its mean and 95%
@@ -22,10 +26,11 @@ several times an f32 GEMM.
 
 import ml_collections
 
-from fp8jax.train.defaults import comparison_block, set_comparison_eval, tiny_config
+from fp8jax.train.defaults import comparison_block, parse_seeds, set_comparison_eval, tiny_config
 
 
-def get_config():
+def get_config(seeds: str = "0-4"):
+    """``seeds``: "a-b", "a-b:step" or "s1,s2" (fp8jax.train.defaults.parse_seeds)."""
     c = tiny_config()
     c.steps = 60
     c.warmup_steps = 6
@@ -51,6 +56,6 @@ def get_config():
             "accumulation (13 fraction bits) without promotion / promoted every 128; acc_tiles "
             "is deepseek_v3 on the emulator."
         ),
-        seeds=(0, 1, 2, 3, 4),
+        seeds=parse_seeds(seeds),
     )
     return c

@@ -3,6 +3,10 @@ r"""Granularity where it means something: contractions of 512 and 1024, so a 1x1
 Command:
   python experiments/compare_recipes.py --config=configs/compare/granularity.py --workdir=/tmp/fp8jax_cmp/granularity
 
+The argument after the file name picks the seeds ("0-4" by default): two
+processes can share the workdir (``granularity.py:0-4:2`` and ``:1-4:2``), then
+the command above re-reads every finished run and tabulates them.
+
 What it prints: a progress line per run and logged step, then the Markdown
 table of results.md: one row per run with the final validation loss (65,536+
 held-out tokens), the paired relative gap to bf16 per seed, its mean and 95%
@@ -19,10 +23,11 @@ fraction and loss gap against tile_block show the mechanism at this scale.
 
 import ml_collections
 
-from fp8jax.train.defaults import tiny_comparison_config
+from fp8jax.train.defaults import parse_seeds, tiny_comparison_config
 
 
-def get_config():
+def get_config(seeds: str = "0-4"):
+    """``seeds``: "a-b", "a-b:step" or "s1,s2" (fp8jax.train.defaults.parse_seeds)."""
     c = tiny_comparison_config(
         "granularity",
         {
@@ -40,7 +45,7 @@ def get_config():
             "128x128 weight blocks, 1x128 tiles for the weights too, and 128x128 blocks for "
             "the Dgrad activation gradient (DeepSeek-V3 appendix B.2)."
         ),
-        seeds=(0, 1, 2, 3, 4),
+        seeds=parse_seeds(seeds),
     )
     c.model_overrides = ml_collections.ConfigDict(dict(d_model=512, d_ff=1024, d_expert=512))
     return c
