@@ -142,7 +142,10 @@ def test_aggregate_paired_gaps_intervals_table_and_plots(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(res))
     head = compare.headline_table([tmp_path])
     assert head.count("\n") == 3
-    assert "| t | fp8 (deepseek_v3) | 2.0251 | +0.75% [-2.43%, +3.93%] | +0.50%, +1.00% |" in head
+    assert (
+        "| t | fp8 (deepseek_v3) | bf16 | 2.0251 | +0.75% [-2.43%, +3.93%] | +0.50%, +1.00% |"
+        in head
+    )
 
 
 def test_diverged_seed_is_not_within():

@@ -385,7 +385,7 @@ def markdown(results: dict, command: str | None = None, notes: str = "") -> str:
         "",
         "![loss curves](loss_curves.png)",
         "",
-        "![gap to bf16](gap_to_bf16.png)",
+        f"![gap to {base}](gap_to_bf16.png)",
     ]
     if command:
         lines += ["", "Command:", "", "```", command, "```"]
@@ -537,11 +537,14 @@ def run_comparison(config, workdir: str | Path, *, command: str | None = None, s
 
 
 def headline_table(result_dirs: list[str | Path]) -> str:
-    """One Markdown table over several comparisons' results.json (non-baseline rows)."""
+    """One Markdown table over several comparisons' results.json (non-baseline rows).
+
+    Each row's gap is to its own comparison's baseline (named in the row).
+    """
     lines = [
-        "| comparison | run (recipe) | final val loss | val gap to bf16 [95% CI] | per seed "
+        "| comparison | run (recipe) | baseline | final val loss | val gap [95% CI] | per seed "
         "| within 0.25% | saturated max | flushed mean |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for d in result_dirs:
         res = json.loads((Path(d) / "results.json").read_text())
@@ -551,7 +554,7 @@ def headline_table(result_dirs: list[str | Path]) -> str:
             tel = r["fp8_telemetry"]
             gap = stats_from_json(r["gap_val"])
             lines.append(
-                f"| {res['name']} | {r['label']} ({r['recipe']}) | "
+                f"| {res['name']} | {r['label']} ({r['recipe']}) | {res['baseline']} | "
                 f"{as_float(r['final_val_loss']['mean']):.4f} | {interval_text(gap)} | "
                 f"{_seeds(gap)} | {VERDICT_TEXT[r['verdict']]} | "
                 f"{_sci(tel.get('saturated_max'))} | {_sci(tel.get('flushed_mean'))} |"
