@@ -50,8 +50,14 @@ def rope(x_BxTxHxD: jax.Array, theta: float) -> jax.Array:
     return out.astype(x_BxTxHxD.dtype)
 
 
-def attention_core(q, k, v, scale: float) -> jax.Array:
-    """Causal softmax(q k^T * scale) v in float32.
+# Recomputed in the backward pass (jax.checkpoint): kept across the step are
+# only q, k, v as given, not the float32 (B, H, T, T) logits, exponentials and
+# probabilities of every layer, the largest activations of a long sequence.
+# The recomputation repeats the same operations, so the gradients are the
+# ones autodiff would give from stored values (tests/test_models_attention.py
+# checks them bit for bit against stored_attention_core).
+def stored_attention_core(q, k, v, scale: float) -> jax.Array:
+    """Causal softmax(q k^T * scale) v in float32, its intermediates stored for backward.
 
     q, k: (B, T, H, Dk); v: (B, T, H, Dv) -> (B, T, H, Dv) float32.
     """
@@ -68,6 +74,11 @@ def attention_core(q, k, v, scale: float) -> jax.Array:
     return jnp.einsum(
         "bhts,bshd->bthd", probs, vf, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32
     )
+
+
+def attention_core(q, k, v, scale: float) -> jax.Array:
+    """:func:`stored_attention_core`, recomputed in the backward pass from q, k, v."""
+    return jax.checkpoint(stored_attention_core, static_argnums=(3,))(q, k, v, scale)
 
 
 class MHA(nnx.Module):
