@@ -263,3 +263,33 @@ def test_parse_seeds(spec, seeds):
 def test_parse_seeds_refuses_nonsense(spec):
     with pytest.raises(ConfigError, match="seeds"):
         parse_seeds(spec)
+
+
+def test_contrast_pairs_two_runs_directly():
+    c = _cfg(seeds=(0, 1, 2))
+    c.compare.labels = ["bf16", "fp8", "alt"]
+    c.compare.runs.alt = dict(recipe="current_tensor")
+    c.compare.contrasts = ["alt:fp8"]
+    vals = {"bf16": [2.0, 2.1, 2.2], "fp8": [2.02, 2.1, 2.2], "alt": [2.02, 2.121, 2.178]}
+    runs = {lab: {s: _summary(lab, v[s], v[s]) for s in range(3)} for lab, v in vals.items()}
+    res = compare.aggregate(c, runs, {})
+    (con,) = res["contrasts"]
+    assert (con["label"], con["reference"]) == ("alt", "fp8")
+    # Paired against fp8, not bf16: 0, +1%, -1% (float64 reference).
+    expect = np.array([0.0, 0.021 / 2.1, -0.022 / 2.2])
+    assert con["gap_val"]["per_seed"] == pytest.approx(expect)
+    sd = np.std(expect, ddof=1)
+    assert con["gap_val"]["half_width"] == pytest.approx(T_975[2] * sd / np.sqrt(3))
+    assert con["verdict"] == "cannot resolve"
+    md = compare.markdown(res)
+    assert "| alt | fp8 | " in md and "| +0.00%, +1.00%, -1.00% | cannot resolve 0.25% |" in md
+
+
+def test_contrast_with_unknown_label_is_a_config_error(tmp_path):
+    c = _cfg()
+    c.compare.contrasts = ["fp8:nope"]
+    with pytest.raises(ConfigError, match="contrasts"):
+        compare.validate_comparison(c, tmp_path / "w")
+    c.compare.contrasts = ["fp8"]
+    with pytest.raises(ConfigError, match="label:label"):
+        compare.contrast_pairs(c.compare)

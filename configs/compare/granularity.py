@@ -46,6 +46,14 @@ def get_config(seeds: str = "0-4"):
             "the Dgrad activation gradient (DeepSeek-V3 appendix B.2)."
         ),
         seeds=parse_seeds(seeds),
+        # Each finer granularity against the next coarser one, and the two
+        # variants against DeepSeek-V3's own layout, paired seed by seed.
+        contrasts=(
+            "row:tensor",
+            "tile_block:row",
+            "tile_everywhere:tile_block",
+            "dgrad_blocks:tile_block",
+        ),
     )
     c.model_overrides = ml_collections.ConfigDict(dict(d_model=512, d_ff=1024, d_expert=512))
     return c

@@ -10,6 +10,8 @@ A comparison config is a training config (see ``configs/tiny.py``) plus a
     compare.notes     what the comparison is, for the table
     compare.smooth    moving-average window of the plotted train-loss curves
     compare.runs.<label>   ConfigDict(recipe=..., <any top-level config field>=...)
+    compare.contrasts (optional) "a:b" pairs of labels compared directly, e.g.
+                      "dgrad_blocks:tile_block" (see Statistics)
 
 A label names a run, not a recipe: several labels may train the same recipe.
 Each (label, seed) trains with :func:`fp8jax.train.loop.train` in
@@ -29,7 +31,10 @@ DeepSeek-V3's criterion, a relative gap within 0.25%, holds when the whole
 interval lies inside +-0.25%; an interval wider than 0.5% cannot lie inside
 it (unless centred exactly), so the table then says the run cannot resolve
 0.25% rather than claiming either way.  The same statistics are computed for
-the training loss (mean of the last ``final_window`` logged steps).
+the training loss (mean of the last ``final_window`` logged steps).  A
+contrast "a:b" applies the same paired statistics to label a against label b
+(``(val(a, s) - val(b, s)) / val(b, s)``): two variants of one recipe
+compared with each other rather than each with the baseline.
 
 Outputs in the workdir: ``results.json`` (per label: per-seed values, means,
 intervals, verdict), ``results.md`` (Markdown table), ``loss_curves.png``
@@ -59,6 +64,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only ba
 
 DEEPSEEK_TOLERANCE = 0.0025
 COMPARE_FIELDS = ("name", "labels", "baseline", "seeds", "notes", "smooth", "runs")
+OPTIONAL_COMPARE_FIELDS = ("contrasts",)
 
 
 # --- Student t quantiles (no scipy) ------------------------------------------
@@ -196,9 +202,10 @@ def validate_comparison(config: ml_collections.ConfigDict, workdir: str | Path) 
     validate(config, extra=("compare",))
     cmp = config.compare
     for name in cmp:
-        if name not in COMPARE_FIELDS:
+        if name not in COMPARE_FIELDS + OPTIONAL_COMPARE_FIELDS:
             raise ConfigError(
-                f"unknown field compare.{name}; fields: {', '.join(COMPARE_FIELDS)}"
+                f"unknown field compare.{name}; fields: "
+                f"{', '.join(COMPARE_FIELDS + OPTIONAL_COMPARE_FIELDS)}"
                 + (" (runs live under --workdir/runs)" if name == "run_root" else "")
             )
     for name in COMPARE_FIELDS:
@@ -210,6 +217,9 @@ def validate_comparison(config: ml_collections.ConfigDict, workdir: str | Path) 
     missing = [lab for lab in labels if lab not in cmp.runs]
     if missing:
         raise ConfigError(f"compare.runs has no entry for {missing}")
+    for a, b in contrast_pairs(cmp):
+        if a not in labels or b not in labels:
+            raise ConfigError(f"compare.contrasts: {a}:{b} names a label not in {labels}")
     if not list(cmp.seeds):
         raise ConfigError("compare.seeds is empty: give at least one seed (two for an interval)")
     workdir = check_workdir(workdir)
@@ -226,6 +236,17 @@ def validate_comparison(config: ml_collections.ConfigDict, workdir: str | Path) 
             load_data(rc, n)
             checked.add(key)
     return workdir
+
+
+def contrast_pairs(cmp) -> list[tuple[str, str]]:
+    """The ``compare.contrasts`` entries "a:b" as (a, b) pairs (none when absent)."""
+    pairs = []
+    for spec in cmp.get("contrasts", None) or ():
+        a, sep, b = str(spec).partition(":")
+        if not (sep and a and b):
+            raise ConfigError(f"compare.contrasts: {spec!r} is not 'label:label'")
+        pairs.append((a, b))
+    return pairs
 
 
 def _diverged_summary(rdir: Path, rc, step: int) -> dict:
@@ -288,6 +309,11 @@ def aggregate(config, runs: dict[str, dict[int, dict]], run_rows: dict) -> dict:
                 "overrides": {k: to_jsonable(v) for k, v in cmp.runs[label].items()},
             }
         )
+    contrasts = []
+    for a, b in contrast_pairs(cmp):
+        va, vb = per_seed(a, "final_val_loss"), per_seed(b, "final_val_loss")
+        gap = mean_interval((va - vb) / vb)
+        contrasts.append({"label": a, "reference": b, "gap_val": gap, "verdict": verdict(gap)})
     return {
         "name": str(cmp.name),
         "baseline": base,
@@ -297,6 +323,7 @@ def aggregate(config, runs: dict[str, dict[int, dict]], run_rows: dict) -> dict:
         "train_loss_window": int(config.final_window),
         "baseline_seed_spread_val": spread,
         "table": table,
+        "contrasts": contrasts,
     }
 
 
@@ -378,6 +405,21 @@ def markdown(results: dict, command: str | None = None, notes: str = "") -> str:
             f"{'--' if is_base else interval_text(r['gap_train'])} | {r['tokens_per_s']:,.0f} | "
             f"{_sci(tel.get('saturated_max'))} | {_sci(tel.get('flushed_mean'))} |"
         )
+    if results.get("contrasts"):
+        lines += [
+            "",
+            "Contrasts: the same paired statistics between two runs (gap of the first to the "
+            "second).",
+            "",
+            "| run | vs | val gap [95% CI] | per-seed val gaps | within 0.25% |",
+            "|---|---|---|---|---|",
+        ]
+        for c in results["contrasts"]:
+            gap = stats_from_json(c["gap_val"])
+            lines.append(
+                f"| {c['label']} | {c['reference']} | {interval_text(gap)} | {_seeds(gap)} | "
+                f"{VERDICT_TEXT[c['verdict']]} |"
+            )
     lines += [
         "",
         "Saturated / flushed: fraction of forward FP8 operand elements clipped to the format max "

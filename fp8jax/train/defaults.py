@@ -188,16 +188,24 @@ def parse_seeds(spec: str) -> tuple[int, ...]:
 
 
 def comparison_block(
-    name: str, runs: dict, notes: str, *, seeds=(0, 1), baseline: str = "bf16"
+    name: str,
+    runs: dict,
+    notes: str,
+    *,
+    seeds=(0, 1),
+    baseline: str = "bf16",
+    contrasts: tuple[str, ...] = (),
 ) -> ml_collections.ConfigDict:
     """The ``compare`` block of a comparison config (fields: fp8jax.train.compare).
 
     ``runs`` maps a label to the fields it overrides, at least ``recipe``
     (several labels may share a recipe: a label names a run, not a recipe).
+    ``contrasts``: "a:b" pairs of labels also compared with each other.
     """
     return ml_collections.ConfigDict(
         dict(
             name=name,
+            contrasts=list(contrasts),
             labels=list(runs),
             baseline=baseline,
             seeds=list(seeds),
@@ -210,7 +218,7 @@ def comparison_block(
 
 
 def tiny_comparison_config(
-    name: str, runs: dict, notes: str, *, seeds=(0, 1)
+    name: str, runs: dict, notes: str, *, seeds=(0, 1), contrasts: tuple[str, ...] = ()
 ) -> ml_collections.ConfigDict:
     """The tiny model's 120-step comparison setup shared by formats/scaling/granularity.
 
@@ -224,7 +232,7 @@ def tiny_comparison_config(
     c.log_every = 3
     c.final_window = 10
     set_comparison_eval(c)
-    c.compare = comparison_block(name, runs, notes, seeds=seeds)
+    c.compare = comparison_block(name, runs, notes, seeds=seeds, contrasts=contrasts)
     return c
 
 
