@@ -143,19 +143,15 @@ def _divide(x: jnp.ndarray, scale: jnp.ndarray, assume_finite: bool) -> jnp.ndar
     """
     if assume_finite:
         return exact_div(x, scale)
-
-    def plain(x, scale):
-        return exact_div(x, scale)
-
-    def offset(x, scale):
-        k = jnp.where(_bits(scale) < _OFFSET_SCALE_BITS, _OFFSET, 0)
-        # Finite x that overflow once shifted are far beyond fmt_max * scale:
-        # float32's max keeps them finite so that they saturate.
-        xs = jnp.clip(ldexp_exact(x, k), -_F32_MAX, _F32_MAX)
-        return exact_div(xs, ldexp_exact(scale, k))
-
-    tiny = jnp.any(_bits(scale) < _OFFSET_SCALE_BITS)
-    y = lax.cond(tiny, offset, plain, x, scale)
+    # Branch-free: every group is shifted by k = 64 (tiny scale) or 0 (an
+    # exact identity), so the whole division stays one elementwise fusion; a
+    # lax.cond between the two would make XLA materialize float32 copies of
+    # x and of the quotient as the branches' operand and result.
+    k = jnp.where(_bits(scale) < _OFFSET_SCALE_BITS, _OFFSET, 0)
+    # Finite x that overflow once shifted are far beyond fmt_max * scale:
+    # float32's max keeps them finite so that they saturate.
+    xs = jnp.clip(ldexp_exact(x, k), -_F32_MAX, _F32_MAX)
+    y = exact_div(xs, ldexp_exact(scale, k))
     return jnp.where(jnp.isinf(x), x, y)
 
 
@@ -194,10 +190,13 @@ def _plain_amax(x, axis=None, keepdims=False):
     # initial 0 gives empty groups amax 0 and leaves max|x| unchanged.
     # Subnormal elements read as 0 under flush-to-zero: the caller sends tiny
     # amaxes to the robust (bit pattern) path.
-    xf = x.astype(jnp.float32)
-    hi = jnp.max(xf, axis=axis, keepdims=keepdims, initial=0.0)
-    lo = jnp.min(xf, axis=axis, keepdims=keepdims, initial=0.0)
-    return jnp.maximum(hi, -lo)
+    # Reduced in x's own dtype, cast after: rounding to float32 is monotone,
+    # so the max of the cast values is the cast of the max (exact for bf16 /
+    # f16), and XLA then keeps no float32 copy of x for the reduction to share
+    # with the quantizer's division (a whole float32 activation per call).
+    hi = jnp.max(x, axis=axis, keepdims=keepdims, initial=0)
+    lo = jnp.min(x, axis=axis, keepdims=keepdims, initial=0)
+    return jnp.maximum(hi, -lo).astype(jnp.float32)
 
 
 def group_amax(

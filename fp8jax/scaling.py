@@ -77,11 +77,20 @@ def finite_amax(x: jnp.ndarray, axis=None, keepdims: bool = False) -> jnp.ndarra
     the float order), so a group of float32 subnormals gets its true amax
     where XLA on CPU would flush it to 0.
     """
-    bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32) & 0x7FFFFFFF
+    # bfloat16 / float16 are reduced on their own 16-bit patterns and the max
+    # cast after (exact): XLA then keeps no float32 copy of x for the
+    # reduction to share with the quantizer's division.
+    dt = jnp.dtype(x.dtype)
+    if dt not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        dt, x = jnp.dtype(jnp.float32), x.astype(jnp.float32)
+    nbits = 8 * dt.itemsize
+    int_t = jnp.int16 if nbits == 16 else jnp.int32
+    inf_bits = int(np.array(np.inf, dt).view(np.int16 if nbits == 16 else np.int32))
+    bits = lax.bitcast_convert_type(x, int_t) & ((1 << (nbits - 1)) - 1)
     # Non-finite values would make the scale Inf/NaN for the whole group.
-    bits = jnp.where(bits < _INF_BITS, bits, 0)
+    bits = jnp.where(bits < inf_bits, bits, jnp.zeros((), int_t))
     amax = jnp.max(bits, axis=axis, keepdims=keepdims, initial=0)
-    return lax.bitcast_convert_type(amax, jnp.float32)
+    return lax.bitcast_convert_type(amax, dt).astype(jnp.float32)
 
 
 def pow2_ceil(scale: jnp.ndarray) -> jnp.ndarray:
