@@ -86,7 +86,14 @@ def plot_sweep(rows: list[dict], path: str | Path, value_name: str, title: str =
     ax_gap.set(xscale="log", xlabel=value_name, ylabel="val loss gap to baseline (%)")
     ax_gap.set_title("paired gap, mean and 95% interval over seeds", fontsize=10)
     ax_fl.set(xscale="log", xlabel=value_name, ylabel="flushed fraction")
-    ax_fl.set_yscale("symlog", linthresh=1e-6)
+    # Flushed fractions are >= 0 and span decades: log where every point is
+    # positive; otherwise symlog (linear around 0) starting at 0.
+    flushed = [r["flushed_mean"] for r in rows if math.isfinite(r["flushed_mean"])]
+    if flushed and min(flushed) > 0:
+        ax_fl.set_yscale("log")
+    else:
+        ax_fl.set_yscale("symlog", linthresh=1e-6)
+        ax_fl.set_ylim(bottom=0)
     ax_fl.set_title("FP8 elements flushed to zero (mean over steps, seeds)", fontsize=10)
     ax_gap.legend(fontsize=8)
     if title:
