@@ -13,12 +13,19 @@ The training loop saves only states whose loss and gradient norm were finite
 the latest cannot be read or holds non-finite values, moving the bad one to
 ``<workdir>/checkpoints_unreadable/`` (kept for inspection, out of the way of
 the next save at that step).
+
+:func:`run_lock` keeps two processes from training the same run directory at
+once (they would interleave their metrics and overwrite each other's
+checkpoints): a lock file per JAX process holds the owner's host and pid.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import jax
@@ -30,6 +37,55 @@ from fp8jax.train.state import TrainState
 
 class CheckpointError(RuntimeError):
     """No readable checkpoint where one was expected (one-line message with the fix)."""
+
+
+class RunInUse(CheckpointError):
+    """Another live process is training the same run directory."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def run_lock(workdir: str | Path, process_index: int = 0) -> Iterator[Path]:
+    """Hold ``<workdir>/.lock.<process_index>`` while training; RunInUse if it is held.
+
+    A lock left by a process that no longer runs on this host is taken over
+    (a killed run leaves its lock behind); one from another host is refused,
+    with the path to remove once that run is known to be gone.
+    """
+    path = Path(workdir) / f".lock.{process_index}"
+    host = socket.gethostname()
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                owner_host, owner_pid = path.read_text().split()
+                pid = int(owner_pid)
+            except (OSError, ValueError):
+                owner_host, pid = host, -1
+            if owner_host != host or (pid > 0 and _alive(pid)):
+                raise RunInUse(
+                    f"{workdir} is being trained by process {pid} on {owner_host}; wait for "
+                    f"it to finish, or remove {path} if that process is gone"
+                ) from None
+            path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{host} {os.getpid()}\n")
+        break
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def all_finite(tree) -> bool:

@@ -529,9 +529,15 @@ def train(
     """
     say = lambda line: print(line, file=stream, flush=True)  # noqa: E731
     run = setup(config, workdir)
+    run.workdir.mkdir(parents=True, exist_ok=True)
+    with ckpt_lib.run_lock(run.workdir, jax.process_index()):
+        return _train_locked(run, config, say, stop_at, stream)
+
+
+def _train_locked(run, config, say, stop_at, stream) -> dict:
+    """The body of :func:`train`, run while holding the run directory's lock."""
     total = int(config.steps)
     final_window = int(config.final_window)
-    run.workdir.mkdir(parents=True, exist_ok=True)
     ckpt = ckpt_lib.Checkpointer(
         run.workdir, every=int(config.checkpoint_every), keep=int(config.keep_checkpoints)
     )
