@@ -32,6 +32,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from fp8jax.owner import owner_alive
 from fp8jax.train.state import TrainState
 
 
@@ -41,16 +42,6 @@ class CheckpointError(RuntimeError):
 
 class RunInUse(CheckpointError):
     """Another live process is training the same run directory."""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @contextmanager
@@ -71,8 +62,9 @@ def run_lock(workdir: str | Path, process_index: int = 0) -> Iterator[Path]:
                 owner_host, owner_pid = path.read_text().split()
                 pid = int(owner_pid)
             except (OSError, ValueError):
+                # An unreadable lock names no owner: taken over.
                 owner_host, pid = host, -1
-            if owner_host != host or (pid > 0 and _alive(pid)):
+            if (pid > 0 or owner_host != host) and owner_alive(owner_host, pid):
                 raise RunInUse(
                     f"{workdir} is being trained by process {pid} on {owner_host}; wait for "
                     f"it to finish, or remove {path} if that process is gone"

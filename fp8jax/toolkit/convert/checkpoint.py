@@ -58,6 +58,7 @@ from typing import TextIO
 
 import numpy as np
 
+from fp8jax.owner import owner_alive
 from fp8jax.toolkit.convert.blockwise import (
     BLOCK,
     ROUNDINGS,
@@ -532,25 +533,12 @@ def _carry_other_files(src: Path, tmp: Path, config: dict | None, shards: set[st
 # -- the hidden output directory -------------------------------------------------
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    except OverflowError:
-        return False
-    return True
-
-
 def _remove_stale_partials(parent: Path, warn: Callable[[str], None]) -> None:
     """Remove hidden partial outputs of conversions whose process no longer exists.
 
     Only directories that carry this converter's marker, written on this host
     by a process id that is not running, are touched.
     """
-    host = socket.gethostname()
     for d in sorted(parent.glob(".*.partial-*")):
         marker = d / PARTIAL_MARKER
         if not d.is_dir() or d.is_symlink() or not marker.is_file():
@@ -560,7 +548,7 @@ def _remove_stale_partials(parent: Path, warn: Callable[[str], None]) -> None:
             pid, owner_host = int(info["pid"]), str(info["host"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if owner_host != host or pid == os.getpid() or _pid_alive(pid):
+        if owner_alive(owner_host, pid):
             continue
         shutil.rmtree(d, ignore_errors=True)
         warn(f"removed {d}, the partial output of an earlier conversion (process {pid} is gone)")
