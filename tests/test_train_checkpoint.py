@@ -45,3 +45,18 @@ def test_lock_from_another_host_is_refused_with_the_fix(tmp_path):
     # Front ends that report CheckpointError report this one too.
     assert isinstance(e.value, CheckpointError)
     assert (tmp_path / ".lock.0").exists()
+
+
+def test_lock_taken_by_another_process_in_between_is_refused(tmp_path, monkeypatch):
+    # The stale lock is removed, but every attempt to create it finds it again
+    # (another process got there first): refused, never held without the lock.
+    (tmp_path / ".lock.0").write_text(f"{socket.gethostname()} {2**40}\n")
+
+    def taken(src, dst):
+        raise FileExistsError(dst)
+
+    monkeypatch.setattr(os, "link", taken)
+    with pytest.raises(RunInUse, match="another process took its lock"):
+        with run_lock(tmp_path):
+            pass
+    assert not list(tmp_path.glob(".lock.0.*"))

@@ -54,26 +54,35 @@ def run_lock(workdir: str | Path, process_index: int = 0) -> Iterator[Path]:
     """
     path = Path(workdir) / f".lock.{process_index}"
     host = socket.gethostname()
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
+    # The lock is made by hard-linking a file that already holds the owner,
+    # so it never exists empty: a reader cannot mistake a lock being created
+    # for an unreadable one and take it over.
+    mine = path.with_name(f"{path.name}.{host}.{os.getpid()}")
+    mine.write_text(f"{host} {os.getpid()}\n")
+    try:
+        for _ in range(2):
+            try:
+                os.link(mine, path)
+                break
+            except FileExistsError:
+                pass
             try:
                 owner_host, owner_pid = path.read_text().split()
                 pid = int(owner_pid)
             except (OSError, ValueError):
-                # An unreadable lock names no owner: taken over.
+                # An unreadable (or vanished) lock names no owner: taken over.
                 owner_host, pid = host, -1
             if (pid > 0 or owner_host != host) and owner_alive(owner_host, pid):
                 raise RunInUse(
                     f"{workdir} is being trained by process {pid} on {owner_host}; wait for "
                     f"it to finish, or remove {path} if that process is gone"
-                ) from None
+                )
             path.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{host} {os.getpid()}\n")
-        break
+        else:
+            # Another process took the freed lock first.
+            raise RunInUse(f"{workdir}: another process took its lock {path}; try again later")
+    finally:
+        mine.unlink(missing_ok=True)
     try:
         yield path
     finally:
