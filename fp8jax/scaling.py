@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)
-_INF_BITS = 0x7F800000
 _ONE_BITS = 0x3F800000
 
 
