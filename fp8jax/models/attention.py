@@ -50,16 +50,11 @@ def rope(x_BxTxHxD: jax.Array, theta: float) -> jax.Array:
     return out.astype(x_BxTxHxD.dtype)
 
 
-# Recomputed in the backward pass (jax.checkpoint): kept across the step are
-# only q, k, v as given, not the float32 (B, H, T, T) logits, exponentials and
-# probabilities of every layer, the largest activations of a long sequence.
-# The recomputation repeats the same operations, so the gradients are the
-# ones autodiff would give from stored values (tests/test_models_attention.py
-# checks them bit for bit against stored_attention_core).
-def stored_attention_core(q, k, v, scale: float) -> jax.Array:
-    """Causal softmax(q k^T * scale) v in float32, its intermediates stored for backward.
+def _causal_attention_rows(q, k, v, scale: float, first_row) -> jax.Array:
+    """Causal softmax(q k^T * scale) v in float32 for the query rows ``first_row`` + 0..Tq-1.
 
-    q, k: (B, T, H, Dk); v: (B, T, H, Dv) -> (B, T, H, Dv) float32.
+    q: (B, Tq, H, Dk); k: (B, T, H, Dk); v: (B, T, H, Dv) -> (B, Tq, H, Dv) float32.
+    Row i attends to keys 0..first_row + i (``first_row`` may be traced).
     """
     # High-precision core (paper): float32 logits, softmax and PV.
     qf, kf, vf = (a.astype(jnp.float32) for a in (q, k, v))
@@ -67,8 +62,8 @@ def stored_attention_core(q, k, v, scale: float) -> jax.Array:
         jnp.einsum("bthd,bshd->bhts", qf, kf, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32)
         * scale
     )
-    t = q.shape[1]
-    causal = jnp.tril(jnp.ones((t, t), bool))
+    rows = first_row + jnp.arange(q.shape[1])
+    causal = rows[:, None] >= jnp.arange(k.shape[1])[None, :]
     logits = jnp.where(causal[None, None], logits, -jnp.inf)
     probs = jax.nn.softmax(logits, axis=-1)
     return jnp.einsum(
@@ -76,9 +71,50 @@ def stored_attention_core(q, k, v, scale: float) -> jax.Array:
     )
 
 
-def attention_core(q, k, v, scale: float) -> jax.Array:
-    """:func:`stored_attention_core`, recomputed in the backward pass from q, k, v."""
-    return jax.checkpoint(stored_attention_core, static_argnums=(3,))(q, k, v, scale)
+def stored_attention_core(q, k, v, scale: float) -> jax.Array:
+    """Causal softmax(q k^T * scale) v in float32, its intermediates stored for backward.
+
+    q, k: (B, T, H, Dk); v: (B, T, H, Dv) -> (B, T, H, Dv) float32.
+    """
+    return _causal_attention_rows(q, k, v, scale, 0)
+
+
+# Recomputed in the backward pass (jax.checkpoint): kept across the step are
+# only q, k, v as given, not the float32 (B, H, T, T) logits, exponentials and
+# probabilities of every layer, the largest activations of a long sequence.
+# The recomputation repeats the same operations, so with one block of queries
+# the gradients are the ones autodiff would give from stored values
+# (tests/test_models_attention.py checks them bit for bit against
+# stored_attention_core).
+def attention_core(q, k, v, scale: float, block_q: int = 0) -> jax.Array:
+    """:func:`stored_attention_core`, recomputed in the backward pass from q, k, v.
+
+    ``block_q`` > 0 and < T: the queries go through in blocks of ``block_q``
+    rows (a scan), each block's softmax over all of its keys, so the float32
+    (B, H, block_q, T) logits of one block are the largest temporaries of the
+    forward and the backward pass instead of (B, H, T, T).  A row's output is
+    computed from the same values as unblocked; dK and dV become a sum over
+    the blocks (float32 reduction order).  T is padded to a multiple of
+    ``block_q`` with zero queries, whose outputs are dropped.
+    """
+    t = q.shape[1]
+    if block_q <= 0 or t <= block_q:
+        return jax.checkpoint(stored_attention_core, static_argnums=(3,))(q, k, v, scale)
+    n = -(-t // block_q)
+    pad = n * block_q - t
+    # Zero queries past T: each still sees key 0, so its softmax is finite; dropped below.
+    qp = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    q_blocks = jnp.moveaxis(qp.reshape(q.shape[0], n, block_q, *q.shape[2:]), 1, 0)
+
+    @jax.checkpoint
+    def one_block(args):
+        qb, first = args
+        return _causal_attention_rows(qb, k, v, scale, first)
+
+    firsts = jnp.arange(n, dtype=jnp.int32) * block_q
+    out = jax.lax.map(one_block, (q_blocks, firsts))  # (n, B, block_q, H, Dv)
+    out = jnp.moveaxis(out, 0, 1).reshape(q.shape[0], n * block_q, *out.shape[3:])
+    return out[:, :t]
 
 
 class MHA(nnx.Module):
@@ -99,7 +135,7 @@ class MHA(nnx.Module):
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         q = rope(q, self.cfg.rope_theta)
         k = rope(k, self.cfg.rope_theta)
-        o = attention_core(q, k, v, 1.0 / math.sqrt(self.cfg.head_dim))
+        o = attention_core(q, k, v, 1.0 / math.sqrt(self.cfg.head_dim), self.cfg.attention_block_q)
         # Back to the activation dtype for the FP8/bf16 output projection.
         return self.wo(o.astype(self.cfg.dtype))
 
@@ -152,7 +188,7 @@ class MLA(nnx.Module):
         k_nope, v = kv[..., :nope], kv[..., nope:]
         k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pe, k_nope.shape[:-1] + (rp,))], -1)
         qf = jnp.concatenate([q_nope, q_pe], -1)
-        o = attention_core(qf, k, v, 1.0 / math.sqrt(nope + rp))
+        o = attention_core(qf, k, v, 1.0 / math.sqrt(nope + rp), cfg.attention_block_q)
         # Back to the activation dtype for the output projection.
         return self.wo(o.astype(cfg.dtype))
 

@@ -19,7 +19,10 @@ class ModelConfig:
     multi-head latent attention: queries through a ``q_lora_rank`` bottleneck
     (0 = none), keys/values from a ``kv_lora_rank`` latent, per-head
     ``qk_nope_head_dim`` + a shared decoupled RoPE key of ``qk_rope_head_dim``,
-    values of ``v_head_dim``).
+    values of ``v_head_dim``).  The attention core is recomputed in the
+    backward pass and runs over blocks of ``attention_block_q`` queries when
+    the sequence is longer (0 = never), which bounds its float32 temporaries
+    at (B, H, attention_block_q, T).
 
     Routing: sigmoid scores; top-k selection on scores + router bias
     (aux-loss-free balancing, the bias moves by ``bias_update_rate`` per
@@ -51,6 +54,8 @@ class ModelConfig:
     qk_rope_head_dim: int = 8
     v_head_dim: int = 16
     rope_theta: float = 10000.0
+    # queries per block of the attention core (0: the whole sequence at once)
+    attention_block_q: int = 512
     # FFN / MoE
     n_dense_layers: int = 1
     d_ff: int = 256
@@ -91,6 +96,8 @@ class ModelConfig:
             raise ValueError("qk_rope_head_dim must be even (RoPE pairs)")
         if self.attention == "mha" and self.head_dim % 2:
             raise ValueError("head_dim must be even (RoPE pairs)")
+        if self.attention_block_q < 0:
+            raise ValueError("attention_block_q must be >= 0 (0: no blocks)")
         if self.massive_activation_site not in ("residual", "ffn_hidden"):
             raise ValueError("massive_activation_site must be 'residual' or 'ffn_hidden'")
         if self.massive_activation_count > self.d_model:
