@@ -266,15 +266,10 @@ def _chunked(a_codes, a_s, b_codes, b_s, group: int, impl: str) -> jax.Array:
     n = b_codes.shape[2]
     runs = -(-k // group)
     pad = runs * group - k
-    if impl == "chunked":
-        # Every E4M3 / E5M2 code is exact in bfloat16.
-        a_c, b_c = a_codes.astype(jnp.bfloat16), b_codes.astype(jnp.bfloat16)
-    else:
-        a_c, b_c = a_codes, b_codes
     if pad:
         # Zero codes past K add nothing to any run.
-        a_c = jnp.pad(a_c, ((0, 0), (0, 0), (0, pad)))
-        b_c = jnp.pad(b_c, ((0, 0), (0, pad), (0, 0)))
+        a_codes = jnp.pad(a_codes, ((0, 0), (0, 0), (0, pad)))
+        b_codes = jnp.pad(b_codes, ((0, 0), (0, pad), (0, 0)))
     dims = (((2,), (1,)), ((0,), (0,)))
     if impl == "chunked":
         dot_fn = partial(dot, dims=dims)
@@ -286,20 +281,26 @@ def _chunked(a_codes, a_s, b_codes, b_s, group: int, impl: str) -> jax.Array:
             precision=fp8_alg,
             preferred_element_type=jnp.float32,
         )
+
+    def codes(c):
+        # "chunked": every E4M3 / E5M2 code is exact in bfloat16.
+        return c.astype(jnp.bfloat16) if impl == "chunked" else c
+
     if runs == 1:
         # One run (per-tensor or per-row scales): one dot, scaled once.
-        return dot_fn(a_c, b_c) * (a_s[:, :, 0:1] * b_s[:, 0:1, :])
-    a_r = jnp.moveaxis(a_c.reshape(bsz, m, runs, group), 2, 0)  # (R, B, M, g)
-    b_r = b_c.reshape(bsz, runs, group, n).swapaxes(0, 1)  # (R, B, g, N)
-    sa = jnp.moveaxis(a_s, 2, 0)[..., None]  # (R, B, M, 1)
-    sb = b_s.swapaxes(0, 1)[:, :, None, :]  # (R, B, 1, N)
+        return dot_fn(codes(a_codes), codes(b_codes)) * (a_s[:, :, 0:1] * b_s[:, 0:1, :])
 
-    def body(acc, xs):
-        ar, br, sar, sbr = xs
+    def body(acc, r):
+        # The run is sliced (and widened) inside the loop, so one run's
+        # operands are live at a time, not a widened copy of all of them.
+        ar = codes(lax.dynamic_slice_in_dim(a_codes, r * group, group, axis=2))
+        br = codes(lax.dynamic_slice_in_dim(b_codes, r * group, group, axis=1))
+        sar = lax.dynamic_slice_in_dim(a_s, r, 1, axis=2)  # (B, M, 1)
+        sbr = lax.dynamic_slice_in_dim(b_s, r, 1, axis=1)  # (B, 1, N)
         # The run's float32 partial sum times fl32(s_a * s_b), added in float32.
         return acc + dot_fn(ar, br) * (sar * sbr), None
 
-    acc, _ = lax.scan(body, jnp.zeros((bsz, m, n), jnp.float32), (a_r, b_r, sa, sb))
+    acc, _ = lax.scan(body, jnp.zeros((bsz, m, n), jnp.float32), jnp.arange(runs))
     return acc
 
 
