@@ -154,13 +154,28 @@ def dot(a: jax.Array, b: jax.Array, dims) -> jax.Array:
 # --------------------------------------------------------------------------
 
 
-def gemm(a, b, kind: str, recipe: Recipe) -> jax.Array:
-    """One dense GEMM of the canonical layouts (module docstring); float32 result."""
+# Implementations that take a run of K at a time, so an indexed ``b`` is
+# gathered one run at a time inside their loop.
+_RUN_IMPLS = ("chunked", "fp8", "fp8_fast")
+
+
+def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> jax.Array:
+    """One dense GEMM of the canonical layouts (module docstring); float32 result.
+
+    ``b_index`` (int (B,)): ``b`` holds E matrices and batch element i of the
+    product uses ``b[b_index[i]]`` (each expert-aligned tile its expert's
+    weight).  The run-wise implementations gather one run of K at a time;
+    the others gather the whole (B, ., .) operand first.  Same values either way.
+    """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if isinstance(a, BlockTensor) or isinstance(b, BlockTensor):
+        if b_index is not None:
+            b = take_batch(b, b_index)
         return _block(a, b, kind, recipe)
     impl = select_impl(recipe, a, b, kind)
+    if b_index is not None and impl not in _RUN_IMPLS:
+        b, b_index = take_batch(b, b_index), None
     if impl == "plain":
         if isinstance(a, QTensor) or isinstance(b, QTensor):
             # One side quantized: dequantize it to float32 and dot in float32.
@@ -182,7 +197,7 @@ def gemm(a, b, kind: str, recipe: Recipe) -> jax.Array:
         return accumulate.emulated_gemm(
             a_codes, a_s, b_codes, b_s, group=group, acc=recipe.accumulation
         )
-    return _chunked(a_codes, a_s, b_codes, b_s, group, impl)
+    return _chunked(a_codes, a_s, b_codes, b_s, group, impl, b_index)
 
 
 def _block(a, b, kind: str, recipe: Recipe) -> jax.Array:
@@ -255,15 +270,16 @@ def _common_groups(k: int, ga: int, a_s, gb: int, b_s):
     return g, _repeat_crop(a_s, 2, ga // g, runs), _repeat_crop(b_s, 1, gb // g, runs)
 
 
-def _chunked(a_codes, a_s, b_codes, b_s, group: int, impl: str) -> jax.Array:
+def _chunked(a_codes, a_s, b_codes, b_s, group: int, impl: str, b_index=None) -> jax.Array:
     """Runs of ``group`` along K: dot of the codes, times both scales, summed in float32.
+
+    ``b_index``: the b side holds E matrices, batch element i uses b[b_index[i]].
 
     "chunked": codes in bfloat16 (every E4M3/E5M2 code is exact in it) with
     ``BF16_BF16_F32``; "fp8" / "fp8_fast": the FP8 codes with the hardware
     FP8 algorithm (with / without the tensor core's promotion).
     """
-    bsz, m, k = a_codes.shape
-    n = b_codes.shape[2]
+    k = a_codes.shape[2]
     runs = -(-k // group)
     pad = runs * group - k
     if pad:
@@ -286,21 +302,30 @@ def _chunked(a_codes, a_s, b_codes, b_s, group: int, impl: str) -> jax.Array:
         # "chunked": every E4M3 / E5M2 code is exact in bfloat16.
         return c.astype(jnp.bfloat16) if impl == "chunked" else c
 
+    def per_batch(t):
+        return t if b_index is None else t[b_index]
+
     if runs == 1:
         # One run (per-tensor or per-row scales): one dot, scaled once.
-        return dot_fn(codes(a_codes), codes(b_codes)) * (a_s[:, :, 0:1] * b_s[:, 0:1, :])
+        b_c, sb = per_batch(b_codes), per_batch(b_s[:, 0:1, :])
+        return dot_fn(codes(a_codes), codes(b_c)) * (a_s[:, :, 0:1] * sb)
 
-    def body(acc, r):
-        # The run is sliced (and widened) inside the loop, so one run's
-        # operands are live at a time, not a widened copy of all of them.
+    def run(r):
+        # The run is sliced (gathered per batch element, widened) inside the
+        # loop, so one run's operands are live at a time, not a widened copy
+        # of all of them.
         ar = codes(lax.dynamic_slice_in_dim(a_codes, r * group, group, axis=2))
-        br = codes(lax.dynamic_slice_in_dim(b_codes, r * group, group, axis=1))
+        br = codes(per_batch(lax.dynamic_slice_in_dim(b_codes, r * group, group, axis=1)))
         sar = lax.dynamic_slice_in_dim(a_s, r, 1, axis=2)  # (B, M, 1)
-        sbr = lax.dynamic_slice_in_dim(b_s, r, 1, axis=1)  # (B, 1, N)
-        # The run's float32 partial sum times fl32(s_a * s_b), added in float32.
-        return acc + dot_fn(ar, br) * (sar * sbr), None
+        sbr = per_batch(lax.dynamic_slice_in_dim(b_s, r, 1, axis=1))  # (B, 1, N)
+        # The run's float32 partial sum times fl32(s_a * s_b).
+        return dot_fn(ar, br) * (sar * sbr)
 
-    acc, _ = lax.scan(body, jnp.zeros((bsz, m, n), jnp.float32), jnp.arange(runs))
+    # The zero carry is tied to this GEMM's operands: as a bare constant, XLA
+    # materializes every GEMM's zero carry ahead of time, all live at once.
+    zero = jnp.zeros((a_codes.shape[0], a_codes.shape[1], b_s.shape[2]), jnp.float32)
+    zero, _ = lax.optimization_barrier((zero, a_codes))
+    acc, _ = lax.scan(lambda acc, r: (acc + run(r), None), zero, jnp.arange(runs))
     return acc
 
 
@@ -348,15 +373,16 @@ def tile_rows(op, layout: GroupLayout):
     return QTensor(data, scale, op.granularity, op.axis + 1, op.tile)
 
 
-def _per_tile(op, layout: GroupLayout):
-    """(E, K, N) expert weights -> (T, K, N): each tile's expert (padding tiles take expert 0)."""
-    g = jnp.maximum(layout.tile_group, 0)
+def take_batch(op, index: jax.Array):
+    """Batch elements ``index`` of a (E, ., .) operand (QTensor, BlockTensor or array)."""
     if isinstance(op, BlockTensor):
-        return BlockTensor(op.data[g], op.scale[g], op.tensor_scale, op.axis, op.block, op.two_d)
+        return BlockTensor(
+            op.data[index], op.scale[index], op.tensor_scale, op.axis, op.block, op.two_d
+        )
     if not isinstance(op, QTensor):
-        return op[g]
-    scale = op.scale if op.granularity == "tensor" else op.scale[g]
-    return QTensor(op.data[g], scale, op.granularity, op.axis, op.tile)
+        return op[index]
+    scale = op.scale if op.granularity == "tensor" else op.scale[index]
+    return QTensor(op.data[index], scale, op.granularity, op.axis, op.tile)
 
 
 def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_groups: int):
@@ -372,8 +398,9 @@ def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_group
         return sum_tiles(gemm(a, b, "wgrad", recipe), layout, num_groups)
     # Rows (M, C), or operands already laid out in tiles (T, tile, C).
     a_t = a if len(a.shape) == 3 else tile_rows(a, layout)
-    b_t = _per_tile(b, layout)
-    impl = select_impl(recipe, a_t, b_t, kind)
+    # Each tile's expert (padding tiles take expert 0).
+    tile_expert = jnp.maximum(layout.tile_group, 0)
+    impl = select_impl(recipe, a_t, b, kind)
     if impl == "pallas":
         # The grouped kernel reads the aligned rows and each tile's expert id.
         mp = layout.src_row.shape[0]
@@ -390,4 +417,4 @@ def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_group
             interpret=not kernel_available(),
         )
         return from_tiles(y.reshape(layout.num_tiles, layout.tile, -1), layout)
-    return from_tiles(gemm(a_t, b_t, kind, recipe), layout)
+    return from_tiles(gemm(a_t, b, kind, recipe, b_index=tile_expert), layout)

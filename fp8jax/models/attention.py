@@ -64,7 +64,9 @@ def _causal_attention_rows(q, k, v, scale: float, first_row) -> jax.Array:
     )
     rows = first_row + jnp.arange(q.shape[1])
     causal = rows[:, None] >= jnp.arange(k.shape[1])[None, :]
-    logits = jnp.where(causal[None, None], logits, -jnp.inf)
+    # The mask as an additive (Tq, T) bias (x + 0 is x, x - inf is -inf):
+    # a select against -inf would have XLA materialize a (B, H, Tq, T) -inf.
+    logits = logits + jnp.where(causal, 0.0, -jnp.inf)[None, None]
     probs = jax.nn.softmax(logits, axis=-1)
     return jnp.einsum(
         "bhts,bshd->bthd", probs, vf, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32
