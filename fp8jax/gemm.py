@@ -321,10 +321,11 @@ def _chunked(a_codes, a_s, b_codes, b_s, group: int, impl: str, b_index=None) ->
         # The run's float32 partial sum times fl32(s_a * s_b).
         return dot_fn(ar, br) * (sar * sbr)
 
-    # The zero carry is tied to this GEMM's operands: as a bare constant, XLA
-    # materializes every GEMM's zero carry ahead of time, all live at once.
-    zero = jnp.zeros((a_codes.shape[0], a_codes.shape[1], b_s.shape[2]), jnp.float32)
-    zero, _ = lax.optimization_barrier((zero, a_codes))
+    # The zero carry is computed from this GEMM's scales (min(s_a s_b, 0) is
+    # +0 for every scale >= 0, NaN only where the product would be NaN
+    # anyway): a constant zero carry is one XLA materializes ahead of time,
+    # every GEMM's at once, and keeps alive until its loop runs.
+    zero = jnp.minimum(a_s[:, :, 0:1] * per_batch(b_s[:, 0:1, :]), 0.0)
     acc, _ = lax.scan(lambda acc, r: (acc + run(r), None), zero, jnp.arange(runs))
     return acc
 
