@@ -48,7 +48,7 @@ from jax import lax
 
 from fp8jax import scaling
 from fp8jax.gemm import dot_algorithm, gemm
-from fp8jax.operands import after, cache_for_wgrad, quantize_operand, requantize, state_part
+from fp8jax.operands import cache_for_wgrad, quantize_operand, requantize, state_part
 from fp8jax.recipes import Recipe
 from fp8jax.telemetry import operand_stats
 
@@ -83,9 +83,9 @@ def _fp8_bmm_fwd(x, w, state, recipe, dtypes, with_stats):
 
 
 def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
+    x_cached, qw, state, new_x, new_w = res
     _, x_dtype, w_dtype = dtypes
     dy = g[0] if with_stats else g
-    x_cached, qw, state, new_x, new_w = after(res, dy)
     # Dgrad: dx = dy @ w^T, contraction over N.
     qdy_d, new_dy = quantize_operand(
         dy, recipe.dgrad.lhs, _DGRAD_DY_AXIS, recipe, state_part(state, "dy")

@@ -43,7 +43,6 @@ from fp8jax import scaling
 from fp8jax.gemm import grouped_gemm
 from fp8jax.groups import GroupLayout, group_layout, to_tiles
 from fp8jax.operands import (
-    after,
     cache_for_wgrad,
     materialize,
     quantize_operand,
@@ -122,9 +121,9 @@ def _grouped_fwd(x, w, group_sizes, state, recipe, dtypes, with_stats):
 
 
 def _grouped_bwd(recipe, dtypes, with_stats, res, g):
+    x_cached, qw, group_sizes, state, new_x, new_w, x_q = res
     _, x_dtype, w_dtype = dtypes
     dy = g[0] if with_stats else g
-    x_cached, qw, group_sizes, state, new_x, new_w, x_q = after(res, dy)
     num_groups = qw.shape[0]
     layout = group_layout(group_sizes, dy.shape[0], _layout_tile(recipe))
     # Dgrad: dx = dy @ w^T, contraction over N: dy in 1x128 tiles along N.

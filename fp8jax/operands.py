@@ -18,19 +18,6 @@ from fp8jax.quant import QTensor, dequantize, quantize, quantize_with_scale
 from fp8jax.recipes import QuantSpec, Recipe
 
 
-def after(operands, dep):
-    """``operands`` unchanged, but available only once ``dep`` exists.
-
-    A scheduling edge for the backward pass: XLA may otherwise run work that
-    depends only on forward residuals (re-quantizing the cached FP8
-    activations for Wgrad, widening codes for a dot) as early as the
-    forward pass, and keep every layer's result alive in float32 until its
-    GEMM, which undoes the FP8 cache.  Tied to the incoming gradient, that
-    work runs in its own layer's backward step.  Values are not touched.
-    """
-    return jax.lax.optimization_barrier((operands, dep))[0]
-
-
 def state_part(state: scaling.DelayedGemmState | None, name: str):
     """The delayed state of one operand ("x", "w", "dy"), or None without state."""
     return None if state is None else getattr(state, name)
