@@ -48,7 +48,13 @@ from jax import lax
 
 from fp8jax import scaling
 from fp8jax.gemm import dot_algorithm, gemm
-from fp8jax.operands import cache_for_wgrad, quantize_operand, requantize, state_part
+from fp8jax.operands import (
+    after_gradient,
+    cache_for_wgrad,
+    quantize_operand,
+    requantize,
+    state_part,
+)
 from fp8jax.recipes import Recipe
 from fp8jax.telemetry import operand_stats
 
@@ -96,7 +102,12 @@ def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
     dx = gemm(qdy_d, w_d, "dgrad", recipe).astype(x_dtype)
     # Wgrad: dw = x^T @ dy, contraction over the token axis M.
     x_w = requantize(
-        x_cached, recipe.wgrad.lhs, _WGRAD_X_AXIS, recipe, recipe.fprop.lhs, state_part(state, "x")
+        after_gradient(x_cached, qdy_d),
+        recipe.wgrad.lhs,
+        _WGRAD_X_AXIS,
+        recipe,
+        recipe.fprop.lhs,
+        state_part(state, "x"),
     )
     if recipe.wgrad.rhs == recipe.dgrad.lhs and recipe.wgrad.rhs.granularity == "tensor":
         # One tensor scale does not depend on the contraction axis: reuse Dgrad's dy.

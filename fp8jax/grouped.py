@@ -43,6 +43,7 @@ from fp8jax import scaling
 from fp8jax.gemm import grouped_gemm
 from fp8jax.groups import GroupLayout, group_layout, to_tiles
 from fp8jax.operands import (
+    after_gradient,
     cache_for_wgrad,
     materialize,
     quantize_operand,
@@ -136,6 +137,7 @@ def _grouped_bwd(recipe, dtypes, with_stats, res, g):
         qdy, new_dy = _quantize_rows(dy, recipe.dgrad.lhs, recipe, state_part(state, "dy"))
     w_d = requantize(qw, recipe.dgrad.rhs, 2, recipe, recipe.fprop.rhs, state_part(state, "w"))
     dx = grouped_gemm(qdy, w_d, layout, "dgrad", recipe, num_groups).astype(x_dtype)
+    x_cached = after_gradient(x_cached, qdy)
     # Wgrad: dw[e] = x_e^T dy_e over expert-aligned tiles of tokens; x from its cache.
     if isinstance(x_cached, QTensor) and recipe.wgrad.lhs == recipe.fprop.lhs:
         reuse = x_cached.granularity == "tensor"

@@ -97,6 +97,23 @@ def materialize(op, dtype) -> jax.Array:
     return op.astype(dtype)
 
 
+def after_gradient(cached, qdy):
+    """The cached FP8 ``cached`` (a QTensor), usable only once ``qdy`` exists; same values.
+
+    Wgrad re-quantizes the cached activation, work that depends on forward
+    values only, so XLA may schedule it for every layer during the forward
+    pass and keep each result (widened to float32 for its dot on a CPU)
+    alive until that layer's backward step, which undoes what the FP8 cache
+    saves.  Adding min(s, 0) of the gradient's first scale s (+0: scales are
+    finite and positive) to the cached scales makes the work wait for this
+    layer's gradient without changing a bit.  Anything else passes through.
+    """
+    if not (isinstance(cached, QTensor) and isinstance(qdy, QTensor)):
+        return cached
+    zero = jnp.minimum(qdy.scale.reshape(-1)[0], 0.0).astype(cached.scale.dtype)
+    return QTensor(cached.data, cached.scale + zero, cached.granularity, cached.axis, cached.tile)
+
+
 def cache_for_wgrad(x: jax.Array, qx, recipe: Recipe):
     """What the forward pass keeps of x for Wgrad (the residual).
 
