@@ -165,7 +165,8 @@ def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> j
     ``b_index`` (int (B,)): ``b`` holds E matrices and batch element i of the
     product uses ``b[b_index[i]]`` (each expert-aligned tile its expert's
     weight).  The run-wise implementations gather one run of K at a time;
-    the others gather the whole (B, ., .) operand first.  Same values either way.
+    the others gather the whole (B, ., .) operand first.  Both give the same
+    products and runs; XLA may sum a run's products in another float32 order.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")

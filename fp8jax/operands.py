@@ -104,14 +104,20 @@ def after_gradient(cached, qdy):
     values only, so XLA may schedule it for every layer during the forward
     pass and keep each result (widened to float32 for its dot on a CPU)
     alive until that layer's backward step, which undoes what the FP8 cache
-    saves.  Adding min(s, 0) of the gradient's first scale s (+0: scales are
-    finite and positive) to the cached scales makes the work wait for this
-    layer's gradient without changing a bit.  Anything else passes through.
+    saves.  OR-ing min(b, 0) of the bit pattern b of the gradient's first
+    scale (0: scales are positive) into the cached scales' bit patterns makes
+    the work wait for this layer's gradient without changing a bit.  Anything else passes through.
     """
     if not (isinstance(cached, QTensor) and isinstance(qdy, QTensor)):
         return cached
-    zero = jnp.minimum(qdy.scale.reshape(-1)[0], 0.0).astype(cached.scale.dtype)
-    return QTensor(cached.data, cached.scale + zero, cached.granularity, cached.axis, cached.tile)
+    # On the bit patterns (an integer OR of 0), so a subnormal scale is not
+    # flushed as a float addition on a flush-to-zero backend would.
+    dep = jax.lax.bitcast_convert_type(qdy.scale.reshape(-1)[0].astype(jnp.float32), jnp.int32)
+    bits = jax.lax.bitcast_convert_type(cached.scale.astype(jnp.float32), jnp.int32)
+    scale = jax.lax.bitcast_convert_type(bits | jnp.minimum(dep, 0), jnp.float32)
+    return QTensor(
+        cached.data, scale.astype(cached.scale.dtype), cached.granularity, cached.axis, cached.tile
+    )
 
 
 def cache_for_wgrad(x: jax.Array, qx, recipe: Recipe):
