@@ -1,7 +1,11 @@
 r"""Where a train step's bytes go, deepseek_v3 vs bf16: autodiff residuals and XLA's compiled peak.
 
-    python experiments/bench_memory.py                            # seq 512, 2 layers, batch 8
-    python experiments/bench_memory.py --seq=1024 --layers=4 --compile
+    python experiments/bench_memory.py --compile      # seq 2048, 8 layers, batch 2 (~3 min)
+    python experiments/bench_memory.py --seq=512 --layers=2 --batch=8
+
+The default is a setting where activations dominate a step's memory (long
+sequences, several layers, d_model 256): 4096 tokens per step through 8
+blocks (one dense, seven MoE), attention in blocks of 512 queries.
 
 Per recipe: the bytes kept from forward to backward (the VJP's residuals,
 ``fp8jax.bench.residuals``) in total and per dtype, the largest sources by
@@ -24,9 +28,9 @@ from fp8jax.bench.timing import memory_stats
 from fp8jax.models import ModelConfig, MoETransformer, loss_fn
 from fp8jax.parallel.mesh import make_mesh
 
-_SEQ = flags.DEFINE_integer("seq", 512, "sequence length")
-_LAYERS = flags.DEFINE_integer("layers", 2, "transformer blocks (the first is dense)")
-_BATCH = flags.DEFINE_integer("batch", 8, "sequences per step")
+_SEQ = flags.DEFINE_integer("seq", 2048, "sequence length")
+_LAYERS = flags.DEFINE_integer("layers", 8, "transformer blocks (the first is dense)")
+_BATCH = flags.DEFINE_integer("batch", 2, "sequences per step")
 _DMODEL = flags.DEFINE_integer("d_model", 256, "model width")
 _RECIPES = flags.DEFINE_list("recipes", ["bf16", "deepseek_v3"], "presets; the first is the base")
 _TOP = flags.DEFINE_integer("top", 8, "largest residual sources shown per recipe")
