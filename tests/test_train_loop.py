@@ -160,6 +160,14 @@ def test_resume_refuses_another_config_and_allows_more_steps(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["config"]["steps"] == 7
 
 
+def test_resumable_fields_are_matched_by_name_and_prefix():
+    from fp8jax.train.defaults import is_resumable
+
+    assert is_resumable("steps") and is_resumable("mesh.data") and is_resumable("mesh.fsdp")
+    assert not is_resumable("mesh_x") and not is_resumable("recipe")
+    assert not is_resumable("model_overrides.d_model")
+
+
 def test_torn_metrics_line_is_dropped_with_a_warning(tmp_path):
     c = _fast()
     whole = train(c, tmp_path / "a", stream=io.StringIO())

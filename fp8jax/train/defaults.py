@@ -32,6 +32,8 @@ class ConfigError(ValueError):
 # Fields a run may change when it resumes from its workdir: they decide how
 # long it trains and what it logs, not what a step computes.  ``steps`` may
 # only grow (the cosine schedule is then stretched from the resumed step on).
+# "mesh" (every mesh.* field): a checkpoint restores onto another mesh or
+# process count; a step then computes the same sums in another float32 order.
 RESUMABLE_FIELDS = (
     "steps",
     "log_every",
@@ -40,7 +42,13 @@ RESUMABLE_FIELDS = (
     "keep_checkpoints",
     "tensorboard",
     "final_window",
+    "mesh",
 )
+
+
+def is_resumable(field: str) -> bool:
+    """True for a (dotted) config field a resumed run may change (``RESUMABLE_FIELDS``)."""
+    return any(field == f or field.startswith(f + ".") for f in RESUMABLE_FIELDS)
 
 
 def base_config() -> ml_collections.ConfigDict:

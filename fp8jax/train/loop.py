@@ -60,6 +60,7 @@ from fp8jax.train.defaults import (
     RESUMABLE_FIELDS,
     ConfigError,
     check_workdir,
+    is_resumable,
     model_config,
     seq_len,
     validate,
@@ -220,7 +221,7 @@ def check_resumable(workdir: Path, config: ml_collections.ConfigDict) -> dict[st
         ) from None
     new = json.loads(json.dumps(metrics_lib.to_jsonable(config)))
     changes = config_changes(old, new)
-    fixed = {k: v for k, v in changes.items() if k not in RESUMABLE_FIELDS}
+    fixed = {k: v for k, v in changes.items() if not is_resumable(k)}
     if fixed:
         shown = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in list(fixed.items())[:4])
         more = f" (+{len(fixed) - 4} more)" if len(fixed) > 4 else ""
