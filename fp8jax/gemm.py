@@ -306,10 +306,11 @@ def _chunked(a_codes, a_s, b_codes, b_s, group: int, impl: str, b_index=None) ->
     def per_batch(t):
         return t if b_index is None else t[b_index]
 
+    # fl32(s_a * s_b) of the first run: the whole scale of a one-run GEMM.
+    first_scale = a_s[:, :, 0:1] * per_batch(b_s[:, 0:1, :])
     if runs == 1:
         # One run (per-tensor or per-row scales): one dot, scaled once.
-        b_c, sb = per_batch(b_codes), per_batch(b_s[:, 0:1, :])
-        return dot_fn(codes(a_codes), codes(b_c)) * (a_s[:, :, 0:1] * sb)
+        return dot_fn(codes(a_codes), codes(per_batch(b_codes))) * first_scale
 
     def run(r):
         # The run is sliced (gathered per batch element, widened) inside the
@@ -326,7 +327,7 @@ def _chunked(a_codes, a_s, b_codes, b_s, group: int, impl: str, b_index=None) ->
     # +0 for every scale >= 0, NaN only where the product would be NaN
     # anyway): a constant zero carry is one XLA materializes ahead of time,
     # every GEMM's at once, and keeps alive until its loop runs.
-    zero = jnp.minimum(a_s[:, :, 0:1] * per_batch(b_s[:, 0:1, :]), 0.0)
+    zero = jnp.minimum(first_scale, 0.0)
     acc, _ = lax.scan(lambda acc, r: (acc + run(r), None), zero, jnp.arange(runs))
     return acc
 
@@ -400,8 +401,6 @@ def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_group
         return sum_tiles(gemm(a, b, "wgrad", recipe), layout, num_groups)
     # Rows (M, C), or operands already laid out in tiles (T, tile, C).
     a_t = a if len(a.shape) == 3 else tile_rows(a, layout)
-    # Each tile's expert (padding tiles take expert 0).
-    tile_expert = jnp.maximum(layout.tile_group, 0)
     impl = select_impl(recipe, a_t, b, kind)
     if impl == "pallas":
         # The grouped kernel reads the aligned rows and each tile's expert id.
@@ -419,4 +418,6 @@ def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_group
             interpret=not kernel_available(),
         )
         return from_tiles(y.reshape(layout.num_tiles, layout.tile, -1), layout)
+    # Each tile's expert (padding tiles take expert 0).
+    tile_expert = jnp.maximum(layout.tile_group, 0)
     return from_tiles(gemm(a_t, b, kind, recipe, b_index=tile_expert), layout)

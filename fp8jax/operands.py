@@ -106,7 +106,8 @@ def after_gradient(cached, qdy):
     alive until that layer's backward step, which undoes what the FP8 cache
     saves.  OR-ing min(b, 0) of the bit pattern b of the gradient's first
     scale (0: scales are positive) into the cached scales' bit patterns makes
-    the work wait for this layer's gradient without changing a bit.  Anything else passes through.
+    the work wait for this layer's gradient without changing a bit.  Anything
+    else passes through.
     """
     if not (isinstance(cached, QTensor) and isinstance(qdy, QTensor)):
         return cached
