@@ -5,7 +5,7 @@ al. (2021, "Numerical behavior of NVIDIA tensor cores") and Khattak and
 Mikaitis (2026, "Accurate Models of NVIDIA Tensor Cores", arXiv:2512.07004)
 describe the FP8 path; DeepSeek-V3 (arXiv 2412.19437, sec. 3.3) works around
 it by promoting partial sums to FP32 every N_C = 128 elements of K and
-applying the per-tile / per-block scales there (DeepGEMM does the same).
+applying the per-tile / per-block scales there (as DeepGEMM's kernels do).
 
 The model (:func:`emulated_gemm`, configured by
 ``fp8jax.recipes.Accumulation(block, frac_bits, promote_every)``), for one
@@ -30,8 +30,11 @@ output y = sum_k s(k) a_k b_k with FP8 codes a_k, b_k and scales s:
    ``group`` along K -- the scales change there, and they can only be applied
    outside the tensor core -- and at every multiple of ``promote_every`` when
    that is not None.  When a chain ends, s = fl32(s_a * s_b) for that row,
-   column and run of K, and the FP32 accumulator becomes
-   fl32(acc + fl32(c * s)) (IEEE float32, round to nearest even).  Without
+   column and run of K, and the FP32 accumulator becomes fl32(acc + c * s)
+   with one rounding (``promote_rounding="fma"``: DeepGEMM's
+   ``final_accum += scale * accum``, which nvcc compiles to an FFMA) or
+   fl32(acc + fl32(c * s)) (``"separate"``), IEEE float32 round to nearest
+   even either way.  Without
    promotion and with ``group >= K`` there is one chain and the scale is
    applied once at the end.
 
@@ -58,11 +61,13 @@ exact float32 when it is scaled.  The promotion's add is written so that
 XLA's contraction of ``acc + c * s`` into a fused multiply-add cannot skip
 the product's rounding (see ``_as_exact_product``).
 
+The FMA promotion is emulated exactly in float32 (Boldo and Melquiond's
+rounding-to-odd algorithm, see ``_fma_exact_chain``).
+
 Cost: a ``lax.scan`` over the K blocks, each step two fused elementwise passes
 over the block's products (the exponent max, then the truncated sum), plus
-O(B M N) work for the accumulator and the promotion.  On a 2-core CPU it
-takes about 10-15x the time of a float32 matmul of the same shape at
-256x1024x256 and 64x256x64 (``experiments/accumulation.py`` measures it).
+O(B M N) work for the accumulator and the promotion; several times a float32
+matmul of the same shape (``experiments/accumulation.py`` measures it).
 """
 
 from __future__ import annotations
@@ -291,14 +296,73 @@ def _keep_bits(total: jax.Array, quantum: jax.Array, frac: int) -> tuple[jax.Arr
     return jnp.where(total < 0, -kept, kept), quantum + drop
 
 
-def _promote(acc32, chain, chain_exp, sa, sb) -> jax.Array:
-    """fl32(acc32 + fl32(c * fl32(s_a * s_b))) for the chain c = chain 2^chain_exp.
+def _two_sum(x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(fl32(x + y), the exact error x + y - fl32(x + y)): Knuth's TwoSum (additions only)."""
+    s = x + y
+    yy = s - x
+    err = (x - (s - yy)) + (y - yy)
+    return s, err
+
+
+def _significand(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(signed int32 significand n, exponent e) with x == n * 2^e, for normal float32 x."""
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    mag = (bits & 0x7FFFFF) | 0x800000
+    return jnp.where(bits < 0, -mag, mag), ((bits >> 23) & 0xFF) - 150
+
+
+def _round_to_odd_sum(x: jax.Array, y: jax.Array) -> jax.Array:
+    """x + y rounded to odd: exact if representable, else the neighbour with an odd last bit."""
+    s, err = _two_sum(x, y)
+    even = (lax.bitcast_convert_type(s, jnp.int32) & 1) == 0
+    toward = jnp.nextafter(s, jnp.where(err > 0, jnp.inf, -jnp.inf).astype(s.dtype))
+    return jnp.where((err != 0) & even, toward, s)
+
+
+def _fma_exact_chain(acc32, chain, chain_exp, scale) -> jax.Array:
+    """fl32(acc32 + c * scale) with one rounding, c = chain 2^chain_exp (<= 14 bits).
+
+    Boldo and Melquiond's emulation of a fused multiply-add ("Emulation of
+    FMA and correctly rounded sums: proved algorithms using rounding to odd",
+    IEEE Trans. Comput. 2008): with c * s = uh + ul exactly, (th, tl) =
+    TwoSum(acc, uh), v = the sum tl + ul rounded to odd, the result is
+    fl32(th + v).  uh = fl32(c * s); the remainder ul is computed in int32:
+    c * s = C S 2^(e_c + e_s) with integer significands, and uh = U 2^k
+    2^(e_c + e_s), so the remainder's integer C S - U 2^k has at most k <= 14
+    bits and wrapping int32 arithmetic gives it exactly although C S needs up
+    to 38 bits.  Operands in the float32 subnormal range are outside the
+    model (as XLA on CPU flushes them).
+    """
+    c_f32 = chain.astype(jnp.float32) * _pow2(chain_exp)
+    uh = c_f32 * scale
+    s_n, s_e = _significand(scale)
+    u_n, u_e = _significand(uh)
+    k = u_e - (chain_exp + s_e)
+    # C S - U 2^k modulo 2^32: the true remainder is below 2^13 in magnitude.
+    rem = chain * s_n - (u_n << jnp.clip(k, 0, 31))
+    # k <= 0: the product has at most 24 bits and uh is exact.
+    rem = jnp.where(k > 0, rem, 0)
+    ul = rem.astype(jnp.float32) * _pow2(chain_exp + s_e)
+    # uh enters the sums as an exact product, so that a contraction of
+    # acc + c * s into a hardware FMA cannot change which value is summed.
+    th, tl = _two_sum(acc32, _as_exact_product(uh))
+    out = th + _round_to_odd_sum(tl, ul)
+    finite = jnp.isfinite(uh) & (uh != 0) & (chain != 0)
+    return jnp.where(finite, out, acc32 + _as_exact_product(uh))
+
+
+def _promote(acc32, chain, chain_exp, sa, sb, rounding: str) -> jax.Array:
+    """acc32 plus the chain c = chain 2^chain_exp times fl32(s_a * s_b), rounded as ``rounding``.
 
     sa (B, M) and sb (B, N) are the chain's scales.  c has at most 24
     significant bits and a normal exponent, so its float32 value is exact.
+    "fma": fl32(acc32 + c * s), one rounding (DeepGEMM's FFMA);
+    "separate": fl32(acc32 + fl32(c * s)).
     """
-    c_f32 = chain.astype(jnp.float32) * _pow2(chain_exp)
     scale = sa[:, :, None] * sb[:, None, :]
+    if rounding == "fma":
+        return _fma_exact_chain(acc32, chain, chain_exp, scale)
+    c_f32 = chain.astype(jnp.float32) * _pow2(chain_exp)
     return acc32 + _as_exact_product(c_f32 * scale)
 
 
@@ -372,7 +436,7 @@ def emulated_gemm(
         total, quantum, e_prod, acc32 = carry
         va, vb, ea_next, eb_next, sa_prev, sb_prev, end_prev = xs
         chain, chain_exp = _keep_bits(total, quantum, frac)
-        promoted = _promote(acc32, chain, chain_exp, sa_prev, sb_prev)
+        promoted = _promote(acc32, chain, chain_exp, sa_prev, sb_prev, acc.promote_rounding)
         acc32 = jnp.where(end_prev, promoted, acc32)
         chain = jnp.where(end_prev, 0, chain)
         total, quantum = _block_sum(chain, chain_exp, e_prod, va, vb, frac, float_sum)
@@ -402,7 +466,7 @@ def emulated_gemm(
     (total, quantum, _, acc32), _ = lax.scan(step, init, xs)
     # The last block always ends a chain.
     chain, chain_exp = _keep_bits(total, quantum, frac)
-    out = _promote(acc32, chain, chain_exp, sa_blocks[-1], sb_blocks[-1])
+    out = _promote(acc32, chain, chain_exp, sa_blocks[-1], sb_blocks[-1], acc.promote_rounding)
 
     # Non-finite codes: the IEEE result of the code products (NaN, or +-Inf for
     # E5M2 infinities).  Decoding FP8 to float32 is exact and the finite part

@@ -4,8 +4,9 @@ Written from the description of the model (blocks of ``block`` products and
 the chain accumulator aligned to their largest exponent, terms truncated
 toward zero to ``frac_bits`` fraction bits below it, summed exactly, the block
 result truncated to ``frac_bits`` bits; a chain restarts at every multiple of
-``group`` and of ``promote_every``; at its end acc = fl32(acc + fl32(c *
-fl32(s_a * s_b)))) and independent of fp8jax.accumulate: codes are decoded
+``group`` and of ``promote_every``; at its end, with s = fl32(s_a * s_b),
+acc = fl32(acc + c * s) in one rounding ("fma") or fl32(acc + fl32(c * s))
+("separate")) and independent of fp8jax.accumulate: codes are decoded
 from their bytes with Python integers, every value is an exact dyadic number
 (integer, exponent), and float32 rounding (round to nearest even,
 subnormals, overflow) is done on those integers.  One output at a time, with
@@ -117,8 +118,28 @@ def _special_sum(a: list, b: list) -> float | None:
     return total
 
 
+def _fma_f32(acc: float, c_n: int, c_e: int, s: float) -> float:
+    """fl32(acc + c_n 2^c_e * s) with one rounding, via exact integers."""
+    if not (math.isfinite(acc) and math.isfinite(s)):
+        return acc + (math.ldexp(c_n, c_e) * s if c_n else 0.0)
+    (na, ea), (ns, es) = _dyadic(acc), _dyadic(s)
+    np_, ep = c_n * ns, c_e + es
+    e = min(ea, ep)
+    return round_f32((na << (ea - e)) + (np_ << (ep - e)), e)
+
+
 def reference_dot(
-    a_bytes, a_dtype, a_scales, b_bytes, b_dtype, b_scales, group, block, frac_bits, promote_every
+    a_bytes,
+    a_dtype,
+    a_scales,
+    b_bytes,
+    b_dtype,
+    b_scales,
+    group,
+    block,
+    frac_bits,
+    promote_every,
+    promote_rounding="fma",
 ) -> float:
     """One output: codes as byte lists of length K, scales as one float32 per run of ``group``."""
     k = len(a_bytes)
@@ -155,13 +176,27 @@ def reference_dot(
             c_e = q + drop
         run = start // group
         s = _mul_f32(a_scales[run], b_scales[run])
-        acc32 = _add_f32(acc32, _mul_f32(math.ldexp(c_n, c_e) if c_n else 0.0, s))
+        if promote_rounding == "fma":
+            acc32 = _fma_f32(acc32, c_n, c_e, s)
+        else:
+            acc32 = _add_f32(acc32, _mul_f32(math.ldexp(c_n, c_e) if c_n else 0.0, s))
         c_n, c_e = 0, 0
         start = stop
     return acc32
 
 
-def reference_gemm(a_codes, a_scale, b_codes, b_scale, *, group, block, frac_bits, promote_every):
+def reference_gemm(
+    a_codes,
+    a_scale,
+    b_codes,
+    b_scale,
+    *,
+    group,
+    block,
+    frac_bits,
+    promote_every,
+    promote_rounding="fma",
+):
     """(B, M, N) float32 array of :func:`reference_dot` for numpy / JAX inputs of emulated_gemm."""
     a_codes, b_codes = np.asarray(a_codes), np.asarray(b_codes)
     a_scale = np.asarray(a_scale, np.float32)
@@ -186,5 +221,6 @@ def reference_gemm(a_codes, a_scale, b_codes, b_scale, *, group, block, frac_bit
                     block,
                     frac_bits,
                     promote_every,
+                    promote_rounding,
                 )
     return out

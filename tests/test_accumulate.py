@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -55,6 +56,7 @@ def _reference(a, sa, b, sb, group, acc):
         block=acc.block,
         frac_bits=acc.frac_bits,
         promote_every=acc.promote_every,
+        promote_rounding=acc.promote_rounding,
     )
 
 
@@ -234,21 +236,56 @@ def test_subnormal_code_aligns_at_the_minimum_normal_exponent():
     assert _run(a, sa, b, sb, 2, acc, False)[0, 0, 0] == 2.0**-13
 
 
-def test_promotion_rounds_the_product_then_the_sum():
-    # fl32(acc + fl32(c * s)), not a fused multiply-add: chain 1 is -3 (scale
-    # 1), chain 2 is 3 with scale 1 + 2^-11 + 2^-23, whose product with 3
-    # needs rounding; the fused result would keep the bits it drops.
+@pytest.mark.parametrize("rounding", ["separate", "fma"])
+def test_promotion_rounds_as_asked(rounding):
+    # Chain 1 is -3 (scale 1), chain 2 is 3 with scale 1 + 2^-11 + 2^-23,
+    # whose product with 3 needs rounding: "separate" rounds it before the
+    # add, "fma" (DeepGEMM's FFMA) keeps the bits it would drop.
     s = np.float32(1.0 + 2.0**-11 + 2.0**-23)
     a = _e4m3([[[-3.0, 3.0]]])
     b = _e4m3([[[1.0], [1.0]]])
     sa = np.asarray([[[1.0, s]]], np.float32)
     sb = np.ones((1, 2, 1), np.float32)
-    want = np.float32(np.float32(-3.0) + np.float32(np.float32(3.0) * s))
-    fused = np.float32(-3.0 + 3.0 * float(s))
-    assert want != fused
-    acc = Accumulation(block=1, frac_bits=13, promote_every=None)
+    separate = np.float32(np.float32(-3.0) + np.float32(np.float32(3.0) * s))
+    fused = np.float32(-3.0 + 3.0 * float(s))  # exact in float64, one rounding
+    assert separate != fused
+    want = fused if rounding == "fma" else separate
+    acc = Accumulation(block=1, frac_bits=13, promote_every=None, promote_rounding=rounding)
     for use_jit in (False, True):
         assert _run(a, sa, b, sb, 1, acc, use_jit)[0, 0, 0] == want
+
+
+@pytest.mark.parametrize("rounding", ["separate", "fma"])
+def test_promotion_matches_integer_reference_on_hard_cases(rounding):
+    # Many promotions per output with full-mantissa scales over a wide range of
+    # binades and cancelling chains: every rounding of the accumulator is
+    # exercised, ties included (scales with few bits make exact halves).
+    rng = np.random.default_rng(7)
+    k, m, n = 512, 3, 3
+    a = _codes("mixed", E4M3, (1, m, k), rng)
+    b = _codes("mixed", E4M3, (1, k, n), rng)
+    runs = k // 32
+    sa = rng.uniform(1.0, 2.0, (1, m, runs)) * np.exp2(rng.integers(-20, 20, (1, m, runs)))
+    sb = np.exp2(rng.integers(-3, 4, (1, runs, n))) * rng.choice([1.0, 1.5, 1.25], (1, runs, n))
+    sa, sb = sa.astype(np.float32), sb.astype(np.float32)
+    acc = Accumulation(block=32, frac_bits=13, promote_every=32, promote_rounding=rounding)
+    want = _reference(a, sa, b, sb, 32, acc)
+    for use_jit in (False, True):
+        _bits_equal(_run(a, sa, b, sb, 32, acc, use_jit), want)
+
+
+def test_fma_and_separate_promotion_differ_in_last_bits_only():
+    rng = np.random.default_rng(3)
+    k = 1024
+    a = _codes("gaussian", E4M3, (1, 4, k), rng)
+    b = _codes("gaussian", E4M3, (1, k, 4), rng)
+    sa, sb = _scales((1, 4, k // 128), rng), _scales((1, k // 128, 4), rng)
+    fma = _run(a, sa, b, sb, 128, Accumulation(), True)
+    sep = _run(
+        a, sa, b, sb, 128, dataclasses.replace(Accumulation(), promote_rounding="separate"), True
+    )
+    # Both are the accumulator with a different rounding of each of 8 promotions.
+    np.testing.assert_allclose(fma, sep, rtol=2e-6, atol=0)
 
 
 def test_zero_padding_along_k_changes_nothing():
