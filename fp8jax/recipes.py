@@ -36,7 +36,8 @@ GRANULARITIES = ("tensor", "row", "tile", "block")
 SCALINGS = ("current", "delayed")
 IMPLS = ("auto", "xla", "chunked", "fp8", "fp8_fast", "pallas")
 CACHE_FORMATS = (None, "e5m6")
-SITES = ("attn_out", "dispatch")
+SITES = ("attn_out", "dispatch", "expert_down")
+PROMOTE_ROUNDINGS = ("fma", "separate")
 
 
 @dataclass(frozen=True)
@@ -127,11 +128,24 @@ class Accumulation:
         is added to an FP32 accumulator (round to nearest) and a new chain
         starts; None: only where the scales change.  A multiple of ``block``.
         128: DeepSeek-V3's N_C.
+      promote_rounding: how a promotion adds the chain c, times its scale
+        s = fl32(s_a * s_b), into the FP32 accumulator acc.  "fma": one
+        rounding, fl32(acc + c * s), as DeepGEMM's ``final_accum += scale *
+        accum`` compiles (nvcc emits FFMA).  "separate": the product rounded
+        first, fl32(acc + fl32(c * s)).
     """
 
     block: int = 32
     frac_bits: int = 13
     promote_every: int | None = 128
+    promote_rounding: str = "fma"
+
+    def __post_init__(self) -> None:
+        if self.promote_rounding not in PROMOTE_ROUNDINGS:
+            raise ValueError(
+                f"promote_rounding must be one of {PROMOTE_ROUNDINGS}, "
+                f"got {self.promote_rounding!r}"
+            )
 
 
 MAX_MARGIN = 64
@@ -209,13 +223,15 @@ class Recipe:
     and expert) runs on the tensor-core accumulation emulator instead
     (``fp8jax.accumulate``), whatever ``impl`` says.
 
-    Sites (DeepSeek-V3 section 3.3.2), switched per recipe and applied by
-    :func:`for_site`: ``dispatch_pow2`` gives the tokens dispatched to the
-    routed experts power-of-two scales; ``attn_out_cache="e5m6"`` caches the
-    input of the linear after attention in E5M6 for its Wgrad.  ``x_cache``
-    is what a GEMM's Wgrad re-quantizes x from: None, its cached FP8 operand;
-    "e5m6", a copy of x rounded to E5M6 (emulated in bfloat16, which holds
-    every E5M6 value exactly).
+    Sites (DeepSeek-V3 section 3.3.3), switched per recipe and applied by
+    :func:`for_site`: ``attn_out_pow2`` / ``attn_out_cache="e5m6"`` give the
+    input of the linear after attention power-of-two scales and an E5M6
+    cache for its Wgrad; ``dispatch_pow2`` gives the tokens dispatched to the
+    routed experts power-of-two scales; ``down_grad_pow2`` gives the
+    activation gradient before the routed experts' down-projection
+    power-of-two scales.  ``x_cache`` is what a GEMM's Wgrad re-quantizes x
+    from: None, its cached FP8 operand; "e5m6", a copy of x rounded to E5M6
+    (emulated in bfloat16, which holds every E5M6 value exactly).
     """
 
     name: str
@@ -230,6 +246,8 @@ class Recipe:
     x_cache: str | None = None
     dispatch_pow2: bool = False
     attn_out_cache: str | None = None
+    attn_out_pow2: bool = False
+    down_grad_pow2: bool = False
     # Seed of the Hadamard signs and the stochastic-rounding keys (block formats).
     seed: int = 0
 
@@ -251,12 +269,7 @@ class Recipe:
     def specs(self) -> dict[str, QuantSpec]:
         """All six operand specs by name: fprop_x, fprop_w, dgrad_dy, ..."""
         return {
-            "fprop_x": self.fprop.lhs,
-            "fprop_w": self.fprop.rhs,
-            "dgrad_dy": self.dgrad.lhs,
-            "dgrad_w": self.dgrad.rhs,
-            "wgrad_x": self.wgrad.lhs,
-            "wgrad_dy": self.wgrad.rhs,
+            name: getattr(getattr(self, kind), side) for name, (kind, side) in _OPERANDS.items()
         }
 
     @property
@@ -264,22 +277,76 @@ class Recipe:
         return any(s.quantized for s in self.specs().values())
 
 
-def for_site(recipe: Recipe, site: str) -> Recipe:
-    """The recipe a GEMM at ``site`` runs with (see :class:`Recipe`'s sites).
+# Operand name (as in Recipe.specs) -> (GEMM, side).
+_OPERANDS = {
+    "fprop_x": ("fprop", "lhs"),
+    "fprop_w": ("fprop", "rhs"),
+    "dgrad_dy": ("dgrad", "lhs"),
+    "dgrad_w": ("dgrad", "rhs"),
+    "wgrad_x": ("wgrad", "lhs"),
+    "wgrad_dy": ("wgrad", "rhs"),
+}
 
-    "dispatch": the routed experts' up-projection, whose input tokens are
-    dispatched to the experts: power-of-two scales for them if
-    ``recipe.dispatch_pow2``.  "attn_out": the linear after attention: its x
-    is cached in ``recipe.attn_out_cache`` for Wgrad.  Other GEMMs use the
-    recipe as it is.
+
+def _pow2_specs(recipe: Recipe, *operands: str) -> Recipe:
+    """``recipe`` with power-of-two scales for the named operands that are quantized.
+
+    Operand names as in :meth:`Recipe.specs`.  Block formats compute their
+    own scales (E8M0 / E4M3) and are left as they are.
+    """
+    gemms = {"fprop": recipe.fprop, "dgrad": recipe.dgrad, "wgrad": recipe.wgrad}
+    for name in operands:
+        kind, field_name = _OPERANDS[name]
+        gemm = gemms[kind]
+        spec = getattr(gemm, field_name)
+        if spec.quantized and spec.fmt not in BLOCK_FORMATS:
+            gemms[kind] = dataclasses.replace(
+                gemm, **{field_name: dataclasses.replace(spec, pow2=True)}
+            )
+    return dataclasses.replace(recipe, **gemms)
+
+
+def for_site(recipe: Recipe, site: str) -> Recipe:
+    """The recipe a GEMM at ``site`` runs with.
+
+    DeepSeek-V3 (section 3.3.3) treats three tensors apart from the general
+    rule (amax scales, FP8 cache); each is a switch of the recipe:
+
+    ============== ====================================== ==========================
+    site           the GEMM                               rule (when switched on)
+    ============== ====================================== ==========================
+    "attn_out"     the linear after attention             ``attn_out_pow2``: x with
+                                                          power-of-two scales at
+                                                          Fprop and in its 128x1
+                                                          Wgrad tiles;
+                                                          ``attn_out_cache``: x
+                                                          cached in E5M6 for Wgrad
+    "dispatch"     the routed experts' up-projection,     ``dispatch_pow2``: x with
+                   whose input is dispatched in FP8       power-of-two scales at
+                                                          Fprop and in its 128x1
+                                                          Wgrad tiles
+    "expert_down"  the routed experts' down-projection    ``down_grad_pow2``: the
+                                                          gradient dy with
+                                                          power-of-two scales in
+                                                          Dgrad and Wgrad
+    ============== ====================================== ==========================
+
+    Every other GEMM, and every operand not named here, uses the recipe as
+    it is.  A power-of-two tensor keeps power-of-two scales in both of its
+    tilings (1x128 where it is produced, 128x1 for Wgrad), which is why the
+    paper gives them to the tensors that are re-tiled or sent in FP8.
     """
     if site not in SITES:
         raise ValueError(f"unknown site {site!r}; sites: {SITES}")
-    if site == "dispatch" and recipe.dispatch_pow2 and recipe.fprop.lhs.quantized:
-        lhs = dataclasses.replace(recipe.fprop.lhs, pow2=True)
-        return dataclasses.replace(recipe, fprop=GemmSpec(lhs, recipe.fprop.rhs))
-    if site == "attn_out" and recipe.attn_out_cache is not None:
-        return dataclasses.replace(recipe, x_cache=recipe.attn_out_cache)
+    if site == "attn_out":
+        r = _pow2_specs(recipe, "fprop_x", "wgrad_x") if recipe.attn_out_pow2 else recipe
+        if recipe.attn_out_cache is not None:
+            r = dataclasses.replace(r, x_cache=recipe.attn_out_cache)
+        return r
+    if site == "dispatch" and recipe.dispatch_pow2:
+        return _pow2_specs(recipe, "fprop_x", "wgrad_x")
+    if site == "expert_down" and recipe.down_grad_pow2:
+        return _pow2_specs(recipe, "dgrad_dy", "wgrad_dy")
     return recipe
 
 
@@ -299,35 +366,41 @@ def _uniform(name: str, spec_x: QuantSpec, spec_w: QuantSpec, spec_dy: QuantSpec
 
 
 def deepseek_v3(
-    pow2: bool = False, accumulation: Accumulation | None = None, *, x_pow2: bool = True
+    pow2: bool = False, accumulation: Accumulation | None = None, *, x_pow2: bool = False
 ) -> Recipe:
-    """DeepSeek-V3: unified E4M3, online scaling, 1x128 tiles / 128x128 blocks.
+    """DeepSeek-V3's FP8 recipe (arXiv 2412.19437, sections 3.3.2-3.3.3), site by site.
 
-    Activations and gradients: 1x128 tiles along each GEMM's contraction axis
-    (128x1 along tokens for wgrad); weights: 128x128 blocks.  ``accumulation``
-    enables the emulated 14-bit accumulation with promotion every 128
-    (analysis only).
+    Unified E4M3 for every operand, forward and backward.  Granularity and
+    scales, section 3.3.2: "for activations, we group and scale elements on
+    a 1x128 tile basis ... for weights, we group and scale elements on a
+    128x128 block basis"; "we calculate the maximum absolute value online
+    for each 1x128 activation tile or 128x128 weight block".  So activations
+    and gradients get 1x128 tiles along each GEMM's contraction axis (128x1
+    along the tokens for Wgrad, re-quantized from the cached FP8 activation),
+    weights 128x128 blocks, and every scale is amax / 448, so a tile's
+    largest element lands on 448.  No amax floor.
 
-    Scale rules, as the paper describes them (section 3.3):
+    Power-of-two scales only where section 3.3.3 puts them (see
+    :func:`for_site` for the sites and what each changes):
 
-    * No amax floor.  DeepSeek's training code clamps amax to >= 1e-4; on
-      gradients that flushes small tiles (Dgrad dy of the small config after
-      20 steps: 99.8% of dense tiles are below 1e-4, 0.80% of elements
-      flushed with the floor, 0.03% without; Gaussian dy with std 1e-9:
-      12.6% error with it, 2.6% without), and for activations and weights it
-      never binds (0% of their tiles below 1e-4), so no role keeps it
-      (experiments/scale_sites.py).
-    * ``x_pow2``: power-of-two scales for x, the activation cached in FP8 at
-      Fprop and re-quantized from that cache into 128x1 tiles for Wgrad.
-      Both need them: re-quantizing power-of-two 1x128 tiles into
-      power-of-two 128x1 tiles adds no error (Wgrad x error on the small
-      model: 2.53% quantized directly, 3.57% re-quantized with arbitrary
-      scales, 2.66% with power-of-two scales at both ends; power-of-two
-      scales on the re-quantization alone: 3.65%).
-    * ``dispatch_pow2``: power-of-two scales for the tokens dispatched to the
-      routed experts; ``attn_out_cache="e5m6"``: the input of the linear after
-      attention is cached in E5M6 for its Wgrad (see :func:`for_site`).
-    * ``pow2``: power-of-two scales for every operand (UE8M0 scales).
+    * the input of the linear after attention, "a customized E5M6 data
+      format exclusively for these activations ... these activations will be
+      converted from an 1x128 quantization tile to an 128x1 tile in the
+      backward pass.  To avoid introducing extra quantization error, all the
+      scaling factors are round scaled, i.e., integral power of 2"
+      (``attn_out_pow2``, ``attn_out_cache="e5m6"``);
+    * "we quantize the activation before MoE up-projections into FP8 and
+      then apply dispatch components ... scaling factors for this activation
+      are integral power of 2" (``dispatch_pow2``);
+    * "A similar strategy is applied to the activation gradient before MoE
+      down-projections" (``down_grad_pow2``).
+
+    ``accumulation`` runs every quantized GEMM on the Hopper accumulation
+    emulator (promotion every 128, FFMA promotion by default: DeepGEMM's).
+    Named variants, not the paper's recipe: ``x_pow2`` gives every linear's
+    activation x power-of-two scales (at Fprop and in its Wgrad tiles; see
+    :func:`deepseek_v3_pow2x`); ``pow2`` gives every operand power-of-two
+    scales (UE8M0, as DeepSeek-V3.1 checkpoints and MX hardware use).
     """
     act = QuantSpec("e4m3", "tile", 128, "current", pow2)
     x = QuantSpec("e4m3", "tile", 128, "current", pow2 or x_pow2)
@@ -338,9 +411,23 @@ def deepseek_v3(
         dgrad=GemmSpec(act, wgt),
         wgrad=GemmSpec(x, act),
         accumulation=accumulation,
-        dispatch_pow2=True,
+        attn_out_pow2=True,
         attn_out_cache="e5m6",
+        dispatch_pow2=True,
+        down_grad_pow2=True,
     )
+
+
+def deepseek_v3_pow2x() -> Recipe:
+    """Variant of :func:`deepseek_v3`: power-of-two scales for every linear's activation x.
+
+    x gets power-of-two 1x128 tiles at Fprop and power-of-two 128x1 tiles for
+    Wgrad in every linear, not only at the paper's sites, so re-tiling the
+    cached activation adds no error but no tile's largest element lands on
+    448.  The gradient before the experts' down-projection keeps amax scales.
+    """
+    r = deepseek_v3(x_pow2=True)
+    return dataclasses.replace(r, name="deepseek_v3_pow2x", down_grad_pow2=False)
 
 
 def hybrid_delayed(history_len: int = 16, algo: str = "max", margin: int = 0) -> Recipe:
@@ -412,6 +499,7 @@ def nvfp4(hadamard: bool = True, stochastic: bool = True, weight_2d: bool = True
 
 PRESETS = {
     "deepseek_v3": deepseek_v3,
+    "deepseek_v3_pow2x": deepseek_v3_pow2x,
     "mxfp8": mxfp8,
     "nvfp4": nvfp4,
     "hybrid_delayed": hybrid_delayed,

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import ref_linear_grads, ref_round_e5m6, ref_spec_qdq
 
 import fp8jax
 from fp8jax import recipes
@@ -11,23 +12,102 @@ from fp8jax import recipes
 DN = (((1,), (0,)), ((), ()))
 
 
-def test_deepseek_v3_sites_as_the_paper_describes_them():
+# Operands with power-of-two scales, per site, in the paper's recipe (section 3.3.3).
+PAPER_POW2 = {
+    None: set(),
+    "attn_out": {"fprop_x", "wgrad_x"},
+    "dispatch": {"fprop_x", "wgrad_x"},
+    "expert_down": {"dgrad_dy", "wgrad_dy"},
+}
+
+
+@pytest.mark.parametrize("site", list(PAPER_POW2), ids=str)
+def test_deepseek_v3_scale_rule_per_site(site):
     r = recipes.deepseek_v3()
-    specs = r.specs()
-    # No amax floor for any role (gradients above all).
-    assert all(s.amax_floor == 0.0 for s in specs.values())
-    # x is cached at Fprop and re-quantized for Wgrad: power-of-two scales at both ends.
-    assert specs["fprop_x"].pow2 and specs["wgrad_x"].pow2
-    assert not any(specs[k].pow2 for k in ("fprop_w", "dgrad_dy", "dgrad_w", "wgrad_dy"))
-    assert r.dispatch_pow2 and r.attn_out_cache == "e5m6" and r.x_cache is None
-    assert recipes.for_site(r, "dispatch").fprop.lhs.pow2
-    assert recipes.for_site(r, "attn_out").x_cache == "e5m6"
-    # Each site can be switched off for a comparison.
-    off = dataclasses.replace(r, dispatch_pow2=False, attn_out_cache=None)
-    assert recipes.for_site(off, "attn_out").x_cache is None
-    plain = recipes.deepseek_v3(x_pow2=False)
-    assert not any(s.pow2 for s in plain.specs().values())
+    rs = r if site is None else recipes.for_site(r, site)
+    specs = rs.specs()
+    assert {k for k, s in specs.items() if s.pow2} == PAPER_POW2[site]
+    # Unified E4M3, 1x128 tiles for activations and gradients, 128x128 weight blocks.
+    assert all(s.fmt == "e4m3" and s.tile == 128 and s.amax_floor == 0.0 for s in specs.values())
+    assert specs["fprop_w"].granularity == specs["dgrad_w"].granularity == "block"
+    assert {specs[k].granularity for k in ("fprop_x", "dgrad_dy", "wgrad_x", "wgrad_dy")} == {
+        "tile"
+    }
+    assert rs.x_cache == ("e5m6" if site == "attn_out" else None)
+
+
+def test_deepseek_v3_variants():
+    pow2x = recipes.get("deepseek_v3_pow2x")
+    assert pow2x.name == "deepseek_v3_pow2x"
+    assert {k for k, s in pow2x.specs().items() if s.pow2} == {"fprop_x", "wgrad_x"}
+    # No site adds anything beyond x; the experts' dy keeps amax scales.
+    for site in recipes.SITES:
+        assert recipes.for_site(pow2x, site).specs() == pow2x.specs()
+    assert not recipes.for_site(pow2x, "expert_down").dgrad.lhs.pow2
     assert all(s.pow2 for s in recipes.deepseek_v3(pow2=True).specs().values())
+    # Each site can be switched off for a comparison.
+    r = recipes.deepseek_v3()
+    off = dataclasses.replace(
+        r, attn_out_pow2=False, attn_out_cache=None, dispatch_pow2=False, down_grad_pow2=False
+    )
+    for site in recipes.SITES:
+        assert recipes.for_site(off, site) == off
+
+
+def _site_reference(x, w, g, recipe):
+    """y, dx, dw in float64 of the documented dataflow, E5M6 cache included."""
+    if recipe.x_cache != "e5m6":
+        return ref_linear_grads(x, w, g, recipe)
+    y, dx, _ = ref_linear_grads(x, w, g, recipe)
+    xw = ref_spec_qdq(ref_round_e5m6(x).reshape(x.shape), recipe.wgrad.lhs, 1)
+    dyw = ref_spec_qdq(g, recipe.wgrad.rhs, 1)
+    return y, dx, np.einsum("bmk,bmn->bkn", xw, dyw)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("site", list(PAPER_POW2), ids=str)
+def test_deepseek_v3_site_gemms_follow_their_scale_rule(site, jit):
+    # Heavy-tailed x and dy, so amax and power-of-two scales give different
+    # codes: each GEMM matches the float64 reference of its own rule and not
+    # the other one's.
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((1, 256, 256)) * np.exp(rng.standard_normal((1, 256, 256)))).astype(
+        np.float32
+    )
+    w = (rng.standard_normal((1, 256, 256)) / 16).astype(np.float32)
+    g = (rng.standard_normal((1, 256, 256)) * np.exp(rng.standard_normal((1, 256, 256)))).astype(
+        np.float32
+    )
+    r = recipes.deepseek_v3()
+    rs = r if site is None else recipes.for_site(r, site)
+    dims = (((2,), (1,)), ((0,), (0,)))
+
+    def f(x, w, g):
+        y, vjp = jax.vjp(lambda a, b: fp8jax.dot_general(a, b, dims, recipe=rs), x, w)
+        return (y, *vjp(g))
+
+    f = jax.jit(f) if jit else f
+    got = [np.asarray(t, np.float64) for t in f(jnp.asarray(x), jnp.asarray(w), jnp.asarray(g))]
+    want = _site_reference(x, w, g, rs)
+    # The other rule: power-of-two where the site has amax, and the reverse.
+    flipped = dataclasses.replace(
+        rs,
+        fprop=recipes.GemmSpec(
+            dataclasses.replace(rs.fprop.lhs, pow2=not rs.fprop.lhs.pow2), rs.fprop.rhs
+        ),
+        dgrad=recipes.GemmSpec(
+            dataclasses.replace(rs.dgrad.lhs, pow2=not rs.dgrad.lhs.pow2), rs.dgrad.rhs
+        ),
+        wgrad=recipes.GemmSpec(
+            dataclasses.replace(rs.wgrad.lhs, pow2=not rs.wgrad.lhs.pow2),
+            dataclasses.replace(rs.wgrad.rhs, pow2=not rs.wgrad.rhs.pow2),
+        ),
+    )
+    other = _site_reference(x, w, g, flipped)
+    for name, a, ref, alt in zip(("y", "dx", "dw"), got, want, other):
+        err, err_alt = _rel(a, ref), _rel(a, alt)
+        assert err < 1e-5, (name, err)
+        assert err_alt > 100 * max(err, 1e-7), (name, err_alt)
 
 
 def _rel(a, ref):

@@ -143,8 +143,11 @@ class MoE(nnx.Module):
         pdt = jnp.dtype(cfg.param_dtype)
         self.cfg = cfg
         self.recipe = recipe
-        # Tokens dispatched to the routed experts are their own site (power-of-2 scales).
+        # The routed experts' up-projection (its input is dispatched in FP8) and
+        # down-projection (its activation gradient is sent back) are sites of
+        # their own (fp8jax.recipes.for_site).
         self.dispatch_recipe = for_site(recipe, "dispatch")
+        self.down_recipe = for_site(recipe, "expert_down")
         self.name = name
         self.router = Router(d, e, rngs=rngs)
         self.w13 = nnx.Param(fan_in_init(d)(rngs.params(), (e, d, 2 * f), pdt))
@@ -194,7 +197,7 @@ class MoE(nnx.Module):
                 gates,
                 self.w13[...],
                 self.w2[...],
-                recipe=self.recipe,
+                recipe=self.down_recipe,
                 up_recipe=self.dispatch_recipe,
                 activation=lambda h: swiglu(h, cfg.dtype, self.recipe),
                 dtype=cfg.dtype,
@@ -215,7 +218,9 @@ class MoE(nnx.Module):
                     cfg.massive_activation_scale,
                     cfg.massive_activation_count,
                 )
-            y = self._experts(act, self.w2, self.w2_state, group_sizes, "experts_w2", self.recipe)
+            y = self._experts(
+                act, self.w2, self.w2_state, group_sizes, "experts_w2", self.down_recipe
+            )
             # Combine in float32: un-sort the rows (a gather) and sum the k slots
             # weighted by their gates.
             inv = jnp.argsort(order)
