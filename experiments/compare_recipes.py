@@ -4,7 +4,8 @@ r"""Compare recipes x seeds on the same data.
 
 Writes DIR/results.md, results.json, loss_curves.png and gap_to_bf16.png; every
 run lives under DIR/runs/ (finished runs there are re-read, interrupted ones
-resumed). Mistakes print one line and exit 2; Ctrl-C / SIGTERM save the current
+resumed). The runs must come from one commit and a clean tree (see
+--allow_mixed_code). Mistakes print one line and exit 2; Ctrl-C / SIGTERM save the current
 run's checkpoint and exit 130 / 143 with the command that resumes.
 """
 
@@ -30,6 +31,12 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (results and every run).")
 _CACHE = flags.DEFINE_string("jax_cache_dir", default_jax_cache_dir(), CACHE_HELP)
+_MIXED = flags.DEFINE_bool(
+    "allow_mixed_code",
+    False,
+    "Run from a modified tree and tabulate runs of different commits (a scratch comparison; "
+    "the table says so). Off: a comparison's runs come from one commit and a clean tree.",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -39,7 +46,9 @@ def main(argv):
     setup_runtime(_CACHE.value)
     command = "python " + " ".join(sys.argv)
     try:
-        results = run_comparison(_CONFIG.value, _WORKDIR.value, command=command)
+        results = run_comparison(
+            _CONFIG.value, _WORKDIR.value, command=command, allow_mixed_code=_MIXED.value
+        )
     except ConfigError as e:
         usage_error(str(e))
     except (TrainingDiverged, CheckpointError) as e:

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp8jax import accumulate, blockscaled
+from fp8jax import accumulate, blockscaled, resolved
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
 from fp8jax.kernels.block_gemm import (
     CHUNK,
@@ -125,6 +125,30 @@ def select_impl(recipe: Recipe, a, b, kind: str) -> str:
     return impl
 
 
+def describe_path(impl: str, recipe: Recipe, a, b) -> str:
+    """What :func:`gemm` runs for ``impl``, in words that name its numerics.
+
+    "plain <dtype>" (one ``lax.dot_general`` of unquantized operands),
+    "xla dequant <dtype>" (codes x scale rounded to that dtype, one dot),
+    "chunked" (FP8 codes per run of constant scales, exact products,
+    float32 sums), "fp8" / "fp8_fast" (the same with hardware FP8 dots),
+    "pallas", or "emulate" with the accumulation model's parameters.
+    """
+    if impl == "plain":
+        if isinstance(a, QTensor) or isinstance(b, QTensor):
+            return "plain float32 (one side quantized)"
+        return f"plain {jnp.promote_types(a.dtype, b.dtype).name}"
+    if impl == "xla":
+        return f"xla dequant {recipe.dequant_dtype}"
+    if impl == "emulate":
+        acc = recipe.accumulation
+        return (
+            f"emulate block {acc.block}, {acc.frac_bits} bits, promote every "
+            f"{acc.promote_every}, {acc.promote_rounding}"
+        )
+    return impl
+
+
 def dot_algorithm(dtype) -> lax.DotAlgorithmPreset | lax.Precision:
     """The named algorithm of a dot whose operands are ``dtype``, float32 accumulation.
 
@@ -175,6 +199,7 @@ def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> j
             b = take_batch(b, b_index)
         return _block(a, b, kind, recipe)
     impl = select_impl(recipe, a, b, kind)
+    resolved.note(kind, describe_path(impl, recipe, a, b))
     if b_index is not None and impl not in _RUN_IMPLS:
         b, b_index = take_batch(b, b_index), None
     if impl == "plain":
@@ -211,7 +236,9 @@ def _block(a, b, kind: str, recipe: Recipe) -> jax.Array:
     if recipe.accumulation is not None:
         raise ValueError("the accumulation emulator models FP8 (Hopper) tensor cores only")
     if blockscaled.choose_impl(blockscaled.block_impl(recipe.impl)) == "scaled_matmul":
+        resolved.note(kind, "block:scaled_matmul")
         return blockscaled.block_gemm(*blockscaled.nk_layout(a, b, kind), impl="scaled_matmul")
+    resolved.note(kind, "block:dequantized F32_F32_F32")
     return dot(materialize(a, jnp.float32), materialize(b, jnp.float32), DIMS[kind])
 
 
@@ -397,12 +424,19 @@ def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_group
     Rows in no group give 0.  Runs as a batched :func:`gemm` over the tiles
     of ``layout`` (or the grouped Pallas kernel, which reads that layout).
     """
-    if kind == "wgrad":
-        return sum_tiles(gemm(a, b, "wgrad", recipe), layout, num_groups)
+    with resolved.scope("expert"):
+        if kind == "wgrad":
+            return sum_tiles(gemm(a, b, "wgrad", recipe), layout, num_groups)
+        return _grouped_rows(a, b, layout, kind, recipe)
+
+
+def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
+    """The fprop / dgrad grouped GEMM of :func:`grouped_gemm`."""
     # Rows (M, C), or operands already laid out in tiles (T, tile, C).
     a_t = a if len(a.shape) == 3 else tile_rows(a, layout)
     impl = select_impl(recipe, a_t, b, kind)
     if impl == "pallas":
+        resolved.note(kind, "pallas grouped")
         # The grouped kernel reads the aligned rows and each tile's expert id.
         mp = layout.src_row.shape[0]
         a_rows = a_t.data.reshape(mp, -1)

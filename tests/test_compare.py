@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fp8jax.train import compare
+from fp8jax.train import compare, provenance
 from fp8jax.train.defaults import (
     COMPARISON_VAL_TOKENS,
     ConfigError,
@@ -134,7 +134,7 @@ def test_aggregate_paired_gaps_intervals_table_and_plots(tmp_path):
     assert fp8["fp8_telemetry"]["flushed_mean"] == pytest.approx(2e-4)
     assert res["table"][0]["verdict"] == "baseline"
     md = compare.markdown(res, "python x.py")
-    assert "| fp8 | deepseek_v3 | 2.0251 | +0.75% [-2.43%, +3.93%] | +0.50%, +1.00% |" in md
+    assert "| fp8 | deepseek_v3 | ? | 2.0251 | +0.75% [-2.43%, +3.93%] | +0.50%, +1.00% |" in md
     assert "cannot resolve 0.25%" in md and "python x.py" in md
     rows = {lab: {s: _rows(runs[lab][s]["final_val_loss"]) for s in (0, 1)} for lab in runs}
     paths = compare.plot(res, rows, tmp_path, smooth=3)
@@ -143,8 +143,8 @@ def test_aggregate_paired_gaps_intervals_table_and_plots(tmp_path):
     head = compare.headline_table([tmp_path])
     assert head.count("\n") == 3
     assert (
-        "| t | fp8 (deepseek_v3) | bf16 | 2.0251 | +0.75% [-2.43%, +3.93%] | +0.50%, +1.00% |"
-        in head
+        "| t | fp8 (deepseek_v3) | bf16 | ? | ? | 2.0251 | +0.75% [-2.43%, +3.93%] "
+        "| +0.50%, +1.00% |" in head
     )
 
 
@@ -217,7 +217,12 @@ def test_comparison_configs_validate_and_hold_enough_validation_tokens(path):
         validate(compare.run_config(c, label, 0))
 
 
-def test_comparison_keeps_its_runs_under_its_workdir_and_reuses_them(tmp_path):
+CLEAN = {"commit": "a" * 40, "dirty": []}
+
+
+def test_comparison_keeps_its_runs_under_its_workdir_and_reuses_them(tmp_path, monkeypatch):
+    # The runs record a clean tree at one commit whatever the state of this checkout.
+    monkeypatch.setattr(provenance, "git_state", lambda root=None: dict(CLEAN))
     c = tiny_config()
     c.steps, c.batch_size, c.seq_len, c.warmup_steps = 4, 4, 32, 1
     c.log_every, c.eval_every, c.eval_batches, c.eval_batch_size = 1, 2, 1, 4
@@ -245,6 +250,53 @@ def test_comparison_keeps_its_runs_under_its_workdir_and_reuses_them(tmp_path):
     compare.run_comparison(c, tmp_path / "cmp", stream=out2)
     assert out2.getvalue().count("already complete: ") == 4
     assert not any(line.startswith("step ") for line in out2.getvalue().splitlines())
+    # Every run records its commit, machine and GEMM paths; the table names them.
+    prov = saved["provenance"]
+    assert prov["commits"] == ["a" * 40] and prov["clean"] and not prov["problems"]
+    assert prov["gemm_paths"]["bf16"]["dense/fprop"] == "lax.dot_general bfloat16"
+    assert "Code: commit aaaaaaaaaaaa, a clean tree, for all 4 runs." in res["markdown"]
+    (row,) = [ln for ln in res["markdown"].splitlines() if ln.startswith("| bf16 | bf16 | ")]
+    assert "lax.dot_general bfloat16" in row.split(" | ")[2]
+    # A run made at another commit is not tabulated with the others ...
+    cfg_path = dirs[0] / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["provenance"]["git"]["commit"] = "b" * 40
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="2 commits"):
+        compare.run_comparison(c, tmp_path / "cmp", stream=io.StringIO())
+    # ... unless asked, and then the table says so.
+    res = compare.run_comparison(c, tmp_path / "cmp", stream=io.StringIO(), allow_mixed_code=True)
+    assert "Provenance problems: runs come from 2 commits" in res["markdown"]
+
+
+def test_comparison_refuses_a_modified_tree_before_running(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        provenance, "git_state", lambda root=None: {"commit": "a" * 40, "dirty": ["x.py"]}
+    )
+    with pytest.raises(ConfigError, match="clean tree.*x.py"):
+        compare.run_comparison(_cfg(), tmp_path / "w")
+    assert not (tmp_path / "w" / "runs").exists()
+
+
+def test_reproduction_check_uses_the_prediction_interval_of_one_new_seed():
+    gaps = [0.001, -0.002, 0.004, 0.0]
+    committed = {"baseline": "bf16", "table": [{"label": "fp8", "gap_val": {"per_seed": gaps}}]}
+    rerun = {
+        "baseline": "bf16",
+        "seeds": [0, 1],
+        "table": [
+            {"label": "bf16", "gap_val": {"per_seed": [0.0, 0.0]}},
+            {"label": "fp8", "gap_val": {"per_seed": [0.009, 0.012]}},
+        ],
+    }
+    rows = compare.reproduction_check(committed, rerun)
+    # float64 reference: mean 0.00075, sd of the 4 gaps, t(0.975, 3) = 3.182446.
+    g = np.asarray(gaps)
+    half = T_975[3] * np.std(g, ddof=1) * np.sqrt(1 + 1 / 4)
+    assert rows[0]["lo"] == pytest.approx(g.mean() - half)
+    assert rows[0]["hi"] == pytest.approx(g.mean() + half)
+    assert [r["inside"] for r in rows] == [g.mean() + half >= 0.009, g.mean() + half >= 0.012]
+    assert rows[0]["inside"] and not rows[1]["inside"]
 
 
 @pytest.mark.parametrize(

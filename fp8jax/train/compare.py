@@ -55,6 +55,7 @@ import matplotlib
 import ml_collections
 import numpy as np
 
+from fp8jax.train import provenance
 from fp8jax.train.defaults import ConfigError, check_workdir, model_config, seq_len, validate
 from fp8jax.train.loop import TrainingDiverged, load_data, summarize, train, train_loss_key
 from fp8jax.train.metrics import as_float, read_jsonl, to_jsonable
@@ -260,6 +261,36 @@ def _diverged_summary(rdir: Path, rc, step: int) -> dict:
 # --- statistics --------------------------------------------------------------
 
 
+def run_records(run_dirs: dict[str, dict[int, str]]) -> dict[str, dict]:
+    """The provenance record of every run (``config.json``'s "provenance"), by "label/seedK"."""
+    records = {}
+    for label, by_seed in run_dirs.items():
+        for seed, rdir in by_seed.items():
+            cfg = json.loads((Path(rdir) / "config.json").read_text())
+            records[f"{label}/seed{seed}"] = cfg.get("provenance") or {}
+    return records
+
+
+def provenance_summary(records: dict[str, dict]) -> dict:
+    """One commit, clean or not, the machine types and each label's GEMM paths."""
+    commits = sorted({(r.get("git") or {}).get("commit") or "unknown" for r in records.values()})
+    machines = sorted(
+        {provenance.machine_type(r["machine"]) for r in records.values() if r.get("machine")}
+    )
+    paths: dict[str, dict[str, str]] = {}
+    for name, r in records.items():
+        label = name.rsplit("/seed", 1)[0]
+        paths.setdefault(label, r.get("gemm_paths") or {})
+    return {
+        "commits": commits,
+        "clean": all(r.get("git") and not r["git"].get("dirty") for r in records.values()),
+        "machines": machines,
+        "gemm_paths": paths,
+        "problems": provenance.check_same_code(records),
+        "n_runs": len(records),
+    }
+
+
 def aggregate(config, runs: dict[str, dict[int, dict]], run_rows: dict) -> dict:
     """Per-label statistics: per-seed paired gaps to the baseline, means, 95% t-intervals."""
     cmp = config.compare
@@ -367,6 +398,19 @@ VERDICT_TEXT = {
 }
 
 
+def provenance_text(prov: dict) -> str:
+    """One paragraph: which commit and machine made the runs, and what does not agree."""
+    commits = ", ".join(c[:12] for c in prov["commits"])
+    tree = "a clean tree" if prov["clean"] else "a MODIFIED tree"
+    text = (
+        f"Code: commit {commits}, {tree}, for all {prov['n_runs']} runs. "
+        f"Machine: {'; '.join(prov['machines']) or 'not recorded'}."
+    )
+    if prov["problems"]:
+        text += " Provenance problems: " + "; ".join(prov["problems"]) + "."
+    return text
+
+
 def markdown(results: dict, command: str | None = None, notes: str = "") -> str:
     """The results table in Markdown (one row per label)."""
     base = results["baseline"]
@@ -384,9 +428,15 @@ def markdown(results: dict, command: str | None = None, notes: str = "") -> str:
         f"{base} seed-to-seed spread of the final validation loss, (max-min)/mean: "
         f"{100 * results['baseline_seed_spread_val']:.2f}%.",
         "",
-        f"| run | recipe | final val loss | val gap to {base} [95% CI] | per-seed val gaps "
-        "| within 0.25% | train gap [95% CI] | tokens/s | saturated max | flushed mean |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    prov = results.get("provenance")
+    paths = prov["gemm_paths"] if prov else {}
+    if prov:
+        lines += [provenance_text(prov), ""]
+    lines += [
+        f"| run | recipe | GEMM path | final val loss | val gap to {base} [95% CI] | per-seed "
+        "val gaps | within 0.25% | train gap [95% CI] | tokens/s | saturated max | flushed mean |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["table"]:
         tel = r["fp8_telemetry"]
@@ -399,7 +449,8 @@ def markdown(results: dict, command: str | None = None, notes: str = "") -> str:
             )
         is_base = r["label"] == base
         lines.append(
-            f"| {r['label']} | {r['recipe']} | {r['final_val_loss']['mean']:.4f} | "
+            f"| {r['label']} | {r['recipe']} | {provenance.paths_text(paths.get(r['label']))} | "
+            f"{r['final_val_loss']['mean']:.4f} | "
             f"{'--' if is_base else interval_text(r['gap_val'])} | "
             f"{'--' if is_base else _seeds(r['gap_val'])} | {verdict_text} | "
             f"{'--' if is_base else interval_text(r['gap_train'])} | {r['tokens_per_s']:,.0f} | "
@@ -538,13 +589,31 @@ def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list
     return [p1, p2]
 
 
-def run_comparison(config, workdir: str | Path, *, command: str | None = None, stream=None) -> dict:
+def run_comparison(
+    config,
+    workdir: str | Path,
+    *,
+    command: str | None = None,
+    stream=None,
+    allow_mixed_code: bool = False,
+) -> dict:
     """Train every (label, seed) under ``workdir/runs``, then write results and plots.
 
     Checks the whole comparison first (ConfigError, nothing created).  The
+    runs of one comparison must come from one commit and a clean tree: a
+    modified tree is refused before anything runs, and runs that record
+    different commits (or a modified tree) are refused before they are
+    tabulated, unless ``allow_mixed_code`` (the table then says so).  The
     returned results hold ``markdown``, the text of results.md.
     """
     workdir = validate_comparison(config, workdir)
+    here = provenance.git_state()
+    if not allow_mixed_code and (here is None or here["dirty"]):
+        where = "no git checkout" if here is None else f"uncommitted changes in {here['dirty']}"
+        raise ConfigError(
+            f"a comparison runs from one commit and a clean tree, and this tree has {where}: "
+            "commit first, then run (or pass --allow_mixed_code for a scratch comparison)"
+        )
     cmp = config.compare
     labels = list(cmp.labels)
     run_root = workdir / "runs"
@@ -564,7 +633,15 @@ def run_comparison(config, workdir: str | Path, *, command: str | None = None, s
             runs[label][int(seed)] = summary
             run_rows[label][int(seed)] = read_jsonl(rdir / "metrics.jsonl")
             dirs[label][int(seed)] = str(rdir)
+    prov = provenance_summary(run_records(dirs))
+    if prov["problems"] and not allow_mixed_code:
+        raise ConfigError(
+            "these runs cannot be tabulated together: "
+            + "; ".join(prov["problems"])
+            + " (rerun them at one commit, or pass --allow_mixed_code)"
+        )
     results = aggregate(config, runs, run_rows)
+    results["provenance"] = prov
     results["run_dirs"] = dirs
     results["command"] = command
     results["config"] = to_jsonable(config)
@@ -578,25 +655,66 @@ def run_comparison(config, workdir: str | Path, *, command: str | None = None, s
     return results
 
 
+def reproduction_check(committed: dict, rerun: dict, level: float = 0.95) -> list[dict]:
+    """Does a rerun on another machine reproduce a committed comparison?
+
+    Per-seed values do not carry across machines (last-bit differences grow
+    during training), so each rerun seed's paired gap is checked against the
+    committed per-seed gaps of the same label: it reproduces when it falls in
+    their ``level`` prediction interval for one new seed, mean +- t(n - 1) *
+    sd * sqrt(1 + 1/n).  ``committed`` and ``rerun`` are results.json dicts.
+    Returns one row per (label, rerun seed): gap, interval, inside.
+    """
+    ref = {r["label"]: r for r in committed["table"]}
+    rows = []
+    for r in rerun["table"]:
+        if r["label"] == rerun["baseline"] or r["label"] not in ref:
+            continue
+        gaps = np.asarray(ref[r["label"]]["gap_val"]["per_seed"], np.float64)
+        n = gaps.size
+        if n < 2:
+            raise ValueError(f"{r['label']}: the committed comparison has {n} seed(s); need 2+")
+        t = t_quantile(0.5 + level / 2.0, n - 1)
+        half = t * float(np.std(gaps, ddof=1)) * math.sqrt(1.0 + 1.0 / n)
+        mean = float(np.mean(gaps))
+        for seed, gap in zip(rerun["seeds"], r["gap_val"]["per_seed"]):
+            gap = as_float(gap)
+            rows.append(
+                {
+                    "label": r["label"],
+                    "seed": int(seed),
+                    "gap": gap,
+                    "lo": mean - half,
+                    "hi": mean + half,
+                    "inside": bool(mean - half <= gap <= mean + half),
+                }
+            )
+    return rows
+
+
 def headline_table(result_dirs: list[str | Path]) -> str:
     """One Markdown table over several comparisons' results.json (non-baseline rows).
 
     Each row's gap is to its own comparison's baseline (named in the row).
     """
     lines = [
-        "| comparison | run (recipe) | baseline | final val loss | val gap [95% CI] | per seed "
-        "| within 0.25% | saturated max | flushed mean |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| comparison | run (recipe) | baseline | commit | GEMM path | final val loss "
+        "| val gap [95% CI] | per seed | within 0.25% | saturated max | flushed mean |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for d in result_dirs:
         res = json.loads((Path(d) / "results.json").read_text())
+        prov = res.get("provenance") or {"commits": ["?"], "gemm_paths": {}}
+        commit = ", ".join(c[:10] for c in prov["commits"])
         for r in res["table"]:
             if r["label"] == res["baseline"]:
                 continue
             tel = r["fp8_telemetry"]
             gap = stats_from_json(r["gap_val"])
+            path = provenance.paths_text(prov["gemm_paths"].get(r["label"]))
             lines.append(
                 f"| {res['name']} | {r['label']} ({r['recipe']}) | {res['baseline']} | "
+                f"{commit} | {path} | "
                 f"{as_float(r['final_val_loss']['mean']):.4f} | {interval_text(gap)} | "
                 f"{_seeds(gap)} | {VERDICT_TEXT[r['verdict']]} | "
                 f"{_sci(tel.get('saturated_max'))} | {_sci(tel.get('flushed_mean'))} |"

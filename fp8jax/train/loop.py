@@ -35,7 +35,6 @@ import dataclasses
 import json
 import math
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -56,6 +55,7 @@ from fp8jax.parallel.training import in_mesh, setup_training
 from fp8jax.recipes import Recipe
 from fp8jax.train import checkpoint as ckpt_lib
 from fp8jax.train import metrics as metrics_lib
+from fp8jax.train import provenance
 from fp8jax.train.defaults import (
     RESUMABLE_FIELDS,
     ConfigError,
@@ -86,26 +86,6 @@ class TrainingInterrupted(Exception):
         super().__init__(message)
         self.step = step
         self.signum = signum
-
-
-def git_state() -> dict | None:
-    """Commit and dirty flag of the fp8jax source tree (None outside a git checkout)."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "fp8jax"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    # Runs record the code they ran: the tree changes while experiments run.
-    return {"commit": commit, "fp8jax_dirty": bool(dirty)}
 
 
 def load_data(config: ml_collections.ConfigDict, n: int) -> data_lib.Corpus:
@@ -257,6 +237,7 @@ class Run:
     eval_fn: Callable
     val: jax.Array | None
     changes: dict[str, tuple]
+    gemm_paths: dict[str, str]
 
 
 # Jitted step/eval functions of this process, keyed by everything they close
@@ -342,8 +323,12 @@ def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
         if len(_COMPILED) >= _MAX_COMPILED:
             _COMPILED.pop(next(iter(_COMPILED)))
         eval_fn = make_eval_step(graphdef, mesh_loss_fn)
-        _COMPILED[key] = (in_mesh(mesh, step_fn), in_mesh(mesh, eval_fn))
-    step_fn, eval_fn = _COMPILED[key]
+        # The GEMM paths are recorded while the step is first traced (abstractly).
+        tokens = jax.ShapeDtypeStruct((int(config.batch_size), n), jnp.int32)
+        with jax.set_mesh(mesh):
+            paths = provenance.gemm_paths(step_fn, state, tokens)
+        _COMPILED[key] = (in_mesh(mesh, step_fn), in_mesh(mesh, eval_fn), paths)
+    step_fn, eval_fn, paths = _COMPILED[key]
     val = None
     if int(config.eval_batches) > 0:
         batches = data_lib.val_batches(
@@ -364,6 +349,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
         eval_fn,
         val,
         changes,
+        paths,
     )
 
 
@@ -376,7 +362,7 @@ def _run_facts(run: Run) -> dict:
         "seq_len": run.seq_len,
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
-        "git": git_state(),
+        "provenance": {**provenance.record(), "gemm_paths": run.gemm_paths},
     }
 
 

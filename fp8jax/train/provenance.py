@@ -1,0 +1,183 @@
+"""What made a run: the code (commit, clean tree), the machine, and the GEMM paths it ran.
+
+Every run stores this record in its ``config.json`` (key ``provenance``), and
+comparisons refuse to tabulate runs whose records disagree on the code
+(:func:`check_same_code`).  What "reproduces" means here:
+
+* bit for bit: the same commit, a clean tree, the same machine type (CPU
+  model and instruction-set flags, or GPU) and the same jax / jaxlib / XLA
+  flags give the same metrics, step by step;
+* across machines: per-seed values differ (CPU kernels round differently
+  in the last bits, and training amplifies that), so a rerun reproduces a
+  comparison when its per-seed paired gaps fall inside the committed
+  distribution (``fp8jax.train.compare.reproduction_check``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from fp8jax import resolved
+
+# Instruction-set flags that change which CPU kernels XLA and numpy pick.
+_ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx512_vnni",
+    "amx_bf16",
+    "amx_tile",
+    "asimd",
+    "sve",
+)
+_PACKAGES = ("jax", "jaxlib", "numpy", "ml_dtypes", "flax", "optax")
+
+
+def git_state(root: str | Path | None = None) -> dict | None:
+    """Commit and cleanliness of the source tree (None outside a git checkout).
+
+    ``dirty`` lists tracked files with uncommitted changes anywhere in the
+    tree (code, configs, scripts): a run made from such a tree cannot be
+    traced back to a commit.
+    """
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    dirty = sorted(line[3:] for line in status.splitlines() if line.strip())
+    return {"commit": commit, "dirty": dirty}
+
+
+def _cpu() -> dict[str, Any]:
+    model, flags = platform.processor() or platform.machine(), set()
+    fields: dict[str, str] = {}
+    try:
+        # The first processor's block: one CPU type per machine.
+        block = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+        for line in block.splitlines():
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    model = fields.get("model name") or fields.get("Model") or model
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    # Marketing names can be vague ("AMD EPYC"); family / model / stepping are not.
+    ident = "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping"))
+    return {
+        "model": model,
+        "family_model_stepping": ident,
+        "isa": [f for f in _ISA_FLAGS if f in flags],
+        "cores": os.cpu_count(),
+    }
+
+
+def machine() -> dict[str, Any]:
+    """The machine and software a run's numbers depend on."""
+    versions = {}
+    for pkg in _PACKAGES:
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    devices = jax.devices()
+    return {
+        "cpu": _cpu(),
+        "backend": jax.default_backend(),
+        "devices": sorted({d.device_kind for d in devices}),
+        "device_count": len(devices),
+        "process_count": jax.process_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "versions": versions,
+    }
+
+
+def machine_type(record: dict) -> str:
+    """One line naming what per-seed bit-for-bit reproduction needs to be equal."""
+    cpu = record["cpu"]
+    devices = ", ".join(record["devices"])
+    versions = record["versions"]
+    return (
+        f"{cpu['model']} {cpu.get('family_model_stepping', '')} ({' '.join(cpu['isa'])}); "
+        f"{record['backend']} {devices}; "
+        f"jax {versions.get('jax')} jaxlib {versions.get('jaxlib')}"
+        + (f"; XLA_FLAGS={record['xla_flags']}" if record["xla_flags"] else "")
+    )
+
+
+def gemm_paths(fn: Callable, *args: Any) -> dict[str, str]:
+    """Trace ``fn(*args)`` (abstractly: no compilation, no FLOPs) and return its GEMM paths.
+
+    ``{"dense/fprop": "chunked", "expert/wgrad": "plain bfloat16", ...}``: the
+    implementation every GEMM of the traced computation resolved to (see
+    ``fp8jax.resolved``).  Call it on a function that has not been traced
+    with these argument shapes before, or JAX reuses that trace and nothing
+    is reported.
+    """
+    with resolved.recording() as paths:
+        jax.eval_shape(fn, *args)
+    return resolved.as_table(paths)
+
+
+def record(fn: Callable | None = None, *args: Any) -> dict[str, Any]:
+    """The provenance of a run: git state, machine and (given a step function) GEMM paths."""
+    out: dict[str, Any] = {"git": git_state(), "machine": machine()}
+    if fn is not None:
+        out["gemm_paths"] = gemm_paths(fn, *args)
+    return out
+
+
+def paths_text(paths: dict[str, str]) -> str:
+    """A run's GEMM paths in one short phrase: one path, or the keys each path serves."""
+    if not paths:
+        return "?"
+    by_path: dict[str, list[str]] = {}
+    for key, path in paths.items():
+        by_path.setdefault(path, []).append(key)
+    if len(by_path) == 1:
+        return next(iter(by_path))
+    return "; ".join(f"{', '.join(keys)}: {path}" for path, keys in by_path.items())
+
+
+def check_same_code(records: dict[str, dict]) -> list[str]:
+    """Problems that stop runs from being tabulated together (empty: one commit, clean).
+
+    ``records`` maps a run's name to its provenance record.
+    """
+    problems = []
+    commits: dict[str | None, list[str]] = {}
+    for name, rec in records.items():
+        git = (rec or {}).get("git")
+        commits.setdefault(git["commit"] if git else None, []).append(name)
+        if git and git.get("dirty"):
+            problems.append(f"{name} ran from a modified tree ({', '.join(git['dirty'][:3])})")
+    if None in commits:
+        problems.append(f"{len(commits[None])} run(s) record no commit, e.g. {commits[None][0]}")
+    known = [c for c in commits if c is not None]
+    if len(known) > 1:
+        parts = ", ".join(f"{c[:10]} ({len(commits[c])} runs)" for c in known)
+        problems.append(f"runs come from {len(known)} commits: {parts}")
+    return problems
