@@ -52,6 +52,7 @@ def _f64(op):
 def test_chunked_path_matches_float64(kind, spec, use_jit):
     """chunked = exact products, float32 sums: |y - y64| <= (L + 2R + 2) u sum|a b|.
 
+    L is the run length (128 for tiles / blocks, all of K per tensor or row).
     Within one run of L products XLA sums in float32 (L - 1 roundings of at
     most u = 2^-24 relative to the running |sum| <= sum|a b|); the run's sum is
     multiplied by fl(s_a s_b) (2 roundings) and added into the accumulator
@@ -81,12 +82,32 @@ def test_chunked_path_matches_float64(kind, spec, use_jit):
     got = np.asarray(fn(a, b, kind, recipe), np.float64)
     want = ref(_f64(a), _f64(b))
     mag = ref(np.abs(_f64(a)), np.abs(_f64(b)))
+    # Tiles and blocks: runs of 128; per tensor / per row: one run of all of K.
     runs = -(-length // 128) if ga == "tile" else 1
-    bound = (min(length, 128) + 2 * runs + 2) * 2.0**-24 * mag
+    run_len = min(length, 128) if ga == "tile" else length
+    bound = (run_len + 2 * runs + 2) * 2.0**-24 * mag
     assert np.all(np.abs(got - want) <= bound)
     # The dequantize-then-dot path obeys the same kind of bound (plus one rounding per operand).
     xla = np.asarray(gemm.gemm(a, b, kind, dataclasses.replace(recipe, impl="xla")), np.float64)
     assert np.all(np.abs(xla - want) <= (length + 4) * 2.0**-24 * mag)
+
+
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_chunked_bound_holds_for_one_long_run(use_jit):
+    """Per-tensor scales: one run of K = 4096 positive products, where sums grow the most.
+
+    The float32 sum of L exact products in any order is within (L - 1) u
+    sum|a b| of the exact sum; scaling adds 2 roundings.
+    """
+    rng = np.random.default_rng(3)
+    k = 4096
+    a = _q(rng.uniform(0, 1, (1, 4, k)), "tensor", 2)
+    b = _q(rng.uniform(0, 1, (1, k, 3)), "tensor", 1)
+    recipe = dataclasses.replace(fp8jax.recipes.current_tensor(), impl="chunked")
+    fn = jax.jit(gemm.gemm, static_argnums=(2, 3)) if use_jit else gemm.gemm
+    got = np.asarray(fn(a, b, "fprop", recipe), np.float64)
+    want = np.einsum("bmk,bkn->bmn", _f64(a), _f64(b))
+    assert np.all(np.abs(got - want) <= (k + 2) * 2.0**-24 * want)
 
 
 @pytest.mark.parametrize("name", FP8_PRESETS)
