@@ -1,7 +1,8 @@
 """fp8jax: DeepSeek-V3-style fine-grained FP8 training in JAX.
 
 Public contract (see README.md): formats, quantize/dequantize, Recipe and its
-presets, and a differentiable FP8 ``dot_general``.
+presets, a differentiable FP8 ``dot_general`` and the expert GEMM
+``ragged_dot`` (``lax.ragged_dot``'s signature).
 """
 
 from fp8jax import accumulate, formats, recipes, scaling
@@ -9,6 +10,7 @@ from fp8jax.dot_general import dot_general, dot_general_with_stats
 from fp8jax.formats import E4M3, E4M3FNUZ, E5M2, E5M2FNUZ, E8M0, saturating_cast
 from fp8jax.grouped import grouped_dot, grouped_dot_with_stats
 from fp8jax.quant import QTensor, dequantize, quantize
+from fp8jax.ragged_dot import ragged_dot, ragged_dot_with_stats
 from fp8jax.recipes import Accumulation, DelayedConfig, GemmSpec, QuantSpec, Recipe, needs_state
 
 __all__ = [
@@ -22,6 +24,8 @@ __all__ = [
     "dot_general_with_stats",
     "grouped_dot",
     "grouped_dot_with_stats",
+    "ragged_dot",
+    "ragged_dot_with_stats",
     "needs_state",
     "QTensor",
     "quantize",

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from fp8jax import scaling
 from fp8jax.gemm import grouped_gemm
-from fp8jax.groups import GroupLayout, group_layout, to_tiles
+from fp8jax.groups import GroupLayout, check_group_sizes, group_layout, to_tiles
 from fp8jax.operands import (
     after_gradient,
     cache_for_wgrad,
@@ -176,6 +176,7 @@ def _check(x, w, group_sizes, preferred_element_type):
         raise ValueError(f"group_sizes must have shape ({w.shape[0]},), got {group_sizes.shape}")
     if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
         raise TypeError(f"group_sizes must be integer, got {group_sizes.dtype}")
+    check_group_sizes(group_sizes, x.shape[0])
     out_dtype = jnp.dtype(
         preferred_element_type
         if preferred_element_type is not None
@@ -229,4 +230,10 @@ def _run(x, w, group_sizes, recipe, state, preferred_element_type, with_stats):
     x = x if isinstance(x, QTensor) else jnp.asarray(x)
     w, group_sizes = jnp.asarray(w), jnp.asarray(group_sizes)
     dtypes = _check(x, w, group_sizes, preferred_element_type)
+    if 0 in x.shape or 0 in w.shape:
+        # Zero-size operands involve no rounding: what lax.ragged_dot gives
+        # (all zeros for K = 0, an empty result otherwise).
+        y = jnp.zeros((x.shape[0], w.shape[2]), dtypes[0])
+        stats = {"x": operand_stats(materialize(x, jnp.float32), x), "w": operand_stats(w, w)}
+        return (y, stats) if with_stats else y
     return _grouped_core(x, w, group_sizes, state, recipe, dtypes, with_stats)

@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 class GroupLayout(NamedTuple):
@@ -48,6 +49,35 @@ class GroupLayout(NamedTuple):
     @property
     def tile(self) -> int:
         return self.src_row.shape[0] // self.tile_group.shape[0]
+
+
+def group_sizes_valid(group_sizes: jax.Array, num_rows: int) -> jax.Array:
+    """bool scalar: every group size is >= 0 and they sum to at most ``num_rows``.
+
+    Each size is clipped to ``num_rows + 1`` before the int32 sum, so huge
+    sizes cannot wrap the sum around to a small total.
+    """
+    gs = group_sizes.astype(jnp.int32)
+    total = jnp.sum(jnp.minimum(gs, num_rows + 1))
+    return jnp.all(gs >= 0) & (total <= num_rows)
+
+
+def check_group_sizes(group_sizes: jax.Array, num_rows: int) -> None:
+    """Raise a one-line ValueError for negative sizes or sizes summing past ``num_rows``.
+
+    Only concrete sizes can be checked here; under ``jax.jit`` the sizes are
+    traced and the caller decides (:func:`fp8jax.ragged_dot.ragged_dot`
+    returns NaN for invalid traced sizes).
+    """
+    if isinstance(group_sizes, jax.core.Tracer):
+        return
+    gs = np.asarray(group_sizes).astype(np.int64)
+    if (gs < 0).any():
+        raise ValueError(f"group_sizes must be >= 0, got {gs.tolist()}")
+    if gs.sum() > num_rows:
+        raise ValueError(
+            f"group_sizes sum to {int(gs.sum())}, more than the {num_rows} rows of lhs"
+        )
 
 
 def aligned_rows(num_rows: int, num_groups: int, tile: int) -> int:

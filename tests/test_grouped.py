@@ -85,9 +85,9 @@ def reference(x, w, dy, gs, recipe):
         dyw = _bf16(dy)
     else:
         dyw, _ = _qdq(dy, wg.rhs, 0, _token_groups(dy.shape, wg.rhs, gs))
-    y = np.zeros((M, N))
-    dx = np.zeros((M, K))
-    dw = np.zeros((E, K, N))
+    y = np.zeros(dy.shape)
+    dx = np.zeros(x.shape)
+    dw = np.zeros(w.shape)
     off = 0
     for e, g in enumerate(gs):
         r = slice(off, off + int(g))
