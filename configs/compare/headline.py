@@ -1,4 +1,4 @@
-r"""The headline: deepseek_v3, hybrid_delayed and current_tensor vs bf16 on configs/small.py.
+r"""The headline: deepseek_v3, its pow2x variant, hybrid_delayed and current_tensor vs bf16 on configs/small.py.
 
 Command (all seeds, one process):
   python experiments/compare_recipes.py --config=configs/compare/headline.py --workdir=/tmp/fp8jax_cmp/headline
@@ -14,8 +14,9 @@ What it prints: a progress line per run and logged step, then the table of
 results.md: per recipe the paired relative gap of the final validation loss
 (65,536+ held-out tokens) to bf16, per seed, its mean and 95% t-interval, and
 the verdict on +-0.25%.  The number of seeds comes from the spread of the
-paired gap measured here: its standard deviation over seeds is 0.40-0.55%, so a
-95% half-width under 0.25% needs about 21 seeds (experiments/results/headline).
+paired gap measured on this model: its standard deviation over seeds was 0.40-0.55%,
+so a 95% half-width under 0.25% needs about 21 seeds.  The runs of one table come
+from one commit and a clean tree (the comparison refuses anything else).
 """
 
 from fp8jax.train.defaults import comparison_block, parse_seeds, set_comparison_eval, small_config
@@ -29,13 +30,15 @@ def get_config(seeds: str = "0-23"):
         dict(
             bf16=dict(recipe="bf16"),
             deepseek_v3=dict(recipe="deepseek_v3"),
+            deepseek_v3_pow2x=dict(recipe="deepseek_v3_pow2x"),
             hybrid_delayed=dict(recipe="hybrid_delayed"),
             current_tensor=dict(recipe="current_tensor"),
         ),
         notes=(
             "configs/small.py (ModelConfig.small, ~9M params, 150 steps of 8 x 128 bytes of "
             "the stdlib corpus, AdamW with BF16 moments): DeepSeek-V3's recipe (1x128 / 128x128 "
-            "E4M3), per-tensor delayed scaling with E4M3 forward / E5M2 gradients, and "
+            "E4M3, power-of-two scales only at the paper's sites), its variant with power-of-two "
+            "scales for every linear's activation, per-tensor delayed scaling with E4M3 forward / E5M2 gradients, and "
             "per-tensor current scaling, each against BF16 on the same seeds."
         ),
         seeds=parse_seeds(seeds),

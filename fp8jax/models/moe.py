@@ -2,7 +2,8 @@
 
 Routed experts are computed dropless: every (token, expert) pair selected by
 the router is one row of the grouped expert GEMM (rows sorted by expert, see
-:func:`fp8jax.grouped.grouped_dot`); nothing is dropped and no capacity factor
+:func:`fp8jax.ragged_dot`, ``lax.ragged_dot``'s signature; the bf16 baseline
+is ``lax.ragged_dot`` itself); nothing is dropped and no capacity factor
 exists.  Outputs are combined with the router's gate weights in float32.
 """
 
@@ -15,7 +16,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp8jax.blockscaled import is_block_format
-from fp8jax.grouped import grouped_dot_with_stats
 from fp8jax.models.config import ModelConfig
 from fp8jax.models.router import Router, expert_load, route, seq_balance_loss
 from fp8jax.nn import Dense
@@ -24,6 +24,7 @@ from fp8jax.nn.telemetry import record
 from fp8jax.nn.variables import FP8State
 from fp8jax.parallel.experts import expert_parallel_size, routed_experts
 from fp8jax.quant import dequantize, quantize
+from fp8jax.ragged_dot import ragged_dot_with_stats
 from fp8jax.recipes import Recipe, for_site, needs_state
 from fp8jax.scaling import init_delayed_gemm_state
 
@@ -164,7 +165,7 @@ class MoE(nnx.Module):
     def _experts(self, x, w, state_var, group_sizes, label: str, recipe: Recipe):
         """One grouped expert GEMM through ``recipe``, sowing its telemetry."""
         st = state_var.get_value() if state_var is not None else None
-        out, stats = grouped_dot_with_stats(
+        out, stats = ragged_dot_with_stats(
             x,
             w[...],
             group_sizes,

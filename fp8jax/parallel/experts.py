@@ -20,9 +20,9 @@ import jax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from fp8jax.grouped import grouped_dot
 from fp8jax.parallel.dispatch import combine, dispatch, plan_route
 from fp8jax.parallel.mesh import AXES, BATCH_SPEC
+from fp8jax.ragged_dot import ragged_dot
 from fp8jax.recipes import Recipe, needs_state
 
 
@@ -58,8 +58,8 @@ def routed_experts(
 
     ``w13_Ex2F`` is (E, D, 2F) and ``w2_ExFxD`` (E, F, D); ``activation``
     maps the up-projection's (R, 2, F) output to the down-projection's
-    (R, F) input; ``up_recipe`` is the up-projection's (dispatch-site)
-    recipe.  The dropped count is summed over all devices (0 when dropless).
+    (R, F) input; ``recipe`` is the down-projection's ("expert_down" site),
+    ``up_recipe`` the up-projection's ("dispatch" site).  The dropped count is summed over all devices (0 when dropless).
     """
     n_experts = w13_Ex2F.shape[0]
     f = w2_ExFxD.shape[1]
@@ -68,9 +68,9 @@ def routed_experts(
         route = plan_route(idx, n_experts, "expert", capacity_factor)
         rows = dispatch(x, route, "expert", up_recipe)
         gs = route.group_sizes
-        h = grouped_dot(rows, w13, gs, recipe=up_recipe, preferred_element_type=dtype)
+        h = ragged_dot(rows, w13, gs, recipe=up_recipe, preferred_element_type=dtype)
         act = activation(h.reshape(-1, 2, f))
-        y = grouped_dot(act, w2, gs, recipe=recipe, preferred_element_type=dtype)
+        y = ragged_dot(act, w2, gs, recipe=recipe, preferred_element_type=dtype)
         dropped = lax.psum(route.dropped, AXES)
         # BF16 on the wire (the compute dtype of every recipe but fp32's).
         return combine(y, route, gates, "expert", recipe.compute), dropped
