@@ -1,6 +1,6 @@
 r"""Compare recipes x seeds on the same data.
 
-  python experiments/compare_recipes.py --config=configs/compare/formats.py --workdir=DIR
+  python experiments/compare_recipes.py --config=configs/compare/headline.py --workdir=DIR
 
 Writes DIR/results.md, results.json, loss_curves.png and gap_to_bf16.png; every
 run lives under DIR/runs/ (finished runs there are re-read, interrupted ones

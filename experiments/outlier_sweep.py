@@ -1,12 +1,12 @@
 r"""Massive activations swept over magnitude: where per-tensor scaling breaks, where tiles do.
 
-Command (every magnitude, every run of configs/compare/outliers.py, 2 seeds):
+Command (every magnitude, every run of configs/compare/outlier_sweep.py, 2 seeds):
   python experiments/outlier_sweep.py --workdir=/tmp/fp8jax_cmp/outlier_sweep
 
 A smaller sweep (four recipes, the injected faults left out):
   python experiments/outlier_sweep.py --workdir=DIR --labels=bf16,deepseek_v3,tensor_current,tensor_delayed
 
-Runs configs/compare/outliers.py at each ``--magnitudes`` value (in units of
+Runs configs/compare/outlier_sweep.py at each ``--magnitudes`` value (in units of
 the median |activation| at every FFN down-projection input) into
 ``DIR/<magnitude>`` (resumable: finished runs are re-read), then writes
 ``DIR/sweep.md`` (the paired val-loss gap to bf16 with its 95% interval, the
@@ -32,7 +32,7 @@ from fp8jax.train.runtime import CACHE_HELP, default_jax_cache_dir, setup_runtim
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (one comparison per magnitude)")
 _MAGNITUDES = flags.DEFINE_list("magnitudes", ["1e2", "1e3", "1e4", "1e5"], "x median |h|")
-_LABELS = flags.DEFINE_list("labels", None, "runs of configs/compare/outliers.py (default: all)")
+_LABELS = flags.DEFINE_list("labels", None, "runs of configs/compare/outlier_sweep.py (default: all)")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "seeds of every run")
 _CACHE = flags.DEFINE_string("jax_cache_dir", default_jax_cache_dir(), CACHE_HELP)
 flags.mark_flag_as_required("workdir")

@@ -86,7 +86,7 @@ def test_train_mistake_prints_one_line_and_creates_no_workdir(tmp_path, name):
 def test_compare_mistake_prints_one_line_and_creates_no_workdir(tmp_path, name):
     args, expected = _mistakes(tmp_path)[name]
     workdir = tmp_path / "cmp"
-    argv = ["--config=configs/compare/formats.py", f"--workdir={workdir}", *args]
+    argv = ["--config=configs/compare/headline.py", f"--workdir={workdir}", *args]
     p = _run("compare_recipes.py", *argv)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.splitlines()
