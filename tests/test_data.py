@@ -17,7 +17,7 @@ def test_stdlib_corpus_is_deterministic_sorted_and_split_by_file():
     assert a.train.dtype == np.uint8 and a.val.size > 0 and a.train.size > 10 * a.val.size // 2
     # Independent reconstruction: sorted files, per-file sha256(path) split.
     root = data.stdlib_root()
-    files = data._files_under(root, data.STDLIB_SUFFIXES)
+    files = data.files_under(root, data.STDLIB_SUFFIXES)
     assert [str(f) for f in files] == sorted(str(f) for f in files)
     train, val, total = [], [], 0
     for f in files:
@@ -37,7 +37,7 @@ def test_stdlib_corpus_is_deterministic_sorted_and_split_by_file():
 
 def test_text_file_and_folder(tmp_path):
     f = tmp_path / "a.txt"
-    f.write_bytes(bytes(range(256)) * 10)
+    f.write_bytes((bytes(range(32, 128)) * 30)[:2560])
     c = data.load_corpus("text", path=str(f), val_fraction=0.1)
     assert c.train.size == 2304 and c.val.size == 256
     assert bytes(c.train) + bytes(c.val) == f.read_bytes()

@@ -9,7 +9,9 @@ needed.  Three sources:
   order.  Every machine with Python has it; its SHA-256 fingerprint is
   recorded so runs on different interpreters can be told apart.
 * ``"text"``: any text file, or every file under a folder (sorted), that the
-  user names.
+  user names; JSONL / Parquet / ArrayRecord shards give their documents' text
+  (:mod:`fp8jax.data.documents`), one newline between documents.  Binary
+  files and token files are refused.
 * ``"synthetic"``: a seeded low-entropy Markov-chain byte stream for tests.
 
 Train/validation split: whole files go to validation when the SHA-256 of
@@ -17,24 +19,36 @@ their relative path falls in the validation fraction, so the split does not
 depend on which other files exist or on the order they were read; a single
 file (or the synthetic stream) is split at ``1 - val_fraction`` of its bytes.
 
-Batches are a pure function of ``(seed, step)`` (see :func:`train_batch`),
+Batches are a pure function of ``(seed, step)`` (:mod:`fp8jax.data.batches`),
 so a resumed run sees exactly the batches of an uninterrupted one without
-checkpointing an iterator.
+checkpointing an iterator.  Token-file corpora: :mod:`fp8jax.data.tokens`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from fp8jax.data.batches import check_corpus, train_batch, val_batches
+from fp8jax.data.documents import (
+    documents,
+    files_under,
+    is_plain_text,
+    refuse_token_data,
+    text_bytes,
+)
+from fp8jax.data.shards import MemoryShard
+from fp8jax.data.tokens import TokenFiles, load_tokens
+
+__all__ = ["check_corpus", "train_batch", "val_batches"]  # batching, re-exported
+
 VOCAB_SIZE = 256
 STDLIB_SUFFIXES = (".py", ".rst", ".txt")
-_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__"}
 
 
 @dataclass(frozen=True)
@@ -46,10 +60,21 @@ class Corpus:
     val: np.ndarray
     n_files: int
     sha256: str
+    unit = "bytes"
+    vocab_size = VOCAB_SIZE
+
+    @property
+    def train_shards(self) -> list[MemoryShard]:
+        return [MemoryShard("train", self.train)]
+
+    @property
+    def val_shards(self) -> list[MemoryShard]:
+        return [MemoryShard("validation", self.val)]
 
     def summary(self) -> dict:
         return {
             "name": self.name,
+            "vocab_size": VOCAB_SIZE,
             "train_bytes": int(self.train.size),
             "val_bytes": int(self.val.size),
             "n_files": self.n_files,
@@ -63,19 +88,13 @@ def _is_val(rel_path: str, val_fraction: float) -> bool:
     return h / 2.0**64 < val_fraction
 
 
-def _files_under(root: Path, suffixes: tuple[str, ...] | None) -> list[Path]:
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        # Sorted walk: the corpus is the same bytes in the same order every time.
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-        for f in sorted(filenames):
-            if suffixes is None or f.endswith(suffixes):
-                files.append(Path(dirpath) / f)
-    return sorted(files)
-
-
 def _split_files(
-    name: str, root: Path, files: list[Path], val_fraction: float, max_bytes: int | None
+    name: str,
+    root: Path,
+    files: list[Path],
+    val_fraction: float,
+    max_bytes: int | None,
+    read: Callable[[Path], bytes] = Path.read_bytes,
 ) -> Corpus:
     if not files:
         raise ValueError(f"no text files found under {root}; give a folder that holds text files")
@@ -85,7 +104,7 @@ def _split_files(
     digest = hashlib.sha256()
     n_used = 0
     for path in files:
-        data = path.read_bytes()
+        data = read(path)
         if not data:
             continue
         if max_bytes is not None and total + len(data) > max_bytes and n_used > 0:
@@ -123,23 +142,32 @@ def stdlib_root() -> Path:
 def stdlib_corpus(val_fraction: float = 0.05, max_bytes: int | None = None) -> Corpus:
     """The default corpus: standard-library sources and docs, sorted, split per file."""
     root = stdlib_root()
-    return _split_files(
-        "stdlib", root, _files_under(root, STDLIB_SUFFIXES), val_fraction, max_bytes
-    )
+    return _split_files("stdlib", root, files_under(root, STDLIB_SUFFIXES), val_fraction, max_bytes)
+
+
+def _text_of(path: Path) -> bytes:
+    """A plain text file's bytes, or a shard's documents joined by newlines (UTF-8)."""
+    if is_plain_text(path):
+        return text_bytes(path)
+    return "\n".join(documents(path)).encode("utf-8")
 
 
 def text_corpus(path: str, val_fraction: float = 0.05, max_bytes: int | None = None) -> Corpus:
-    """A text file (split by bytes) or every file in a folder (split per file)."""
+    """A text file (split by bytes) or every file in a folder (split per file).
+
+    Raises DataError (a ValueError) for binary files and token data.
+    """
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"data path {path!r} does not exist")
     if p.is_file():
-        data = p.read_bytes()
+        data = _text_of(p)
         if max_bytes is not None:
             data = data[:max_bytes]
         sha = hashlib.sha256(data).hexdigest()
         return _split_bytes(f"text:{p.name}", data, val_fraction, 1, sha)
-    return _split_files(f"text:{p}", p, _files_under(p, None), val_fraction, max_bytes)
+    refuse_token_data(p)
+    return _split_files(f"text:{p}", p, files_under(p), val_fraction, max_bytes, _text_of)
 
 
 def synthetic_corpus(
@@ -183,8 +211,13 @@ def load_corpus(
     val_fraction: float = 0.05,
     max_bytes: int | None = None,
     seed: int = 0,
-) -> Corpus:
-    """Build a corpus by source name ("stdlib" | "text" | "synthetic")."""
+) -> Corpus | TokenFiles:
+    """Build a corpus by source name ("stdlib" | "text" | "synthetic" | "tokens").
+
+    "tokens" reads a token directory (:mod:`fp8jax.data.tokens`); its split
+    and vocabulary come from the directory, so ``val_fraction``,
+    ``max_bytes`` and ``seed`` do not apply to it.
+    """
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     if source == "stdlib":
@@ -195,58 +228,10 @@ def load_corpus(
         return text_corpus(path, val_fraction, max_bytes)
     if source == "synthetic":
         return synthetic_corpus(max_bytes or 100_000, seed=seed, val_fraction=val_fraction)
-    raise ValueError(f"unknown data source {source!r}; use 'stdlib', 'text' or 'synthetic'")
-
-
-def check_corpus(corpus: Corpus, length: int) -> None:
-    """Raise ValueError (one line with the fix) unless both streams hold a row of ``length``.
-
-    A training row needs ``length`` bytes of the train stream; the validation
-    windows need ``length`` bytes of the validation stream.
-    """
-    short = [
-        f"{part} {stream.size} bytes"
-        for part, stream in (("train", corpus.train), ("validation", corpus.val))
-        if stream.size < length + 1
-    ]
-    if short:
-        raise ValueError(
-            f"corpus {corpus.name!r} is too small for seq_len {length}: "
-            f"{', '.join(short)} (each needs more than {length}); give a larger corpus "
-            "(--config.data.path) or a smaller --config.seq_len"
-        )
-
-
-def _windows(stream: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
-    idx = starts[:, None] + np.arange(length)[None, :]
-    # int32 tokens: what the embedding lookup expects.
-    return stream[idx].astype(np.int32)
-
-
-def train_batch(corpus: Corpus, step: int, batch_size: int, length: int, seed: int) -> np.ndarray:
-    """Tokens int32 [batch_size, length] for ``step``: a pure function of (seed, step).
-
-    Window starts are drawn uniformly from the train stream with a generator
-    seeded by (seed, step); a model predicts tokens[:, 1:] from the prefixes,
-    i.e. ``length - 1`` predictions per row.
-    """
-    n = corpus.train.size - length
-    if n <= 0 or length < 2:
-        raise ValueError(f"train stream ({corpus.train.size} bytes) too short for length {length}")
-    rng = np.random.default_rng([seed, step])
-    starts = rng.integers(0, n + 1, size=batch_size)
-    return _windows(corpus.train, starts, length)
-
-
-def val_batches(corpus: Corpus, n_batches: int, batch_size: int, length: int) -> np.ndarray:
-    """A fixed validation set int32 [n_batches, batch_size, length].
-
-    Evenly spaced windows over the validation stream (no randomness), the same
-    for every run, recipe and seed that uses this corpus.
-    """
-    n = corpus.val.size - length
-    if n < 0 or length < 2:
-        raise ValueError(f"val stream ({corpus.val.size} bytes) too short for length {length}")
-    total = n_batches * batch_size
-    starts = np.linspace(0, n, total).astype(np.int64)
-    return _windows(corpus.val, starts, length).reshape(n_batches, batch_size, length)
+    if source == "tokens":
+        if not path:
+            raise ValueError("data source 'tokens' needs data.path (a token directory)")
+        return load_tokens(path)
+    raise ValueError(
+        f"unknown data source {source!r}; use 'stdlib', 'text', 'synthetic' or 'tokens'"
+    )

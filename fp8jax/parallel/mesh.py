@@ -128,6 +128,37 @@ def global_batch(local_rows: np.ndarray, mesh: Mesh) -> jax.Array:
     return jax.make_array_from_process_local_data(batch_sharding(mesh), local_rows, global_shape)
 
 
+def process_rows(shape: Sequence[int], mesh: Mesh, batch_axis: int = 0) -> tuple[int, int]:
+    """Rows ``lo:hi`` (along ``batch_axis``) of a global batch of ``shape`` this process feeds.
+
+    The batch axis is split over every device of the mesh; a process feeds
+    the contiguous rows its own devices hold (all of them on one process).
+    """
+    n = shape[batch_axis]
+    if n % mesh.size:
+        raise ValueError(
+            f"a batch of {n} rows does not split over the mesh's {mesh.size} devices; "
+            f"make it a multiple of {mesh.size}"
+        )
+    if jax.process_count() == 1:
+        return 0, n
+    sharding = NamedSharding(mesh, P(*([None] * batch_axis), AXES))
+    rows = [
+        idx[batch_axis] for idx in sharding.addressable_devices_indices_map(tuple(shape)).values()
+    ]
+    return min(r.start for r in rows), max(r.stop for r in rows)
+
+
+def put_process_rows(
+    local_rows: np.ndarray, shape: Sequence[int], mesh: Mesh, batch_axis: int = 0
+) -> jax.Array:
+    """The global batch of ``shape`` from this process's rows (:func:`process_rows`)."""
+    sharding = NamedSharding(mesh, P(*([None] * batch_axis), AXES))
+    if jax.process_count() == 1:
+        return jax.device_put(local_rows, sharding)
+    return jax.make_array_from_process_local_data(sharding, local_rows, tuple(shape))
+
+
 def put_batch(full_rows: np.ndarray, mesh: Mesh, batch_axis: int = 0) -> jax.Array:
     """A global batch every process holds in full, split over ``mesh`` along ``batch_axis``.
 
@@ -136,23 +167,9 @@ def put_batch(full_rows: np.ndarray, mesh: Mesh, batch_axis: int = 0) -> jax.Arr
     ``device_put``.
     """
     full_rows = np.asarray(full_rows)
-    n = full_rows.shape[batch_axis]
-    if n % mesh.size:
-        raise ValueError(
-            f"a batch of {n} rows does not split over the mesh's {mesh.size} devices; "
-            f"make it a multiple of {mesh.size}"
-        )
-    spec = P(*([None] * batch_axis), AXES)
-    sharding = NamedSharding(mesh, spec)
-    if jax.process_count() == 1:
-        return jax.device_put(full_rows, sharding)
-    rows = [
-        idx[batch_axis]
-        for idx in sharding.addressable_devices_indices_map(full_rows.shape).values()
-    ]
-    lo, hi = min(r.start for r in rows), max(r.stop for r in rows)
+    lo, hi = process_rows(full_rows.shape, mesh, batch_axis)
     local = np.take(full_rows, np.arange(lo, hi), axis=batch_axis)
-    return jax.make_array_from_process_local_data(sharding, local, full_rows.shape)
+    return put_process_rows(local, full_rows.shape, mesh, batch_axis)
 
 
 def maybe_initialize_distributed(cfg: Mapping[str, Any] | None = None) -> bool:

@@ -8,6 +8,8 @@
     fp8jax convert fp8-to-bf16 SRC DST  (or bf16-to-fp8)
     fp8jax quant-error FILE [--tensor NAME]
     fp8jax numerics                     floating-point losses and their remedies
+    fp8jax data prepare SRC DST --vocab N   text -> BPE tokenizer -> token shards for training
+    fp8jax data info DIR                check a token directory and print what it holds
 
 Every subcommand prints plain text (``--json`` for machine-readable output
 where it makes sense).  Errors go to stderr as one line: exit status 2 for a
@@ -287,6 +289,45 @@ def _cmd_numerics(args) -> int:
     return 0
 
 
+def _cmd_data(args) -> int:
+    from fp8jax.data import DataError, load_tokens
+    from fp8jax.data import prepare as prep
+
+    def fail(msg: str) -> int:
+        print(f"fp8jax data {args.action}: error: {' '.join(str(msg).split())}", file=sys.stderr)
+        return 2
+
+    try:
+        if args.action == "info":
+            print(_dump(load_tokens(args.dir).summary()))
+            return 0
+        rep = prep.prepare(
+            args.src,
+            args.dst,
+            vocab=args.vocab,
+            tokenizer=args.tokenizer,
+            val_fraction=args.val_fraction,
+            field=args.field,
+            shard_tokens=args.shard_tokens,
+            quiet=args.quiet,
+        )
+    except prep.PrepareTerminated as e:
+        print(f"fp8jax data prepare: {e}; partial output removed", file=sys.stderr)
+        return 128 + e.signum
+    except KeyboardInterrupt:
+        print("fp8jax data prepare: interrupted; partial output removed", file=sys.stderr)
+        return 130
+    except (DataError, OSError) as e:
+        return fail(e)
+    print(
+        f"wrote {rep.dst}: vocabulary {rep.vocab_size} ({rep.dtype}), {rep.documents} documents, "
+        f"{rep.train_tokens:,} train + {rep.val_tokens:,} validation tokens in {rep.shards} "
+        f"shard(s), {rep.seconds:.1f} s; train on it with --config.data.source=tokens "
+        f"--config.data.path={rep.dst}"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(
         prog="fp8jax",
@@ -404,6 +445,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("numerics", help="classic floating-point losses and their remedies")
     p.set_defaults(func=_cmd_numerics)
+
+    p = sub.add_parser("data", help="make and check token directories for training")
+    acts = p.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=_Parser)
+    q = acts.add_parser(
+        "prepare", help="train a BPE tokenizer on text (or reuse one) and write token shards"
+    )
+    q.add_argument("src", help="a text file or a folder (text, .jsonl, .parquet, .array_record)")
+    q.add_argument("dst", help="new output directory (must not exist, or be empty)")
+    how = q.add_mutually_exclusive_group(required=True)
+    how.add_argument(
+        "--vocab", type=_number(int, 256, True), help="train a byte-level BPE of N entries (>= 257)"
+    )
+    how.add_argument("--tokenizer", metavar="PATH", help="reuse this tokenizer.json")
+    q.add_argument(
+        "--val-fraction",
+        type=_number(float, 0.0, True, 1.0),
+        default=0.05,
+        help="fraction of documents held out for validation (default 0.05)",
+    )
+    q.add_argument("--field", default="text", help="text field of JSONL / Parquet / ArrayRecord")
+    q.add_argument(
+        "--shard-tokens",
+        type=_POSITIVE_INT,
+        default=1 << 27,
+        help="tokens per shard before a new one starts (default 2^27)",
+    )
+    q.add_argument("--quiet", action="store_true", help="no progress bar")
+    q = acts.add_parser("info", help="check a token directory (ids, sizes, dtypes) and summarize")
+    q.add_argument("dir", help="token directory (with tokens.json)")
+    p.set_defaults(func=_cmd_data)
     return ap
 
 

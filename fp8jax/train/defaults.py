@@ -60,12 +60,16 @@ def base_config() -> ml_collections.ConfigDict:
     c.recipe = "deepseek_v3"
 
     # Data: "stdlib" (the interpreter's standard library sources/docs, no
-    # download), "text" (data.path: a file or a folder), or "synthetic".
+    # download), "text" (data.path: a file or a folder; bytes, vocabulary 256),
+    # "synthetic", or "tokens" (data.path: a token directory with tokens.json,
+    # e.g. from `fp8jax data prepare`; its split and vocabulary are its own).
+    # The model's vocabulary is the data's (model_overrides.vocab_size may
+    # only make it larger).
     c.data = ml_collections.ConfigDict()
     c.data.source = "stdlib"
     c.data.path = ""
-    c.data.val_fraction = 0.05
-    c.data.max_bytes = 0  # 0: the whole corpus
+    c.data.val_fraction = 0.05  # byte sources
+    c.data.max_bytes = 0  # byte sources; 0: the whole corpus
     c.data.seed = 0  # synthetic source only
 
     c.seq_len = 64  # tokens per row fed to the model (<= max_seq_len; <= 0: max_seq_len)
@@ -139,11 +143,9 @@ def small_config() -> ml_collections.ConfigDict:
 
 
 def gpu_config() -> ml_collections.ConfigDict:
-    """ModelConfig.gpu_1b (~1B params, MLA, 64 experts top-6) with a byte vocabulary."""
+    """ModelConfig.gpu_1b (~1B params, MLA, 64 experts top-6); the vocabulary is the data's."""
     c = base_config()
     c.model = "gpu_1b"
-    # Byte-level data: 256 tokens, not the preset's 32k vocabulary.
-    c.model_overrides = ml_collections.ConfigDict({"vocab_size": 256})
     c.seq_len = 2048
     c.batch_size = 32
     c.microbatches = 4
@@ -247,7 +249,7 @@ def tiny_comparison_config(
 # Validation: everything train() reads, checked before a workdir, a corpus or a
 # model exists, so a mistake costs one line and leaves nothing behind.
 
-_DATA_SOURCES = ("stdlib", "text", "synthetic")
+_DATA_SOURCES = ("stdlib", "text", "synthetic", "tokens")
 _MOMENT_DTYPES = ("float32", "bfloat16")
 
 
@@ -385,10 +387,11 @@ def validate(config: ml_collections.ConfigDict, *, extra: tuple[str, ...] = ()) 
         f"data.val_fraction must be in (0, 1), got {d.val_fraction}",
     )
     _require(int(d.max_bytes) >= 0, f"data.max_bytes must be >= 0 (0 = all), got {d.max_bytes}")
-    if str(d.source) == "text":
+    if str(d.source) in ("text", "tokens"):
+        what = "a file or folder" if str(d.source) == "text" else "a token directory"
         _require(
             bool(str(d.path)),
-            "data source 'text' needs a file or folder: --config.data.path=PATH",
+            f"data source {str(d.source)!r} needs {what}: --config.data.path=PATH",
         )
         path = Path(str(d.path)).expanduser()
         _require(

@@ -49,8 +49,16 @@ import numpy as np
 from flax import nnx
 
 from fp8jax.data import corpus as data_lib
+from fp8jax.data.batches import describe_val_set
+from fp8jax.data.loader import train_batches
+from fp8jax.data.shards import DataError
 from fp8jax.models import ModelConfig, MoETransformer, loss_fn, update_router_bias
-from fp8jax.parallel.mesh import maybe_initialize_distributed, put_batch
+from fp8jax.parallel.mesh import (
+    maybe_initialize_distributed,
+    process_rows,
+    put_batch,
+    put_process_rows,
+)
 from fp8jax.parallel.training import in_mesh, setup_training
 from fp8jax.recipes import Recipe
 from fp8jax.train import checkpoint as ckpt_lib
@@ -88,8 +96,8 @@ class TrainingInterrupted(Exception):
         self.signum = signum
 
 
-def load_data(config: ml_collections.ConfigDict, n: int) -> data_lib.Corpus:
-    """The corpus of ``config.data``, checked to hold rows of ``n`` tokens (ConfigError if not)."""
+def load_data(config: ml_collections.ConfigDict, n: int) -> data_lib.Corpus | data_lib.TokenFiles:
+    """The corpus of ``config.data``, checked to hold batches of ``n``-token rows (ConfigError if not)."""
     d = config.data
     try:
         corpus = data_lib.load_corpus(
@@ -99,7 +107,7 @@ def load_data(config: ml_collections.ConfigDict, n: int) -> data_lib.Corpus:
             max_bytes=int(d.max_bytes) or None,
             seed=int(d.seed),
         )
-        data_lib.check_corpus(corpus, n)
+        data_lib.check_corpus(corpus, n, int(config.batch_size))
     except (OSError, ValueError) as e:
         raise ConfigError(str(e)) from None
     return corpus
@@ -217,6 +225,38 @@ def check_resumable(workdir: Path, config: ml_collections.ConfigDict) -> dict[st
     return changes
 
 
+def check_data_fingerprint(workdir: Path, corpus) -> None:
+    """Refuse (ConfigError) a workdir whose run was trained on other data than ``corpus``."""
+    path = workdir / "config.json"
+    if not path.exists():
+        return
+    try:
+        old = json.loads(path.read_text())["corpus"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # an unreadable config.json is refused by check_resumable
+    if old != corpus.sha256:
+        raise ConfigError(
+            f"workdir {str(workdir)!r} holds a run trained on other data (corpus "
+            f"{corpus.name!r} now has fingerprint {corpus.sha256[:12]}, the run's was "
+            f"{str(old)[:12]}); restore the data or use a new --workdir"
+        )
+
+
+def with_data_vocab(
+    mcfg: ModelConfig, config: ml_collections.ConfigDict, vocab: int
+) -> ModelConfig:
+    """``mcfg`` with the data's vocabulary, or the override's if it is at least as large."""
+    override = config.model_overrides.get("vocab_size")
+    if override is None:
+        return dataclasses.replace(mcfg, vocab_size=vocab)
+    if int(override) < vocab:
+        raise ConfigError(
+            f"model_overrides.vocab_size {override} is smaller than the data's vocabulary "
+            f"{vocab}; drop the override (the data sets it) or raise it"
+        )
+    return mcfg
+
+
 # --- setup -------------------------------------------------------------------
 
 
@@ -228,7 +268,7 @@ class Run:
     workdir: Path
     recipe: Recipe
     mcfg: ModelConfig
-    corpus: data_lib.Corpus
+    corpus: data_lib.Corpus | data_lib.TokenFiles
     seq_len: int
     graphdef: Any
     mesh: Any
@@ -238,6 +278,7 @@ class Run:
     val: jax.Array | None
     changes: dict[str, tuple]
     gemm_paths: dict[str, str]
+    val_set: dict | None = None
 
 
 # Jitted step/eval functions of this process, keyed by everything they close
@@ -281,6 +322,9 @@ def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
     mcfg = model_config(config)
     n = seq_len(config, mcfg)
     corpus = load_data(config, n)
+    check_data_fingerprint(workdir, corpus)
+    # The data decides the vocabulary: embedding and output head match its ids.
+    mcfg = with_data_vocab(mcfg, config, corpus.vocab_size)
     model = MoETransformer(mcfg, recipe, rngs=nnx.Rngs(int(config.seed)))
     tx, schedule = make_optimizer(
         peak_lr=float(config.lr),
@@ -329,12 +373,13 @@ def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
             paths = provenance.gemm_paths(step_fn, state, tokens)
         _COMPILED[key] = (in_mesh(mesh, step_fn), in_mesh(mesh, eval_fn), paths)
     step_fn, eval_fn, paths = _COMPILED[key]
-    val = None
+    val, val_set = None, None
     if int(config.eval_batches) > 0:
         batches = data_lib.val_batches(
             corpus, int(config.eval_batches), int(config.eval_batch_size), n
         )
         val = put_batch(batches, mesh, batch_axis=1)
+        val_set = describe_val_set(corpus, batches)
     return Run(
         config,
         workdir,
@@ -350,12 +395,14 @@ def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
         val,
         changes,
         paths,
+        val_set,
     )
 
 
 def _run_facts(run: Run) -> dict:
     return {
         "corpus": run.corpus.summary(),
+        "validation_set": run.val_set,
         "recipe": dataclasses.asdict(run.recipe),
         "model_config": dataclasses.asdict(run.mcfg),
         "n_params": count_params(run.state.params),
@@ -450,12 +497,22 @@ def run_loop(
     eval_every = int(c.eval_every)
     state = run.state
     watch = _Divergence()
+    shape = (batch_size, run.seq_len)
+    # This process reads only the rows its devices hold.
+    rows = process_rows(shape, run.mesh)
+    batches = train_batches(run.corpus, start, end, batch_size, run.seq_len, data_seed, rows)
+    data_wait = 0.0
     with _stop_signals() as caught:
         for step in range(start, end):
-            tokens = put_batch(
-                data_lib.train_batch(run.corpus, step, batch_size, run.seq_len, data_seed),
-                run.mesh,
-            )
+            t_data = time.perf_counter()
+            try:
+                local = next(batches)
+            except DataError as e:
+                kept = ckpt.all_steps()
+                where = f"checkpoint of step {kept[-1]} kept" if kept else "no checkpoint saved"
+                raise ConfigError(f"step {step + 1}: {e} ({where})") from None
+            data_wait += time.perf_counter() - t_data
+            tokens = put_process_rows(local, shape, run.mesh)
             state, m = run.step_fn(state, tokens)
             done = step + 1
             watch.add(done, m)
@@ -474,7 +531,9 @@ def run_loop(
             if bad is not None:
                 raise _diverged(run, bad[0], bad[1], ckpt, writer)
             if log:
-                row = writer.write(done, _host(m))
+                # Seconds the step loop waited for input since the last logged step.
+                row = writer.write(done, {**_host(m), "data_wait_s": data_wait})
+                data_wait = 0.0
             if evaluate:
                 t_eval = time.perf_counter()
                 val_loss = float(run.eval_fn(state, run.val))

@@ -43,12 +43,9 @@ import json
 import math
 import os
 import re
-import secrets
 import shutil
 import signal
-import socket
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -58,7 +55,13 @@ from typing import TextIO
 
 import numpy as np
 
-from fp8jax.owner import owner_alive
+from fp8jax.progress import Progress
+from fp8jax.staging import (
+    TerminationSignals,
+    make_partial_dir,
+    publish,
+    remove_stale_partials,
+)
 from fp8jax.toolkit.convert.blockwise import (
     BLOCK,
     ROUNDINGS,
@@ -116,60 +119,6 @@ class ConversionTerminated(BaseException):
 
 def _stderr_warn(msg: str) -> None:
     print(f"warning: {msg}", file=sys.stderr)
-
-
-# -- progress -------------------------------------------------------------------
-
-
-class Progress:
-    """Plain-text progress bar on a stream (stderr by default)."""
-
-    def __init__(
-        self,
-        total: int,
-        label: str,
-        stream: TextIO | None = None,
-        width: int = 30,
-        quiet: bool = False,
-    ):
-        self.quiet = quiet
-        self.total = max(int(total), 1)
-        self.label = label
-        self.stream = sys.stderr if stream is None else stream
-        self.width = width
-        self.done = 0
-        self.t0 = time.monotonic()
-        self._last = -1.0
-        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._last_decile = -1
-
-    def update(self, n: int, what: str = "") -> None:
-        self.done += int(n)
-        if self.quiet:
-            return
-        now = time.monotonic()
-        frac = min(self.done / self.total, 1.0)
-        decile = int(frac * 10)
-        # On a terminal redraw at most 5x a second; in a log, one line per 10%.
-        if self._tty:
-            if now - self._last < 0.2 and frac < 1.0:
-                return
-        elif decile == self._last_decile and frac < 1.0:
-            return
-        self._last, self._last_decile = now, decile
-        fill = int(frac * self.width)
-        rate = self.done / max(now - self.t0, 1e-9) / 1e6
-        line = (
-            f"{self.label} [{'#' * fill}{'.' * (self.width - fill)}] {frac:6.1%} "
-            f"{self.done / 1e6:,.1f}/{self.total / 1e6:,.1f} MB {rate:,.1f} MB/s {what}"
-        )
-        if self._tty:
-            self.stream.write("\r" + line[:160].ljust(160))
-            if frac >= 1.0:
-                self.stream.write("\n")
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
 
 
 # -- reading the source ---------------------------------------------------------
@@ -534,65 +483,14 @@ def _carry_other_files(src: Path, tmp: Path, config: dict | None, shards: set[st
 
 
 def _remove_stale_partials(parent: Path, warn: Callable[[str], None]) -> None:
-    """Remove hidden partial outputs of conversions whose process no longer exists.
-
-    Only directories that carry this converter's marker, written on this host
-    by a process id that is not running, are touched.
-    """
-    for d in sorted(parent.glob(".*.partial-*")):
-        marker = d / PARTIAL_MARKER
-        if not d.is_dir() or d.is_symlink() or not marker.is_file():
-            continue
-        try:
-            info = json.loads(marker.read_text(encoding="utf-8"))
-            pid, owner_host = int(info["pid"]), str(info["host"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if owner_alive(owner_host, pid):
-            continue
-        shutil.rmtree(d, ignore_errors=True)
-        warn(f"removed {d}, the partial output of an earlier conversion (process {pid} is gone)")
+    remove_stale_partials(parent, PARTIAL_MARKER, "conversion", warn)
 
 
 def _make_partial_dir(dst: Path, src: Path) -> Path:
-    # os.mkdir applies the umask to 0o777, as for any directory the user makes
-    # (tempfile.mkdtemp would force 0o700 onto the final output).
-    for _ in range(100):
-        tmp = dst.parent / f".{dst.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            os.mkdir(tmp, 0o777)
-        except FileExistsError:
-            continue
-        marker = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "src": str(src),
-            "dst": str(dst),
-        }
-        (tmp / PARTIAL_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
-        return tmp
-    raise ConversionError(f"cannot create a temporary directory in {dst.parent}")
-
-
-class _TerminationHandler:
-    """Turns SIGTERM / SIGHUP into ConversionTerminated while active (main thread only)."""
-
-    SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
-
-    def __enter__(self):
-        self._old = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._old[sig] = signal.signal(sig, self._raise)
-        return self
-
-    @staticmethod
-    def _raise(signum, frame):
-        raise ConversionTerminated(signum)
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
+    try:
+        return make_partial_dir(dst, PARTIAL_MARKER, {"src": str(src), "dst": str(dst)})
+    except FileExistsError as e:
+        raise ConversionError(str(e)) from None
 
 
 # -- the conversion ---------------------------------------------------------------
@@ -663,7 +561,7 @@ def convert_checkpoint(
     source = open_source(src_p, warn=note)
     tmp: Path | None = None
     try:
-        with _TerminationHandler():
+        with TerminationSignals(ConversionTerminated):
             if direction == "fp8-to-bf16":
                 plan = _plan_fp8_to_bf16(source)
             else:
@@ -704,10 +602,7 @@ def convert_checkpoint(
                 index = {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}
                 (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
             source.close()
-            (tmp / PARTIAL_MARKER).unlink()
-            if dst_p.exists():
-                dst_p.rmdir()  # empty, checked above
-            os.replace(tmp, dst_p)
+            publish(tmp, dst_p, PARTIAL_MARKER)  # dst_p is absent or empty, checked above
             tmp = None
         return Report(
             dst=dst_p,

@@ -1,0 +1,182 @@
+"""Documents of text from files: plain text, JSONL, Parquet and ArrayRecord shards.
+
+One reader for everything that takes text: the byte-level ``text`` corpus
+and ``fp8jax data prepare``.  A file's format comes from its name:
+
+* ``*.jsonl`` / ``*.ndjson``: one JSON object per line, its ``field`` (default
+  ``"text"``) is a document;
+* ``*.parquet``: the string column ``field``, one document per row (needs
+  ``pyarrow``);
+* ``*.array_record`` / ``*.arrayrecord``: one document per record, UTF-8
+  text or a JSON object holding ``field`` (needs ``array_record``);
+* anything else: a UTF-8 text file.  A plain file is one document; it is
+  handed out in pieces of about ``PIECE_BYTES`` cut after a newline so that
+  a single large file can still be split into train and validation parts.
+
+Binary files are refused (a NUL byte, or bytes that are not UTF-8), and so is
+a token file or a token directory given as text, each with one line naming
+the file and what to do instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from fp8jax.data.shards import DataError
+
+PIECE_BYTES = 1 << 16
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+PARQUET_SUFFIXES = (".parquet",)
+ARRAY_RECORD_SUFFIXES = (".array_record", ".arrayrecord")
+TOKEN_SUFFIXES = (".bin", ".npy", ".npz")
+TOKENS_META = "tokens.json"
+SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__"}
+_TOKENS_HINT = (
+    "for token files use --config.data.source=tokens --config.data.path=DIR (a directory "
+    f"with {TOKENS_META}; `fp8jax data prepare` makes one)"
+)
+
+
+def files_under(root: Path, suffixes: tuple[str, ...] | None = None) -> list[Path]:
+    """``root`` itself if a file, else every file under it (sorted walk; ``suffixes`` filter).
+
+    Skips ``SKIP_DIRS`` (byte caches, installed packages, test suites).
+    """
+    if root.is_file():
+        return [root]
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        # Sorted walk: the corpus is the same bytes in the same order every time.
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        for f in sorted(filenames):
+            if suffixes is None or f.endswith(suffixes):
+                files.append(Path(dirpath) / f)
+    return sorted(files)
+
+
+def refuse_token_data(path: Path) -> None:
+    """DataError when ``path`` is (or holds) token data rather than text."""
+    if path.is_dir() and (path / TOKENS_META).is_file():
+        raise DataError(f"{path} is a token directory ({TOKENS_META}), not text; {_TOKENS_HINT}")
+    if path.name == TOKENS_META or path.suffix in TOKEN_SUFFIXES:
+        raise DataError(f"{path} is a token file, not text; {_TOKENS_HINT}")
+
+
+def _decode(blob: bytes, where: str) -> str:
+    if b"\0" in blob:
+        raise DataError(f"{where} is binary (it holds NUL bytes), not text; {_TOKENS_HINT}")
+    try:
+        return blob.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{where} is not UTF-8 text (byte {e.start}); convert it to UTF-8, or {_TOKENS_HINT}"
+        ) from None
+
+
+def text_bytes(path: Path) -> bytes:
+    """The bytes of a plain text file, refused (DataError) when binary or not UTF-8."""
+    refuse_token_data(path)
+    blob = path.read_bytes()
+    _decode(blob, str(path))
+    return blob
+
+
+def _field(obj, field: str, where: str) -> str:
+    if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
+        raise DataError(f"{where} has no string field {field!r}; name the text field with --field")
+    return obj[field]
+
+
+def _jsonl(path: Path, field: str) -> Iterator[str]:
+    with open(path, "rb") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{i}"
+            try:
+                obj = json.loads(_decode(line, where))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where} is not a JSON object ({e.msg})") from None
+            yield _field(obj, field, where)
+
+
+def _parquet(path: Path, field: str) -> Iterator[str]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(
+            f"reading {path} needs pyarrow: pip install 'fp8jax[data]' (or pyarrow)"
+        ) from None
+    try:
+        f = pq.ParquetFile(path)
+        if field not in f.schema_arrow.names:
+            raise DataError(
+                f"{path} has no column {field!r} (columns: {', '.join(f.schema_arrow.names)}); "
+                "name the text column with --field"
+            )
+        for batch in f.iter_batches(columns=[field], batch_size=1024):
+            for text in batch.column(0).to_pylist():
+                if text is not None:
+                    yield str(text)
+    except DataError:
+        raise
+    except Exception as e:  # pyarrow raises its own types for corrupt files
+        raise DataError(f"{path} is not a readable Parquet file ({type(e).__name__})") from None
+
+
+def _array_record(path: Path, field: str) -> Iterator[str]:
+    try:
+        from array_record.python.array_record_module import ArrayRecordReader
+    except ImportError:
+        raise DataError(
+            f"reading {path} needs array_record: pip install 'fp8jax[data]' (or array_record)"
+        ) from None
+    try:
+        reader = ArrayRecordReader(str(path))
+    except Exception as e:  # the C++ reader raises RuntimeError / ValueError variants
+        raise DataError(f"{path} is not a readable ArrayRecord file ({type(e).__name__})") from None
+    try:
+        n = reader.num_records()
+        for start in range(0, n, 1024):
+            for j, rec in enumerate(reader.read(list(range(start, min(start + 1024, n))))):
+                where = f"{path} record {start + j}"
+                text = _decode(rec, where)
+                if text.lstrip().startswith("{"):
+                    try:
+                        text = _field(json.loads(text), field, where)
+                    except json.JSONDecodeError:
+                        pass  # a text record that happens to start with a brace
+                yield text
+    finally:
+        reader.close()
+
+
+def _pieces(path: Path) -> Iterator[str]:
+    blob = text_bytes(path)
+    start = 0
+    while start < len(blob):
+        # Cut after a newline so that no line (and no UTF-8 character) is split.
+        cut = blob.find(b"\n", start + PIECE_BYTES)
+        end = len(blob) if cut < 0 else cut + 1
+        yield blob[start:end].decode("utf-8")
+        start = end
+
+
+def documents(path: Path, field: str = "text") -> Iterator[str]:
+    """The documents of one file, in order (see the module docstring for the formats)."""
+    name = path.name.lower()
+    if name.endswith(JSONL_SUFFIXES):
+        return _jsonl(path, field)
+    if name.endswith(PARQUET_SUFFIXES):
+        return _parquet(path, field)
+    if name.endswith(ARRAY_RECORD_SUFFIXES):
+        return _array_record(path, field)
+    return _pieces(path)
+
+
+def is_plain_text(path: Path) -> bool:
+    """True for a file read as plain text (not a JSONL / Parquet / ArrayRecord shard)."""
+    return not path.name.lower().endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES + ARRAY_RECORD_SUFFIXES)

@@ -1,0 +1,303 @@
+"""``fp8jax data prepare SRC DST --vocab N``: text -> BPE tokenizer -> token shards.
+
+1. Every file under ``SRC`` (sorted; text, JSONL, Parquet or ArrayRecord,
+   :mod:`fp8jax.data.documents`) is read as a stream of documents.
+2. A byte-level BPE tokenizer with ``vocab`` entries (the 256 byte symbols,
+   the merges, and ``<|endoftext|>``) is trained on them with Hugging Face
+   ``tokenizers`` (nothing is downloaded), or ``tokenizer`` (a
+   ``tokenizer.json``) is reused as is.
+3. A second pass tokenizes the documents in batches, appends the
+   end-of-document token to each, and writes them to ``train-NNNNN.bin`` /
+   ``val-NNNNN.bin`` (``uint16`` when the vocabulary fits, else ``uint32``),
+   starting a new shard at a document boundary once one holds
+   ``shard_tokens``; a last shard under half that size is appended to the
+   one before, so every shard of a split but a lone one holds at least
+   ``shard_tokens / 2`` tokens.
+
+Split: document ``k`` (counted over all files in order) goes to validation
+when ``floor((k + 1) f) > floor(k f)`` for ``f = val_fraction``: exactly
+``floor(n f)`` of ``n`` documents, spread evenly, the same every time.  A
+plain text file is cut into pieces of about 64 KiB that count as documents
+for the split (no end-of-document token between pieces).
+
+Output appears complete or not at all (:mod:`fp8jax.staging`): ``DST`` holds
+``tokens.json`` (:mod:`fp8jax.data.tokens`, with every shard's token count
+and SHA-256), ``tokenizer.json`` and the shards only once everything is
+written.  Both passes print a progress bar (bytes of the source files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+from fp8jax.data.documents import (
+    TOKENS_META,
+    documents,
+    files_under,
+    is_plain_text,
+    refuse_token_data,
+)
+from fp8jax.data.shards import DataError
+from fp8jax.progress import Progress
+from fp8jax.staging import TerminationSignals, make_partial_dir, publish, remove_stale_partials
+
+EOT = "<|endoftext|>"
+TOKENIZER_FILE = "tokenizer.json"
+PARTIAL_MARKER = ".fp8jax-prepare.json"
+# 256 byte symbols + the end-of-document token: the smallest byte-level BPE.
+MIN_VOCAB = 257
+DEFAULT_SHARD_TOKENS = 1 << 27
+# Documents per encode_batch call: large enough for the tokenizer's threads.
+_ENCODE_BATCH = 512
+
+
+class PrepareTerminated(BaseException):
+    """SIGTERM or SIGHUP arrived while preparing (the partial output is removed)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"terminated by signal {signum}")
+        self.signum = signum
+
+
+@dataclass(frozen=True)
+class PrepareReport:
+    dst: Path
+    vocab_size: int
+    dtype: str
+    documents: int
+    train_tokens: int
+    val_tokens: int
+    shards: int
+    seconds: float
+
+
+def _documents(files: list[Path], field: str, progress: Progress) -> Iterator[str]:
+    for path in files:
+        size, done = path.stat().st_size, 0
+        plain = is_plain_text(path)
+        for text in documents(path, field):
+            yield text
+            if plain:  # pieces of a text file add up to its bytes; shards count when done
+                n = len(text.encode("utf-8"))
+                done += n
+                progress.update(n, path.name)
+        if size > done:
+            progress.update(size - done, path.name)
+
+
+def train_tokenizer(texts: Iterator[str], vocab: int):
+    """A byte-level BPE ``tokenizers.Tokenizer`` of at most ``vocab`` entries, EOT included."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    # Byte-level: every byte string has an encoding, so no unknown token exists.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def load_tokenizer(path: str | Path):
+    """A saved ``tokenizer.json`` that knows the end-of-document token (DataError if not)."""
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises its own Exception subclass
+        raise DataError(f"tokenizer {path} is unreadable ({str(e)[:80]})") from None
+    if tok.token_to_id(EOT) is None:
+        raise DataError(f"tokenizer {path} has no {EOT!r} token to end documents with")
+    return tok
+
+
+class _ShardWriter:
+    """Writes one split's shards, rolling over at document boundaries."""
+
+    def __init__(self, root: Path, split: str, dtype: np.dtype, shard_tokens: int):
+        self.root, self.split, self.dtype, self.shard_tokens = root, split, dtype, shard_tokens
+        self.shards: list[dict] = []
+        self._f = None
+
+    def _open(self) -> None:
+        name = f"{self.split}-{len(self.shards):05d}.bin"
+        self._f = open(self.root / name, "wb")
+        self.shards.append({"split": self.split, "path": name, "n_tokens": 0})
+
+    def write(self, ids: list[int]) -> None:
+        if self._f is None or self.shards[-1]["n_tokens"] >= self.shard_tokens:
+            self.close()
+            self._open()
+        self._f.write(np.asarray(ids, self.dtype).tobytes())
+        self.shards[-1]["n_tokens"] += len(ids)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def finish(self) -> list[dict]:
+        """Close, fold a short last shard into the one before, and record sizes and hashes."""
+        self.close()
+        if len(self.shards) > 1 and self.shards[-1]["n_tokens"] < self.shard_tokens // 2:
+            last, prev = self.shards.pop(), self.shards[-1]
+            with (
+                open(self.root / prev["path"], "ab") as dst,
+                open(self.root / last["path"], "rb") as src,
+            ):
+                shutil.copyfileobj(src, dst)
+            os.unlink(self.root / last["path"])
+            prev["n_tokens"] += last["n_tokens"]
+        for s in self.shards:
+            s["dtype"] = self.dtype.name
+            s["sha256"] = _sha256(self.root / s["path"])
+        return self.shards
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while blob := f.read(1 << 24):
+            h.update(blob)
+    return h.hexdigest()
+
+
+def _is_val(k: int, frac: float) -> bool:
+    return math.floor((k + 1) * frac) > math.floor(k * frac)
+
+
+def _check_paths(src: Path, dst: Path) -> None:
+    if not src.exists():
+        raise DataError(f"source {src} does not exist")
+    refuse_token_data(src)
+    if dst == src or dst.is_relative_to(src):
+        raise DataError(f"destination {dst} is inside the source {src}; choose one outside it")
+    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
+        raise DataError(f"destination {dst} exists and is not an empty directory")
+    if not dst.parent.is_dir():
+        raise DataError(f"parent of the destination, {dst.parent}, does not exist")
+
+
+def prepare(
+    src: str | Path,
+    dst: str | Path,
+    vocab: int | None = None,
+    tokenizer: str | Path | None = None,
+    *,
+    val_fraction: float = 0.05,
+    field: str = "text",
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    progress_stream: TextIO | None = None,
+    quiet: bool = False,
+    warn: Callable[[str], None] | None = None,
+) -> PrepareReport:
+    """Tokenize ``src`` into a new token directory ``dst`` (see the module docstring).
+
+    Exactly one of ``vocab`` (train a tokenizer) and ``tokenizer`` (reuse
+    one) is given.  Raises DataError (leaving no ``dst``) on bad input,
+    PrepareTerminated on SIGTERM / SIGHUP, KeyboardInterrupt on Ctrl-C; the
+    partial output is removed in every case.
+    """
+    if (vocab is None) == (tokenizer is None):
+        raise DataError("give either --vocab N (train a tokenizer) or --tokenizer PATH")
+    if vocab is not None and vocab < MIN_VOCAB:
+        raise DataError(f"--vocab {vocab} is below {MIN_VOCAB} (256 bytes + end-of-document)")
+    if not 0.0 < val_fraction < 1.0:
+        raise DataError(f"--val-fraction must be in (0, 1), got {val_fraction}")
+    if shard_tokens < 1:
+        raise DataError(f"--shard-tokens must be >= 1, got {shard_tokens}")
+    t0 = time.monotonic()
+    warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
+    src_p, dst_p = Path(src).expanduser().resolve(), Path(dst).expanduser().resolve()
+    _check_paths(src_p, dst_p)
+    files = [f for f in files_under(src_p) if f.is_file()]
+    if not files:
+        raise DataError(f"no files under {src_p}; give a text file or a folder of text")
+    total = sum(f.stat().st_size for f in files)
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
+    tmp: Path | None = None
+    try:
+        with TerminationSignals(PrepareTerminated):
+            remove_stale_partials(dst_p.parent, PARTIAL_MARKER, "data preparation", warn)
+            tmp = make_partial_dir(dst_p, PARTIAL_MARKER, {"src": str(src_p), "dst": str(dst_p)})
+            if tok is None:
+                bar = Progress(total, "train BPE", progress_stream, quiet=quiet)
+                tok = train_tokenizer(_documents(files, field, bar), int(vocab))
+            tok.save(str(tmp / TOKENIZER_FILE))
+            n_vocab = tok.get_vocab_size()
+            eot = tok.token_to_id(EOT)
+            dtype = np.dtype("<u2" if n_vocab <= 1 << 16 else "<u4")
+            writers = {s: _ShardWriter(tmp, s, dtype, shard_tokens) for s in ("train", "val")}
+            bar = Progress(total, "tokenize", progress_stream, quiet=quiet)
+            n_docs = 0
+            batch: list[str] = []
+
+            def flush() -> None:
+                nonlocal n_docs
+                for enc in tok.encode_batch(batch):
+                    split = "val" if _is_val(n_docs, val_fraction) else "train"
+                    writers[split].write([*enc.ids, eot])
+                    n_docs += 1
+                batch.clear()
+
+            for text in _documents(files, field, bar):
+                batch.append(text)
+                if len(batch) >= _ENCODE_BATCH:
+                    flush()
+            flush()
+            shards = [s for w in writers.values() for s in w.finish()]
+            counts = {
+                s: sum(x["n_tokens"] for x in shards if x["split"] == s) for s in ("train", "val")
+            }
+            if not counts["val"] or not counts["train"]:
+                raise DataError(
+                    f"{src_p} gives {n_docs} documents, too few to split at val_fraction "
+                    f"{val_fraction}: give more text or a larger --val-fraction"
+                )
+            meta = {
+                "format": "fp8jax-tokens",
+                "version": 1,
+                "vocab_size": n_vocab,
+                "dtype": dtype.name,
+                "eot_id": eot,
+                "tokenizer": TOKENIZER_FILE,
+                "source": {"path": str(src_p), "files": len(files), "bytes": total},
+                "documents": n_docs,
+                "val_fraction": val_fraction,
+                "shards": shards,
+            }
+            (tmp / TOKENS_META).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+            publish(tmp, dst_p, PARTIAL_MARKER)
+            tmp = None
+    except OSError as e:
+        raise DataError(f"I/O error while preparing {dst_p}: {e}") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return PrepareReport(
+        dst_p,
+        n_vocab,
+        dtype.name,
+        n_docs,
+        counts["train"],
+        counts["val"],
+        len(shards),
+        time.monotonic() - t0,
+    )
