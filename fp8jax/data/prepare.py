@@ -203,6 +203,7 @@ def prepare(
     *,
     val_fraction: float = 0.05,
     field: str = "text",
+    suffixes: tuple[str, ...] | None = None,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     progress_stream: TextIO | None = None,
     quiet: bool = False,
@@ -211,7 +212,7 @@ def prepare(
     """Tokenize ``src`` into a new token directory ``dst`` (see the module docstring).
 
     Exactly one of ``vocab`` (train a tokenizer) and ``tokenizer`` (reuse
-    one) is given.  Raises DataError (leaving no ``dst``) on bad input,
+    one) is given; ``suffixes`` keeps only the files whose names end so.  Raises DataError (leaving no ``dst``) on bad input,
     PrepareTerminated on SIGTERM / SIGHUP, KeyboardInterrupt on Ctrl-C; the
     partial output is removed in every case.
     """
@@ -227,9 +228,10 @@ def prepare(
     warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
     src_p, dst_p = Path(src).expanduser().resolve(), Path(dst).expanduser().resolve()
     _check_paths(src_p, dst_p)
-    files = [f for f in files_under(src_p) if f.is_file()]
+    files = [f for f in files_under(src_p, suffixes) if f.is_file()]
     if not files:
-        raise DataError(f"no files under {src_p}; give a text file or a folder of text")
+        only = f" ending in {', '.join(suffixes)}" if suffixes else ""
+        raise DataError(f"no files{only} under {src_p}; give a text file or a folder of text")
     total = sum(f.stat().st_size for f in files)
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     tmp: Path | None = None

@@ -183,7 +183,10 @@ def load_tokens(path: str | Path) -> TokenFiles:
             "(--config.data.path=DIR)"
         )
     if not p.is_dir():
-        raise DataError(f"token directory {p} does not exist")
+        raise DataError(
+            f"token directory {p} does not exist; make one with "
+            f"`fp8jax data prepare SRC {p} --vocab N`"
+        )
     meta = read_meta(p)
     dtype = np.dtype(meta["dtype"]).newbyteorder("<")
     vocab = int(meta["vocab_size"])

@@ -308,6 +308,7 @@ def _cmd_data(args) -> int:
             tokenizer=args.tokenizer,
             val_fraction=args.val_fraction,
             field=args.field,
+            suffixes=tuple(args.suffix) or None,
             shard_tokens=args.shard_tokens,
             quiet=args.quiet,
         )
@@ -465,6 +466,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="fraction of documents held out for validation (default 0.05)",
     )
     q.add_argument("--field", default="text", help="text field of JSONL / Parquet / ArrayRecord")
+    q.add_argument(
+        "--suffix",
+        action="append",
+        default=[],
+        help="read only files whose names end so, e.g. --suffix .py --suffix .rst (repeatable)",
+    )
     q.add_argument(
         "--shard-tokens",
         type=_POSITIVE_INT,
