@@ -125,7 +125,7 @@ def global_batch(local_rows: np.ndarray, mesh: Mesh) -> jax.Array:
             f"{n_local} devices"
         )
     global_shape = (local_rows.shape[0] * jax.process_count(), *local_rows.shape[1:])
-    return jax.make_array_from_process_local_data(batch_sharding(mesh), local_rows, global_shape)
+    return put_process_rows(local_rows, global_shape, mesh)
 
 
 def process_rows(shape: Sequence[int], mesh: Mesh, batch_axis: int = 0) -> tuple[int, int]:

@@ -405,6 +405,11 @@ def validate(config: ml_collections.ConfigDict, *, extra: tuple[str, ...] = ()) 
             bool(str(d.path)),
             f"data source {str(d.source)!r} needs {what}: --config.data.path=PATH",
         )
+    _require(
+        not (str(d.source) == "tokens" and int(d.max_bytes)),
+        "data.max_bytes applies to byte sources; a token directory is used whole "
+        "(make a smaller one with `fp8jax data prepare`)",
+    )
     # A missing token directory is reported when the data loads, with the
     # command that makes one; a config naming one still validates.
     if str(d.source) == "text":
