@@ -42,6 +42,10 @@ def test_a_text_file_comes_in_pieces_cut_after_newlines(tmp_path, monkeypatch):
     pieces = list(docs.documents(f))
     assert "".join(pieces) == f.read_text()
     assert pieces[0] == "0123456789abc\n" and all(p.endswith("\n") for p in pieces[:-1])
+    # A bad byte is reported at its offset in the file, not in its piece.
+    f.write_bytes(b"0123456789abc\nxy\n" + b"z" * 8 + b"\xff\n")
+    with pytest.raises(DataError, match=r"not UTF-8 text \(byte 25\)"):
+        list(docs.documents(f))
 
 
 @pytest.mark.parametrize(
@@ -50,7 +54,7 @@ def test_a_text_file_comes_in_pieces_cut_after_newlines(tmp_path, monkeypatch):
         ("x.jsonl", b'{"text": "a"}\nnot json\n', r"x.jsonl:2 is not a JSON object"),
         ("y.jsonl", b'{"body": "a"}\n', r"y.jsonl:1 has no string field 'text'"),
         ("z.txt", b"abc\x00def", "is binary"),
-        ("w.txt", b"abc\xff\xfe", "is not UTF-8 text"),
+        ("w.txt", b"abc\xff\xfe", r"is not UTF-8 text \(byte 3\)"),
         ("v.parquet", b"PAR1 not really", "not a readable Parquet file"),
     ],
 )

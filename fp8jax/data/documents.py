@@ -65,14 +65,15 @@ def refuse_token_data(path: Path) -> None:
         raise DataError(f"{path} is a token file, not text; {_TOKENS_HINT}")
 
 
-def _decode(blob: bytes, where: str) -> str:
+def _decode(blob: bytes, where: str, offset: int = 0) -> str:
     if b"\0" in blob:
         raise DataError(f"{where} is binary (it holds NUL bytes), not text; {_TOKENS_HINT}")
     try:
         return blob.decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataError(
-            f"{where} is not UTF-8 text (byte {e.start}); convert it to UTF-8, or {_TOKENS_HINT}"
+            f"{where} is not UTF-8 text (byte {offset + e.start}); convert it to UTF-8, or "
+            f"{_TOKENS_HINT}"
         ) from None
 
 
@@ -155,14 +156,23 @@ def _array_record(path: Path, field: str) -> Iterator[str]:
 
 
 def _pieces(path: Path) -> Iterator[str]:
-    blob = text_bytes(path)
-    start = 0
-    while start < len(blob):
-        # Cut after a newline so that no line (and no UTF-8 character) is split.
-        cut = blob.find(b"\n", start + PIECE_BYTES)
-        end = len(blob) if cut < 0 else cut + 1
-        yield blob[start:end].decode("utf-8")
-        start = end
+    """A text file in pieces, read as it goes: each ends at the first newline at or past
+    ``PIECE_BYTES`` from its start (so no line and no UTF-8 character is split)."""
+    refuse_token_data(path)
+    offset = 0
+    buf = b""
+    with open(path, "rb") as f:
+        while True:
+            blob = f.read(PIECE_BYTES)
+            buf += blob
+            while len(buf) > PIECE_BYTES and (cut := buf.find(b"\n", PIECE_BYTES)) >= 0:
+                yield _decode(buf[: cut + 1], str(path), offset)
+                offset += cut + 1
+                buf = buf[cut + 1 :]
+            if not blob:
+                if buf:
+                    yield _decode(buf, str(path), offset)
+                return
 
 
 def documents(path: Path, field: str = "text") -> Iterator[str]:

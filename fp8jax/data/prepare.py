@@ -212,9 +212,10 @@ def prepare(
     """Tokenize ``src`` into a new token directory ``dst`` (see the module docstring).
 
     Exactly one of ``vocab`` (train a tokenizer) and ``tokenizer`` (reuse
-    one) is given; ``suffixes`` keeps only the files whose names end so.  Raises DataError (leaving no ``dst``) on bad input,
-    PrepareTerminated on SIGTERM / SIGHUP, KeyboardInterrupt on Ctrl-C; the
-    partial output is removed in every case.
+    one) is given; ``suffixes`` keeps only the files whose names end so.
+    Raises DataError (leaving no ``dst``) on bad input, PrepareTerminated on
+    SIGTERM / SIGHUP, KeyboardInterrupt on Ctrl-C; the partial output is
+    removed in every case.
     """
     if (vocab is None) == (tokenizer is None):
         raise DataError("give either --vocab N (train a tokenizer) or --tokenizer PATH")

@@ -97,7 +97,10 @@ class TrainingInterrupted(Exception):
 
 
 def load_data(config: ml_collections.ConfigDict, n: int) -> data_lib.Corpus | data_lib.TokenFiles:
-    """The corpus of ``config.data``, checked to hold batches of ``n``-token rows (ConfigError if not)."""
+    """The corpus of ``config.data``, checked to hold batches of ``n``-token rows.
+
+    Raises ConfigError (one line) for a missing, bad or too small corpus.
+    """
     d = config.data
     try:
         corpus = data_lib.load_corpus(
