@@ -1,5 +1,5 @@
 """Batches: a pure function of (seed, step, rows); processes read disjoint parts of the
-one-process batch; byte corpora keep the batches they always had; the validation set
+one-process batch; a byte corpus gives uniform windows drawn by (seed, step); the validation set
 is fixed and named by the SHA-256 of its tokens."""
 
 import hashlib
