@@ -154,3 +154,14 @@ def test_config_validation_and_sizes():
     assert 0.8e9 < ModelConfig.gpu_1b().param_count() < 1.3e9
     with pytest.raises(ValueError, match="max_seq_len"):
         model(jnp.zeros((1, 33), jnp.int32))
+
+
+def test_nvfp4_model_runs_its_last_block_unquantized():
+    cfg = ModelConfig.tiny(n_layers=3, n_dense_layers=1)
+    model = MoETransformer(cfg, fp8jax.recipes.nvfp4(), rngs=nnx.Rngs(0))
+    # ceil(0.16 * 3) = 1: block 2 runs as bf16, blocks 0-1 in NVFP4.
+    assert model.blocks[0].ffn.w13.recipe.is_fp8 and model.blocks[1].ffn.recipe.is_fp8
+    assert not model.blocks[2].ffn.recipe.is_fp8
+    assert not model.blocks[2].attn.wo.recipe.is_fp8
+    every = MoETransformer(cfg, fp8jax.recipes.get("nvfp4_all_layers"), rngs=nnx.Rngs(0))
+    assert every.blocks[2].ffn.recipe.is_fp8

@@ -21,7 +21,7 @@ from fp8jax.models.moe import MoE, SwiGLU, first_token_rows, inject_massive
 from fp8jax.nn.dense import fan_in_init
 from fp8jax.nn.telemetry import capture
 from fp8jax.nn.variables import RouterBias
-from fp8jax.recipes import Recipe
+from fp8jax.recipes import Recipe, for_layer
 
 
 class Block(nnx.Module):
@@ -73,7 +73,13 @@ class MoETransformer(nnx.Module):
         self.embed = nnx.Param(
             jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), jnp.float32).astype(pdt)
         )
-        self.blocks = nnx.List([Block(cfg, recipe, i, rngs=rngs) for i in range(cfg.n_layers)])
+        # A recipe may keep its last blocks in high precision (Recipe.high_precision_last).
+        self.blocks = nnx.List(
+            [
+                Block(cfg, for_layer(recipe, i, cfg.n_layers), i, rngs=rngs)
+                for i in range(cfg.n_layers)
+            ]
+        )
         self.final_norm = RMSNorm(
             cfg.d_model, eps=cfg.norm_eps, dtype=jnp.float32, param_dtype=cfg.param_dtype
         )
