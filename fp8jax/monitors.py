@@ -41,7 +41,7 @@ import jax.numpy as jnp
 NOISE_RATIO_FLOOR = math.sqrt(3.0)
 
 
-def _channel_amax(h: jax.Array, segments: jax.Array | None, n_segments: int) -> jax.Array:
+def channel_amax(h: jax.Array, segments: jax.Array | None, n_segments: int) -> jax.Array:
     """Per-channel max |h| over the rows (float32; NaN where a segment has no rows)."""
     a = jnp.abs(h.astype(jnp.float32)).reshape(-1, h.shape[-1])
     a = jnp.where(jnp.isfinite(a), a, 0.0)
@@ -71,7 +71,7 @@ def channel_outlier_ratio(
         raise ValueError(
             f"segments must label the rows of a 2-d tensor: h {h.shape}, segments {segments.shape}"
         )
-    amax = _channel_amax(h, segments, n_segments).reshape(-1)
+    amax = channel_amax(h, segments, n_segments).reshape(-1)
     top = jnp.nanmax(amax)
     mid = jnp.nanmedian(amax)
     return jnp.where(mid > 0, top / jnp.where(mid > 0, mid, 1.0), jnp.where(top > 0, jnp.inf, 1.0))

@@ -91,7 +91,10 @@ class Dense(nnx.Module):
         )
         self.fp8_state = FP8State(init_delayed_gemm_state(recipe)) if needs_state(recipe) else None
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, kernel_scale: jax.Array | None = None) -> jax.Array:
+        """y = x W (+ b); ``kernel_scale`` (shaped like ``in_features``) multiplies W's
+        rows first (W's contracted axes), e.g. to fold a per-channel scale of x
+        back into W."""
         axes = tuple(a % x.ndim for a in self.axis)
         for a, n in zip(axes, self.in_features):
             if x.shape[a] != n:
@@ -101,9 +104,19 @@ class Dense(nnx.Module):
                 )
         dn = ((axes, tuple(range(len(axes)))), ((), ()))
         state = self.fp8_state.get_value() if self.fp8_state is not None else None
+        kernel = self.kernel[...]
+        if kernel_scale is not None:
+            if kernel_scale.shape != self.in_features:
+                raise ValueError(
+                    f"{self.name}: kernel_scale shape {kernel_scale.shape} is not in_features "
+                    f"{self.in_features}"
+                )
+            # In the kernel's dtype: exact when the scales are powers of two.
+            pad = (1,) * len(self.out_features)
+            kernel = kernel * kernel_scale.reshape(kernel_scale.shape + pad).astype(kernel.dtype)
         out, st = dot_general_with_stats(
             x,
-            self.kernel[...],
+            kernel,
             dn,
             recipe=self.recipe,
             state=state,
