@@ -293,6 +293,8 @@ class MoE(nnx.Module):
             # Shared experts' output joins the float32 combine.
             out = out + self.shared(x_BxTxD).reshape(b * t, d).astype(jnp.float32)
         aux = {"load": expert_load(idx, e)}
+        # Tokens routed to each expert, logged per layer next to the FP8 telemetry.
+        record(self, self.name, {"tokens": {"count": aux["load"].astype(jnp.float32)}})
         if cfg.seq_aux_loss_coef > 0:
             aux["balance_loss"] = seq_balance_loss(scores.reshape(b, t, e), idx.reshape(b, t, k))
         else:

@@ -59,8 +59,11 @@ class MoETransformer(nnx.Module):
     aux["aux_loss"] (sequence-wise balance loss x coef, 0 when off),
     aux["expert_load"] float32 [n_moe_layers, E] (tokens per expert this call),
     aux["load_max_over_mean"] float32 [n_moe_layers], aux["router_bias"]
-    [n_moe_layers, E], and aux["fp8"]: name -> {"amax", "saturated", "flushed"}
-    for the forward operands of every GEMM ({} when ``telemetry=False``).
+    [n_moe_layers, E], and aux["fp8"] ({} when ``telemetry=False``): what
+    the layers sow, by site: "<gemm>/x" and "<gemm>/w" -> {"amax",
+    "saturated", "flushed"} for the forward operands of every GEMM,
+    "<ffn>/swiglu" -> {"outlier_ratio", "align_max", "align_mean"} for every
+    SwiGLU (:mod:`fp8jax.monitors`), "<moe>/tokens" -> {"count": (E,)}.
     """
 
     def __init__(self, cfg: ModelConfig, recipe: Recipe, *, rngs: nnx.Rngs, telemetry: bool = True):
