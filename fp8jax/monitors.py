@@ -119,11 +119,8 @@ def swiglu_monitors(
     }
 
 
-def noise_ratio(g: jax.Array, g_quantized: jax.Array) -> jax.Array:
-    """||g|| / ||g_quantized - g|| in float32 (+Inf when the quantization is exact).
-
-    Non-finite elements are left out of both norms.
-    """
+def signal_and_noise(g: jax.Array, g_quantized: jax.Array) -> jax.Array:
+    """float32 (2,): (||g||, ||g_quantized - g||), non-finite elements left out of both."""
     if g.shape != g_quantized.shape:
         raise ValueError(f"shapes differ: {g.shape} vs {g_quantized.shape}")
     a = g.astype(jnp.float32)
@@ -131,12 +128,28 @@ def noise_ratio(g: jax.Array, g_quantized: jax.Array) -> jax.Array:
     ok = jnp.isfinite(a) & jnp.isfinite(b)
     a = jnp.where(ok, a, 0.0)
     b = jnp.where(ok, b, 0.0)
-    # Norms from scaled sums of squares: a float32 gradient's squares may underflow.
+    # Norms from sums of squares of values scaled by the largest one: a
+    # float32 gradient's squares may underflow (or overflow) unscaled.
     m = jnp.maximum(jnp.max(jnp.abs(a), initial=0.0), jnp.max(jnp.abs(b), initial=0.0))
     inv = jnp.where(m > 0, 1.0 / jnp.where(m > 0, m, 1.0), 1.0)
     sig = jnp.sqrt(jnp.sum(jnp.square(a * inv)))
     err = jnp.sqrt(jnp.sum(jnp.square((b - a) * inv)))
-    return jnp.where(err > 0, sig / jnp.where(err > 0, err, 1.0), jnp.inf)
+    return jnp.stack([sig, err]) * jnp.where(m > 0, m, 1.0)
+
+
+def ratio_of(signal_noise: jax.Array) -> jax.Array:
+    """signal / noise of a (2,) pair: +Inf for zero noise, NaN when both are zero."""
+    sig, err = signal_noise[0], signal_noise[1]
+    safe = jnp.where(err > 0, err, 1.0)
+    return jnp.where(err > 0, sig / safe, jnp.where(sig > 0, jnp.inf, jnp.nan))
+
+
+def noise_ratio(g: jax.Array, g_quantized: jax.Array) -> jax.Array:
+    """||g|| / ||g_quantized - g|| in float32 (+Inf when the quantization is exact).
+
+    Non-finite elements are left out of both norms.
+    """
+    return ratio_of(signal_and_noise(g, g_quantized))
 
 
 def amax_growth(amax_now: float, window: list[float]) -> float:

@@ -224,3 +224,14 @@ def test_site_telemetry_combines_microbatches_per_statistic():
             "layers/layer1/moe/tokens/count/2": 1.0,
         }
     )
+
+
+def test_block_format_gradient_noise_reaches_the_next_steps_metrics():
+    graphdef, state, tx, sched = _setup(fp8jax.recipes.mxfp8())
+    step = make_train_step(graphdef, tx, loss_fn, microbatches=2, schedule=sched, donate=False)
+    s1, m1 = step(state, _tokens())
+    assert np.isnan(float(m1["layers/l2/dy/noise_ratio"]))  # nothing measured before step 1
+    pair = np.asarray(s1.fp8["l2"]["grad_noise"].get_value())
+    assert pair[0] > pair[1] > 0  # merged over microbatches: the largest norms
+    _, m2 = step(s1, _tokens(seed=1))
+    np.testing.assert_allclose(float(m2["layers/l2/dy/noise_ratio"]), pair[0] / pair[1], rtol=1e-6)

@@ -21,6 +21,7 @@ from fp8jax.models.router import Router, expert_load, route, seq_balance_loss
 from fp8jax.monitors import channel_amax, swiglu_monitors
 from fp8jax.nn import Dense
 from fp8jax.nn.dense import fan_in_init
+from fp8jax.nn.grad_noise import init_grad_noise, probe, sow_ratio
 from fp8jax.nn.telemetry import record
 from fp8jax.nn.variables import FP8State
 from fp8jax.parallel.experts import expert_parallel_size, routed_experts
@@ -201,13 +202,15 @@ class MoE(nnx.Module):
         delayed = needs_state(recipe)
         self.w13_state = FP8State(init_delayed_gemm_state(recipe)) if delayed else None
         self.w2_state = FP8State(init_delayed_gemm_state(recipe)) if delayed else None
+        self.w13_noise = init_grad_noise(self.dispatch_recipe)
+        self.w2_noise = init_grad_noise(self.down_recipe)
         self.shared = (
             SwiGLU(cfg, recipe, cfg.n_shared_experts * f, name=f"{name}/shared", rngs=rngs)
             if cfg.n_shared_experts > 0
             else None
         )
 
-    def _experts(self, x, w, state_var, group_sizes, label: str, recipe: Recipe):
+    def _experts(self, x, w, state_var, noise_var, group_sizes, label: str, recipe: Recipe):
         """One grouped expert GEMM through ``recipe``, sowing its telemetry."""
         st = state_var.get_value() if state_var is not None else None
         out, stats = ragged_dot_with_stats(
@@ -219,7 +222,8 @@ class MoE(nnx.Module):
             preferred_element_type=self.cfg.dtype,
         )
         record(self, f"{self.name}/{label}", stats)
-        return out
+        sow_ratio(self, f"{self.name}/{label}", noise_var)
+        return probe(out, noise_var, recipe)
 
     def __call__(
         self, x_BxTxD: jax.Array, bias_E: jax.Array
@@ -256,7 +260,13 @@ class MoE(nnx.Module):
             order, token, group_sizes = sort_by_expert(idx, e)
             xs = x[token]  # (BT*k, D), sorted by expert
             h = self._experts(
-                xs, self.w13, self.w13_state, group_sizes, "experts_w13", self.dispatch_recipe
+                xs,
+                self.w13,
+                self.w13_state,
+                self.w13_noise,
+                group_sizes,
+                "experts_w13",
+                self.dispatch_recipe,
             )
             f = cfg.d_expert
             act = swiglu(h.reshape(-1, 2, f), cfg.dtype, self.recipe)
@@ -281,7 +291,9 @@ class MoE(nnx.Module):
                 act = _smooth_rows(act, scale_ExF[expert])
                 # The same powers of two on W_down's rows: exact, the product unchanged.
                 w2 = self.w2[...] * scale_ExF[:, :, None]
-            y = self._experts(act, w2, self.w2_state, group_sizes, "experts_w2", self.down_recipe)
+            y = self._experts(
+                act, w2, self.w2_state, self.w2_noise, group_sizes, "experts_w2", self.down_recipe
+            )
             # Combine in float32: un-sort the rows (a gather) and sum the k slots
             # weighted by their gates.
             inv = jnp.argsort(order)

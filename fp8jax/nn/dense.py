@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp8jax.dot_general import dot_general_with_stats
+from fp8jax.nn.grad_noise import init_grad_noise, probe, sow_ratio
 from fp8jax.nn.telemetry import record
 from fp8jax.nn.variables import FP8State
 from fp8jax.recipes import Recipe, needs_state
@@ -90,6 +91,8 @@ class Dense(nnx.Module):
             nnx.Param(jnp.zeros(self.out_features, jnp.dtype(param_dtype))) if use_bias else None
         )
         self.fp8_state = FP8State(init_delayed_gemm_state(recipe)) if needs_state(recipe) else None
+        # Block-format gradients: their noise ratio (fp8jax.nn.grad_noise).
+        self.grad_noise = init_grad_noise(recipe)
 
     def __call__(self, x: jax.Array, kernel_scale: jax.Array | None = None) -> jax.Array:
         """y = x W (+ b); ``kernel_scale`` (shaped like ``in_features``) multiplies W's
@@ -124,6 +127,8 @@ class Dense(nnx.Module):
             preferred_element_type=self.dtype,
         )
         record(self, self.name, st)
+        sow_ratio(self, self.name, self.grad_noise)
+        out = probe(out, self.grad_noise, self.recipe)
         # dot_general puts x's free axes first (in order), then the kernel's output
         # axes: the DenseGeneral layout.
         if self.bias is not None:
