@@ -58,8 +58,8 @@ def test_plot_one_colour_per_run_and_style_per_site(tmp_path, monkeypatch):
     assert len(by_run) == 2  # one colour per run, in every panel
     looks = [look for looks in by_run.values() for look in looks]
     assert len(set(looks)) == len(looks) // 2  # each site the same look in both runs
-    # Panels saturated, amax_growth, outlier_ratio, count: one site each, two runs.
-    assert len(drawn) == 8
+    # Panels loss, saturated, amax_growth, outlier_ratio, count: one site each, two runs.
+    assert len(drawn) == 10
 
 
 def test_plot_refuses_nothing_to_draw(tmp_path):

@@ -5,7 +5,8 @@ Reads the ``layers/<site>/<stat>`` columns of each run's metrics.jsonl
 has one colour in every panel; within a run, each site has its own line
 style and marker, the same in every panel, so lines stay distinguishable in
 grey print too.  Vector statistics (tokens per expert) count each entry as a
-site (``<site>[i]``).
+site (``<site>[i]``); the run's ``loss`` and ``val_loss`` are statistics of
+the site "model".
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only ba
 from fp8jax.train.metrics import as_float, read_jsonl  # noqa: E402
 
 DEFAULT_STATS = (
+    "loss",
     "saturated",
     "flushed",
     "amax_growth",
@@ -32,6 +34,8 @@ DEFAULT_STATS = (
     "noise_ratio",
     "count",
 )
+# Whole-run columns drawn next to the per-site ones.
+RUN_STATS = ("loss", "val_loss")
 # Statistics spanning decades are drawn on a log axis.
 LOG_STATS = ("amax", "amax_growth", "outlier_ratio", "noise_ratio")
 _STYLES = ("-", "--", ":", "-.")
@@ -56,7 +60,7 @@ def load_series(run_dir: str | Path) -> dict[tuple[str, str], tuple[list[int], l
     series: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
     for row in read_jsonl(path):
         for key, value in row.items():
-            parsed = split_key(key)
+            parsed = ("model", key) if key in RUN_STATS else split_key(key)
             if parsed is None:
                 continue
             steps, vals = series.setdefault(parsed, ([], []))
