@@ -11,7 +11,6 @@ the site "model".
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -106,8 +105,11 @@ def plot_telemetry(
         )
     # One style per site, fixed across panels; one colour per run.
     all_sites = list(dict.fromkeys(s for v in chosen.values() for s in v))
-    looks = itertools.cycle(itertools.product(_MARKERS, _STYLES))
-    style = {s: next(looks) for s in all_sites}
+    # Marker and line style both change from one site to the next (32 distinct looks).
+    style = {
+        s: (_MARKERS[i % len(_MARKERS)], _STYLES[(i + i // len(_MARKERS)) % len(_STYLES)])
+        for i, s in enumerate(all_sites)
+    }
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     n = len(chosen)
     cols = min(n, 3)
