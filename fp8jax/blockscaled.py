@@ -80,11 +80,13 @@ def quantize_block_operand(
     caxis: int,
     *,
     key: jax.Array | None = None,
+    scale_rounding: str = "floor",
 ) -> BlockTensor:
     """Quantize one GEMM operand to ``fmt`` along its contraction axis ``caxis``.
 
     ``granularity="block"`` uses 2-d blocks over the last two axes, which
-    must then contain ``caxis``.
+    must then contain ``caxis``.  ``scale_rounding``: MXFP8's E8M0 scale rule
+    ("floor" or "ceil", :func:`fp8jax.microscaling.mx_shared_exponent`).
     """
     if not is_block_format(fmt):
         raise ValueError(f"unknown block format {fmt!r}; known: {sorted(BLOCK_FORMATS)}")
@@ -92,7 +94,9 @@ def quantize_block_operand(
     if two_d and caxis % t.ndim < t.ndim - 2:
         raise ValueError("2-d blocks must cover the contraction axis (one of the last two axes)")
     if fmt == "mxfp8":
-        return microscaling.quantize_mxfp8(t, caxis, two_d=two_d, key=key)
+        return microscaling.quantize_mxfp8(
+            t, caxis, two_d=two_d, key=key, scale_rounding=scale_rounding
+        )
     return microscaling.quantize_nvfp4(t, caxis, two_d=two_d, key=key)
 
 
@@ -109,7 +113,9 @@ def quantize_spec_operand(t: jax.Array, spec: QuantSpec, caxis: int, seed: int) 
     if spec.hadamard:
         t = hadamard.rht(t, hadamard.random_signs(seed), caxis)
     key = operand_key(seed, 10 * t.ndim + caxis, t) if spec.stochastic else None
-    return quantize_block_operand(t, spec.fmt, spec.granularity, caxis, key=key)
+    return quantize_block_operand(
+        t, spec.fmt, spec.granularity, caxis, key=key, scale_rounding=spec.scale_rounding
+    )
 
 
 def hadamard_pair(

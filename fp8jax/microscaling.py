@@ -24,6 +24,17 @@ Because X is a power of two, ``V_i / X`` is an exact multiplication by
 127 - emax_elem, so the spec's NaN scale for ``shared_exp > 127`` is
 unreachable, and an all-zero block gets the smallest scale, 2^-127.
 
+The floor above is the OCP rule ("floor", the default).  It lets a block's
+top values land above the element maximum (up to just under 2^(emax_elem+1),
+which E4M3 clamps to 448).  ``scale_rounding="ceil"`` takes instead the
+smallest power of two X with amax / X <= max_elem, i.e. ceil(log2(amax /
+max_elem)) computed exactly from amax's bits (one more than the floor rule
+when amax's significand exceeds max_elem's, 1.75 for E4M3): no element ever
+clips, at the cost of one bit of range for the smallest values.  NVIDIA's
+MXFP8 training recipe and Transformer Engine round the scale up this way
+(they divide amax by max_elem in float32 first, which can differ from the
+exact ceiling only where that division rounds across a power of two).
+
 NVFP4 ("Pretraining Large Language Models with NVFP4", NVIDIA 2025, and
 Transformer Engine's NVFP4 recipe): E2M1 elements (max 6), one E4M3 scale
 per 16 elements along ``axis`` (or per 16x16 block over the last two axes,
@@ -159,12 +170,35 @@ def _has_nan(fmt) -> bool:
     return bool(np.isnan(nan))
 
 
-def mx_shared_exponent(amax: jnp.ndarray, elem_fmt=E4M3) -> jnp.ndarray:
-    """int32 shared exponent clamp(floor(log2 amax) - emax_elem, -127, 127).
+MX_SCALE_ROUNDINGS = ("floor", "ceil")
 
-    ``amax`` float32 and finite; zero and float32 subnormals count as 2^-127.
+
+def mx_shared_exponent(
+    amax: jnp.ndarray, elem_fmt=E4M3, scale_rounding: str = "floor"
+) -> jnp.ndarray:
+    """int32 shared exponent of a block with this ``amax`` (module docstring).
+
+    "floor": clamp(floor(log2 amax) - emax_elem, -127, 127) (OCP MX v1.0).
+    "ceil": the smallest e with amax <= max_elem * 2^e, clamped likewise.
+    ``amax`` float32 and finite; zero and float32 subnormals count as 2^-127
+    (and are never rounded up).
     """
-    e = floor_log2(amax) - element_emax(elem_fmt)
+    if scale_rounding not in MX_SCALE_ROUNDINGS:
+        raise ValueError(
+            f"scale_rounding must be one of {MX_SCALE_ROUNDINGS}, got {scale_rounding!r}"
+        )
+    elem_fmt = as_format(elem_fmt)
+    emax = element_emax(elem_fmt)
+    e = floor_log2(amax) - emax
+    if scale_rounding == "ceil":
+        # amax = m * 2^f and max_elem = m_max * 2^emax with m, m_max in [1, 2):
+        # amax / 2^(f - emax) = m * 2^emax exceeds max_elem iff m > m_max, a
+        # comparison of the 23 significand bits (exact, no division).
+        m_max = float(ml_dtypes.finfo(elem_fmt).max) / 2.0**emax
+        threshold = int(round((m_max - 1.0) * 2**23))
+        bits = lax.bitcast_convert_type(amax.astype(jnp.float32), jnp.int32)
+        normal = ((bits >> 23) & 0xFF) > 0
+        e = e + ((bits & 0x7FFFFF) > threshold).astype(jnp.int32) * normal.astype(jnp.int32)
     return jnp.clip(e, -127, 127)
 
 
@@ -179,7 +213,7 @@ def _e8m0_exponent(scale: jnp.ndarray) -> jnp.ndarray:
 
 # The quantizers are jitted as a whole: run op by op they compile dozens of
 # small kernels on first use, which costs seconds on a CPU.
-@partial(jax.jit, static_argnames=("elem_fmt", "axis", "block", "two_d"))
+@partial(jax.jit, static_argnames=("elem_fmt", "axis", "block", "two_d", "scale_rounding"))
 def quantize_mx(
     x: jnp.ndarray,
     elem_fmt=E4M3,
@@ -188,15 +222,20 @@ def quantize_mx(
     *,
     two_d: bool = False,
     key: jax.Array | None = None,
+    scale_rounding: str = "floor",
 ) -> BlockTensor:
-    """MX quantization (OCP MX v1.0): E8M0 power-of-two scale per block (module docstring)."""
+    """MX quantization (OCP MX v1.0): E8M0 power-of-two scale per block (module docstring).
+
+    ``scale_rounding``: "floor" (the OCP rule) or "ceil" (the scale rounded up
+    so that no element clips).
+    """
     _check(x, block, two_d)
     elem_fmt = as_format(elem_fmt)
     axis = axis % x.ndim
     gran, gaxis, tile = _layout(axis, block, two_d)
     xf = flush_subnormals(x)
     amax = group_amax(xf, gran, gaxis, tile, finite_only=True)
-    shared = mx_shared_exponent(amax, elem_fmt)
+    shared = mx_shared_exponent(amax, elem_fmt, scale_rounding)
     scale = _e8m0(shared)
     if not _has_nan(elem_fmt):
         scale = jnp.where(_nan_blocks(xf, gran, gaxis, tile), jnp.array(jnp.nan, E8M0), scale)
@@ -252,10 +291,15 @@ def quantize_nvfp4(
 
 
 def quantize_mxfp8(
-    x: jnp.ndarray, axis: int = -1, *, two_d: bool = False, key: jax.Array | None = None
+    x: jnp.ndarray,
+    axis: int = -1,
+    *,
+    two_d: bool = False,
+    key: jax.Array | None = None,
+    scale_rounding: str = "floor",
 ) -> BlockTensor:
-    """MXFP8: E4M3 elements, E8M0 scale per 32 elements along ``axis``."""
-    return quantize_mx(x, E4M3, axis, MX_BLOCK, two_d=two_d, key=key)
+    """MXFP8: E4M3 elements, E8M0 scale per 32 elements along ``axis`` (rounded per ``scale_rounding``)."""
+    return quantize_mx(x, E4M3, axis, MX_BLOCK, two_d=two_d, key=key, scale_rounding=scale_rounding)
 
 
 @partial(jax.jit, static_argnames=("dtype",))

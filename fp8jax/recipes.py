@@ -25,6 +25,7 @@ two operands.  Granularities are *relative to that GEMM's contraction axis*:
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ IMPLS = ("auto", "xla", "chunked", "fp8", "fp8_fast", "pallas")
 CACHE_FORMATS = (None, "e5m6")
 SITES = ("attn_out", "dispatch", "expert_down")
 PROMOTE_ROUNDINGS = ("fma", "separate")
+SCALE_ROUNDINGS = ("floor", "ceil")
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,11 @@ class QuantSpec:
         Hadamard transform along the contraction axis before quantizing (for
         both Wgrad operands, where it cancels), and round the elements
         stochastically instead of to nearest.
+      scale_rounding: MXFP8 only: how the E8M0 block scale is rounded from
+        the block's amax: "floor" (OCP MX v1.0: floor(log2 amax) - 8, which
+        can put a block's top values above 448, where they clip) or "ceil"
+        (the smallest power of two that keeps the amax at or below 448, as
+        NVIDIA's MXFP8 recipe and Transformer Engine do: nothing clips).
     """
 
     fmt: str | None = "e4m3"
@@ -70,6 +77,7 @@ class QuantSpec:
     amax_floor: float = 0.0
     hadamard: bool = False
     stochastic: bool = False
+    scale_rounding: str = "floor"
 
     def __post_init__(self) -> None:
         if self.granularity not in GRANULARITIES:
@@ -99,6 +107,12 @@ class QuantSpec:
                 )
         elif self.hadamard or self.stochastic:
             raise ValueError("hadamard / stochastic apply to the block formats 'mxfp8' and 'nvfp4'")
+        if self.scale_rounding not in SCALE_ROUNDINGS:
+            raise ValueError(
+                f"scale_rounding must be one of {SCALE_ROUNDINGS}, got {self.scale_rounding!r}"
+            )
+        if self.scale_rounding != "floor" and self.fmt != "mxfp8":
+            raise ValueError("scale_rounding applies to 'mxfp8' only (its E8M0 block scales)")
 
     @property
     def quantized(self) -> bool:
@@ -232,6 +246,11 @@ class Recipe:
     power-of-two scales.  ``x_cache`` is what a GEMM's Wgrad re-quantizes x
     from: None, its cached FP8 operand; "e5m6", a copy of x rounded to E5M6
     (emulated in bfloat16, which holds every E5M6 value exactly).
+
+    ``high_precision_last``: the fraction of the model's blocks, the last
+    ones, whose GEMMs skip quantization and run as the bf16 baseline does
+    (``ceil(fraction * n_layers)`` blocks; 0 = none).  Applied by
+    :func:`for_layer`; a GEMM outside a model's blocks never sees it.
     """
 
     name: str
@@ -250,12 +269,17 @@ class Recipe:
     down_grad_pow2: bool = False
     # Seed of the Hadamard signs and the stochastic-rounding keys (block formats).
     seed: int = 0
+    high_precision_last: float = 0.0
 
     def __post_init__(self) -> None:
         if self.impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
         if self.dequant_dtype not in ("float32", "bfloat16"):
             raise ValueError("dequant_dtype must be 'float32' or 'bfloat16'")
+        if not 0.0 <= self.high_precision_last <= 1.0:
+            raise ValueError(
+                f"high_precision_last must be a fraction in [0, 1], got {self.high_precision_last}"
+            )
         for name in ("x_cache", "attn_out_cache"):
             if getattr(self, name) not in CACHE_FORMATS:
                 raise ValueError(
@@ -348,6 +372,35 @@ def for_site(recipe: Recipe, site: str) -> Recipe:
     if site == "expert_down" and recipe.down_grad_pow2:
         return _pow2_specs(recipe, "dgrad_dy", "wgrad_dy")
     return recipe
+
+
+def high_precision_layers(recipe: Recipe, n_layers: int) -> int:
+    """How many of a model's last ``n_layers`` blocks run unquantized: ceil(fraction * n_layers)."""
+    if n_layers < 0:
+        raise ValueError(f"n_layers must be >= 0, got {n_layers}")
+    # The product is rounded first so 0.16 * 50 (8.000000000000002) gives 8, not 9.
+    return min(n_layers, math.ceil(round(recipe.high_precision_last * n_layers, 9)))
+
+
+def for_layer(recipe: Recipe, layer: int, n_layers: int) -> Recipe:
+    """The recipe of block ``layer`` (0-based) of a model with ``n_layers`` blocks.
+
+    The last :func:`high_precision_layers` blocks get every operand
+    unquantized (cast to ``compute_dtype``, as :func:`bf16`), the rest the
+    recipe as it is.
+    """
+    if not 0 <= layer < n_layers:
+        raise ValueError(f"layer {layer} is outside [0, {n_layers})")
+    if layer < n_layers - high_precision_layers(recipe, n_layers):
+        return recipe
+    plain = QuantSpec(None, "tensor")
+    return dataclasses.replace(
+        recipe,
+        fprop=GemmSpec(plain, plain),
+        dgrad=GemmSpec(plain, plain),
+        wgrad=GemmSpec(plain, plain),
+        high_precision_last=0.0,
+    )
 
 
 def needs_state(recipe: Recipe) -> bool:
@@ -463,15 +516,39 @@ def fp32() -> Recipe:
     return _uniform("fp32", spec, spec, spec, compute_dtype="float32")
 
 
-def mxfp8() -> Recipe:
+def mxfp8(scale_rounding: str = "floor") -> Recipe:
     """MXFP8 (OCP MX v1.0): E4M3 elements, one E8M0 power-of-two scale per 32
     elements along every GEMM's contraction axis (32x1 along the tokens for
-    Wgrad; the weight re-quantized along N for Dgrad)."""
-    spec = QuantSpec("mxfp8", "tile", 32)
-    return _uniform("mxfp8", spec, spec, spec)
+    Wgrad; the weight re-quantized along N for Dgrad).
+
+    ``scale_rounding``: "floor", the OCP rule (preset ``mxfp8``), or "ceil",
+    the scale rounded up as NVIDIA's MXFP8 recipe and Transformer Engine do
+    (preset ``mxfp8_ceil``); see :class:`QuantSpec`.
+    """
+    spec = QuantSpec("mxfp8", "tile", 32, scale_rounding=scale_rounding)
+    name = "mxfp8" if scale_rounding == "floor" else f"mxfp8_{scale_rounding}"
+    return _uniform(name, spec, spec, spec)
 
 
-def nvfp4(hadamard: bool = True, stochastic: bool = True, weight_2d: bool = True) -> Recipe:
+def mxfp8_ceil() -> Recipe:
+    """MXFP8 with the E8M0 scales rounded up (no element clips): :func:`mxfp8` ("ceil")."""
+    return mxfp8("ceil")
+
+
+NVFP4_HIGH_PRECISION_LAST = 0.16
+
+
+def nvfp4_all_layers() -> Recipe:
+    """:func:`nvfp4` with every block's GEMMs in NVFP4 (no high-precision last blocks)."""
+    return dataclasses.replace(nvfp4(high_precision_last=0.0), name="nvfp4_all_layers")
+
+
+def nvfp4(
+    hadamard: bool = True,
+    stochastic: bool = True,
+    weight_2d: bool = True,
+    high_precision_last: float = NVFP4_HIGH_PRECISION_LAST,
+) -> Recipe:
     """NVIDIA's NVFP4 training recipe ("Pretraining LLMs with NVFP4", 2025).
 
     E2M1 elements, one E4M3 scale per 16 elements along the contraction axis
@@ -480,15 +557,20 @@ def nvfp4(hadamard: bool = True, stochastic: bool = True, weight_2d: bool = True
     cached FP4 weight along N).  ``hadamard``: the 16-point random Hadamard
     transform on both Wgrad operands along the tokens.  ``stochastic``:
     stochastic rounding of the gradient dy (Dgrad and Wgrad); activations
-    and weights round to nearest.  The paper also keeps a few layers in
-    BF16; here every GEMM the recipe covers is NVFP4 (the embedding, head,
-    router and attention core are high precision in every recipe).
+    and weights round to nearest.  ``high_precision_last``: the paper keeps
+    about 16% of its linear layers in BF16, the final blocks' (its ablations
+    find the last layers the most sensitive to FP4); here the last
+    ``ceil(0.16 * n_layers)`` blocks of the model run their GEMMs as the
+    bf16 baseline does (:func:`for_layer`).  ``nvfp4_all_layers`` quantizes
+    every block.  The embedding, head, router and attention core are high
+    precision in every recipe.
     """
     act = QuantSpec("nvfp4", "tile", 16)
     wgt = QuantSpec("nvfp4", "block" if weight_2d else "tile", 16)
     dy = QuantSpec("nvfp4", "tile", 16, stochastic=stochastic)
     return Recipe(
         name="nvfp4",
+        high_precision_last=high_precision_last,
         fprop=GemmSpec(act, wgt),
         dgrad=GemmSpec(dy, wgt),
         wgrad=GemmSpec(
@@ -501,7 +583,9 @@ PRESETS = {
     "deepseek_v3": deepseek_v3,
     "deepseek_v3_pow2x": deepseek_v3_pow2x,
     "mxfp8": mxfp8,
+    "mxfp8_ceil": mxfp8_ceil,
     "nvfp4": nvfp4,
+    "nvfp4_all_layers": nvfp4_all_layers,
     "hybrid_delayed": hybrid_delayed,
     "current_tensor": current_tensor,
     "rowwise": rowwise,

@@ -121,8 +121,11 @@ def _finite_amax(b: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(a), a, 0.0).max(axis=-1)
 
 
-def mx_quantize(x, elem_fmt, axis=-1, block=32, two_d=False, bits=None):
-    """(data in elem_fmt, E8M0 scale (block layout), dequantized float32)."""
+def mx_quantize(x, elem_fmt, axis=-1, block=32, two_d=False, bits=None, scale_rounding="floor"):
+    """(data in elem_fmt, E8M0 scale (block layout), dequantized float32).
+
+    scale_rounding "ceil": the smallest shared exponent with amax <= max * 2^shared.
+    """
     x = flush(x)
     b, back = _split(x, axis, block, two_d)
     amax = _finite_amax(b)
@@ -130,7 +133,12 @@ def mx_quantize(x, elem_fmt, axis=-1, block=32, two_d=False, bits=None):
     with np.errstate(divide="ignore"):
         _, e = np.frexp(amax)  # amax = m * 2^e, m in [0.5, 1)
     floor_log2 = np.where(amax >= F32_TINY, e - 1, -1000)
-    shared = np.clip(floor_log2 - emax_elem, -127, 127)
+    shared = floor_log2 - emax_elem
+    if scale_rounding == "ceil":
+        elem_max = float(ml_dtypes.finfo(elem_fmt).max)
+        above = (amax >= F32_TINY) & (amax > elem_max * np.exp2(shared.astype(np.float64)))
+        shared = shared + above
+    shared = np.clip(shared, -127, 127)
     v = b.astype(np.float64) * np.exp2(-shared.astype(np.float64))[..., None]
     has_nan = bool(np.isnan(np.array(np.nan, np.float32).astype(elem_fmt).astype(np.float32)))
     nan_block = np.isnan(b).any(axis=-1)

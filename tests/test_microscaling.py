@@ -102,6 +102,41 @@ def test_mx_shared_exponent_follows_the_spec():
     assert mx.element_emax(mx.E2M1) == 2 and mx.element_emax(E5M2) == 15
 
 
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_mx_ceil_scale_rounding_bit_exact_vs_reference(fmt, jit):
+    jfmt, nfmt = {"e4m3": (E4M3, E4M3_NP), "e2m1": (mx.E2M1, ml_dtypes.float4_e2m1fn)}[fmt]
+    x = _edge_tensor((10, 77))
+    f = lambda v: mx.quantize_mx(v, jfmt, -1, scale_rounding="ceil")  # noqa: E731
+    q = (jax.jit(f) if jit else f)(jnp.asarray(x))
+    data, scale, deq = ref.mx_quantize(x, nfmt, -1, scale_rounding="ceil")
+    np.testing.assert_array_equal(_bits(q.data), _bits(data))
+    np.testing.assert_array_equal(_bits(q.scale), _bits(scale))
+    np.testing.assert_array_equal(_bits(mx.dequantize_blocks(q)), _bits(deq))
+
+
+def test_mx_shared_exponent_ceil_keeps_amax_at_or_below_max():
+    # ceil: the smallest e with amax <= 448 * 2^e; one above floor only past 1.75 * 2^k.
+    amax = jnp.array([448.0, 449.0, 511.9, 512.0, 1.75, 1.8, 0.0, 1e-39, 3.0e38], jnp.float32)
+    want = [0, 1, 1, 1, -8, -7, -127, -127, 120]  # 3e38 = 1.76 * 2^127
+    got = np.asarray(mx.mx_shared_exponent(amax, E4M3, "ceil"))
+    np.testing.assert_array_equal(got, want)
+    a = np.asarray(amax, np.float64)[:6]
+    assert np.all(a <= 448.0 * np.exp2(got[:6].astype(np.float64)))
+    with pytest.raises(ValueError, match="scale_rounding"):
+        mx.mx_shared_exponent(amax, E4M3, "even")
+
+
+def test_mx_ceil_never_clips_where_floor_does():
+    # A block whose amax is 1.9 * 2^k: floor puts it at 486 (clipped to 448); ceil at 243.
+    x = np.full((1, 32), 0.01, np.float32)
+    x[0, 0] = 1.9 * 2.0**3
+    for rule, clipped in (("floor", 448.0 * 2.0**-5), ("ceil", 240.0 * 2.0**-4)):
+        q = mx.quantize_mxfp8(jnp.asarray(x), scale_rounding=rule)
+        # floor: 15.2 / 2^-5 = 486.4 clips to 448; ceil: 15.2 / 2^-4 = 243.2 rounds to 240.
+        assert float(np.asarray(mx.dequantize_blocks(q))[0, 0]) == clipped, rule
+
+
 def test_mx_values_on_the_grid_are_exact_and_clamp_at_max():
     # One block: amax 448 -> X = 1; every E4M3 value round-trips, 511 clamps.
     grid = np.arange(0, 127, dtype=np.uint8).view(E4M3_NP).astype(np.float32)[:32]

@@ -52,7 +52,13 @@ def test_forward_backward_each_preset(results, name):
     assert aux["expert_load"].shape == (CFG.n_moe_layers, CFG.n_routed_experts)
     # Dropless: every token reaches top_k experts.
     assert float(jnp.sum(aux["expert_load"])) == TOKENS.size * CFG.top_k
-    if name == "hybrid_delayed":
+    if name in ("mxfp8", "nvfp4"):
+        # Block formats: the FP8 state's gradient is each GEMM's (||dy||, ||Q(dy) - dy||).
+        pairs = jax.tree.leaves(gs)
+        # nvfp4 runs block 1 (attention 2, routed 2, shared 2 GEMMs) in BF16: no probe there.
+        assert len(pairs) == (10 if name == "mxfp8" else 4)
+        assert all(p.shape == (2,) and float(p[0]) > float(p[1]) > 0 for p in pairs)
+    elif name == "hybrid_delayed":
         # The FP8State gradient is the updated state: every history got an amax.
         states = jax.tree.leaves(gs, is_leaf=lambda x: isinstance(x, fp8jax.scaling.DelayedState))
         assert len(states) == 3 * 10  # 10 GEMMs (8 dense + 2 grouped), x / w / dy each
@@ -87,9 +93,15 @@ def test_mla_with_telemetry_and_seq_aux_loss():
             assert f"layer{lyr}/attn/{p}/x" in names and f"layer{lyr}/attn/{p}/w" in names
     assert "layer1/moe/experts_w13/x" in names and "layer1/moe/experts_w2/w" in names
     assert "layer0/ffn/w2/x" in names and "layer1/moe/shared/w13/w" in names
-    for v in aux["fp8"].values():
+    operands = {k: v for k, v in aux["fp8"].items() if k.endswith(("/x", "/w"))}
+    assert len(operands) == 2 * (5 * cfg.n_layers + 2 + 2 + 2)  # attention, FFNs, experts
+    for v in operands.values():
         assert float(v["amax"]) > 0
         assert 0 <= float(v["saturated"]) <= 1 and 0 <= float(v["flushed"]) <= 1
+    # Besides the operands: each SwiGLU's monitors and the tokens per expert.
+    for k in ("layer0/ffn/swiglu", "layer1/moe/shared/swiglu", "layer1/moe/experts/swiglu"):
+        assert set(aux["fp8"][k]) == {"outlier_ratio", "align_max", "align_mean"}
+    assert float(jnp.sum(aux["fp8"]["layer1/moe/tokens"]["count"])) == TOKENS.size * cfg.top_k
 
 
 @pytest.mark.parametrize("attention", ["mha", "mla"])
@@ -154,3 +166,14 @@ def test_config_validation_and_sizes():
     assert 0.8e9 < ModelConfig.gpu_1b().param_count() < 1.3e9
     with pytest.raises(ValueError, match="max_seq_len"):
         model(jnp.zeros((1, 33), jnp.int32))
+
+
+def test_nvfp4_model_runs_its_last_block_unquantized():
+    cfg = ModelConfig.tiny(n_layers=3, n_dense_layers=1)
+    model = MoETransformer(cfg, fp8jax.recipes.nvfp4(), rngs=nnx.Rngs(0))
+    # ceil(0.16 * 3) = 1: block 2 runs as bf16, blocks 0-1 in NVFP4.
+    assert model.blocks[0].ffn.w13.recipe.is_fp8 and model.blocks[1].ffn.recipe.is_fp8
+    assert not model.blocks[2].ffn.recipe.is_fp8
+    assert not model.blocks[2].attn.wo.recipe.is_fp8
+    every = MoETransformer(cfg, fp8jax.recipes.get("nvfp4_all_layers"), rngs=nnx.Rngs(0))
+    assert every.blocks[2].ffn.recipe.is_fp8

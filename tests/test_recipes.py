@@ -151,3 +151,50 @@ def test_deepseek_v3_dgrad_keeps_tiny_gradients(jit):
     dx = np.asarray(f(x, w, jnp.asarray(g)), np.float64)
     ref = g.astype(np.float64) @ np.asarray(w, np.float64).T
     assert _rel(dx, ref) < 0.06
+
+
+def test_mxfp8_scale_rounding_presets():
+    assert recipes.mxfp8() == recipes.get("mxfp8")
+    for spec in recipes.mxfp8().specs().values():
+        assert spec.scale_rounding == "floor"
+    ceil = recipes.get("mxfp8_ceil")
+    assert ceil.name == "mxfp8_ceil"
+    assert {s.scale_rounding for s in ceil.specs().values()} == {"ceil"}
+    # Only the rounding differs from the OCP preset.
+    floor_specs = {
+        k: dataclasses.replace(v, scale_rounding="ceil") for k, v in recipes.mxfp8().specs().items()
+    }
+    assert floor_specs == ceil.specs()
+    with pytest.raises(ValueError, match="mxfp8"):
+        recipes.QuantSpec("e4m3", "tile", scale_rounding="ceil")
+    with pytest.raises(ValueError, match="scale_rounding"):
+        recipes.QuantSpec("mxfp8", "tile", 32, scale_rounding="even")
+
+
+def test_existing_presets_keep_every_gemm_spec():
+    # The new fields default to what the presets always did: floor scales, no high-precision blocks.
+    for name in ("deepseek_v3", "mxfp8", "hybrid_delayed", "current_tensor", "rowwise", "bf16"):
+        r = recipes.get(name)
+        assert r.high_precision_last == 0.0
+        assert all(s.scale_rounding == "floor" for s in r.specs().values())
+
+
+@pytest.mark.parametrize(
+    "n_layers,want", [(1, 1), (2, 1), (4, 1), (6, 1), (7, 2), (12, 2), (50, 8), (62, 10)]
+)
+def test_nvfp4_keeps_its_last_blocks_in_high_precision(n_layers, want):
+    r = recipes.nvfp4()
+    assert r.high_precision_last == recipes.NVFP4_HIGH_PRECISION_LAST
+    assert recipes.high_precision_layers(r, n_layers) == want
+    per_layer = [recipes.for_layer(r, i, n_layers) for i in range(n_layers)]
+    assert all(p is r for p in per_layer[: n_layers - want])
+    for p in per_layer[n_layers - want :]:
+        assert not p.is_fp8 and p.compute_dtype == "bfloat16"
+    # Today's recipe: every block NVFP4, the same GEMM specs as the default's quantized blocks.
+    every = recipes.get("nvfp4_all_layers")
+    assert recipes.high_precision_layers(every, n_layers) == 0
+    assert every.specs() == r.specs()
+    with pytest.raises(ValueError, match="outside"):
+        recipes.for_layer(r, n_layers, n_layers)
+    with pytest.raises(ValueError, match="fraction"):
+        dataclasses.replace(r, high_precision_last=1.5)

@@ -24,7 +24,8 @@ def _deq(x, spec, axis, bits=None):
     """float64 dequantized reference quantization of x per a block-format spec."""
     two_d = spec.granularity == "block"
     if spec.fmt == "mxfp8":
-        return ref.mx_quantize(x, E4M3, axis, 32, two_d, bits)[2].astype(np.float64)
+        out = ref.mx_quantize(x, E4M3, axis, 32, two_d, bits, spec.scale_rounding)
+        return out[2].astype(np.float64)
     return ref.nvfp4_quantize(x, axis, 16, two_d, bits)[3].astype(np.float64)
 
 
@@ -60,7 +61,7 @@ def dense_reference(recipe, x, w, dy):
     return y, dx, dw
 
 
-RECIPES = ["mxfp8", "nvfp4", "nvfp4_rtn", "nvfp4_no_rht", "nvfp4_1d"]
+RECIPES = ["mxfp8", "mxfp8_ceil", "nvfp4", "nvfp4_rtn", "nvfp4_no_rht", "nvfp4_1d"]
 
 
 def _recipe(name):
@@ -153,11 +154,12 @@ def _deq_experts(w, spec, axis):
     """Reference quantization of all experts' weights as one tensor (E, K, N)."""
     two_d = spec.granularity == "block"
     if spec.fmt == "mxfp8":
-        return ref.mx_quantize(w, E4M3, axis, 32, two_d)[2].astype(np.float64)
+        out = ref.mx_quantize(w, E4M3, axis, 32, two_d, None, spec.scale_rounding)
+        return out[2].astype(np.float64)
     return ref.nvfp4_quantize(w, axis, 16, two_d)[3].astype(np.float64)
 
 
-@pytest.mark.parametrize("name", ["mxfp8", "nvfp4", "nvfp4_1d"])
+@pytest.mark.parametrize("name", ["mxfp8", "mxfp8_ceil", "nvfp4", "nvfp4_1d"])
 def test_grouped_fprop_dgrad_wgrad_match_float64_reference(name):
     recipe = _recipe(name)
     rng = np.random.default_rng(2)

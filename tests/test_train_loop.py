@@ -70,6 +70,17 @@ def test_tiny_config_trains_and_loss_goes_down(tmp_path):
     assert all("steps/s" in line and "tok/s" in line and "ETA" in line for line in lines)
     # FP8 telemetry is logged for the FP8 recipe.
     assert "fp8/flushed_mean" in rows[0]
+    # And per site: every GEMM operand, every SwiGLU's monitors, the tokens per expert.
+    for key in (
+        "layers/layer0/attn/wo/x/saturated",
+        "layers/layer1/moe/experts_w2/x/flushed",
+        "layers/layer1/moe/experts_w13/w/amax",
+        "layers/layer0/ffn/swiglu/align_max",
+        "layers/layer1/moe/experts/swiglu/outlier_ratio",
+    ):
+        assert key in rows[0], key
+    counts = [v for k, v in rows[0].items() if k.startswith("layers/layer1/moe/tokens/count/")]
+    assert sum(counts) == c.batch_size * c.seq_len * 2  # top-2 routing
     # The same command again: nothing trained, the summary reported.
     again = io.StringIO()
     s2 = train(c, tmp_path, stream=again)

@@ -147,3 +147,78 @@ def test_restore_latest_skips_nonfinite_and_unreadable_checkpoints(tmp_path):
     # BF16 leaves are checked too; integer leaves never count as non-finite.
     assert not all_finite({"m": jnp.array([1.0, jnp.inf], jnp.bfloat16)})
     assert all_finite({"m": jnp.ones(2, jnp.bfloat16), "i": jnp.arange(3)})
+
+
+def test_amax_growth_over_the_window_and_across_resume(tmp_path):
+    key = "layers/layer0/attn/wo/x/amax"
+    w = metrics.MetricsWriter(
+        tmp_path,
+        total_steps=40,
+        tokens_per_step=1,
+        tensorboard=False,
+        stream=io.StringIO(),
+        growth_window=10,
+    )
+    rows = [w.write(s, {key: a}) for s, a in ((1, 2.0), (5, 1.0), (10, 3.0), (20, 6.0))]
+    assert math.isnan(rows[0][key + "_growth"])  # nothing precedes step 1
+    assert rows[1][key + "_growth"] == 0.5  # 1 / max(2)
+    assert rows[2][key + "_growth"] == 1.5  # 3 / max(2, 1)
+    assert rows[3][key + "_growth"] == 2.0  # 6 / max(3): steps 10..19 only
+    w.close()
+    # Resumed at step 10: the kept rows seed the window, later ones are gone.
+    w2 = metrics.MetricsWriter(
+        tmp_path,
+        total_steps=40,
+        tokens_per_step=1,
+        start_step=10,
+        tensorboard=False,
+        stream=io.StringIO(),
+        growth_window=10,
+    )
+    assert w2.write(20, {key: 6.0})[key + "_growth"] == 2.0
+    assert w2.write(25, {key: 1.0})[key + "_growth"] == 1.0 / 6.0
+    w2.close()
+    on_disk = metrics.read_jsonl(tmp_path / "metrics.jsonl")
+    assert on_disk[0][key + "_growth"] is None and [r["step"] for r in on_disk] == [
+        1,
+        5,
+        10,
+        20,
+        25,
+    ]
+
+
+def _tb_tags(tb_dir):
+    """Scalar tags in tensorboardX event files (TFRecord: length, crc, event, crc)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    tags = set()
+    for path in tb_dir.glob("events.out.tfevents.*"):
+        blob = path.read_bytes()
+        i = 0
+        while i < len(blob):
+            (n,) = struct.unpack("<Q", blob[i : i + 8])
+            ev = event_pb2.Event.FromString(blob[i + 12 : i + 12 + n])
+            tags.update(v.tag for v in ev.summary.value)
+            i += 12 + n + 4
+    return tags
+
+
+def test_per_site_telemetry_reaches_jsonl_and_tensorboard(tmp_path):
+    w = metrics.MetricsWriter(tmp_path, total_steps=2, tokens_per_step=1, stream=io.StringIO())
+    site = {
+        "layers/layer0/ffn/w2/x/amax": 3.0,
+        "layers/layer0/ffn/w2/x/saturated": 0.01,
+        "layers/layer1/moe/tokens/count/2": 17.0,
+    }
+    w.write(1, {"loss": 2.0, **site})
+    w.write(2, {"loss": 1.5, **site})
+    w.close()
+    rows = metrics.read_jsonl(tmp_path / "metrics.jsonl")
+    assert all(set(site) <= set(r) for r in rows)
+    assert rows[1]["layers/layer0/ffn/w2/x/amax_growth"] == 1.0
+    tags = _tb_tags(tmp_path / "tb")
+    # NaN (the first row's growth) is left out of TensorBoard; the rest is there.
+    assert set(site) | {"loss", "layers/layer0/ffn/w2/x/amax_growth"} <= tags

@@ -14,6 +14,7 @@ from fp8jax import scaling
 from fp8jax.nn.dense import Dense
 from fp8jax.nn.telemetry import capture
 from fp8jax.nn.variables import RouterBias
+from fp8jax.train import step as step_lib
 from fp8jax.train.optimizer import make_optimizer
 from fp8jax.train.state import create_train_state
 from fp8jax.train.step import make_train_step, update_bias_state
@@ -193,3 +194,44 @@ def test_finite_flag_is_false_exactly_when_loss_or_grad_norm_is_not_finite(jit_o
         _, m = step(bad, jnp.zeros((4, 16), jnp.int32))
         assert not bool(m["finite"])
         assert not (np.isfinite(float(m["loss"])) and np.isfinite(float(m["grad_norm"])))
+
+
+def test_site_telemetry_combines_microbatches_per_statistic():
+    aux = {
+        "layer0/ffn/w2/x": {
+            "amax": jnp.array([1.0, 3.0]),
+            "saturated": jnp.array([0.0, 0.5]),
+            "flushed": jnp.array([0.25, 0.25]),
+        },
+        "layer0/ffn/swiglu": {
+            "outlier_ratio": jnp.array([4.0, 2.0]),
+            "align_max": jnp.array([0.5, 0.5]),
+            "align_mean": jnp.array([0.1, 0.3]),
+        },
+        "layer1/moe/tokens": {"count": jnp.array([[1.0, 2.0, 0.0], [3.0, 0.0, 1.0]])},
+    }
+    got = {k: float(v) for k, v in step_lib.site_telemetry(aux).items()}
+    assert got == pytest.approx(
+        {
+            "layers/layer0/ffn/w2/x/amax": 3.0,
+            "layers/layer0/ffn/w2/x/saturated": 0.25,
+            "layers/layer0/ffn/w2/x/flushed": 0.25,
+            "layers/layer0/ffn/swiglu/outlier_ratio": 4.0,
+            "layers/layer0/ffn/swiglu/align_max": 0.5,
+            "layers/layer0/ffn/swiglu/align_mean": 0.2,
+            "layers/layer1/moe/tokens/count/0": 4.0,
+            "layers/layer1/moe/tokens/count/1": 2.0,
+            "layers/layer1/moe/tokens/count/2": 1.0,
+        }
+    )
+
+
+def test_block_format_gradient_noise_reaches_the_next_steps_metrics():
+    graphdef, state, tx, sched = _setup(fp8jax.recipes.mxfp8())
+    step = make_train_step(graphdef, tx, loss_fn, microbatches=2, schedule=sched, donate=False)
+    s1, m1 = step(state, _tokens())
+    assert np.isnan(float(m1["layers/l2/dy/noise_ratio"]))  # nothing measured before step 1
+    pair = np.asarray(s1.fp8["l2"]["grad_noise"].get_value())
+    assert pair[0] > pair[1] > 0  # merged over microbatches: the largest norms
+    _, m2 = step(s1, _tokens(seed=1))
+    np.testing.assert_allclose(float(m2["layers/l2/dy/noise_ratio"]), pair[0] / pair[1], rtol=1e-6)

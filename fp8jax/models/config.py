@@ -38,6 +38,11 @@ class ModelConfig:
     of every FFN down projection, dense, shared and routed experts alike
     (``"ffn_hidden"``, where real LLMs show them and where they reach an FP8
     GEMM operand unnormalised).  An injected stress; 0 = off.
+
+    ``smooth_swiglu``: Smooth-SwiGLU (Fishman et al. 2024) in every SwiGLU,
+    dense, shared and routed: a per-channel power-of-two scale divides the
+    down-projection's input before it is quantized and multiplies the
+    matching rows of the down-projection (:class:`fp8jax.models.moe.SwiGLU`).
     """
 
     vocab_size: int = 256
@@ -76,6 +81,7 @@ class ModelConfig:
     massive_activation_scale: float = 0.0
     massive_activation_count: int = 0
     massive_activation_site: str = "residual"
+    smooth_swiglu: bool = False
 
     def __post_init__(self) -> None:
         if self.attention not in ("mha", "mla"):

@@ -18,14 +18,17 @@ from flax import nnx
 from fp8jax.blockscaled import is_block_format
 from fp8jax.models.config import ModelConfig
 from fp8jax.models.router import Router, expert_load, route, seq_balance_loss
+from fp8jax.monitors import channel_amax, swiglu_monitors
 from fp8jax.nn import Dense
 from fp8jax.nn.dense import fan_in_init
+from fp8jax.nn.grad_noise import init_grad_noise, probe, sow_ratio
 from fp8jax.nn.telemetry import record
 from fp8jax.nn.variables import FP8State
 from fp8jax.parallel.experts import expert_parallel_size, routed_experts
 from fp8jax.quant import dequantize, quantize
 from fp8jax.ragged_dot import ragged_dot_with_stats
 from fp8jax.recipes import Recipe, for_site, needs_state
+from fp8jax.rounding import floor_log2, pow2_int
 from fp8jax.scaling import init_delayed_gemm_state
 
 
@@ -99,12 +102,50 @@ def _swiglu_cached_bwd(dtype, spec, res, g):
 _swiglu_cached.defvjp(_swiglu_cached_fwd, _swiglu_cached_bwd)
 
 
+def smooth_swiglu_scales(
+    h: jax.Array, segments: jax.Array | None = None, n_segments: int = 1
+) -> jax.Array:
+    """Smooth-SwiGLU's per-channel scales: 2^floor(log2 amax_c), float32, no gradient.
+
+    ``h``: a SwiGLU output (..., F); with ``segments`` (int (rows,), the expert
+    of each row of a 2-d ``h``) one scale per (segment, channel), shape
+    (n_segments, F); else (F,).  Dividing channel c by its scale puts its
+    amax in [1, 2).  Powers of two, so that dividing h and multiplying the
+    down-projection's rows by them is exact in every float format (the
+    function is unchanged bit for bit before quantization, barring float
+    overflow); channels with no finite non-zero value (and empty segments)
+    get 1.
+    """
+    amax = jax.lax.stop_gradient(channel_amax(h, segments, n_segments))
+    amax = amax if segments is not None else amax.reshape(h.shape[-1])
+    ok = jnp.isfinite(amax) & (amax > 0)
+    # Exponents kept in [-126, 126] so both 2^e and 2^-e are normal float32.
+    e = jnp.clip(jnp.where(ok, floor_log2(jnp.where(ok, amax, 1.0)), 0), -126, 126)
+    return pow2_int(e)
+
+
+def _smooth_rows(h: jax.Array, scale: jax.Array) -> jax.Array:
+    # h / scale as a product by the exact reciprocal power of two, in h's dtype.
+    inv = pow2_int(-floor_log2(scale))
+    return (h.astype(jnp.float32) * inv).astype(h.dtype)
+
+
 class SwiGLU(nnx.Module):
-    """Dense SwiGLU FFN: W_down (silu(x W_gate) * (x W_up)), gate/up fused in one GEMM."""
+    """Dense SwiGLU FFN: W_down (silu(x W_gate) * (x W_up)), gate/up fused in one GEMM.
+
+    With ``cfg.smooth_swiglu`` (Smooth-SwiGLU, Fishman et al. 2024): the
+    down-projection's input is divided per channel by
+    :func:`smooth_swiglu_scales` before it is quantized, and the same scales
+    multiply the matching rows of W_down, so every channel of the quantized
+    input has amax in [1, 2) and the layer computes the same function.
+    Sows its monitors (:func:`fp8jax.monitors.swiglu_monitors`) under
+    ``name/swiglu``.
+    """
 
     def __init__(self, cfg: ModelConfig, recipe: Recipe, d_ff: int, *, name: str, rngs: nnx.Rngs):
         kw = dict(recipe=recipe, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
         self.cfg = cfg
+        self.name = name
         self.w13 = Dense(cfg.d_model, (2, d_ff), name=f"{name}/w13", **kw)
         self.w2 = Dense(d_ff, cfg.d_model, name=f"{name}/w2", **kw)
 
@@ -118,7 +159,12 @@ class SwiGLU(nnx.Module):
                 self.cfg.massive_activation_scale,
                 self.cfg.massive_activation_count,
             ).reshape(b, t, f)
-        return self.w2(h)
+        w13 = self.w13.kernel[...]
+        record(self, self.name, {"swiglu": swiglu_monitors(h, w13[:, 0], w13[:, 1])})
+        if not self.cfg.smooth_swiglu:
+            return self.w2(h)
+        scale = smooth_swiglu_scales(h)
+        return self.w2(_smooth_rows(h, scale), kernel_scale=scale)
 
 
 def sort_by_expert(idx_TxK: jax.Array, n_experts: int):
@@ -156,13 +202,15 @@ class MoE(nnx.Module):
         delayed = needs_state(recipe)
         self.w13_state = FP8State(init_delayed_gemm_state(recipe)) if delayed else None
         self.w2_state = FP8State(init_delayed_gemm_state(recipe)) if delayed else None
+        self.w13_noise = init_grad_noise(self.dispatch_recipe)
+        self.w2_noise = init_grad_noise(self.down_recipe)
         self.shared = (
             SwiGLU(cfg, recipe, cfg.n_shared_experts * f, name=f"{name}/shared", rngs=rngs)
             if cfg.n_shared_experts > 0
             else None
         )
 
-    def _experts(self, x, w, state_var, group_sizes, label: str, recipe: Recipe):
+    def _experts(self, x, w, state_var, noise_var, group_sizes, label: str, recipe: Recipe):
         """One grouped expert GEMM through ``recipe``, sowing its telemetry."""
         st = state_var.get_value() if state_var is not None else None
         out, stats = ragged_dot_with_stats(
@@ -174,7 +222,8 @@ class MoE(nnx.Module):
             preferred_element_type=self.cfg.dtype,
         )
         record(self, f"{self.name}/{label}", stats)
-        return out
+        sow_ratio(self, f"{self.name}/{label}", noise_var)
+        return probe(out, noise_var, recipe)
 
     def __call__(
         self, x_BxTxD: jax.Array, bias_E: jax.Array
@@ -190,6 +239,10 @@ class MoE(nnx.Module):
         # The outlier stress on the experts' inputs needs each row's token
         # position, which the dispatched rows do not carry: it runs locally.
         stress = cfg.massive_activation_site == "ffn_hidden" and cfg.massive_activation_scale > 0
+        if cfg.smooth_swiglu and expert_parallel_size(self.recipe) > 1:
+            raise ValueError(
+                "smooth_swiglu runs the routed experts on one device; use a mesh with expert=1"
+            )
         if expert_parallel_size(self.recipe) > 1 and not stress:
             # Expert parallelism: FP8 dispatch to the experts' devices, BF16 combine.
             out, _ = routed_experts(
@@ -207,7 +260,13 @@ class MoE(nnx.Module):
             order, token, group_sizes = sort_by_expert(idx, e)
             xs = x[token]  # (BT*k, D), sorted by expert
             h = self._experts(
-                xs, self.w13, self.w13_state, group_sizes, "experts_w13", self.dispatch_recipe
+                xs,
+                self.w13,
+                self.w13_state,
+                self.w13_noise,
+                group_sizes,
+                "experts_w13",
+                self.dispatch_recipe,
             )
             f = cfg.d_expert
             act = swiglu(h.reshape(-1, 2, f), cfg.dtype, self.recipe)
@@ -219,8 +278,21 @@ class MoE(nnx.Module):
                     cfg.massive_activation_scale,
                     cfg.massive_activation_count,
                 )
+            # The expert of each sorted row.
+            expert = jnp.repeat(
+                jnp.arange(e, dtype=jnp.int32), group_sizes, total_repeat_length=act.shape[0]
+            )
+            w13 = self.w13[...]
+            monitors = swiglu_monitors(act, w13[..., :f], w13[..., f:], expert, e)
+            record(self, f"{self.name}/experts", {"swiglu": monitors})
+            w2 = self.w2
+            if cfg.smooth_swiglu:
+                scale_ExF = smooth_swiglu_scales(act, expert, e)
+                act = _smooth_rows(act, scale_ExF[expert])
+                # The same powers of two on W_down's rows: exact, the product unchanged.
+                w2 = self.w2[...] * scale_ExF[:, :, None]
             y = self._experts(
-                act, self.w2, self.w2_state, group_sizes, "experts_w2", self.down_recipe
+                act, w2, self.w2_state, self.w2_noise, group_sizes, "experts_w2", self.down_recipe
             )
             # Combine in float32: un-sort the rows (a gather) and sum the k slots
             # weighted by their gates.
@@ -233,6 +305,8 @@ class MoE(nnx.Module):
             # Shared experts' output joins the float32 combine.
             out = out + self.shared(x_BxTxD).reshape(b * t, d).astype(jnp.float32)
         aux = {"load": expert_load(idx, e)}
+        # Tokens routed to each expert, logged per layer next to the FP8 telemetry.
+        record(self, self.name, {"tokens": {"count": aux["load"].astype(jnp.float32)}})
         if cfg.seq_aux_loss_coef > 0:
             aux["balance_loss"] = seq_balance_loss(scores.reshape(b, t, e), idx.reshape(b, t, k))
         else:

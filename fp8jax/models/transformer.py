@@ -21,7 +21,7 @@ from fp8jax.models.moe import MoE, SwiGLU, first_token_rows, inject_massive
 from fp8jax.nn.dense import fan_in_init
 from fp8jax.nn.telemetry import capture
 from fp8jax.nn.variables import RouterBias
-from fp8jax.recipes import Recipe
+from fp8jax.recipes import Recipe, for_layer
 
 
 class Block(nnx.Module):
@@ -59,8 +59,11 @@ class MoETransformer(nnx.Module):
     aux["aux_loss"] (sequence-wise balance loss x coef, 0 when off),
     aux["expert_load"] float32 [n_moe_layers, E] (tokens per expert this call),
     aux["load_max_over_mean"] float32 [n_moe_layers], aux["router_bias"]
-    [n_moe_layers, E], and aux["fp8"]: name -> {"amax", "saturated", "flushed"}
-    for the forward operands of every GEMM ({} when ``telemetry=False``).
+    [n_moe_layers, E], and aux["fp8"] ({} when ``telemetry=False``): what
+    the layers sow, by site: "<gemm>/x" and "<gemm>/w" -> {"amax",
+    "saturated", "flushed"} for the forward operands of every GEMM,
+    "<ffn>/swiglu" -> {"outlier_ratio", "align_max", "align_mean"} for every
+    SwiGLU (:mod:`fp8jax.monitors`), "<moe>/tokens" -> {"count": (E,)}.
     """
 
     def __init__(self, cfg: ModelConfig, recipe: Recipe, *, rngs: nnx.Rngs, telemetry: bool = True):
@@ -73,7 +76,13 @@ class MoETransformer(nnx.Module):
         self.embed = nnx.Param(
             jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), jnp.float32).astype(pdt)
         )
-        self.blocks = nnx.List([Block(cfg, recipe, i, rngs=rngs) for i in range(cfg.n_layers)])
+        # A recipe may keep its last blocks in high precision (Recipe.high_precision_last).
+        self.blocks = nnx.List(
+            [
+                Block(cfg, for_layer(recipe, i, cfg.n_layers), i, rngs=rngs)
+                for i in range(cfg.n_layers)
+            ]
+        )
         self.final_norm = RMSNorm(
             cfg.d_model, eps=cfg.norm_eps, dtype=jnp.float32, param_dtype=cfg.param_dtype
         )

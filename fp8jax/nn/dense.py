@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp8jax.dot_general import dot_general_with_stats
+from fp8jax.nn.grad_noise import init_grad_noise, probe, sow_ratio
 from fp8jax.nn.telemetry import record
 from fp8jax.nn.variables import FP8State
 from fp8jax.recipes import Recipe, needs_state
@@ -90,8 +91,13 @@ class Dense(nnx.Module):
             nnx.Param(jnp.zeros(self.out_features, jnp.dtype(param_dtype))) if use_bias else None
         )
         self.fp8_state = FP8State(init_delayed_gemm_state(recipe)) if needs_state(recipe) else None
+        # Block-format gradients: their noise ratio (fp8jax.nn.grad_noise).
+        self.grad_noise = init_grad_noise(recipe)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, kernel_scale: jax.Array | None = None) -> jax.Array:
+        """y = x W (+ b); ``kernel_scale`` (shaped like ``in_features``) multiplies W's
+        rows first (W's contracted axes), e.g. to fold a per-channel scale of x
+        back into W."""
         axes = tuple(a % x.ndim for a in self.axis)
         for a, n in zip(axes, self.in_features):
             if x.shape[a] != n:
@@ -101,9 +107,19 @@ class Dense(nnx.Module):
                 )
         dn = ((axes, tuple(range(len(axes)))), ((), ()))
         state = self.fp8_state.get_value() if self.fp8_state is not None else None
+        kernel = self.kernel[...]
+        if kernel_scale is not None:
+            if kernel_scale.shape != self.in_features:
+                raise ValueError(
+                    f"{self.name}: kernel_scale shape {kernel_scale.shape} is not in_features "
+                    f"{self.in_features}"
+                )
+            # In the kernel's dtype: exact when the scales are powers of two.
+            pad = (1,) * len(self.out_features)
+            kernel = kernel * kernel_scale.reshape(kernel_scale.shape + pad).astype(kernel.dtype)
         out, st = dot_general_with_stats(
             x,
-            self.kernel[...],
+            kernel,
             dn,
             recipe=self.recipe,
             state=state,
@@ -111,6 +127,8 @@ class Dense(nnx.Module):
             preferred_element_type=self.dtype,
         )
         record(self, self.name, st)
+        sow_ratio(self, self.name, self.grad_noise)
+        out = probe(out, self.grad_noise, self.recipe)
         # dot_general puts x's free axes first (in order), then the kernel's output
         # axes: the DenseGeneral layout.
         if self.bias is not None:

@@ -9,6 +9,14 @@
   resume, rows beyond the restored step are dropped first, so the file reads
   like the log of one uninterrupted run; a torn last line (a run killed while
   writing it) is dropped with a warning.
+  Training rows carry, besides the global FP8 aggregates (``fp8/...``), every
+  per-site statistic the model sows (``layers/<site>/<stat>``, e.g.
+  ``layers/layer1/moe/experts_w13/x/saturated``, ``layers/layer0/ffn/swiglu/
+  align_max``, ``layers/layer1/moe/tokens/count/3`` for expert 3), and for
+  every operand amax ``.../amax_growth``: that amax over the largest one
+  logged in the preceding ``growth_window`` steps
+  (:func:`fp8jax.monitors.amax_growth`; NaN, written as null, until a row
+  precedes it).
 * ``<workdir>/tb/``: TensorBoard event files (tensorboardX), same scalars.
 * stdout, one line per logged step:
   ``step 120/400 | loss 2.3456 | val 2.4012 @100 | 4.10 steps/s | 2,100 tok/s | ETA 1m08s``
@@ -27,6 +35,12 @@ from typing import Any
 
 import numpy as np
 from tensorboardX import SummaryWriter
+
+from fp8jax.monitors import amax_growth
+
+# Steps over which an operand's amax growth is measured (the amax history a
+# delayed-scaling recipe would keep at one row per step is 16; a trend needs more).
+GROWTH_WINDOW = 100
 
 
 def to_jsonable(x: Any) -> Any:
@@ -106,8 +120,12 @@ class MetricsWriter:
         start_step: int = 0,
         tensorboard: bool = True,
         stream=None,
+        growth_window: int = GROWTH_WINDOW,
     ):
         self.workdir = Path(workdir)
+        self.growth_window = int(growth_window)
+        # (step, amax) rows of each operand within the growth window.
+        self._amax: dict[str, list[tuple[int, float]]] = {}
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.path = self.workdir / "metrics.jsonl"
         self.total_steps = total_steps
@@ -134,9 +152,31 @@ class MetricsWriter:
         keep = [r for r in rows if 0 < step and r.get("step", 0) <= step]
         if len(keep) != len(rows) or torn_at is not None:
             self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        for r in keep:
+            self._remember_amax(int(r.get("step", 0)), r)
         vals = [r for r in keep if "val_loss" in r]
         if vals:
             self._last_val = (int(vals[-1]["step"]), as_float(vals[-1]["val_loss"]))
+
+    def _remember_amax(self, step: int, row: dict) -> None:
+        for k, v in row.items():
+            if k.startswith("layers/") and k.endswith("/amax"):
+                hist = self._amax.setdefault(k, [])
+                hist.append((step, as_float(v)))
+                # Keep what the next rows' windows can still reach.
+                while hist and hist[0][0] < step - self.growth_window:
+                    hist.pop(0)
+
+    def _growth(self, step: int, row: dict) -> dict[str, float]:
+        """``<site>/amax_growth`` of every per-site amax in ``row`` (before it is remembered)."""
+        out = {}
+        for k, v in row.items():
+            if k.startswith("layers/") and k.endswith("/amax"):
+                window = [
+                    a for s, a in self._amax.get(k, []) if step - self.growth_window <= s < step
+                ]
+                out[k + "_growth"] = amax_growth(as_float(v), window)
+        return out
 
     def reset_clock(self, step: int) -> None:
         """Start the steps/s clock at ``step`` (call after compilation)."""
@@ -156,6 +196,8 @@ class MetricsWriter:
     def write(self, step: int, scalars: dict[str, float]) -> dict[str, float]:
         """Append one row (floats in memory, NaN/Inf as null in the file); no printing."""
         row: dict[str, Any] = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
+        row.update(self._growth(int(step), row))
+        self._remember_amax(int(step), row)
         sps, tps = self.rates(step)
         if "loss" in row and math.isfinite(sps):
             row.setdefault("steps_per_s", sps)

@@ -58,6 +58,41 @@ def fp8_telemetry(fp8_aux: Any) -> dict[str, jax.Array]:
     return out
 
 
+# Per-site statistics that combine over microbatches by max (the rest: mean,
+# except token counts, which add up).
+_MAX_STATS = ("amax", "outlier_ratio", "align_max")
+_SUM_STATS = ("count",)
+
+
+def site_telemetry(fp8_aux: Any) -> dict[str, jax.Array]:
+    """Every sown statistic by site: ``layers/<site>/<stat>`` float32 scalars.
+
+    ``fp8_aux``: {site: {stat: value [M, ...]}} stacked over M microbatches
+    (sites like "layer1/moe/experts_w13/x", "layer0/ffn/swiglu",
+    "layer1/moe/tokens").  Microbatches combine by max for amaxes, outlier
+    ratios and alignment maxima, by sum for token counts, by mean otherwise
+    (fractions of equal-size microbatches).  A vector statistic (the tokens
+    per expert) gives one key per entry: ``layers/<site>/<stat>/<i>``.
+    """
+    out: dict[str, jax.Array] = {}
+    for site, stats in (fp8_aux or {}).items():
+        for stat, v in stats.items():
+            # Telemetry in float32 whatever the activation dtype.
+            v = jnp.asarray(v, jnp.float32)
+            if stat in _MAX_STATS:
+                v = jnp.max(v, axis=0)
+            elif stat in _SUM_STATS:
+                v = jnp.sum(v, axis=0)
+            else:
+                v = jnp.mean(v, axis=0)
+            if v.ndim == 0:
+                out[f"layers/{site}/{stat}"] = v
+            else:
+                for i, vi in enumerate(v.reshape(-1)):
+                    out[f"layers/{site}/{stat}/{i}"] = vi
+    return out
+
+
 def _keep_unused(new_state, old_state):
     """Keep the old delayed state where the merged new one has scale 0 (GEMM not run)."""
 
@@ -195,6 +230,7 @@ def make_train_step(
             )
         if fp8_aux is not None:
             metrics.update(fp8_telemetry(fp8_aux))
+            metrics.update(site_telemetry(fp8_aux))
         new_state = TrainState(state.step + 1, params, fp8, bias, state.rest, opt_state)
         return new_state, metrics
 

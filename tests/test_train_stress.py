@@ -1,0 +1,78 @@
+"""Lead times of the monitors over the loss, and the stress comparison at a handful of steps."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from fp8jax.train import stress
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rows():
+    rows = []
+    for step, loss, ratio, noise in [
+        (10, 3.0, 5.0, 10.0),
+        (20, 2.5, 4e4, 9.0),  # outlier ratio crosses 28672 here
+        (30, 2.4, 5e4, 1.5),  # noise ratio falls below sqrt(3) here
+        (40, 2.8, 6e4, None),  # loss 2.8 > 1.1 x 2.4: the loss event
+    ]:
+        rows.append(
+            {
+                "step": step,
+                "loss": loss,
+                "layers/layer0/ffn/swiglu/outlier_ratio": ratio,
+                "layers/layer0/ffn/swiglu/align_max": 0.3,
+                "layers/layer1/moe/experts_w2/dy/noise_ratio": noise,
+            }
+        )
+        rows.append({"step": step, "val_loss": loss})
+    return rows
+
+
+def test_loss_event_spike_and_nonfinite():
+    assert stress.loss_event(_rows()) == 40
+    assert stress.loss_event(_rows(), spike=0.2) is None
+    assert stress.loss_event([{"step": 1, "loss": 3.0}, {"step": 2, "loss": None}]) == 2
+
+
+def test_first_crossings_and_extremes():
+    c = stress.first_crossings(_rows())
+    assert c["outlier_ratio"] == {"step": 20, "site": "layer0/ffn/swiglu", "extreme": 6e4}
+    assert c["noise_ratio"]["step"] == 30 and c["noise_ratio"]["extreme"] == 1.5
+    assert c["align_max"]["step"] is None and c["align_max"]["extreme"] == 0.3
+    assert c["amax_growth"]["step"] is None and math.isnan(c["amax_growth"]["extreme"])
+
+
+def test_lead_table_gives_the_lead_in_steps():
+    table = stress.lead_table({"run a": _rows()})
+    row = table.splitlines()[2]
+    assert row.startswith(
+        "| run a | 40 | 40 | 20 / 20 / 6e+04 | - / - / 0.3 | - / - / nan | 30 / 10 / 1.5 |"
+    )
+
+
+@pytest.mark.slow
+def test_stress_comparison_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("stress_cfg", ROOT / "configs/compare/stress.py")
+    cfg_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cfg_mod)
+    config = cfg_mod.get_config("smoke")
+    spec = importlib.util.spec_from_file_location(
+        "stress_main", ROOT / "experiments/stress_monitors.py"
+    )
+    main = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(main)
+    from fp8jax.train.compare import run_comparison
+
+    res = run_comparison(config, tmp_path)
+    assert set(res["run_dirs"]) == {"bf16", "bf16_smooth"}
+    table = main.analyze(config, tmp_path)
+    assert (tmp_path / "monitors.png").stat().st_size > 0
+    assert "| bf16_smooth seed 0 | 3 |" in table
+    # The long config holds the eight arms over three seeds.
+    full = cfg_mod.get_config()
+    assert full.steps == 3000 and full.weight_decay == 0.0 and list(full.compare.seeds) == [0, 1, 2]
+    assert len(full.compare.labels) == 8
