@@ -39,13 +39,13 @@ from jax import lax
 
 from fp8jax import accumulate, blockscaled, resolved
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
+from fp8jax.kernels.availability import kernel_available
 from fp8jax.kernels.block_gemm import (
     CHUNK,
     block_scaled_matmul,
     block_scaled_matmul_nt,
     block_scaled_matmul_tn,
 )
-from fp8jax.kernels.dispatch import kernel_available
 from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligned
 from fp8jax.operands import materialize
 from fp8jax.quant import QTensor, is_quantized

@@ -528,7 +528,7 @@ _CKPT_STAGE = """
 import json, sys
 from fp8jax.train.defaults import tiny_config
 from fp8jax.train.loop import train
-from fp8jax.train.metrics import read_jsonl
+from fp8jax.train.run_log import read_jsonl
 workdir, sizes, stop = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3])
 c = tiny_config()
 c.steps, c.log_every, c.eval_every, c.tensorboard = 20, 1, 0, False

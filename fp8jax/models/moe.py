@@ -20,7 +20,7 @@ from fp8jax.models.config import ModelConfig
 from fp8jax.models.router import Router, expert_load, route, seq_balance_loss
 from fp8jax.nn import Dense
 from fp8jax.nn.dense import fan_in_init
-from fp8jax.nn.telemetry import record
+from fp8jax.nn.recording import record
 from fp8jax.nn.variables import FP8State
 from fp8jax.parallel.experts import expert_parallel_size, routed_experts
 from fp8jax.quant import dequantize, quantize

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp8jax.dot_general import dot_general_with_stats
-from fp8jax.nn.telemetry import record
+from fp8jax.nn.recording import record
 from fp8jax.nn.variables import FP8State
 from fp8jax.recipes import Recipe, needs_state
 from fp8jax.scaling import init_delayed_gemm_state
