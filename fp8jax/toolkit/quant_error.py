@@ -281,11 +281,6 @@ def operand_rows(x64: np.ndarray, axis: int = -1) -> list[ErrorRow]:
     return _evaluate(x64, axis, _operand_requests(x64.ndim))
 
 
-def grid_rows(x64: np.ndarray, axis: int = -1, tile: int = 128) -> list[ErrorRow]:
-    """Section 2: every granularity x {E4M3, E5M2} with online scaling."""
-    return _evaluate(x64, axis, _grid_requests(x64.ndim, tile))
-
-
 _DIMS = (((1,), (1,)), ((), ()))  # y = x w^T: contract x's axis 1 with w's axis 1
 
 
