@@ -56,16 +56,20 @@ def saturated_fraction(x: jax.Array, q: QTensor) -> jax.Array:
     return jnp.mean(clipped.astype(jnp.float32))
 
 
-def flushed_fraction(x: jax.Array, q: QTensor) -> jax.Array:
-    """Fraction of all elements of x that are finite and non-zero but got a zero code.
+def flushed_fraction(x: jax.Array, y: jax.Array) -> jax.Array:
+    """Fraction of all elements of ``x`` that are finite and non-zero but zero in ``y``.
 
-    The denominator is every element of the operand (not only the non-zero
-    ones): the fraction is then the share of the GEMM's inputs that lost
-    their value, comparable between operands and with ``saturated``.
+    ``y``: the codes of x's quantization, or the values they represent (the
+    same zeros: scales are positive), or any cast of x.  The denominator is
+    every element (not only the non-zero ones), as for ``saturated``: the
+    two are shares of the same population, add up across a tensor's parts,
+    and a tensor's exact zeros (padding, masked rows) lower the share of its
+    inputs that lost their value, as they lower the damage done.  Computed
+    in float32: float64 inputs below float32's range count as zeros.
     """
-    xf = x.astype(jnp.float32)
-    zero_code = q.data.astype(jnp.float32) == 0
-    return jnp.mean((jnp.isfinite(xf) & (xf != 0) & zero_code).astype(jnp.float32))
+    xf = jnp.asarray(x).astype(jnp.float32)
+    zero = jnp.asarray(y).astype(jnp.float32) == 0
+    return jnp.mean((jnp.isfinite(xf) & (xf != 0) & zero).astype(jnp.float32))
 
 
 def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
@@ -82,5 +86,5 @@ def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
     return {
         "amax": amax,
         "saturated": saturated_fraction(x, op),
-        "flushed": flushed_fraction(x, op),
+        "flushed": flushed_fraction(x, op.data),
     }

@@ -34,7 +34,8 @@ import ml_dtypes
 import numpy as np
 
 from fp8jax.formats import BLOCK_FORMATS
-from fp8jax.numerics.metrics import flushed_fraction, relative_error, saturated_fraction, sqnr_db
+from fp8jax.numerics.metrics import relative_error, saturated_fraction, sqnr_db
+from fp8jax.telemetry import flushed_fraction
 from fp8jax.toolkit.convert.blockwise import (
     all_finite,
     check_scale,
@@ -189,7 +190,7 @@ def _fp8_row(
         relative_error(deq, x64),
         sqnr_db(deq, x64),
         saturated_fraction(x64, deq, np.asarray(data), fmt),
-        flushed_fraction(x64, deq),
+        float(flushed_fraction(x64, deq)),
     )
 
 
@@ -206,7 +207,7 @@ def _cast_row(section: str, label: str, x64: np.ndarray, dtype: str) -> ErrorRow
         relative_error(y64, x64),
         sqnr_db(y64, x64),
         sat,
-        flushed_fraction(x64, y64),
+        float(flushed_fraction(x64, y64)),
     )
 
 
