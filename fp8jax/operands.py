@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax import scaling, schemes
-from fp8jax.formats import round_to_e5m6
+from fp8jax.formats import as_format, round_to_e5m6
 from fp8jax.quant import QTensor, is_quantized
 from fp8jax.recipes import QuantSpec, Recipe
 
@@ -50,6 +50,43 @@ def quantize_operand(
         new = scaling.update_delayed_state(dstate, scaling.finite_amax(t), spec, recipe.delayed)
         return q, new
     return schemes.quantize(t, spec, caxis, seed=recipe.seed), None
+
+
+def take_operand(
+    t, spec: QuantSpec, caxis: int, recipe: Recipe, dstate=None
+) -> tuple[QTensor | jax.Array, scaling.DelayedState | None]:
+    """:func:`quantize_operand`, or ``t`` itself when it arrives quantized as ``spec`` says.
+
+    A quantized ``t`` (e.g. a weight gathered in FP8, tokens dispatched in
+    FP8) goes into the GEMM with the codes it travelled with, never
+    dequantized and quantized again; its scheme, granularity, tile, element
+    format and (for runs along one axis) contraction axis must be those
+    ``spec`` would give.  Delayed specs need the high-precision tensor for
+    their amax history, so they take arrays only.
+    """
+    if not is_quantized(t):
+        return quantize_operand(t, spec, caxis, recipe, dstate)
+    want = (schemes.scheme_of(spec.fmt), spec.granularity, spec.tile) if spec.quantized else None
+    along = spec.granularity not in ("tile", "row") or t.axis == caxis % len(t.shape)
+    if (
+        want != (t.scheme, t.granularity, t.tile)
+        or spec.scaling == "delayed"
+        or not along
+        or (t.scheme == "fp8" and t.dtype != as_format(spec.fmt))
+    ):
+        raise ValueError(
+            f"recipe {recipe.name!r}: a pre-quantized operand ({t.scheme} {t.dtype}, "
+            f"{t.granularity} {t.tile} along axis {t.axis}) is not what its spec gives "
+            f"({spec.fmt} {spec.granularity} {spec.tile} along axis {caxis % len(t.shape)}, "
+            f"{spec.scaling} scaling)"
+        )
+    return t, None
+
+
+def value_cotangent(q: QTensor, g: jax.Array) -> QTensor:
+    """The cotangent of a quantized input: ``g`` (the gradient of the values it
+    represents, straight through the rounding) in its codes' place, zero for its scales."""
+    return dataclasses.replace(jax.tree.map(jnp.zeros_like, q), data=g)
 
 
 def requantize(
