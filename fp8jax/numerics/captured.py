@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fp8jax.quant import dequantize, is_quantized
+from fp8jax.quant import is_quantized
+from fp8jax.schemes import dequantize
 
 __all__ = ["GemmSite", "tap_gemms", "trained_run_operands"]
 
