@@ -19,7 +19,7 @@ import os
 import jax
 from absl import app, flags
 
-from fp8jax.bench import gemm, kernel
+from fp8jax.bench import gemm_cases, kernel
 from fp8jax.kernels import kernel_available
 
 _OUT = flags.DEFINE_string("out", None, "JSON output path.")
@@ -54,20 +54,20 @@ def main(argv):
     iters = 3 if small else _ITERS.value
     impls = list(kernel.DENSE_IMPLS if on_gpu else ("bf16", "fp8_tensor_xla", "block_xla"))
     results: list[kernel.Result] = []
-    for shape in gemm.kernel_shapes(small):
+    for shape in gemm_cases.kernel_shapes(small):
         results += kernel.bench_dense(shape, impls=impls, iters=iters, interpret=False)
     if not on_gpu:
         results += kernel.bench_dense(
-            gemm.INTERPRET_SHAPE, impls=["bf16", "pallas_nt"], iters=1, interpret=True
+            gemm_cases.INTERPRET_SHAPE, impls=["bf16", "pallas_nt"], iters=1, interpret=True
         )
     if _GROUPED.value:
-        for shape in gemm.grouped_shapes(small):
+        for shape in gemm_cases.grouped_shapes(small):
             for layout in ("kn", "nk"):
                 results += kernel.bench_grouped(
                     shape, iters=iters if on_gpu else 1, interpret=not on_gpu, b_layout=layout
                 )
     if _SWEEP.value and on_gpu:
-        results += kernel.sweep_launch_params(gemm.parse_shape("4096x4096x4096"), iters=iters)
+        results += kernel.sweep_launch_params(gemm_cases.parse_shape("4096x4096x4096"), iters=iters)
 
     for r in results:
         tf = f"{r.tflops:9.2f}" if r.tflops is not None else "      n/a"

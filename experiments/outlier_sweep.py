@@ -32,7 +32,9 @@ from fp8jax.train.runtime import CACHE_HELP, default_jax_cache_dir, setup_runtim
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (one comparison per magnitude)")
 _MAGNITUDES = flags.DEFINE_list("magnitudes", ["1e2", "1e3", "1e4", "1e5"], "x median |h|")
-_LABELS = flags.DEFINE_list("labels", None, "runs of configs/compare/outlier_sweep.py (default: all)")
+_LABELS = flags.DEFINE_list(
+    "labels", None, "runs of configs/compare/outlier_sweep.py (default: all)"
+)
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "seeds of every run")
 _CACHE = flags.DEFINE_string("jax_cache_dir", default_jax_cache_dir(), CACHE_HELP)
 flags.mark_flag_as_required("workdir")

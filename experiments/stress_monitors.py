@@ -19,7 +19,7 @@ from ml_collections import config_flags
 
 from fp8jax.train.compare import run_comparison, run_config, run_dir
 from fp8jax.train.defaults import ConfigError
-from fp8jax.train.metrics import read_jsonl
+from fp8jax.train.run_log import read_jsonl
 from fp8jax.train.stress import lead_table
 from fp8jax.train.telemetry_plot import plot_telemetry
 

@@ -5,13 +5,14 @@ presets, a differentiable FP8 ``dot_general`` and the expert GEMM
 ``ragged_dot`` (``lax.ragged_dot``'s signature).
 """
 
-from fp8jax import accumulate, formats, recipes, scaling
+from fp8jax import accumulate, formats, recipes, scaling, schemes
 from fp8jax.dot_general import dot_general, dot_general_with_stats
 from fp8jax.formats import E4M3, E4M3FNUZ, E5M2, E5M2FNUZ, E8M0, saturating_cast
 from fp8jax.grouped import grouped_dot, grouped_dot_with_stats
-from fp8jax.quant import QTensor, dequantize, quantize
+from fp8jax.quant import QTensor, quantize
 from fp8jax.ragged_dot import ragged_dot, ragged_dot_with_stats
 from fp8jax.recipes import Accumulation, DelayedConfig, GemmSpec, QuantSpec, Recipe, needs_state
+from fp8jax.schemes import dequantize
 
 __all__ = [
     "E4M3",
@@ -39,4 +40,5 @@ __all__ = [
     "formats",
     "recipes",
     "scaling",
+    "schemes",
 ]

@@ -1,7 +1,7 @@
-"""GEMM operands in the block-scaled formats (MXFP8, NVFP4) and how their GEMM runs.
+"""GEMM operands in the block-scaled formats (MXFP8, NVFP4) and their native GEMM.
 
-The GEMM core hands an operand here when its QuantSpec names a block format
-("mxfp8" or "nvfp4").  The operand is quantized along the GEMM's contraction
+:func:`fp8jax.schemes.quantize` quantizes an operand here when its QuantSpec
+names a block format ("mxfp8" or "nvfp4").  The operand is quantized along the GEMM's contraction
 axis (:mod:`fp8jax.microscaling`): 1 x block runs (``granularity="tile"``)
 or, for NVFP4 weights, 16 x 16 blocks over the operand's two matrix axes
 (``granularity="block"``; the canonical layouts keep both matrix axes last,
@@ -18,13 +18,15 @@ Wgrad options of NVIDIA's NVFP4 recipe:
   reproducible, two different tensors (steps) get different draws, and the
   same gradient quantized for Dgrad and for Wgrad gets independent ones.
 
-How the product runs (:func:`block_gemm`): where ``jax.nn.scaled_matmul``
+The native product (:func:`scaled_matmul`): where ``jax.nn.scaled_matmul``
 exists and the device multiplies block-scaled operands natively (cuDNN on a
 Blackwell GPU, compute capability >= 10), the quantized data and block scales
-go to it and the NVFP4 tensor scales multiply its float32 result.  Elsewhere
-the exact emulation runs: both operands are dequantized to float32
-(``data * scale``, exact for MXFP8 except below float32's normal range, one
-rounding for NVFP4's tensor scale) and multiplied with float32 accumulation.
+go to it and the NVFP4 tensor scales multiply its float32 result.  Which
+implementation a block-format GEMM uses is decided with every other GEMM's,
+in :func:`fp8jax.gemm.select_impl`; elsewhere it runs as "xla": both operands
+dequantized to float32 (``data * scale``, exact for MXFP8 except below
+float32's normal range, one rounding for NVFP4's tensor scale) and one dot
+with float32 accumulation.
 """
 
 from __future__ import annotations
@@ -37,10 +39,7 @@ from jax import lax
 
 from fp8jax import hadamard, microscaling
 from fp8jax.formats import BLOCK_FORMATS
-from fp8jax.microscaling import BlockTensor
-from fp8jax.recipes import QuantSpec
-
-IMPLS = ("auto", "emulate", "scaled_matmul")
+from fp8jax.quant import QTensor
 
 
 def is_block_format(fmt: str | None) -> bool:
@@ -81,7 +80,7 @@ def quantize_block_operand(
     *,
     key: jax.Array | None = None,
     scale_rounding: str = "floor",
-) -> BlockTensor:
+) -> QTensor:
     """Quantize one GEMM operand to ``fmt`` along its contraction axis ``caxis``.
 
     ``granularity="block"`` uses 2-d blocks over the last two axes, which
@@ -98,24 +97,6 @@ def quantize_block_operand(
             t, caxis, two_d=two_d, key=key, scale_rounding=scale_rounding
         )
     return microscaling.quantize_nvfp4(t, caxis, two_d=two_d, key=key)
-
-
-def quantize_spec_operand(t: jax.Array, spec: QuantSpec, caxis: int, seed: int) -> BlockTensor:
-    """A GEMM operand as its block-format ``spec`` says: RHT, then quantization.
-
-    ``spec.hadamard``: the random Hadamard transform along ``caxis`` first
-    (the axis is zero-padded to a multiple of 16, kept padded).
-    ``spec.stochastic``: stochastic rounding with :func:`operand_key`
-    (salt: the operand's rank and contraction axis, which differ between the
-    Dgrad and Wgrad copies of the gradient, so their draws are independent).
-    """
-    caxis = caxis % t.ndim
-    if spec.hadamard:
-        t = hadamard.rht(t, hadamard.random_signs(seed), caxis)
-    key = operand_key(seed, 10 * t.ndim + caxis, t) if spec.stochastic else None
-    return quantize_block_operand(
-        t, spec.fmt, spec.granularity, caxis, key=key, scale_rounding=spec.scale_rounding
-    )
 
 
 def hadamard_pair(
@@ -151,41 +132,10 @@ def native_block_gemm_available(platform: str, compute_capability: str | None) -
     return major >= 10
 
 
-def block_impl(recipe_impl: str) -> str:
-    """The block-GEMM impl a ``Recipe.impl`` asks for: "auto" -> "auto", "xla" -> "emulate"."""
-    if recipe_impl == "auto":
-        return "auto"
-    if recipe_impl == "xla":
-        return "emulate"
-    raise ValueError(
-        f"block formats run with impl 'auto' (native where the device has it) or 'xla' "
-        f"(exact emulation), not {recipe_impl!r}"
-    )
-
-
-def _device_info() -> tuple[str, str | None]:
+def device_native_block_gemm() -> bool:
+    """Whether the default device runs MXFP8 / NVFP4 GEMMs natively (see above)."""
     dev = jax.devices()[0]
-    return dev.platform, getattr(dev, "compute_capability", None)
-
-
-def choose_impl(impl: str = "auto", device_info: tuple[str, str | None] | None = None) -> str:
-    """ "scaled_matmul" or "emulate" for a requested ``impl`` (see IMPLS).
-
-    "auto" takes the native GEMM where :func:`native_block_gemm_available`
-    says so; "scaled_matmul" insists on it (a clear error elsewhere).
-    """
-    if impl not in IMPLS:
-        raise ValueError(f"block GEMM impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "emulate":
-        return "emulate"
-    info = device_info if device_info is not None else _device_info()
-    native = native_block_gemm_available(*info)
-    if impl == "scaled_matmul" and not native:
-        raise ValueError(
-            f"jax.nn.scaled_matmul cannot run block formats on {info[0]} "
-            f"(compute capability {info[1]}); use impl='auto' or 'emulate'"
-        )
-    return "scaled_matmul" if native else "emulate"
+    return native_block_gemm_available(dev.platform, getattr(dev, "compute_capability", None))
 
 
 def _pad_to(x: jax.Array, axis: int, multiple: int) -> jax.Array:
@@ -197,45 +147,19 @@ def _pad_to(x: jax.Array, axis: int, multiple: int) -> jax.Array:
     return jnp.pad(x, widths)
 
 
-def swap12(q: BlockTensor) -> BlockTensor:
-    """Swap axes 1 and 2 of a 3-d block operand (data, scales and the blocked axis)."""
-    axis = q.axis if q.two_d else {1: 2, 2: 1}.get(q.axis, q.axis)
-    return BlockTensor(
-        jnp.swapaxes(q.data, 1, 2),
-        jnp.swapaxes(q.scale, 1, 2),
-        q.tensor_scale,
-        axis,
-        q.block,
-        q.two_d,
-    )
-
-
-def nk_layout(a: BlockTensor, b: BlockTensor, kind: str) -> tuple[BlockTensor, BlockTensor]:
-    """The canonical operands of a ``kind`` GEMM (fp8jax.gemm) as (B, M', C) and (B, N', C).
-
-    fprop x (B, M, K) . w (B, K, N); dgrad dy (B, M, N) . w (B, K, N);
-    wgrad x (B, M, K) . dy (B, M, N) over M: the contraction moved last in both.
-    """
-    if kind == "fprop":
-        return a, swap12(b)
-    if kind == "dgrad":
-        return a, b
-    return swap12(a), swap12(b)
-
-
-def _row_scales(q: BlockTensor) -> jax.Array:
+def _row_scales(q: QTensor) -> jax.Array:
     """(B, rows, K / block) scales of a canonical operand with K last.
 
     2-d 16x16 block scales (..., R/16, K/16) are repeated over the 16 rows of
     each block (cropped to the operand's rows).
     """
-    if not q.two_d:
+    if q.granularity != "block":
         return q.scale
-    s = jnp.repeat(q.scale, q.block, axis=-2)
+    s = jnp.repeat(q.scale, q.tile, axis=-2)
     return s[..., : q.data.shape[-2], :]
 
 
-def scaled_matmul_args(qa: BlockTensor, qb: BlockTensor) -> tuple[Any, ...]:
+def scaled_matmul_args(qa: QTensor, qb: QTensor) -> tuple[Any, ...]:
     """(a, b, a_scales, b_scales, alpha) for ``jax.nn.scaled_matmul``.
 
     ``qa`` is (B, M, K) and ``qb`` (B, N, K), both blocked along K (axis 2);
@@ -245,9 +169,9 @@ def scaled_matmul_args(qa: BlockTensor, qb: BlockTensor) -> tuple[Any, ...]:
     ``alpha`` is the product of the two float32 tensor scales (1 for MX).
     """
     for q in (qa, qb):
-        if q.data.ndim != 3 or (not q.two_d and q.axis != 2):
+        if q.data.ndim != 3 or (q.granularity != "block" and q.axis != 2):
             raise ValueError("scaled_matmul operands must be (B, rows, K) blocked along K")
-    blk = qa.block
+    blk = qa.tile
     k_scales = -(-qa.data.shape[-1] // blk)
     a = _pad_to(qa.data, 2, blk)
     b = _pad_to(qb.data, 2, blk)
@@ -258,24 +182,19 @@ def scaled_matmul_args(qa: BlockTensor, qb: BlockTensor) -> tuple[Any, ...]:
     return a, b, sa, sb, alpha
 
 
-def block_gemm(
-    qa: BlockTensor,
-    qb: BlockTensor,
-    *,
-    impl: str = "auto",
-    device_info: tuple[str, str | None] | None = None,
-) -> jax.Array:
-    """float32 (B, M, N) = qa (B, M, K) . qb (B, N, K) contracted over K.
+def scaled_matmul(qa: QTensor, qb: QTensor) -> jax.Array:
+    """float32 (B, M, N) = qa (B, M, K) . qb (B, N, K) contracted over K, natively.
 
-    "emulate": dequantize both to float32 and multiply with float32
-    accumulation (HIGHEST precision, so no backend drops to TF32/bf16
-    passes).  "scaled_matmul": the native block-scaled GEMM.
+    ``jax.nn.scaled_matmul`` on the codes and block scales (cuDNN on a
+    Blackwell GPU); the NVFP4 tensor scales multiply its float32 result.
     """
-    if choose_impl(impl, device_info) == "scaled_matmul":
-        a, b, sa, sb, alpha = scaled_matmul_args(qa, qb)
-        out = jax.nn.scaled_matmul(a, b, sa, sb, preferred_element_type=jnp.float32)
-        # The NVFP4 tensor scales are not part of the block-scaled product.
-        return out * alpha
-    a = microscaling.dequantize_blocks(qa)
-    b = microscaling.dequantize_blocks(qb)
-    return jnp.einsum("bmk,bnk->bmn", a, b, precision=lax.Precision.HIGHEST)
+    if not device_native_block_gemm():
+        dev = jax.devices()[0]
+        raise ValueError(
+            f"jax.nn.scaled_matmul cannot run block formats on {dev.platform} "
+            f"(compute capability {getattr(dev, 'compute_capability', None)})"
+        )
+    a, b, sa, sb, alpha = scaled_matmul_args(qa, qb)
+    out = jax.nn.scaled_matmul(a, b, sa, sb, preferred_element_type=jnp.float32)
+    # The NVFP4 tensor scales are not part of the block-scaled product.
+    return out * alpha

@@ -37,6 +37,7 @@ its cotangent is the updated state (see that class).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from functools import partial
@@ -51,10 +52,14 @@ from fp8jax.gemm import KINDS, dot_algorithm, gemm
 from fp8jax.operands import (
     after_gradient,
     cache_for_wgrad,
+    materialize,
     quantize_operand,
     requantize,
     state_part,
+    take_operand,
+    value_cotangent,
 )
+from fp8jax.quant import QTensor, is_quantized
 from fp8jax.recipes import Recipe
 from fp8jax.telemetry import operand_stats
 
@@ -79,17 +84,20 @@ def _fp8_bmm(x, w, state, recipe: Recipe, dtypes: tuple[str, str, str], with_sta
 
 
 def _fp8_bmm_fwd(x, w, state, recipe, dtypes, with_stats):
-    qx, new_x = quantize_operand(x, recipe.fprop.lhs, _FPROP_X_AXIS, recipe, state_part(state, "x"))
-    qw, new_w = quantize_operand(w, recipe.fprop.rhs, _FPROP_W_AXIS, recipe, state_part(state, "w"))
+    qx, new_x = take_operand(x, recipe.fprop.lhs, _FPROP_X_AXIS, recipe, state_part(state, "x"))
+    qw, new_w = take_operand(w, recipe.fprop.rhs, _FPROP_W_AXIS, recipe, state_part(state, "w"))
     y = gemm(qx, qw, "fprop", recipe).astype(dtypes[0])
-    out = (y, {"x": operand_stats(x, qx), "w": operand_stats(w, qw)}) if with_stats else y
+    # A pre-quantized operand's values, for telemetry and an E5M6 cache only.
+    x_hp, w_hp = (materialize(t, jnp.float32) if is_quantized(t) else t for t in (x, w))
+    out = (y, {"x": operand_stats(x_hp, qx), "w": operand_stats(w_hp, qw)}) if with_stats else y
     # Residuals: the FP8 operands (data + scales), never high-precision copies
     # (x in E5M6 where the recipe caches it so).
-    return out, (cache_for_wgrad(x, qx, recipe), qw, state, new_x, new_w)
+    pre = tuple(t if is_quantized(t) else None for t in (x, w))
+    return out, (cache_for_wgrad(x_hp, qx, recipe), qw, state, new_x, new_w, pre)
 
 
 def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
-    x_cached, qw, state, new_x, new_w = res
+    x_cached, qw, state, new_x, new_w, (x_pre, w_pre) = res
     _, x_dtype, w_dtype = dtypes
     dy = g[0] if with_stats else g
     # Dgrad: dx = dy @ w^T, contraction over N.
@@ -117,6 +125,9 @@ def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
             dy, recipe.wgrad.rhs, _WGRAD_DY_AXIS, recipe, state_part(state, "dy")
         )
     dw = gemm(x_w, qdy_w, "wgrad", recipe).astype(w_dtype)
+    # Pre-quantized inputs: the gradient of the values they represent.
+    dx = dx if x_pre is None else value_cotangent(x_pre, dx)
+    dw = dw if w_pre is None else value_cotangent(w_pre, dw)
     # Overwrite-with-gradient: the state's cotangent is the updated state.
     return dx, dw, scaling.updated_gemm_state(state, new_x, new_w, new_dy)
 
@@ -190,10 +201,12 @@ def dot_general(
 
 
 def _run(lhs, rhs, dimension_numbers, recipe, state, preferred_element_type, with_stats):
-    lhs = jnp.asarray(lhs)
-    rhs = jnp.asarray(rhs)
+    lhs, rhs = (t if is_quantized(t) else jnp.asarray(t) for t in (lhs, rhs))
     out_shape, out_dtype = _check(lhs, rhs, dimension_numbers, preferred_element_type)
-    if not recipe.is_fp8 or lhs.size == 0 or rhs.size == 0:
+    if not recipe.is_fp8 and (is_quantized(lhs) or is_quantized(rhs)):
+        # An unquantized recipe multiplies the values a quantized input represents.
+        lhs, rhs = (materialize(t, jnp.float32) if is_quantized(t) else t for t in (lhs, rhs))
+    if not recipe.is_fp8 or math.prod(lhs.shape) == 0 or math.prod(rhs.shape) == 0:
         y = _high_precision(lhs, rhs, dimension_numbers, recipe, out_dtype)
         stats = {"x": operand_stats(lhs, lhs), "w": operand_stats(rhs, rhs)}
         return (y, stats) if with_stats else y
@@ -210,11 +223,30 @@ def _check(lhs, rhs, dimension_numbers, preferred_element_type):
     out_dtype = jnp.dtype(
         preferred_element_type
         if preferred_element_type is not None
-        else jnp.result_type(lhs.dtype, rhs.dtype)
+        else jnp.result_type(*(_value_dtype(t) for t in (lhs, rhs)))
     )
     if not jnp.issubdtype(out_dtype, jnp.floating):
         raise TypeError(f"fp8jax.dot_general needs floating inputs, got {lhs.dtype}, {rhs.dtype}")
     return out_shape, out_dtype
+
+
+def _value_dtype(t):
+    # A quantized operand's values are float32 (what dequantization gives).
+    return jnp.dtype(jnp.float32) if is_quantized(t) else t.dtype
+
+
+def _canonical_q(q: QTensor, perm: tuple[int, ...], shape: tuple[int, int, int]) -> QTensor:
+    """A pre-quantized operand in its canonical (B, ., .) layout: only a
+    leading batch axis may be added (no transpose, no merged axes)."""
+    if perm != tuple(range(len(q.shape))) or len(q.shape) not in (2, 3):
+        raise ValueError(
+            "a pre-quantized dot_general operand must be (K, N) / (M, K), or (B, ., .) with "
+            f"its batch axis first, in the order the GEMM reads it; got axes {perm} of {q.shape}"
+        )
+    if len(q.shape) == 3:
+        return q
+    scale = q.scale if q.granularity == "tensor" else q.scale[None]
+    return dataclasses.replace(q, data=q.data.reshape(shape), scale=scale, axis=q.axis + 1)
 
 
 def _high_precision(lhs, rhs, dimension_numbers, recipe: Recipe, out_dtype) -> jax.Array:
@@ -245,9 +277,15 @@ def _fp8(lhs, rhs, dimension_numbers, recipe, state, out_shape, out_dtype, with_
     n = math.prod(rhs.shape[a] for a in rf)
     # Canonical batched matmul: the transposes and reshapes stay outside the
     # custom VJP, where JAX differentiates them.
-    x3 = jnp.transpose(lhs, lb + lf + lc).reshape(bsz, m, k)
-    w3 = jnp.transpose(rhs, rb + rc + rf).reshape(bsz, k, n)
-    dtypes = (out_dtype.name, x3.dtype.name, w3.dtype.name)
+    x3, w3 = (
+        _canonical_q(t, perm, shape) if is_quantized(t) else jnp.transpose(t, perm).reshape(shape)
+        for t, perm, shape in ((lhs, lb + lf + lc, (bsz, m, k)), (rhs, rb + rc + rf, (bsz, k, n)))
+    )
+    # A pre-quantized input gets its gradient in the output's dtype.
+    dtypes = (
+        out_dtype.name,
+        *(out_dtype.name if is_quantized(t) else t.dtype.name for t in (x3, w3)),
+    )
     out = _fp8_bmm(x3, w3, state, recipe, dtypes, with_stats)
     if with_stats:
         return out[0].reshape(out_shape), out[1]

@@ -52,8 +52,6 @@ FORMATS: dict[str, jnp.dtype] = {
     "e8m0": E8M0,
 }
 
-FP8_FORMATS = (E4M3, E5M2, E4M3FNUZ, E5M2FNUZ)
-
 
 def as_format(fmt: str | np.dtype | type) -> jnp.dtype:
     """Resolve a format name ("e4m3", "e5m2", ...) or dtype to a dtype."""

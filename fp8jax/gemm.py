@@ -1,9 +1,10 @@
 """The GEMM core: one place that runs one GEMM of two operands, dense or grouped.
 
-Every FP8 GEMM of the project (the three GEMMs of ``fp8jax.dot_general`` and
-of the grouped expert GEMM) runs through :func:`gemm` (dense) or
-:func:`grouped_gemm` (which lays the expert groups out as tiles and calls
-:func:`gemm`), and :func:`select_impl` decides in one place how it runs.
+Every quantized GEMM of the project (the three GEMMs of ``fp8jax.dot_general``
+and of the grouped expert GEMM, in every format) runs through :func:`gemm`
+(dense) or :func:`grouped_gemm` (which lays the expert groups out as tiles
+and calls :func:`gemm`), and :func:`select_impl` decides in one place how it
+runs, from one table (:data:`IMPLS`, :data:`AUTO`) over formats and backends.
 
 Canonical dense layouts (B = batch; the custom VJPs bring every GEMM here)::
 
@@ -11,21 +12,24 @@ Canonical dense layouts (B = batch; the custom VJPs bring every GEMM here)::
     dgrad  a = dy (B, M, N)   b = w  (B, K, N)   -> (B, M, K)   contract N
     wgrad  a = x  (B, M, K)   b = dy (B, M, N)   -> (B, K, N)   contract M
 
-Operands are :class:`~fp8jax.quant.QTensor` (quantized along the GEMM's
-contraction axis, or per tensor / per 128x128 block) or plain arrays (the
+Operands are :class:`~fp8jax.quant.QTensor` of any scheme (quantized along
+the GEMM's contraction axis, or per tensor / per block) or plain arrays (the
 recipe's compute dtype).  The result is float32.
 
 Implementations (``Recipe.impl``, see :class:`~fp8jax.recipes.Recipe` for
-their numerics): "xla" (dequantize, one dot), "chunked" (per-run dots of the
-FP8 codes in bfloat16, scales applied at promotion), "fp8" / "fp8_fast" (the
-same with hardware FP8 dots), "pallas" (the block-scaled kernel), and the
-accumulation emulator whenever ``recipe.accumulation`` is set.  Every dot
+their numerics): "xla" (dequantize, one dot; every scheme), "chunked"
+(per-run dots of the FP8 codes in bfloat16, scales applied at promotion),
+"fp8" / "fp8_fast" (the same with hardware FP8 dots), "pallas" (the FP8
+block-scaled kernel), "scaled_matmul" (the native MXFP8 / NVFP4 GEMM of
+:mod:`fp8jax.blockscaled`), and the accumulation emulator whenever
+``recipe.accumulation`` is set.  Every dot
 names its algorithm (``lax.DotAlgorithmPreset``), so a recipe computes the
 same thing on every backend instead of the backend's default precision.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import partial
 
@@ -35,17 +39,16 @@ from jax import lax
 
 from fp8jax import accumulate, blockscaled, resolved
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
+from fp8jax.kernels.availability import kernel_available
 from fp8jax.kernels.block_gemm import (
     CHUNK,
     block_scaled_matmul,
     block_scaled_matmul_nt,
     block_scaled_matmul_tn,
 )
-from fp8jax.kernels.dispatch import kernel_available
 from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligned
-from fp8jax.microscaling import BlockTensor
 from fp8jax.operands import materialize
-from fp8jax.quant import QTensor
+from fp8jax.quant import QTensor, is_quantized
 from fp8jax.recipes import Recipe
 
 KINDS = ("fprop", "dgrad", "wgrad")
@@ -63,18 +66,56 @@ _ALG = lax.DotAlgorithmPreset
 # --------------------------------------------------------------------------
 
 
-def auto_xla_impl(backend: str | None = None) -> str:
-    """The XLA implementation "auto" uses off the Pallas kernel: "chunked" on every backend.
+# The one table of implementations: for each scheme of the two operands,
+# the implementations a recipe may name, and what "auto" runs on each backend
+# (the first entry that is available: "pallas" where the Pallas kernel runs
+# and the operands have its layouts, "scaled_matmul" where the device
+# multiplies block formats natively).  "auto" off the kernels is "chunked"
+# for FP8 (exact products, and on XLA CPU measured faster than
+# dequantize-then-dot in float32: ``experiments/bench_core.py``) and "xla"
+# for the block formats (their dequantized values are exact in float32).
+IMPLS: dict[str, tuple[str, ...]] = {
+    "fp8": ("xla", "chunked", "fp8", "fp8_fast", "pallas"),
+    "mx": ("xla",),
+    "nvfp4": ("xla",),
+}
+AUTO: dict[tuple[str, str], tuple[str, ...]] = {
+    ("fp8", "gpu"): ("pallas", "chunked"),
+    ("fp8", "cpu"): ("chunked",),
+    ("fp8", "tpu"): ("chunked",),
+    ("mx", "gpu"): ("scaled_matmul", "xla"),
+    ("mx", "cpu"): ("xla",),
+    ("mx", "tpu"): ("xla",),
+    ("nvfp4", "gpu"): ("scaled_matmul", "xla"),
+    ("nvfp4", "cpu"): ("xla",),
+    ("nvfp4", "tpu"): ("xla",),
+}
 
-    The chunked codes path is exact in its products (FP8 codes in bfloat16)
-    and, on XLA CPU, measured faster than dequantize-then-dot in float32
-    (``experiments/bench_core.py`` prints both: fwd+bwd at 2048^3, 0.86x vs
-    1.13x the bf16 baseline on a loaded 2-core CPU); on GPUs and TPUs it runs
-    at bfloat16 speed where a float32 dot would run at float32 speed.
-    ``backend`` is accepted so callers can ask per backend.
+
+def auto_impl(scheme: str, backend: str, a=None, b=None, kind: str = "fprop") -> str:
+    """What ``impl="auto"`` runs for operands of ``scheme`` on ``backend`` (see AUTO).
+
+    ``a``, ``b``, ``kind``: the GEMM's operands, which decide whether the
+    Pallas kernel's layouts fit (without them it is taken not to).
     """
-    del backend
-    return "chunked"
+    try:
+        candidates = AUTO[scheme, backend]
+    except KeyError:
+        raise ValueError(
+            f"no implementation for scheme {scheme!r} on backend {backend!r}"
+        ) from None
+    for impl in candidates:
+        if _available(impl, a, b, kind):
+            return impl
+    raise ValueError(f"no available implementation for scheme {scheme!r} on {backend!r}")
+
+
+def _available(impl: str, a, b, kind: str) -> bool:
+    if impl == "pallas":
+        return a is not None and _kernel_layout_fits(a, b, kind) and kernel_available()
+    if impl == "scaled_matmul":
+        return blockscaled.device_native_block_gemm()
+    return True
 
 
 def _kernel_layout_fits(a, b, kind: str) -> bool:
@@ -82,7 +123,8 @@ def _kernel_layout_fits(a, b, kind: str) -> bool:
 
     def q(op, granularity, axis):
         return (
-            isinstance(op, QTensor)
+            is_quantized(op)
+            and op.scheme == "fp8"
             and op.granularity == granularity
             and op.tile == CHUNK
             and (axis is None or op.axis == axis)
@@ -98,20 +140,34 @@ def _kernel_layout_fits(a, b, kind: str) -> bool:
 
 
 def select_impl(recipe: Recipe, a, b, kind: str) -> str:
-    """How this GEMM runs: "plain", "emulate", "pallas", "xla", "chunked", "fp8" or "fp8_fast".
+    """How this GEMM runs: "plain", "emulate", "pallas", "xla", "chunked", "fp8", "fp8_fast"
+    or "scaled_matmul" (the one place that decides, from IMPLS and AUTO).
 
     "plain": an operand is not quantized (the high-precision baseline, or a
     recipe that quantizes one side only): both are cast to a common dtype.
+    "emulate": the FP8 accumulation emulator, whenever ``recipe.accumulation``
+    is set.
     """
-    if not (isinstance(a, QTensor) and isinstance(b, QTensor)):
+    if not (is_quantized(a) and is_quantized(b)):
         return "plain"
+    if a.scheme != b.scheme:
+        raise ValueError(
+            f"recipe {recipe.name!r}: a {kind} GEMM mixes schemes {a.scheme!r} and {b.scheme!r}"
+        )
+    scheme = a.scheme
     if recipe.accumulation is not None:
+        if scheme != "fp8":
+            raise ValueError("the accumulation emulator models FP8 (Hopper) tensor cores only")
         return "emulate"
     impl = recipe.impl
-    fits = _kernel_layout_fits(a, b, kind)
     if impl == "auto":
-        return "pallas" if fits and kernel_available() else auto_xla_impl()
-    if impl == "pallas" and not fits:
+        return auto_impl(scheme, jax.default_backend(), a, b, kind)
+    if impl not in IMPLS[scheme]:
+        raise ValueError(
+            f"recipe {recipe.name!r}: {scheme} operands run with impl 'auto' or one of "
+            f"{IMPLS[scheme]}, not {impl!r}"
+        )
+    if impl == "pallas" and not _kernel_layout_fits(a, b, kind):
         raise ValueError(
             f"recipe {recipe.name!r} asks for impl='pallas' but the Pallas FP8 kernel does not "
             f"apply to this {kind} GEMM (it needs E4M3/E5M2 operands with 128-wide tiles along "
@@ -132,21 +188,24 @@ def describe_path(impl: str, recipe: Recipe, a, b) -> str:
     "xla dequant <dtype>" (codes x scale rounded to that dtype, one dot),
     "chunked" (FP8 codes per run of constant scales, exact products,
     float32 sums), "fp8" / "fp8_fast" (the same with hardware FP8 dots),
-    "pallas", or "emulate" with the accumulation model's parameters.
+    "pallas", "scaled_matmul" (the native block-format GEMM), or "emulate"
+    with the accumulation model's parameters.  Block formats (MXFP8, NVFP4)
+    are prefixed with their scheme ("nvfp4:xla dequant float32").
     """
     if impl == "plain":
-        if isinstance(a, QTensor) or isinstance(b, QTensor):
+        if is_quantized(a) or is_quantized(b):
             return "plain float32 (one side quantized)"
         return f"plain {jnp.promote_types(a.dtype, b.dtype).name}"
+    prefix = "" if a.scheme == "fp8" else f"{a.scheme}:"
     if impl == "xla":
-        return f"xla dequant {recipe.dequant_dtype}"
+        return f"{prefix}xla dequant {recipe.dequant_dtype}"
     if impl == "emulate":
         acc = recipe.accumulation
         return (
             f"emulate block {acc.block}, {acc.frac_bits} bits, promote every "
             f"{acc.promote_every}, {acc.promote_rounding}"
         )
-    return impl
+    return prefix + impl
 
 
 def dot_algorithm(dtype) -> lax.DotAlgorithmPreset | lax.Precision:
@@ -194,16 +253,12 @@ def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> j
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    if isinstance(a, BlockTensor) or isinstance(b, BlockTensor):
-        if b_index is not None:
-            b = take_batch(b, b_index)
-        return _block(a, b, kind, recipe)
     impl = select_impl(recipe, a, b, kind)
     resolved.note(kind, describe_path(impl, recipe, a, b))
     if b_index is not None and impl not in _RUN_IMPLS:
         b, b_index = take_batch(b, b_index), None
     if impl == "plain":
-        if isinstance(a, QTensor) or isinstance(b, QTensor):
+        if is_quantized(a) or is_quantized(b):
             # One side quantized: dequantize it to float32 and dot in float32.
             dt = jnp.float32
         else:
@@ -214,6 +269,10 @@ def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> j
         return dot(materialize(a, dt), materialize(b, dt), DIMS[kind])
     if impl == "pallas":
         return _pallas(a, b, kind)
+    if impl == "scaled_matmul":
+        lhs, rhs = _orient(a, b, kind)
+        # The native block GEMM takes both operands with the contraction last.
+        return blockscaled.scaled_matmul(lhs, _swap12(rhs))
     lhs, rhs = _orient(a, b, kind)
     k = lhs.data.shape[2]
     a_codes, a_s, ga = _k_runs(lhs, 2)
@@ -226,29 +285,13 @@ def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> j
     return _chunked(a_codes, a_s, b_codes, b_s, group, impl, b_index)
 
 
-def _block(a, b, kind: str, recipe: Recipe) -> jax.Array:
-    """MXFP8 / NVFP4 operands: the native block-scaled GEMM where the device has one
-    (``fp8jax.blockscaled``), else the exact emulation: both dequantized to
-    float32 (exact for MXFP8, one rounding of NVFP4's tensor scale) and one
-    ``F32_F32_F32`` dot."""
-    if not (isinstance(a, BlockTensor) and isinstance(b, BlockTensor)):
-        raise ValueError(f"recipe {recipe.name!r}: a {kind} GEMM mixes block and other formats")
-    if recipe.accumulation is not None:
-        raise ValueError("the accumulation emulator models FP8 (Hopper) tensor cores only")
-    if blockscaled.choose_impl(blockscaled.block_impl(recipe.impl)) == "scaled_matmul":
-        resolved.note(kind, "block:scaled_matmul")
-        return blockscaled.block_gemm(*blockscaled.nk_layout(a, b, kind), impl="scaled_matmul")
-    resolved.note(kind, "block:dequantized F32_F32_F32")
-    return dot(materialize(a, jnp.float32), materialize(b, jnp.float32), DIMS[kind])
-
-
 def _swap12(op):
     """Swap axes 1 and 2 of a 3-d operand, scales and layout metadata included."""
-    if not isinstance(op, QTensor):
+    if not is_quantized(op):
         return jnp.swapaxes(op, 1, 2)
     scale = op.scale if op.granularity == "tensor" else jnp.swapaxes(op.scale, 1, 2)
     axis = {1: 2, 2: 1}.get(op.axis, op.axis) if op.granularity in ("row", "tile") else op.axis
-    return QTensor(jnp.swapaxes(op.data, 1, 2), scale, op.granularity, axis, op.tile)
+    return dataclasses.replace(op, data=jnp.swapaxes(op.data, 1, 2), scale=scale, axis=axis)
 
 
 def _orient(a, b, kind: str):
@@ -382,37 +425,28 @@ def _pallas(a: QTensor, b: QTensor, kind: str) -> jax.Array:
 
 
 def tile_rows(op, layout: GroupLayout):
-    """(M, C) rows (QTensor or array) -> (T, tile, C) expert-aligned tiles.
+    """(M, C) rows (quantized or array) -> (T, tile, C) expert-aligned tiles.
 
     Row-local scales (1xN tiles and rows along C, or one per tensor) move with
     their rows; padding rows are zero codes with unit scales.
     """
-    if isinstance(op, BlockTensor) and not op.two_d and op.axis == 1:
-        # Row-local blocks along C; padding rows: zero codes, unit scales.
-        scale = to_tiles(op.scale, layout, fill=1)
-        return BlockTensor(to_tiles(op.data, layout), scale, op.tensor_scale, 2, op.block)
-    if not isinstance(op, QTensor):
+    if not is_quantized(op):
         return to_tiles(op, layout)
-    data = to_tiles(op.data, layout)
     if op.granularity == "tensor":
         scale = op.scale
     elif op.granularity in ("tile", "row") and op.axis == 1:
         scale = to_tiles(op.scale, layout, fill=1)
     else:
         raise ValueError(f"cannot tile rows of a {op.granularity!r} operand along axis {op.axis}")
-    return QTensor(data, scale, op.granularity, op.axis + 1, op.tile)
+    return dataclasses.replace(op, data=to_tiles(op.data, layout), scale=scale, axis=op.axis + 1)
 
 
 def take_batch(op, index: jax.Array):
-    """Batch elements ``index`` of a (E, ., .) operand (QTensor, BlockTensor or array)."""
-    if isinstance(op, BlockTensor):
-        return BlockTensor(
-            op.data[index], op.scale[index], op.tensor_scale, op.axis, op.block, op.two_d
-        )
-    if not isinstance(op, QTensor):
+    """Batch elements ``index`` of a (E, ., .) operand (quantized or array)."""
+    if not is_quantized(op):
         return op[index]
     scale = op.scale if op.granularity == "tensor" else op.scale[index]
-    return QTensor(op.data[index], scale, op.granularity, op.axis, op.tile)
+    return dataclasses.replace(op, data=op.data[index], scale=scale)
 
 
 def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_groups: int):

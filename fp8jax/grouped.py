@@ -33,13 +33,14 @@ backward pass: the FP8 data and scales of x and w.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from fp8jax import scaling
+from fp8jax import scaling, schemes
 from fp8jax.gemm import grouped_gemm
 from fp8jax.groups import GroupLayout, check_group_sizes, group_layout, to_tiles
 from fp8jax.operands import (
@@ -49,8 +50,10 @@ from fp8jax.operands import (
     quantize_operand,
     requantize,
     state_part,
+    take_operand,
+    value_cotangent,
 )
-from fp8jax.quant import QTensor, group_amax, quantize_with_scale
+from fp8jax.quant import group_amax, is_quantized
 from fp8jax.recipes import QuantSpec, Recipe
 from fp8jax.telemetry import operand_stats
 
@@ -84,8 +87,7 @@ def _quantize_tokens(t_tiles, spec: QuantSpec, layout: GroupLayout, recipe: Reci
         seg = jnp.where(layout.tile_group >= 0, layout.tile_group, layout.num_tiles)
         expert_amax = jax.ops.segment_max(tile_amax, seg, num_segments=layout.num_tiles + 1)
         amax = jnp.maximum(expert_amax[seg], 0.0)
-        scale = scaling.scale_from_amax(amax, spec.fmt, pow2=spec.pow2, amax_floor=spec.amax_floor)
-        return quantize_with_scale(t_tiles, scale, spec.fmt, "row", axis=1)
+        return schemes.quantize(t_tiles, spec, 1, amax=amax)
     if spec.quantized and spec.scaling == "current" and spec.granularity == "block":
         raise ValueError(
             "grouped GEMM: Wgrad operands support 'tile', 'row' and 'tensor' granularity, "
@@ -93,7 +95,7 @@ def _quantize_tokens(t_tiles, spec: QuantSpec, layout: GroupLayout, recipe: Reci
         )
     if spec.quantized and spec.scaling == "delayed":
         # The same scale the forward / Dgrad used for this tensor this step.
-        return quantize_with_scale(t_tiles, dstate.scale, spec.fmt, "tensor")
+        return schemes.quantize(t_tiles, spec, 1, scale=dstate.scale)
     out, _ = quantize_operand(t_tiles, spec, 1, recipe)
     return out
 
@@ -106,23 +108,25 @@ def _grouped_core(x, w, group_sizes, state, recipe: Recipe, dtypes, with_stats: 
 
 def _grouped_fwd(x, w, group_sizes, state, recipe, dtypes, with_stats):
     layout = group_layout(group_sizes, x.shape[0], _layout_tile(recipe))
-    if isinstance(x, QTensor):
+    if is_quantized(x):
         # Quantized before it got here (the FP8 expert dispatch): used as is.
-        qx, new_x, x_q = x, None, x
-        x = materialize(x, jnp.float32)  # only for telemetry / an E5M6 cache
+        qx, new_x = take_operand(x, recipe.fprop.lhs, 1, recipe)
     else:
         qx, new_x = _quantize_rows(x, recipe.fprop.lhs, recipe, state_part(state, "x"))
-        x_q = None
-    qw, new_w = quantize_operand(w, recipe.fprop.rhs, 1, recipe, state_part(state, "w"))
+    # A weight gathered in FP8 arrives quantized: used as is.
+    qw, new_w = take_operand(w, recipe.fprop.rhs, 1, recipe, state_part(state, "w"))
     y = grouped_gemm(qx, qw, layout, "fprop", recipe, w.shape[0]).astype(dtypes[0])
-    out = (y, {"x": operand_stats(x, qx), "w": operand_stats(w, qw)}) if with_stats else y
+    # A pre-quantized input's values, only for telemetry / an E5M6 cache.
+    x_hp, w_hp = (materialize(t, jnp.float32) if is_quantized(t) else t for t in (x, w))
+    out = (y, {"x": operand_stats(x_hp, qx), "w": operand_stats(w_hp, qw)}) if with_stats else y
     # Residuals: the FP8 operands (data + scales), never high-precision copies.
-    res = (cache_for_wgrad(x, qx, recipe), qw, group_sizes, state, new_x, new_w, x_q)
+    pre = tuple(t if is_quantized(t) else None for t in (x, w))
+    res = (cache_for_wgrad(x_hp, qx, recipe), qw, group_sizes, state, new_x, new_w, pre)
     return out, res
 
 
 def _grouped_bwd(recipe, dtypes, with_stats, res, g):
-    x_cached, qw, group_sizes, state, new_x, new_w, x_q = res
+    x_cached, qw, group_sizes, state, new_x, new_w, (x_pre, w_pre) = res
     _, x_dtype, w_dtype = dtypes
     dy = g[0] if with_stats else g
     num_groups = qw.shape[0]
@@ -139,13 +143,13 @@ def _grouped_bwd(recipe, dtypes, with_stats, res, g):
     dx = grouped_gemm(qdy, w_d, layout, "dgrad", recipe, num_groups).astype(x_dtype)
     x_cached = after_gradient(x_cached, qdy)
     # Wgrad: dw[e] = x_e^T dy_e over expert-aligned tiles of tokens; x from its cache.
-    if isinstance(x_cached, QTensor) and recipe.wgrad.lhs == recipe.fprop.lhs:
+    if is_quantized(x_cached) and recipe.wgrad.lhs == recipe.fprop.lhs:
         reuse = x_cached.granularity == "tensor"
     else:
         reuse = False
     if reuse:
         # One tensor scale does not depend on the contraction axis: keep the codes.
-        x_w = QTensor(to_tiles(x_cached.data, layout), x_cached.scale, "tensor", 0, x_cached.tile)
+        x_w = dataclasses.replace(x_cached, data=to_tiles(x_cached.data, layout), axis=0)
     else:
         x_t = to_tiles(materialize(x_cached, jnp.float32), layout)
         x_w = _quantize_tokens(x_t, recipe.wgrad.lhs, layout, recipe, state_part(state, "x"))
@@ -155,10 +159,9 @@ def _grouped_bwd(recipe, dtypes, with_stats, res, g):
     dw = grouped_gemm(x_w, dy_w, layout, "wgrad", recipe, num_groups).astype(w_dtype)
     # Overwrite-with-gradient: the state's cotangent is the updated state.
     dstate = scaling.updated_gemm_state(state, new_x, new_w, new_dy)
-    if x_q is not None:
-        # A pre-quantized x: the cotangent of its codes is that of the values
-        # they represent (straight-through), its scales get none.
-        dx = QTensor(dx, jnp.zeros_like(x_q.scale), x_q.granularity, x_q.axis, x_q.tile)
+    # Pre-quantized inputs: the gradient of the values they represent.
+    dx = dx if x_pre is None else value_cotangent(x_pre, dx)
+    dw = dw if w_pre is None else value_cotangent(w_pre, dw)
     return dx, dw, None, dstate
 
 
@@ -166,9 +169,9 @@ _grouped_core.defvjp(_grouped_fwd, _grouped_bwd)
 
 
 def _check(x, w, group_sizes, preferred_element_type):
-    if isinstance(x, QTensor) and (x.granularity != "tile" or x.axis != 1):
+    if is_quantized(x) and (x.granularity != "tile" or x.axis != 1):
         raise ValueError("grouped_dot: a pre-quantized x must be in 1 x tile tiles along K")
-    if len(x.shape) != 2 or w.ndim != 3:
+    if len(x.shape) != 2 or len(w.shape) != 3:
         raise ValueError(f"grouped_dot wants x (M, K) and w (E, K, N), got {x.shape}, {w.shape}")
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"contraction mismatch: x {x.shape} vs w {w.shape}")
@@ -177,14 +180,14 @@ def _check(x, w, group_sizes, preferred_element_type):
     if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
         raise TypeError(f"group_sizes must be integer, got {group_sizes.dtype}")
     check_group_sizes(group_sizes, x.shape[0])
+    # A quantized input's values are float32 (what dequantization gives).
+    value = [jnp.dtype(jnp.float32) if is_quantized(t) else jnp.dtype(t.dtype) for t in (x, w)]
     out_dtype = jnp.dtype(
-        preferred_element_type
-        if preferred_element_type is not None
-        else jnp.result_type(x.dtype, w.dtype)
+        preferred_element_type if preferred_element_type is not None else jnp.result_type(*value)
     )
-    # A pre-quantized x gets its gradient in the output's dtype.
-    x_dtype = out_dtype if isinstance(x, QTensor) else jnp.dtype(x.dtype)
-    return (out_dtype.name, x_dtype.name, w.dtype.name)
+    # A pre-quantized input gets its gradient in the output's dtype.
+    x_dtype, w_dtype = (out_dtype if is_quantized(t) else v for t, v in zip((x, w), value))
+    return (out_dtype.name, x_dtype.name, w_dtype.name)
 
 
 def grouped_dot_with_stats(
@@ -227,13 +230,17 @@ def grouped_dot(
 
 
 def _run(x, w, group_sizes, recipe, state, preferred_element_type, with_stats):
-    x = x if isinstance(x, QTensor) else jnp.asarray(x)
-    w, group_sizes = jnp.asarray(w), jnp.asarray(group_sizes)
+    x, w = (t if is_quantized(t) else jnp.asarray(t) for t in (x, w))
+    group_sizes = jnp.asarray(group_sizes)
     dtypes = _check(x, w, group_sizes, preferred_element_type)
     if 0 in x.shape or 0 in w.shape:
         # Zero-size operands involve no rounding: what lax.ragged_dot gives
         # (all zeros for K = 0, an empty result otherwise).
         y = jnp.zeros((x.shape[0], w.shape[2]), dtypes[0])
-        stats = {"x": operand_stats(materialize(x, jnp.float32), x), "w": operand_stats(w, w)}
+        w_values = materialize(w, jnp.float32) if is_quantized(w) else w
+        stats = {
+            "x": operand_stats(materialize(x, jnp.float32), x),
+            "w": operand_stats(w_values, w),
+        }
         return (y, stats) if with_stats else y
     return _grouped_core(x, w, group_sizes, state, recipe, dtypes, with_stats)

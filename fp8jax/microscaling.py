@@ -2,8 +2,9 @@
 
 Both split the contraction axis into short blocks, each with its own scale
 stored in 8 bits, and are the formats Blackwell tensor cores multiply
-natively.  :class:`BlockTensor` holds ``data`` (element format, ``x``'s
-shape), ``scale`` (one per block, in the scale format) and ``tensor_scale``
+natively.  Their quantizers return a :class:`~fp8jax.quant.QTensor` of
+scheme "mx" or "nvfp4" holding ``data`` (element format, ``x``'s shape),
+``scale`` (one per block, in the scale format) and ``tensor_scale``
 (float32, NVFP4's second level; 1 for MX), with
 
     x ~= dequantize(q) = data * scale * tensor_scale.
@@ -67,7 +68,6 @@ nearest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -78,7 +78,7 @@ import numpy as np
 from jax import lax
 
 from fp8jax.formats import BLOCK_FORMATS, E2M1, E4M3, E8M0, as_format, saturating_cast
-from fp8jax.quant import expand_scale, group_amax
+from fp8jax.quant import QTensor, expand_scale, group_amax
 from fp8jax.rounding import floor_log2, flush_subnormals, pow2_int, round_to_format
 from fp8jax.scaling import exact_div
 
@@ -88,46 +88,6 @@ NVFP4_BLOCK = BLOCK_FORMATS["nvfp4"]
 _NVFP4_RANGE = 6.0 * 448.0
 _F32_MAX = float(jnp.finfo(jnp.float32).max)
 _S_ENC_CAP = 2.0**126
-
-
-@dataclass(frozen=True)
-class BlockTensor:
-    """A block-scaled tensor: ``data`` (element format, x's shape), ``scale``
-    (one per block, E8M0 or E4M3), ``tensor_scale`` (float32 ()).
-
-    ``axis`` (non-negative) is the blocked axis for 1-d blocks; with
-    ``two_d`` the blocks are ``block x block`` over the last two axes.
-    Scale layouts follow :mod:`fp8jax.quant`: ``"tile"`` (axis of size
-    ceil(n / block)) and ``"block"`` (..., ceil(R / block), ceil(C / block)).
-    """
-
-    data: jax.Array
-    scale: jax.Array
-    tensor_scale: jax.Array
-    axis: int = -1
-    block: int = MX_BLOCK
-    two_d: bool = False
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape)
-
-    @property
-    def granularity(self) -> str:
-        return "block" if self.two_d else "tile"
-
-    @property
-    def nbytes(self) -> int:
-        """Storage in bytes with sub-byte elements packed (E2M1: two per byte)."""
-        bits = ml_dtypes.finfo(self.data.dtype).bits
-        return int(-(-self.data.size * bits // 8) + self.scale.size + 4)
-
-
-jax.tree_util.register_dataclass(
-    BlockTensor,
-    data_fields=["data", "scale", "tensor_scale"],
-    meta_fields=["axis", "block", "two_d"],
-)
 
 
 def _check(x: jnp.ndarray, block: int, two_d: bool) -> None:
@@ -207,7 +167,7 @@ def _e8m0(shared_exp: jnp.ndarray) -> jnp.ndarray:
     return lax.bitcast_convert_type((shared_exp + 127).astype(jnp.uint8), E8M0)
 
 
-def _e8m0_exponent(scale: jnp.ndarray) -> jnp.ndarray:
+def e8m0_exponent(scale: jnp.ndarray) -> jnp.ndarray:
     return lax.bitcast_convert_type(scale, jnp.uint8).astype(jnp.int32) - 127
 
 
@@ -223,7 +183,7 @@ def quantize_mx(
     two_d: bool = False,
     key: jax.Array | None = None,
     scale_rounding: str = "floor",
-) -> BlockTensor:
+) -> QTensor:
     """MX quantization (OCP MX v1.0): E8M0 power-of-two scale per block (module docstring).
 
     ``scale_rounding``: "floor" (the OCP rule) or "ceil" (the scale rounded up
@@ -245,7 +205,7 @@ def quantize_mx(
     y = _finite(xf) * inv
     y = jnp.where(jnp.isnan(y), jnp.zeros_like(y), y) if not _has_nan(elem_fmt) else y
     data = round_to_format(y, elem_fmt, key)
-    return BlockTensor(data, scale, jnp.ones((), jnp.float32), axis, block, two_d)
+    return QTensor(data, scale, gran, axis, block, jnp.ones((), jnp.float32), "mx")
 
 
 def nvfp4_tensor_scales(amax: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -266,7 +226,7 @@ def quantize_nvfp4(
     *,
     two_d: bool = False,
     key: jax.Array | None = None,
-) -> BlockTensor:
+) -> QTensor:
     """NVFP4 quantization: E2M1 data, E4M3 block scales, float32 tensor scale."""
     _check(x, block, two_d)
     axis = axis % x.ndim
@@ -287,7 +247,7 @@ def quantize_nvfp4(
     # E2M1 has no NaN: the element becomes 0 and its block scale carries the NaN.
     y = jnp.where(jnp.isnan(y), jnp.zeros_like(y), y)
     data = round_to_format(y, E2M1, key)
-    return BlockTensor(data, scale, s_dec, axis, block, two_d)
+    return QTensor(data, scale, gran, axis, block, s_dec, "nvfp4")
 
 
 def quantize_mxfp8(
@@ -297,13 +257,13 @@ def quantize_mxfp8(
     two_d: bool = False,
     key: jax.Array | None = None,
     scale_rounding: str = "floor",
-) -> BlockTensor:
+) -> QTensor:
     """MXFP8: E4M3 elements, E8M0 scale per 32 elements along ``axis`` (rounded per ``scale_rounding``)."""
     return quantize_mx(x, E4M3, axis, MX_BLOCK, two_d=two_d, key=key, scale_rounding=scale_rounding)
 
 
 @partial(jax.jit, static_argnames=("dtype",))
-def dequantize_blocks(q: BlockTensor, dtype: Any = jnp.float32) -> jnp.ndarray:
+def dequantize_blocks(q: QTensor, dtype: Any = jnp.float32) -> jnp.ndarray:
     """``data * scale * tensor_scale`` in float32, returned as ``dtype``.
 
     MX: ``data * 2^e`` is applied as two exact power-of-two products
@@ -312,10 +272,10 @@ def dequantize_blocks(q: BlockTensor, dtype: Any = jnp.float32) -> jnp.ndarray:
     normal range rounds, to a signed zero.  NVFP4: ``(data * scale) *
     tensor_scale``, the first product exact.
     """
-    gran, gaxis, tile = _layout(q.axis, q.block, q.two_d)
+    gran, gaxis, tile = _layout(q.axis, q.tile, q.granularity == "block")
     d = q.data.astype(jnp.float32)
     if q.scale.dtype == E8M0:
-        e = _e8m0_exponent(q.scale)
+        e = e8m0_exponent(q.scale)
         nan = e == 128
         e = jnp.where(nan, 0, e)
         hi = expand_scale(pow2_int(e - e // 2), q.shape, gran, gaxis, tile)

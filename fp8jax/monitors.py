@@ -2,7 +2,7 @@
 
 Pure functions of one step's tensors (float32 scalars out), cheap enough to
 run every step; the layers sow them next to their FP8 telemetry
-(:mod:`fp8jax.nn.telemetry`) and the training log writes them at its
+(:mod:`fp8jax.nn.recording`) and the training log writes them at its
 cadence.  What each one measures, and the threshold that makes it a warning:
 
 * :func:`channel_outlier_ratio`: the largest per-channel amax of a SwiGLU

@@ -2,19 +2,21 @@
 
 Shared by the dense ``dot_general`` and the grouped expert GEMM, whose three
 GEMMs (Fprop, Dgrad, Wgrad) take their operands from here.  An operand is
-either a :class:`~fp8jax.quant.QTensor` (FP8 codes + float32 scales) or a
-plain array in the recipe's compute dtype (an unquantized spec).
+either a :class:`~fp8jax.quant.QTensor` (codes, scales and layout of any
+scheme, :mod:`fp8jax.schemes`) or a plain array in the recipe's compute
+dtype (an unquantized spec).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
-from fp8jax import blockscaled, scaling
-from fp8jax.formats import round_to_e5m6
-from fp8jax.microscaling import BlockTensor, dequantize_blocks
-from fp8jax.quant import QTensor, dequantize, quantize, quantize_with_scale
+from fp8jax import scaling, schemes
+from fp8jax.formats import as_format, round_to_e5m6
+from fp8jax.quant import QTensor, is_quantized
 from fp8jax.recipes import QuantSpec, Recipe
 
 
@@ -36,9 +38,6 @@ def quantize_operand(
     if not spec.quantized:
         # Unquantized operands run in the recipe's compute dtype (bf16 baseline).
         return t.astype(recipe.compute), None
-    if blockscaled.is_block_format(spec.fmt):
-        # MXFP8 / NVFP4: the format's own online block scales (fp8jax.blockscaled).
-        return blockscaled.quantize_spec_operand(t, spec, caxis, recipe.seed), None
     if spec.scaling == "delayed":
         if dstate is None:
             raise ValueError(
@@ -47,58 +46,80 @@ def quantize_operand(
             )
         # Delayed: this step uses the scale computed from the history of
         # previous steps; this step's amax only updates the state.
-        q = quantize_with_scale(t, dstate.scale, spec.fmt, "tensor")
+        q = schemes.quantize(t, spec, caxis, scale=dstate.scale)
         new = scaling.update_delayed_state(dstate, scaling.finite_amax(t), spec, recipe.delayed)
         return q, new
-    q = quantize(
-        t,
-        spec.fmt,
-        spec.granularity,
-        axis=caxis,
-        tile=spec.tile,
-        pow2=spec.pow2,
-        amax_floor=spec.amax_floor,
-    )
-    return q, None
+    return schemes.quantize(t, spec, caxis, seed=recipe.seed), None
+
+
+def take_operand(
+    t, spec: QuantSpec, caxis: int, recipe: Recipe, dstate=None
+) -> tuple[QTensor | jax.Array, scaling.DelayedState | None]:
+    """:func:`quantize_operand`, or ``t`` itself when it arrives quantized as ``spec`` says.
+
+    A quantized ``t`` (e.g. a weight gathered in FP8, tokens dispatched in
+    FP8) goes into the GEMM with the codes it travelled with, never
+    dequantized and quantized again; its scheme, granularity, tile, element
+    format and (for runs along one axis) contraction axis must be those
+    ``spec`` would give.  Delayed specs need the high-precision tensor for
+    their amax history, so they take arrays only.
+    """
+    if not is_quantized(t):
+        return quantize_operand(t, spec, caxis, recipe, dstate)
+    want = (schemes.scheme_of(spec.fmt), spec.granularity, spec.tile) if spec.quantized else None
+    along = spec.granularity not in ("tile", "row") or t.axis == caxis % len(t.shape)
+    if (
+        want != (t.scheme, t.granularity, t.tile)
+        or spec.scaling == "delayed"
+        or not along
+        or (t.scheme == "fp8" and t.dtype != as_format(spec.fmt))
+    ):
+        raise ValueError(
+            f"recipe {recipe.name!r}: a pre-quantized operand ({t.scheme} {t.dtype}, "
+            f"{t.granularity} {t.tile} along axis {t.axis}) is not what its spec gives "
+            f"({spec.fmt} {spec.granularity} {spec.tile} along axis {caxis % len(t.shape)}, "
+            f"{spec.scaling} scaling)"
+        )
+    return t, None
+
+
+def value_cotangent(q: QTensor, g: jax.Array) -> QTensor:
+    """The cotangent of a quantized input: ``g`` (the gradient of the values it
+    represents, straight through the rounding) in its codes' place, zero for its scales."""
+    return dataclasses.replace(jax.tree.map(jnp.zeros_like, q), data=g)
 
 
 def requantize(
     cached, spec: QuantSpec, caxis: int, recipe: Recipe, prev_spec: QuantSpec, dstate=None
 ) -> QTensor | jax.Array:
-    """The operand as ``spec`` wants it, from its cached copy (QTensor or array).
+    """The operand as ``spec`` wants it, from its cached copy (quantized or array).
 
-    Reuses the cached FP8 tensor when its scale layout is already right (same
-    spec and a layout that does not depend on the contraction axis: per
+    Reuses the cached quantized tensor when its scale layout is already right
+    (same spec and a layout that does not depend on the contraction axis: per
     tensor, or 128x128 blocks, which serve W and W^T alike); otherwise
     dequantizes the cached values and quantizes them again along ``caxis``
     (DeepSeek-V3 turns its cached 1x128 activation tiles into 128x1 tiles this
     way).  A delayed spec re-uses this step's delayed scale of the tensor.
     """
-    if (
-        isinstance(cached, QTensor | BlockTensor)
-        and spec == prev_spec
-        and spec.granularity in ("tensor", "block")
-    ):
+    if is_quantized(cached) and spec == prev_spec and spec.granularity in ("tensor", "block"):
         return cached
     hp = materialize(cached, jnp.float32)
     if spec.quantized and spec.scaling == "delayed":
         # The same tensor was already quantized with this delayed scale this step.
-        return quantize_with_scale(hp, dstate.scale, spec.fmt, "tensor")
+        return schemes.quantize(hp, spec, caxis, scale=dstate.scale)
     out, _ = quantize_operand(hp, spec, caxis, recipe)
     return out
 
 
 def materialize(op, dtype) -> jax.Array:
-    """A QTensor dequantized to ``dtype`` (one float32 rounding of data * scale), or an array cast."""
-    if isinstance(op, QTensor):
-        return dequantize(op, dtype)
-    if isinstance(op, BlockTensor):
-        return dequantize_blocks(op, dtype)
+    """A quantized operand dequantized to ``dtype`` (its scheme's dequantizer), or an array cast."""
+    if is_quantized(op):
+        return schemes.dequantize(op, dtype)
     return op.astype(dtype)
 
 
 def after_gradient(cached, qdy):
-    """The cached FP8 ``cached`` (a QTensor), usable only once ``qdy`` exists; same values.
+    """The cached quantized ``cached``, usable only once ``qdy`` exists; same values.
 
     Wgrad re-quantizes the cached activation, work that depends on forward
     values only, so XLA may schedule it for every layer during the forward
@@ -107,18 +128,22 @@ def after_gradient(cached, qdy):
     saves.  OR-ing min(b, 0) of the bit pattern b of the gradient's first
     scale (0: scales are positive) into the cached scales' bit patterns makes
     the work wait for this layer's gradient without changing a bit.  Anything
-    else passes through.
+    else (an array, or scales that are not float32) passes through.
     """
-    if not (isinstance(cached, QTensor) and isinstance(qdy, QTensor)):
+    f32 = jnp.dtype(jnp.float32)
+    if not (
+        is_quantized(cached)
+        and is_quantized(qdy)
+        and cached.scale.dtype == f32
+        and qdy.scale.dtype == f32
+    ):
         return cached
     # On the bit patterns (an integer OR of 0), so a subnormal scale is not
     # flushed as a float addition on a flush-to-zero backend would.
-    dep = jax.lax.bitcast_convert_type(qdy.scale.reshape(-1)[0].astype(jnp.float32), jnp.int32)
-    bits = jax.lax.bitcast_convert_type(cached.scale.astype(jnp.float32), jnp.int32)
+    dep = jax.lax.bitcast_convert_type(qdy.scale.reshape(-1)[0], jnp.int32)
+    bits = jax.lax.bitcast_convert_type(cached.scale, jnp.int32)
     scale = jax.lax.bitcast_convert_type(bits | jnp.minimum(dep, 0), jnp.float32)
-    return QTensor(
-        cached.data, scale.astype(cached.scale.dtype), cached.granularity, cached.axis, cached.tile
-    )
+    return dataclasses.replace(cached, scale=scale)
 
 
 def cache_for_wgrad(x: jax.Array, qx, recipe: Recipe):
@@ -128,7 +153,7 @@ def cache_for_wgrad(x: jax.Array, qx, recipe: Recipe):
     copy); with ``recipe.x_cache == "e5m6"`` a copy of x rounded to E5M6,
     stored in bfloat16 (which holds every E5M6 value exactly).
     """
-    if blockscaled.is_block_format(recipe.wgrad.lhs.fmt):
+    if not schemes.requantizes_codes(recipe.wgrad.lhs.fmt):
         # Block formats quantize Wgrad's x along the tokens (after the RHT) from
         # x itself, as Transformer Engine's columnwise copy is made from the
         # high-precision tensor: re-quantizing 4-bit codes would round twice.

@@ -74,10 +74,18 @@ _OFFSET = 64
 
 @dataclass(frozen=True)
 class QTensor:
-    """Quantized tensor: ``data`` (FP8, x's shape) and float32 ``scale``.
+    """A quantized operand of any format: codes, scales and their layout.
 
-    ``granularity``, ``axis`` (normalised, non-negative), ``tile`` and
-    ``shape`` are static metadata describing the scale layout.
+    ``data`` holds the codes (the element format, x's shape), ``scale`` the
+    scales in the layout ``granularity`` / ``axis`` / ``tile`` describes
+    (module docstring; the block formats use "tile" for 1 x block runs and
+    "block" for block x block squares), ``tensor_scale`` a second-level
+    float32 scale or None.  ``scheme`` names the format family whose rules
+    made the codes ("fp8": float32 scales; "mx": E8M0 scales, "nvfp4": E4M3
+    scales and a tensor scale, the block formats of
+    :mod:`fp8jax.microscaling`); :mod:`fp8jax.schemes` maps it to
+    the family's quantizer, dequantizer and per-element scales.  The layout
+    fields and ``scheme`` are static metadata (not pytree leaves).
     """
 
     data: jax.Array
@@ -85,6 +93,8 @@ class QTensor:
     granularity: str = "tensor"
     axis: int = 0
     tile: int = 128
+    tensor_scale: jax.Array | None = None
+    scheme: str = "fp8"
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -96,13 +106,25 @@ class QTensor:
 
     @property
     def nbytes(self) -> int:
-        return int(self.data.size * self.data.dtype.itemsize + self.scale.size * 4)
+        """Storage in bytes: codes packed (E2M1: two per byte), scales, tensor scale."""
+        bits = int(ml_dtypes.finfo(self.data.dtype).bits)
+        extra = 0 if self.tensor_scale is None else self.tensor_scale.size * 4
+        return int(
+            -(-self.data.size * bits // 8) + self.scale.size * self.scale.dtype.itemsize + extra
+        )
 
 
 # Static fields are not leaves of the pytree.
 jax.tree_util.register_dataclass(
-    QTensor, data_fields=["data", "scale"], meta_fields=["granularity", "axis", "tile"]
+    QTensor,
+    data_fields=["data", "scale", "tensor_scale"],
+    meta_fields=["granularity", "axis", "tile", "scheme"],
 )
+
+
+def is_quantized(op: Any) -> bool:
+    """True for a :class:`QTensor` (an operand of any scheme), False for a plain array."""
+    return isinstance(op, QTensor)
 
 
 def _norm_axis(axis: int, ndim: int) -> int:
@@ -331,12 +353,18 @@ def _exact_product(d: jnp.ndarray, scale: jnp.ndarray, fmt) -> jnp.ndarray:
 
 
 def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:
-    """data * scale, computed in float32, returned as ``dtype``.
+    """data * scale, computed in float32, returned as ``dtype`` (scheme "fp8").
+
+    Operands of any scheme: :func:`fp8jax.schemes.dequantize` (``fp8jax.dequantize``).
 
     The product is rounded once to float32.  When a scale is a float32
     subnormal (tiles of tiny values) the product is formed on the bit
     patterns, so flush-to-zero on CPU does not zero it.
     """
+    if q.scheme != "fp8":
+        raise ValueError(
+            f"quant.dequantize takes scheme 'fp8', got {q.scheme!r}: use fp8jax.dequantize"
+        )
     fmt = q.data.dtype
 
     def plain(data, scale):

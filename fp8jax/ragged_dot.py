@@ -33,7 +33,7 @@ from fp8jax import resolved, scaling
 from fp8jax.gemm import KINDS, dot_algorithm
 from fp8jax.grouped import grouped_dot_with_stats
 from fp8jax.groups import check_group_sizes, group_sizes_valid
-from fp8jax.quant import QTensor
+from fp8jax.quant import QTensor, is_quantized
 from fp8jax.recipes import Recipe
 from fp8jax.telemetry import operand_stats
 
@@ -53,10 +53,10 @@ def ragged_dot_with_stats(
     :func:`fp8jax.dot_general_with_stats`; unquantized operands report zero
     fractions.
     """
-    lhs = lhs if isinstance(lhs, QTensor) else jnp.asarray(lhs)
+    lhs = lhs if is_quantized(lhs) else jnp.asarray(lhs)
     rhs, group_sizes = jnp.asarray(rhs), jnp.asarray(group_sizes)
     _check(lhs, rhs, group_sizes)
-    if recipe.is_fp8 or isinstance(lhs, QTensor):
+    if recipe.is_fp8 or is_quantized(lhs):
         # A pre-quantized lhs (FP8 expert dispatch) only the grouped core takes.
         y, stats = grouped_dot_with_stats(
             lhs,

@@ -9,11 +9,12 @@ and the experiments:
   E5M2).  Those are exactly the values a saturating cast clips: anything
   below that bound rounds to +-max anyway (an online scale maps a tile's amax
   onto max only up to one float32 rounding, so the amax itself never counts).
-* **flushed**: the fraction of elements that are non-zero in x but whose code
-  is zero (underflow below half the smallest subnormal).
+* **flushed**: the fraction of elements that are finite and non-zero in x
+  but whose code is zero (underflow below half the smallest subnormal).
 
 Both are float32 scalars over all elements of the operand (NaN elements count
-as neither).
+as neither), for every format: each element's scale comes from its scheme
+(:func:`fp8jax.schemes.element_scale`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from fp8jax.formats import fmt_max
-from fp8jax.microscaling import BlockTensor, dequantize_blocks
-from fp8jax.quant import QTensor, expand_scale
+from fp8jax.quant import QTensor, is_quantized
 from fp8jax.scaling import exact_div, finite_amax
+from fp8jax.schemes import element_scale
 
 
 def clip_threshold(fmt) -> float:
@@ -38,38 +40,36 @@ def clip_threshold(fmt) -> float:
 
 
 def saturated_fraction(x: jax.Array, q: QTensor) -> jax.Array:
-    """Fraction of x clipped by the saturating cast of ``q`` (see module docstring)."""
-    xf = x.astype(jnp.float32)
-    s = expand_scale(q.scale, q.data.shape, q.granularity, q.axis, q.tile)
-    # The same correctly rounded quotient the quantizer casts.
-    y = exact_div(jnp.where(jnp.isfinite(xf), xf, 0.0), jnp.broadcast_to(s, xf.shape))
-    return jnp.mean((jnp.abs(y) > clip_threshold(q.data.dtype)).astype(jnp.float32))
+    """Fraction of x clipped by the saturating cast of ``q`` (see module docstring).
 
-
-def flushed_fraction(x: jax.Array, q: QTensor) -> jax.Array:
-    """Fraction of x that is non-zero but quantized to a zero code."""
-    xf = x.astype(jnp.float32)
-    zero_code = q.data.astype(jnp.float32) == 0
-    return jnp.mean(((xf != 0) & ~jnp.isnan(xf) & zero_code).astype(jnp.float32))
-
-
-def block_fractions(x: jax.Array, q: BlockTensor) -> dict[str, jax.Array]:
-    """Saturated and flushed fractions of a block-format operand (MXFP8 / NVFP4).
-
-    The definitions above with each element's own scale s = |decoded| / |code|:
-    saturated where the code is +-max and |x| > |decoded| * clip_threshold / max;
-    flushed where x is non-zero and the code is zero.
+    |x / s| with each element's own scale s (:func:`fp8jax.schemes.element_scale`),
+    the same correctly rounded quotient the FP8 quantizer casts; an element
+    without a positive float32 scale (a block format's all-zero or NaN block)
+    is not counted.
     """
-    xf = jnp.where(jnp.isfinite(x), x, 0.0).astype(jnp.float32)
-    codes = jnp.abs(q.data.astype(jnp.float32))
-    m = fmt_max(q.data.dtype)
-    dec = jnp.abs(dequantize_blocks(q))
-    sat = (codes == m) & (jnp.abs(xf) > dec * (clip_threshold(q.data.dtype) / m))
-    flushed = (xf != 0) & ~jnp.isnan(x.astype(jnp.float32)) & (codes == 0)
-    return {
-        "saturated": jnp.mean(sat.astype(jnp.float32)),
-        "flushed": jnp.mean(flushed.astype(jnp.float32)),
-    }
+    xf = x.astype(jnp.float32)
+    s = jnp.broadcast_to(element_scale(q), xf.shape)
+    y = exact_div(jnp.where(jnp.isfinite(xf), xf, 0.0), s)
+    # Positive scales only, read on the bit patterns (a subnormal one counts).
+    has_scale = lax.bitcast_convert_type(s, jnp.int32) > 0
+    clipped = (jnp.abs(y) > clip_threshold(q.data.dtype)) & has_scale
+    return jnp.mean(clipped.astype(jnp.float32))
+
+
+def flushed_fraction(x: jax.Array, y: jax.Array) -> jax.Array:
+    """Fraction of all elements of ``x`` that are finite and non-zero but zero in ``y``.
+
+    ``y``: the codes of x's quantization, or the values they represent (the
+    same zeros: scales are positive), or any cast of x.  The denominator is
+    every element (not only the non-zero ones), as for ``saturated``: the
+    two are shares of the same population, add up across a tensor's parts,
+    and a tensor's exact zeros (padding, masked rows) lower the share of its
+    inputs that lost their value, as they lower the damage done.  Computed
+    in float32: float64 inputs below float32's range count as zeros.
+    """
+    xf = jnp.asarray(x).astype(jnp.float32)
+    zero = jnp.asarray(y).astype(jnp.float32) == 0
+    return jnp.mean((jnp.isfinite(xf) & (xf != 0) & zero).astype(jnp.float32))
 
 
 def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
@@ -81,12 +81,10 @@ def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
     if x.size == 0:
         return {"amax": zero, "saturated": zero, "flushed": zero}
     amax = finite_amax(x)
-    if isinstance(op, BlockTensor):
-        return {"amax": amax, **block_fractions(x, op)}
-    if not isinstance(op, QTensor):
+    if not is_quantized(op):
         return {"amax": amax, "saturated": zero, "flushed": zero}
     return {
         "amax": amax,
         "saturated": saturated_fraction(x, op),
-        "flushed": flushed_fraction(x, op),
+        "flushed": flushed_fraction(x, op.data),
     }

@@ -228,18 +228,18 @@ def test_time_calls_round_robin_keeps_state():
 
 
 def test_kernel_bench_shapes_and_cpu_cases():
-    from fp8jax.bench import gemm, kernel
+    from fp8jax.bench import gemm_cases, kernel
 
-    small = gemm.kernel_shapes(small=True)
+    small = gemm_cases.kernel_shapes(small=True)
     assert any(s.k % 128 or s.n % 128 for s in small)  # an odd shape
-    full = gemm.kernel_shapes(small=False)
+    full = gemm_cases.kernel_shapes(small=False)
     assert {(s.k, s.n) for s in full} >= {(7168, 2112), (7168, 24576), (2048, 7168)}
-    (g,) = gemm.grouped_shapes(small=True)
+    (g,) = gemm_cases.grouped_shapes(small=True)
     assert g.m == g.experts * g.rows
-    assert {(s.k, s.n) for s in gemm.grouped_shapes(small=False)} == set(gemm.MOE_KN)
+    assert {(s.k, s.n) for s in gemm_cases.grouped_shapes(small=False)} == set(gemm_cases.MOE_KN)
 
     res = kernel.bench_dense(
-        gemm.parse_shape("32x256x128"),
+        gemm_cases.parse_shape("32x256x128"),
         impls=["bf16", "fp8_tensor_xla", "block_xla"],
         iters=1,
         interpret=False,
@@ -249,11 +249,11 @@ def test_kernel_bench_shapes_and_cpu_cases():
         assert r.seconds > 0 and r.tflops > 0 and r.ratio_to_bf16 > 0, r
     assert res[0].ratio_to_bf16 == pytest.approx(1.0)
     res = kernel.bench_dense(
-        gemm.INTERPRET_SHAPE, impls=["bf16", "pallas_nt"], iters=1, interpret=True
+        gemm_cases.INTERPRET_SHAPE, impls=["bf16", "pallas_nt"], iters=1, interpret=True
     )
     assert res[1].note.startswith("Pallas interpret mode") and res[1].ratio_to_bf16 is None
     with pytest.raises(ValueError, match="unknown implementations"):
-        kernel.bench_dense(gemm.INTERPRET_SHAPE, impls=["cuda"], iters=1, interpret=True)
+        kernel.bench_dense(gemm_cases.INTERPRET_SHAPE, impls=["cuda"], iters=1, interpret=True)
     if jax.default_backend() != "gpu":
         # No cuBLASLt on this backend: the per-tensor FP8 pattern stays an XLA dot.
         assert kernel.cublaslt_fp8_compiles(64, 128, 64) is False

@@ -1,3 +1,5 @@
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -5,6 +7,7 @@ import pytest
 
 import fp8jax
 from fp8jax import blockscaled as bs
+from fp8jax import gemm
 from fp8jax import microscaling as mx
 
 
@@ -14,20 +17,32 @@ def test_dispatch_decisions():
     assert not avail("gpu", "9.0")  # Hopper: no block-scaled tensor cores
     assert not avail("cpu", None) and not avail("tpu", None)
     assert not avail("gpu", None) and not avail("gpu", "unknown")
-    blackwell, hopper, cpu = ("gpu", "10.0"), ("gpu", "9.0"), ("cpu", None)
-    assert bs.choose_impl("auto", blackwell) == "scaled_matmul"
-    assert bs.choose_impl("auto", hopper) == "emulate"
-    assert bs.choose_impl("auto", cpu) == "emulate"
-    assert bs.choose_impl("emulate", blackwell) == "emulate"
-    assert bs.choose_impl("scaled_matmul", blackwell) == "scaled_matmul"
-    with pytest.raises(ValueError, match="cannot run block formats on cpu"):
-        bs.choose_impl("scaled_matmul", cpu)
-    with pytest.raises(ValueError, match="impl must be one of"):
-        bs.choose_impl("cublas", cpu)
-    # This machine has no GPU: auto emulates.
-    assert bs.choose_impl("auto") == (
-        "scaled_matmul" if bs.native_block_gemm_available(*bs._device_info()) else "emulate"
+    # This machine: the device's own answer.
+    dev = jax.devices()[0]
+    assert bs.device_native_block_gemm() == avail(
+        dev.platform, getattr(dev, "compute_capability", None)
     )
+
+
+def test_block_formats_in_the_gemm_table():
+    # One table decides: "auto" on a device without native block GEMMs and
+    # "xla" dequantize both operands to float32; other impls are refused.
+    a = mx.quantize_mxfp8(jnp.ones((1, 4, 64)), 2)
+    b = mx.quantize_mxfp8(jnp.ones((1, 64, 8)), 1)
+    r = fp8jax.recipes.mxfp8()
+    if not bs.device_native_block_gemm():
+        assert gemm.select_impl(r, a, b, "fprop") == "xla"
+    assert gemm.select_impl(dataclasses.replace(r, impl="xla"), a, b, "fprop") == "xla"
+    with pytest.raises(ValueError, match="not 'pallas'"):
+        gemm.select_impl(dataclasses.replace(r, impl="pallas"), a, b, "fprop")
+    fp8 = fp8jax.quantize(jnp.ones((1, 64, 8)), fp8jax.E4M3, "block")
+    with pytest.raises(ValueError, match="mixes schemes"):
+        gemm.select_impl(r, a, fp8, "fprop")
+    with pytest.raises(ValueError, match="FP8"):
+        gemm.select_impl(dataclasses.replace(r, accumulation=fp8jax.Accumulation()), a, b, "fprop")
+    if not bs.device_native_block_gemm():
+        with pytest.raises(ValueError, match="cannot run block formats"):
+            bs.scaled_matmul(a, a)
 
 
 def test_dispatch_without_scaled_matmul(monkeypatch):
@@ -56,7 +71,10 @@ def test_scaled_matmul_args_match_the_emulation(fmt, two_d_b):
     a_s = np.asarray(d, np.float64) * np.repeat(np.asarray(sd, np.float64), blk, -1)
     b_s = np.asarray(e, np.float64) * np.repeat(np.asarray(se, np.float64), blk, -1)
     native_def = np.einsum("bmk,bnk->bmn", a_s, b_s) * float(alpha)
-    emulated = np.asarray(bs.block_gemm(qa, qb, impl="emulate"), np.float64)
+    emulated = np.asarray(
+        gemm.dot(mx.dequantize_blocks(qa), mx.dequantize_blocks(qb), (((2,), (2,)), ((0,), (0,)))),
+        np.float64,
+    )
     np.testing.assert_allclose(
         emulated, native_def, rtol=1e-5, atol=1e-5 * np.abs(native_def).max()
     )
@@ -125,7 +143,10 @@ def test_native_path_wiring_through_dot_general(monkeypatch, name):
         calls.append(args[0].shape)
         return _documented_scaled_matmul(*args, **kw)
 
-    monkeypatch.setattr(bs, "_device_info", lambda: ("gpu", "10.0"))
+    # The table's GPU row on this backend, and a device that has the native GEMM.
+    scheme = "mx" if name == "mxfp8" else "nvfp4"
+    monkeypatch.setitem(gemm.AUTO, (scheme, jax.default_backend()), gemm.AUTO[scheme, "gpu"])
+    monkeypatch.setattr(bs, "device_native_block_gemm", lambda: True)
     monkeypatch.setattr(jax.nn, "scaled_matmul", fake)
     native = run()
     assert len(calls) == 3  # fprop, dgrad, wgrad
@@ -149,9 +170,6 @@ def test_spec_errors():
     with pytest.raises(ValueError, match=r"\(B, rows, K\)"):
         q = bs.quantize_block_operand(t, "mxfp8", "tile", 1)
         bs.scaled_matmul_args(q, q)
-    assert bs.block_impl("auto") == "auto" and bs.block_impl("xla") == "emulate"
-    with pytest.raises(ValueError, match="not 'pallas'"):
-        bs.block_impl("pallas")
 
 
 def test_block_telemetry_fractions():

@@ -251,10 +251,10 @@ def test_convert_user_errors(tmp_path, capsys):
 def test_convert_sigterm_exit_status(tmp_path, capsys, monkeypatch):
     src = tmp_path / "src"
     write_fp8_checkpoint(src)
-    from fp8jax.toolkit.convert import checkpoint
+    from fp8jax.toolkit.convert import fp8_bf16
 
     monkeypatch.setattr(
-        checkpoint.Progress, "update", lambda self, *a: os.kill(os.getpid(), signal.SIGTERM)
+        fp8_bf16.Progress, "update", lambda self, *a: os.kill(os.getpid(), signal.SIGTERM)
     )
     code, out, err = run(capsys, "convert", "fp8-to-bf16", str(src), str(tmp_path / "o"))
     assert code == 128 + signal.SIGTERM and out == ""

@@ -18,7 +18,7 @@ from data_files import random_tokens, write_tokens
 from fp8jax.data import loader
 from fp8jax.train.defaults import ConfigError, tiny_config, validate
 from fp8jax.train.loop import train
-from fp8jax.train.metrics import read_jsonl
+from fp8jax.train.run_log import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 

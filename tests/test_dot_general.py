@@ -275,3 +275,40 @@ def test_finite_inputs_never_nan(name, m, k, special, seed):
     y, (dx, dw, _) = _run(fp8jax.recipes.get(name), x, w, np.ones((1, m, 9), np.float32), True)
     for a in (y, dx, dw):
         assert not np.any(np.isnan(np.asarray(a)))
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "current_tensor"])
+def test_prequantized_weight_goes_in_with_its_codes(name):
+    # A weight quantized before the call (as an FP8 gather delivers it) gives
+    # the result of quantizing inside, bit for bit, and its gradient is the
+    # gradient of the values it represents (zero for its scales).
+    recipe = fp8jax.recipes.get(name)
+    x, w, g = (t[0] for t in _inputs())
+    dn = (((1,), (0,)), ((), ()))
+    qw = fp8jax.schemes.quantize(jnp.asarray(w), recipe.fprop.rhs, 0)
+
+    def run(w_in):
+        y, vjp = jax.vjp(lambda x, w: dot_general(x, w, dn, recipe=recipe), jnp.asarray(x), w_in)
+        return (y, *vjp(jnp.asarray(g)))
+
+    y, dx, dw = run(jnp.asarray(w))
+    yq, dxq, dwq = jax.jit(run)(qw)
+    y_eager, _, _ = run(qw)
+    np.testing.assert_array_equal(np.asarray(yq), np.asarray(y))
+    np.testing.assert_array_equal(np.asarray(y_eager), np.asarray(y))
+    np.testing.assert_array_equal(np.asarray(dxq), np.asarray(dx))
+    assert isinstance(dwq, fp8jax.QTensor)
+    np.testing.assert_array_equal(np.asarray(dwq.data), np.asarray(dw))
+    assert not np.any(np.asarray(dwq.scale))
+
+
+def test_prequantized_operand_must_match_its_spec():
+    recipe = fp8jax.recipes.deepseek_v3()
+    x, w, _ = (t[0] for t in _inputs())
+    # Tiles where the recipe wants 128x128 blocks: refused, not re-quantized.
+    qw = fp8jax.quantize(jnp.asarray(w), fp8jax.E4M3, "tile", axis=0)
+    with pytest.raises(ValueError, match="pre-quantized operand"):
+        dot_general(jnp.asarray(x), qw, (((1,), (0,)), ((), ())), recipe=recipe)
+    qwt = fp8jax.schemes.quantize(jnp.asarray(w.T), recipe.fprop.rhs, 1)
+    with pytest.raises(ValueError, match="order the GEMM reads it"):
+        dot_general(jnp.asarray(x), qwt, (((1,), (1,)), ((), ())), recipe=recipe)

@@ -25,7 +25,12 @@ def test_select_impl_dispatch_on_cpu():
     r = fp8jax.recipes.deepseek_v3()
     a = _q(np.ones((1, 4, 256)), "tile", 2)
     b = _q(np.ones((1, 256, 8)), "block")
-    assert gemm.auto_xla_impl("cpu") == "chunked" and gemm.auto_xla_impl("gpu") == "chunked"
+    # Off the kernels, "auto" is "chunked" for FP8 and "xla" for the block formats.
+    for backend in ("cpu", "tpu"):
+        assert gemm.auto_impl("fp8", backend, a, b) == "chunked"
+        assert gemm.auto_impl("mx", backend) == gemm.auto_impl("nvfp4", backend) == "xla"
+    with pytest.raises(ValueError, match="no implementation"):
+        gemm.auto_impl("fp8", "abacus")
     if jax.default_backend() == "cpu":
         assert gemm.select_impl(r, a, b, "fprop") == "chunked"
         assert gemm.select_impl(dataclasses.replace(r, impl="xla"), a, b, "fprop") == "xla"

@@ -288,3 +288,32 @@ def test_dgrad_blocks_stay_inside_each_expert():
         dx_e, _ = vjp_e(jnp.asarray(dy[r]))
         np.testing.assert_allclose(np.asarray(dx)[r], np.asarray(dx_e), rtol=1e-5, atol=1e-6)
         off += int(g)
+
+
+def test_prequantized_weights_go_in_with_their_codes():
+    # Expert weights quantized before the call (an FP8 gather) give the
+    # result of quantizing inside, bit for bit; their gradient is that of the
+    # values they represent.
+    recipe = fp8jax.recipes.deepseek_v3()
+    x, w, dy = _inputs()
+    qw = fp8jax.schemes.quantize(jnp.asarray(w), recipe.fprop.rhs, 1)
+
+    @jax.jit
+    def run(w_in):
+        f = lambda x, w: grouped_dot(x, w, jnp.asarray(GROUPS), recipe=recipe)  # noqa: E731
+        y, vjp = jax.vjp(f, jnp.asarray(x), w_in)
+        return (y, *vjp(jnp.asarray(dy)))
+
+    y, dx, dw = run(jnp.asarray(w))
+    yq, dxq, dwq = run(qw)
+    np.testing.assert_array_equal(np.asarray(yq), np.asarray(y))
+    np.testing.assert_array_equal(np.asarray(dxq), np.asarray(dx))
+    np.testing.assert_array_equal(np.asarray(dwq.data), np.asarray(dw))
+    assert not np.any(np.asarray(dwq.scale))
+    with pytest.raises(ValueError, match="pre-quantized operand"):
+        grouped_dot(
+            jnp.asarray(x),
+            fp8jax.quantize(jnp.asarray(w), fp8jax.E4M3, "tensor"),
+            jnp.asarray(GROUPS),
+            recipe=recipe,
+        )

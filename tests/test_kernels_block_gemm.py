@@ -8,8 +8,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from fp8jax.kernels import availability
 from fp8jax.kernels import block_gemm as bg
-from fp8jax.kernels import dispatch
 
 E4M3 = ml_dtypes.float8_e4m3fn
 E5M2 = ml_dtypes.float8_e5m2
@@ -196,7 +196,7 @@ def test_bad_out_dtype_raises():
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="CPU-only expectation")
 def test_kernel_not_available_on_cpu():
-    assert dispatch.kernel_available() is False
+    assert availability.kernel_available() is False
 
 
 def test_nt_layout_matches_kn():
@@ -221,7 +221,7 @@ def tensor_core_tolerance(mag, ref, out_dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not dispatch.kernel_available(), reason="needs a Hopper+ NVIDIA GPU")
+@pytest.mark.skipif(not availability.kernel_available(), reason="needs a Hopper+ NVIDIA GPU")
 @pytest.mark.parametrize("m,k,n", [(256, 512, 384), (300, 7168 // 8, 257), (4096, 1024, 512)])
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 def test_gpu_kernel_matches_float64(m, k, n, layout):

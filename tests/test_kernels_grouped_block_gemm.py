@@ -16,7 +16,7 @@ from test_kernels_block_gemm import (
     tensor_core_tolerance,
 )
 
-from fp8jax.kernels import dispatch
+from fp8jax.kernels import availability
 from fp8jax.kernels import grouped_block_gemm as gg
 
 
@@ -143,7 +143,7 @@ def test_grouped_bad_inputs_raise():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not dispatch.kernel_available(), reason="needs a Hopper+ NVIDIA GPU")
+@pytest.mark.skipif(not availability.kernel_available(), reason="needs a Hopper+ NVIDIA GPU")
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 def test_gpu_grouped_kernel_matches_float64(layout):
     a, sa, b, sb, gs = make_grouped(7, 1000, 512, 384, [300, 0, 129, 500, 1])

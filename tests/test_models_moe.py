@@ -9,7 +9,7 @@ from flax import nnx
 from fp8jax import recipes
 from fp8jax.models import ModelConfig, MoETransformer
 from fp8jax.models.moe import SwiGLU, smooth_swiglu_scales
-from fp8jax.nn.telemetry import capture
+from fp8jax.nn.recording import capture
 
 CFG = ModelConfig.tiny(max_seq_len=16, d_model=32, d_ff=64, d_expert=32, n_routed_experts=4)
 

@@ -13,7 +13,7 @@ from flax import nnx
 from fp8jax import recipes
 from fp8jax.nn import Dense
 from fp8jax.nn.grad_noise import GradNoise, init_grad_noise, probe
-from fp8jax.nn.telemetry import capture
+from fp8jax.nn.recording import capture
 
 
 def _want(dy):

@@ -12,7 +12,7 @@ from flax import nnx
 import fp8jax
 from fp8jax.nn import Dense, Einsum, FP8State
 from fp8jax.nn.einsum import parse_einsum
-from fp8jax.nn.telemetry import capture
+from fp8jax.nn.recording import capture
 
 
 def _x(shape, seed=0):

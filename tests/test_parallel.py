@@ -364,7 +364,7 @@ def test_fp8_all_gather_equals_quantize_then_gather():
             )
         )
         q = gather(w)
-        ref = fsdp.quantize_blocks(jnp.asarray(w), spec)
+        ref = fp8jax.schemes.quantize(jnp.asarray(w), spec, -1)
         assert q.data.dtype == fp8jax.E4M3
         np.testing.assert_array_equal(
             np.asarray(q.data).view(np.uint8), np.asarray(ref.data).view(np.uint8)
@@ -395,7 +395,9 @@ def test_gather_weight_gradient_is_reduce_scattered():
         check_vma=False,
     )
     dw = np.asarray(jax.jit(jax.grad(lambda w: jnp.sum(fn(w, x))))(w))
-    wq = np.asarray(fp8jax.dequantize(fsdp.quantize_blocks(jnp.asarray(w), spec)), np.float64)
+    wq = np.asarray(
+        fp8jax.dequantize(fp8jax.schemes.quantize(jnp.asarray(w), spec, -1)), np.float64
+    )
     # d/dw of sum ||x wq||^2 + sum(wq c) with the straight-through wq.
     ref = 2 * x.astype(np.float64).T @ (x.astype(np.float64) @ wq) + c
     np.testing.assert_allclose(dw, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
@@ -526,7 +528,7 @@ _CKPT_STAGE = """
 import json, sys
 from fp8jax.train.defaults import tiny_config
 from fp8jax.train.loop import train
-from fp8jax.train.metrics import read_jsonl
+from fp8jax.train.run_log import read_jsonl
 workdir, sizes, stop = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3])
 c = tiny_config()
 c.steps, c.log_every, c.eval_every, c.tensorboard = 20, 1, 0, False

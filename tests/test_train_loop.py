@@ -17,7 +17,7 @@ import pytest
 from fp8jax.train.checkpoint import Checkpointer, all_finite
 from fp8jax.train.defaults import ConfigError, tiny_config
 from fp8jax.train.loop import TrainingDiverged, setup, train
-from fp8jax.train.metrics import read_jsonl
+from fp8jax.train.run_log import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from flax import nnx
 import fp8jax
 from fp8jax import scaling
 from fp8jax.nn.dense import Dense
-from fp8jax.nn.telemetry import capture
+from fp8jax.nn.recording import capture
 from fp8jax.nn.variables import RouterBias
 from fp8jax.train import step as step_lib
 from fp8jax.train.optimizer import make_optimizer

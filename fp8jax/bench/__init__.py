@@ -4,7 +4,7 @@
   over the functions compared), XLA's static memory;
 * :mod:`fp8jax.bench.hlo`      which GEMM kernel ran and with which dot algorithm,
   from the compiled HLO text;
-* :mod:`fp8jax.bench.gemm`     the shape lists, variants (recipe x impl), the jitted
+* :mod:`fp8jax.bench.gemm_cases`     the shape lists, variants (recipe x impl), the jitted
   ``dot_general`` cases and the hand-written canonical per-tensor FP8 reference;
 * :mod:`fp8jax.bench.sweep`    the GEMM sweep and its JSON / CSV / PNG outputs
   (:mod:`fp8jax.bench.plots`);
@@ -16,7 +16,7 @@ Entry points: ``experiments/bench_sweep.py``, ``bench_model.py``, ``bench_gemm.p
 ``bench_core.py``.
 """
 
-from fp8jax.bench.gemm import (
+from fp8jax.bench.gemm_cases import (
     Shape,
     Variant,
     backend_variants,

@@ -11,7 +11,7 @@ Implementations:
 * ``bf16``: ``jnp.dot`` of bfloat16 operands, FP32 accumulation
   (``preferred_element_type=float32``), bfloat16 output.
 * ``fp8_tensor_xla``: per-tensor scaled FP8 in the canonical pattern
-  :func:`fp8jax.bench.gemm.dequantized_dot`, which XLA's GPU GEMM rewriter
+  :func:`fp8jax.bench.gemm_cases.dequantized_dot`, which XLA's GPU GEMM rewriter
   turns into a cuBLASLt FP8 GEMM (read from the compiled HLO by
   :mod:`fp8jax.bench.hlo`).
 * ``block_xla``: the block-scaled math through XLA (the jnp reference of the
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax import kernels
-from fp8jax.bench.gemm import GroupedShape, Shape, dequantized_dot
+from fp8jax.bench.gemm_cases import GroupedShape, Shape, dequantized_dot
 from fp8jax.bench.hlo import summarize_hlo
 from fp8jax.bench.timing import time_calls
 from fp8jax.kernels.block_gemm import CHUNK, cdiv

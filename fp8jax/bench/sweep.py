@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax import recipes as recipes_lib
-from fp8jax.bench import gemm as gemm_lib
+from fp8jax.bench import gemm_cases as gemm_lib
 from fp8jax.bench.hlo import hlo_report
 from fp8jax.bench.moe_step import bench_train_steps
 from fp8jax.bench.plots import plot_results

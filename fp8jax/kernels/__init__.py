@@ -4,6 +4,7 @@ See docs/kernels.md.  The Pallas kernels use the Triton lowering on Hopper+
 NVIDIA GPUs and Pallas interpret mode elsewhere (tests).
 """
 
+from fp8jax.kernels.availability import kernel_available
 from fp8jax.kernels.block_gemm import (
     block_scaled_matmul,
     block_scaled_matmul_nt,
@@ -11,7 +12,6 @@ from fp8jax.kernels.block_gemm import (
     block_scaled_matmul_tn,
     block_scaled_matmul_tn_reference,
 )
-from fp8jax.kernels.dispatch import kernel_available
 from fp8jax.kernels.grouped_block_gemm import (
     grouped_block_scaled_matmul,
     grouped_block_scaled_matmul_aligned,

@@ -15,21 +15,20 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from fp8jax.blockscaled import is_block_format
 from fp8jax.models.config import ModelConfig
 from fp8jax.models.router import Router, expert_load, route, seq_balance_loss
 from fp8jax.monitors import channel_amax, swiglu_monitors
 from fp8jax.nn import Dense
 from fp8jax.nn.dense import fan_in_init
 from fp8jax.nn.grad_noise import init_grad_noise, probe, sow_ratio
-from fp8jax.nn.telemetry import record
+from fp8jax.nn.recording import record
 from fp8jax.nn.variables import FP8State
 from fp8jax.parallel.experts import expert_parallel_size, routed_experts
-from fp8jax.quant import dequantize, quantize
 from fp8jax.ragged_dot import ragged_dot_with_stats
 from fp8jax.recipes import Recipe, for_site, needs_state
 from fp8jax.rounding import floor_log2, pow2_int
 from fp8jax.scaling import init_delayed_gemm_state
+from fp8jax.schemes import dequantize, quantize, requantizes_codes
 
 
 def inject_massive(h: jax.Array, first: jax.Array, scale: float, count: int) -> jax.Array:
@@ -74,7 +73,7 @@ def swiglu(h: jax.Array, dtype, recipe: Recipe | None = None) -> jax.Array:
     if (
         spec is None
         or not (spec.quantized and spec.granularity == "tile")
-        or is_block_format(spec.fmt)
+        or not requantizes_codes(spec.fmt)
     ):
         return _swiglu_f32(h).astype(dtype)
     return _swiglu_cached(h, jnp.dtype(dtype).name, spec)
@@ -86,8 +85,9 @@ def _swiglu_cached(h, dtype, spec):
 
 
 def _swiglu_cached_fwd(h, dtype, spec):
-    # Tiles along F within each of gate / up (the last axis).
-    q = quantize(h, spec.fmt, "tile", axis=-1, tile=spec.tile, amax_floor=spec.amax_floor)
+    # Tiles along F within each of gate / up (the last axis), scaled as the
+    # spec says (power-of-two scales included).
+    q = quantize(h, spec, -1)
     # An empty array carries h's dtype to the backward pass.
     return _swiglu_f32(h).astype(dtype), (q, jnp.zeros((0,), h.dtype))
 

@@ -19,7 +19,7 @@ from fp8jax.models.attention import RMSNorm, make_attention
 from fp8jax.models.config import ModelConfig
 from fp8jax.models.moe import MoE, SwiGLU, first_token_rows, inject_massive
 from fp8jax.nn.dense import fan_in_init
-from fp8jax.nn.telemetry import capture
+from fp8jax.nn.recording import capture
 from fp8jax.nn.variables import RouterBias
 from fp8jax.recipes import Recipe, for_layer
 

@@ -21,7 +21,7 @@ from flax import nnx
 
 from fp8jax.dot_general import dot_general_with_stats
 from fp8jax.nn.grad_noise import init_grad_noise, probe, sow_ratio
-from fp8jax.nn.telemetry import record
+from fp8jax.nn.recording import record
 from fp8jax.nn.variables import FP8State
 from fp8jax.recipes import Recipe, needs_state
 from fp8jax.scaling import init_delayed_gemm_state

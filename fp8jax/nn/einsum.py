@@ -19,7 +19,7 @@ from flax import nnx
 
 from fp8jax.dot_general import dot_general_with_stats
 from fp8jax.nn.dense import fan_in_init
-from fp8jax.nn.telemetry import record
+from fp8jax.nn.recording import record
 from fp8jax.nn.variables import FP8State
 from fp8jax.recipes import Recipe, needs_state
 from fp8jax.scaling import init_delayed_gemm_state

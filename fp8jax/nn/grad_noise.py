@@ -3,8 +3,8 @@
 A GEMM with a block-format gradient (MXFP8 / NVFP4 ``dgrad.lhs``) quantizes
 its output gradient dy in the backward pass, where nothing can be sown.
 :func:`probe` is the identity on the GEMM's output; its backward pass
-quantizes dy as the recipe's Dgrad does (:func:`fp8jax.blockscaled.
-quantize_spec_operand`, along dy's last axis) and returns
+quantizes dy as the recipe's Dgrad does (:func:`fp8jax.schemes.quantize`,
+along dy's last axis) and returns
 (||dy||, ||Q(dy) - dy||) as the cotangent of a :class:`GradNoise` variable.
 That variable belongs to the FP8 state, which a training step replaces by
 its gradient (microbatches merged by elementwise max: the largest norms), so
@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from fp8jax import blockscaled, microscaling, monitors
-from fp8jax.nn.telemetry import record
+from fp8jax import blockscaled, monitors, schemes
+from fp8jax.nn.recording import record
 from fp8jax.nn.variables import FP8State
 from fp8jax.recipes import QuantSpec, Recipe
 
@@ -72,8 +72,8 @@ def _probe_fwd(y, pair, spec, seed):
 def _probe_bwd(spec, seed, _, dy):
     # dy as the Dgrad GEMM quantizes it: rows of its last (contraction) axis.
     g = dy.reshape(-1, dy.shape[-1]) if dy.ndim != 2 else dy
-    q = blockscaled.quantize_spec_operand(g.astype(jnp.float32), spec, -1, seed)
-    deq = microscaling.dequantize_blocks(q)[..., : g.shape[-1]]
+    q = schemes.quantize(g.astype(jnp.float32), spec, -1, seed=seed)
+    deq = schemes.dequantize(q)[..., : g.shape[-1]]
     return dy, monitors.signal_and_noise(g, deq)
 
 

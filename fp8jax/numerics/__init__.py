@@ -25,7 +25,6 @@ from fp8jax.numerics.demos import (
     summation_order,
 )
 from fp8jax.numerics.metrics import (
-    flushed_fraction,
     max_relative_error,
     relative_error,
     saturated_fraction,
@@ -33,6 +32,7 @@ from fp8jax.numerics.metrics import (
     ulp_distance,
 )
 from fp8jax.numerics.summation import kahan_sum, naive_sum, neumaier_sum, pairwise_sum
+from fp8jax.telemetry import flushed_fraction
 
 __all__ = [
     "Demo",

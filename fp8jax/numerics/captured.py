@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fp8jax.quant import QTensor, dequantize
+from fp8jax.quant import is_quantized
+from fp8jax.schemes import dequantize
 
 __all__ = ["GemmSite", "tap_gemms", "trained_run_operands"]
 
@@ -114,7 +115,7 @@ def tap_gemms() -> Iterator[dict[str, GemmSite]]:
             site = GemmSite(f"{kind}{counts[kind]}", kind)
             counts[kind] += 1
             sites[site.name] = site
-            xv = dequantize(x) if isinstance(x, QTensor) else x
+            xv = dequantize(x) if is_quantized(x) else x
             if kind == "expert":  # w: (experts, K, N); dims_or_groups: rows per expert
                 k, n = w.shape[-2], w.shape[-1]
                 jax.debug.callback(partial(_set_groups, site), dims_or_groups)

@@ -1,4 +1,4 @@
-"""Error metrics: relative error, ULP distance, SQNR, saturation and underflow.
+"""Error metrics: relative error, ULP distance, SQNR, saturation (underflow: fp8jax.telemetry).
 
 These are measuring instruments, so they compute on the host in float64
 (numpy), whatever the dtype of their inputs (JAX arrays are accepted): an
@@ -107,12 +107,3 @@ def saturated_fraction(x, deq, data, fmt) -> float:
     at_max = np.abs(_f64(data)) == mx
     clipped = at_max & (np.abs(x) > np.abs(deq) * (half_ulp_above_max(fmt) / mx))
     return float(clipped.sum()) / max(x.size, 1)
-
-
-def flushed_fraction(x, deq) -> float:
-    """Fraction of the non-zero elements that quantized to zero (underflow)."""
-    x, deq = _f64(x), _f64(deq)
-    nz = x != 0
-    if not nz.any():
-        return 0.0
-    return float(np.sum(nz & (deq == 0))) / float(np.sum(nz))

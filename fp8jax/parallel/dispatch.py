@@ -42,6 +42,7 @@ ignored (scales are a function of the tokens, not free inputs).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import partial
 from typing import NamedTuple
@@ -50,8 +51,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp8jax.formats import as_format
-from fp8jax.quant import QTensor, dequantize, quantize
+from fp8jax import schemes
+from fp8jax.quant import QTensor, dequantize
 from fp8jax.recipes import QuantSpec, Recipe
 
 
@@ -175,15 +176,7 @@ def _send_rows(rows: jax.Array, route: Route) -> jax.Array:
 def _quantize_rows(x: jax.Array, spec: QuantSpec) -> QTensor:
     # Exactly as the expert up-projection would quantize its input (the
     # recipe's 1x128 tile spec), so the received rows are its operand as is.
-    return quantize(
-        x,
-        as_format(spec.fmt),
-        "tile",
-        axis=1,
-        tile=spec.tile,
-        pow2=spec.pow2,
-        amax_floor=spec.amax_floor,
-    )
+    return schemes.quantize(x, spec, 1)
 
 
 def _exchange_q(q: QTensor, axis_name: str, n_shards: int, pow2: bool) -> QTensor:
@@ -193,7 +186,7 @@ def _exchange_q(q: QTensor, axis_name: str, n_shards: int, pow2: bool) -> QTenso
         scale = unpack_pow2(_exchange(pack_pow2(q.scale), axis_name, n_shards))
     else:
         scale = _exchange(q.scale, axis_name, n_shards)
-    return QTensor(data, scale, q.granularity, q.axis, q.tile)
+    return dataclasses.replace(q, data=data, scale=scale)
 
 
 def _inverse(perm: jax.Array) -> jax.Array:
@@ -214,11 +207,11 @@ def _dispatch_fp8_fwd(x, route, axis_name, n_shards, spec, grad_spec):
     q = _quantize_rows(x, spec)
     # Rows are quantized per token, so a token's copies share one set of
     # codes; the buffer is filled with FP8 codes, never with x itself.
-    send = QTensor(_send_rows(q.data, route), _send_rows(q.scale, route), "tile", 1, q.tile)
+    send = dataclasses.replace(q, data=_send_rows(q.data, route), scale=_send_rows(q.scale, route))
     with jax.named_scope("dispatch"):
         recv = _exchange_q(send, axis_name, n_shards, spec.pow2)
     order = route.recv_order
-    out = QTensor(recv.data[order], recv.scale[order], "tile", 1, q.tile)
+    out = dataclasses.replace(recv, data=recv.data[order], scale=recv.scale[order])
     # An empty (T, 0) array carries x's row count and dtype to the backward pass.
     return out, (route, jnp.zeros((x.shape[0], 0), x.dtype))
 
@@ -256,6 +249,7 @@ def fp8_dispatch_spec(recipe: Recipe) -> tuple[QuantSpec, QuantSpec] | None:
     ok = (
         fx.quantized
         and dy.quantized
+        and schemes.scheme_of(fx.fmt) == schemes.scheme_of(dy.fmt) == "fp8"
         and fx.granularity == "tile"
         and fx.scaling == "current"
         and dy.scaling == "current"

@@ -26,6 +26,7 @@ sharding rules split a Dense kernel on its first axis for this).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from functools import partial
@@ -38,11 +39,11 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from fp8jax.formats import as_format
+from fp8jax import schemes
 from fp8jax.nn.dense import Dense
 from fp8jax.parallel.dispatch import from_wire, to_wire
 from fp8jax.parallel.rules import is_routed_expert_keys, param_spec
-from fp8jax.quant import QTensor, dequantize, quantize
+from fp8jax.quant import QTensor
 from fp8jax.recipes import QuantSpec, Recipe
 
 
@@ -55,35 +56,24 @@ def _check_aligned(shape: tuple[int, ...], axis: int, tile: int) -> None:
         )
 
 
-def quantize_blocks(w: jax.Array, spec: QuantSpec) -> QTensor:
-    """``w`` in ``spec.tile`` x ``spec.tile`` blocks over its last two axes, per ``spec``."""
-    return quantize(
-        w,
-        as_format(spec.fmt),
-        "block",
-        axis=w.ndim - 1,
-        tile=spec.tile,
-        pow2=spec.pow2,
-        amax_floor=spec.amax_floor,
-    )
-
-
 def all_gather_fp8(w_shard: jax.Array, spec: QuantSpec, axis_name: str, axis: int) -> QTensor:
     """Quantize this device's shard in blocks, then all-gather codes and scales along ``axis``.
 
-    Equals ``quantize_blocks(all_gather(w))`` bit for bit (see the module docstring).
+    Equals ``fp8jax.schemes.quantize(all_gather(w), spec, -1)`` bit for bit
+    (see the module docstring).
     """
     if w_shard.ndim < 2:
         raise ValueError(f"block quantization needs at least 2 axes, got shape {w_shard.shape}")
     axis = axis % w_shard.ndim
     _check_aligned(w_shard.shape, axis, spec.tile)
-    q = quantize_blocks(w_shard, spec)
+    # The blocks lie over the last two axes whatever the contraction axis.
+    q = schemes.quantize(w_shard, spec, w_shard.ndim - 1)
     # The codes travel as bytes (see fp8jax.parallel.dispatch.to_wire).
     data = from_wire(lax.all_gather(to_wire(q.data), axis_name, axis=axis, tiled=True), q.dtype)
     # The scale array has one entry per block: its axis lines up with the
     # data's axis, shard by shard.
     scale = lax.all_gather(q.scale, axis_name, axis=axis, tiled=True)
-    return QTensor(data, scale, q.granularity, q.axis, q.tile)
+    return dataclasses.replace(q, data=data, scale=scale)
 
 
 def _gathered_shape(shape: tuple[int, ...], axis: int, n: int) -> tuple[int, ...]:
@@ -101,7 +91,7 @@ def _gather_fp8_fwd(w_shard, spec, axis_name, axis, view, view_axis, reduce_dtyp
     # The GEMM quantizes this weight again in the same 128x128 blocks: from
     # these values it recovers the same E4M3 codes, and each block's scale up
     # to one float32 ulp (dequantizing rounds codes x scale once in float32).
-    w = dequantize(q, jnp.float32).reshape(_gathered_shape(w_shard.shape, axis, n))
+    w = schemes.dequantize(q, jnp.float32).reshape(_gathered_shape(w_shard.shape, axis, n))
     # An empty array carries the shard's dtype to the backward pass.
     return w.astype(w_shard.dtype), jnp.zeros((0,), w_shard.dtype)
 
@@ -176,8 +166,17 @@ def gather_weight(
 
 
 def is_block_fp8(spec: QuantSpec) -> bool:
-    """The weight spec quantizes online in blocks (what an FP8 gather reproduces)."""
-    return spec.quantized and spec.scaling == "current" and spec.granularity == "block"
+    """The weight spec quantizes FP8 online in blocks (what an FP8 gather reproduces).
+
+    Not the block formats: NVFP4's tensor scale spans the whole weight, which
+    no shard sees.
+    """
+    return (
+        spec.quantized
+        and schemes.scheme_of(spec.fmt) == "fp8"
+        and spec.scaling == "current"
+        and spec.granularity == "block"
+    )
 
 
 # --------------------------------------------------------------------------

@@ -103,14 +103,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def process_batch_size(global_batch: int, mesh: Mesh) -> int:
-    """Rows of the global batch this process feeds (the batch must divide by the device count)."""
-    n = mesh.size
-    if global_batch % n:
-        raise ValueError(f"global batch {global_batch} must be a multiple of the {n} devices")
-    return global_batch // jax.process_count()
-
-
 def global_batch(local_rows: np.ndarray, mesh: Mesh) -> jax.Array:
     """The global batch array from this process's rows (``jax.make_array_from_process_local_data``).
 

@@ -23,6 +23,7 @@ flushed to zero.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import asdict, dataclass
@@ -34,7 +35,9 @@ import ml_dtypes
 import numpy as np
 
 from fp8jax.formats import BLOCK_FORMATS
-from fp8jax.numerics.metrics import flushed_fraction, relative_error, saturated_fraction, sqnr_db
+from fp8jax.numerics.metrics import relative_error, saturated_fraction, sqnr_db
+from fp8jax.recipes import QuantSpec
+from fp8jax.telemetry import flushed_fraction
 from fp8jax.toolkit.convert.blockwise import (
     all_finite,
     check_scale,
@@ -133,19 +136,16 @@ def check_axis(axis: int, ndim: int) -> int:
 
 # All layouts in one jitted function: one XLA compilation instead of one per
 # layout (or one per op in eager mode), which is what dominates on CPU.
-# A layout is (fmt, granularity, tile, pow2, amax_floor); granularity "fresh"
-# is a fresh delayed state: per-tensor with scale 1.
+# A layout is (QuantSpec, fresh): fresh quantizes a delayed spec with a
+# fresh state's scale, 1.
 @functools.partial(jax.jit, static_argnames=("layouts", "axis"))
 def _qdq_all(x, layouts, axis):
     import fp8jax
-    from fp8jax.quant import quantize_with_scale
 
     out = []
-    for fmt, gran, tile, pow2, floor in layouts:
-        if gran == "fresh":
-            q = quantize_with_scale(x, jnp.ones((), jnp.float32), fmt, "tensor")
-        else:
-            q = fp8jax.quantize(x, fmt, gran, axis=axis, tile=tile, pow2=pow2, amax_floor=floor)
+    for spec, fresh in layouts:
+        scale = jnp.ones((), jnp.float32) if fresh else None
+        q = fp8jax.schemes.quantize(x, spec, axis, scale=scale)
         out.append((q.data, fp8jax.dequantize(q, jnp.float32)))
     return out
 
@@ -156,7 +156,7 @@ class _Request:
     label: str
     fmt: str
     gran_label: str
-    layout: tuple | None  # None: a plain cast to ``fmt`` (bf16/fp32 recipes)
+    layout: tuple | None  # (QuantSpec, fresh); None: a plain cast to ``fmt`` (bf16/fp32)
 
 
 def _evaluate(x64: np.ndarray, axis: int, reqs: list[_Request]) -> list[ErrorRow]:
@@ -189,7 +189,7 @@ def _fp8_row(
         relative_error(deq, x64),
         sqnr_db(deq, x64),
         saturated_fraction(x64, deq, np.asarray(data), fmt),
-        flushed_fraction(x64, deq),
+        float(flushed_fraction(x64, deq)),
     )
 
 
@@ -206,7 +206,7 @@ def _cast_row(section: str, label: str, x64: np.ndarray, dtype: str) -> ErrorRow
         relative_error(y64, x64),
         sqnr_db(y64, x64),
         sat,
-        flushed_fraction(x64, y64),
+        float(flushed_fraction(x64, y64)),
     )
 
 
@@ -255,12 +255,12 @@ def _operand_requests(ndim: int) -> list[_Request]:
             if spec.scaling == "delayed":
                 # A fresh state quantizes with scale 1 (values past max clip); in
                 # steady state the history amax is this tensor's amax.
-                lay = (spec.fmt, "fresh", spec.tile, False, 0.0)
+                lay = (spec, True)
                 reqs.append(_Request("operands", label + " (fresh state)", spec.fmt, glabel, lay))
-                lay = (spec.fmt, "tensor", spec.tile, spec.pow2, spec.amax_floor)
+                lay = (dataclasses.replace(spec, scaling="current"), False)
                 reqs.append(_Request("operands", label + " (steady state)", spec.fmt, glabel, lay))
             else:
-                lay = (spec.fmt, spec.granularity, spec.tile, spec.pow2, spec.amax_floor)
+                lay = (spec, False)
                 reqs.append(_Request("operands", label, spec.fmt, glabel, lay))
     return reqs
 
@@ -272,18 +272,14 @@ def _grid_requests(ndim: int, tile: int = 128) -> list[_Request]:
             if gran == "block" and ndim < 2:
                 continue
             label = {"tile": f"tile 1x{tile}", "block": f"block {tile}x{tile}"}.get(gran, gran)
-            reqs.append(_Request("grid", label, fmt, label, (fmt, gran, tile, False, 0.0)))
+            lay = (QuantSpec(fmt, gran, tile), False)
+            reqs.append(_Request("grid", label, fmt, label, lay))
     return reqs
 
 
 def operand_rows(x64: np.ndarray, axis: int = -1) -> list[ErrorRow]:
     """Section 1: each preset recipe's activation / weight / gradient quantization of the tensor."""
     return _evaluate(x64, axis, _operand_requests(x64.ndim))
-
-
-def grid_rows(x64: np.ndarray, axis: int = -1, tile: int = 128) -> list[ErrorRow]:
-    """Section 2: every granularity x {E4M3, E5M2} with online scaling."""
-    return _evaluate(x64, axis, _grid_requests(x64.ndim, tile))
 
 
 _DIMS = (((1,), (1,)), ((), ()))  # y = x w^T: contract x's axis 1 with w's axis 1

@@ -58,7 +58,7 @@ import numpy as np
 from fp8jax.train import provenance
 from fp8jax.train.defaults import ConfigError, check_workdir, model_config, seq_len, validate
 from fp8jax.train.loop import TrainingDiverged, load_data, summarize, train, train_loss_key
-from fp8jax.train.metrics import as_float, read_jsonl, to_jsonable
+from fp8jax.train.run_log import as_float, read_jsonl, to_jsonable
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only backend)

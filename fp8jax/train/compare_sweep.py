@@ -23,7 +23,7 @@ from fp8jax.train.compare import (
     interval_text,
     stats_from_json,
 )
-from fp8jax.train.metrics import as_float
+from fp8jax.train.run_log import as_float
 
 __all__ = ["plot_sweep", "sweep_markdown", "sweep_rows"]
 

@@ -62,8 +62,7 @@ from fp8jax.parallel.mesh import (
 from fp8jax.parallel.training import in_mesh, setup_training
 from fp8jax.recipes import Recipe
 from fp8jax.train import checkpoint as ckpt_lib
-from fp8jax.train import metrics as metrics_lib
-from fp8jax.train import provenance
+from fp8jax.train import provenance, run_log
 from fp8jax.train.defaults import (
     RESUMABLE_FIELDS,
     ConfigError,
@@ -125,7 +124,7 @@ def summarize(rows: list[dict], final_window: int) -> dict:
     ``tokens_per_s``: mean throughput from the first step after compilation
     to the last logged one, evaluations excluded.
     """
-    f = metrics_lib.as_float
+    f = run_log.as_float
     train_rows = [r for r in rows if "loss" in r]
     val_rows = [r for r in rows if "val_loss" in r]
     last = train_rows[-final_window:]
@@ -169,7 +168,7 @@ def summary_line(summary: dict) -> str:
     head = {k: summary[k] for k in keys}
     if "wall_s" in summary:
         head["wall_s"] = summary["wall_s"]
-    return json.dumps(metrics_lib.to_jsonable(head))
+    return json.dumps(run_log.to_jsonable(head))
 
 
 # --- resume checks -----------------------------------------------------------
@@ -210,7 +209,7 @@ def check_resumable(workdir: Path, config: ml_collections.ConfigDict) -> dict[st
         raise ConfigError(
             f"{path} is unreadable ({type(e).__name__}); use a new --workdir"
         ) from None
-    new = json.loads(json.dumps(metrics_lib.to_jsonable(config)))
+    new = json.loads(json.dumps(run_log.to_jsonable(config)))
     changes = config_changes(old, new)
     fixed = {k: v for k, v in changes.items() if not is_resumable(k)}
     if fixed:
@@ -305,7 +304,7 @@ _NOT_IN_STEP = (
 
 
 def _compile_key(config, recipe, mcfg) -> str:
-    cfg = {k: v for k, v in metrics_lib.to_jsonable(config).items() if k not in _NOT_IN_STEP}
+    cfg = {k: v for k, v in run_log.to_jsonable(config).items() if k not in _NOT_IN_STEP}
     blob = {"config": cfg, "recipe": repr(recipe), "model": repr(mcfg)}
     return json.dumps(blob, sort_keys=True, default=str)
 
@@ -487,7 +486,7 @@ def _diverged(
 def run_loop(
     run: Run,
     ckpt: ckpt_lib.Checkpointer,
-    writer: metrics_lib.MetricsWriter,
+    writer: run_log.MetricsWriter,
     start: int,
     end: int,
 ) -> TrainState:
@@ -596,7 +595,7 @@ def _train_locked(run, config, say, stop_at, stream) -> dict:
         if restored is not None:
             run.state = restored
         if start >= total:
-            rows = metrics_lib.read_jsonl(run.workdir / "metrics.jsonl")
+            rows = run_log.read_jsonl(run.workdir / "metrics.jsonl")
             summary = summarize(rows, final_window)
             summary.update(recipe=run.recipe.name, seed=int(config.seed), already_complete=True)
             say(f"already complete: {summary_line(summary)}")
@@ -605,8 +604,8 @@ def _train_locked(run, config, say, stop_at, stream) -> dict:
             changed = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in run.changes.items())
             say(f"resuming from step {start}" + (f" (changed: {changed})" if changed else ""))
         if start == 0 or run.changes:
-            metrics_lib.write_config(run.workdir, config, _run_facts(run))
-        writer = metrics_lib.MetricsWriter(
+            run_log.write_config(run.workdir, config, _run_facts(run))
+        writer = run_log.MetricsWriter(
             run.workdir,
             total_steps=total,
             # Predicted tokens per step (each row of seq_len tokens gives seq_len - 1).
@@ -623,7 +622,7 @@ def _train_locked(run, config, say, stop_at, stream) -> dict:
             writer.close()
     finally:
         ckpt.close()
-    rows = metrics_lib.read_jsonl(run.workdir / "metrics.jsonl")
+    rows = run_log.read_jsonl(run.workdir / "metrics.jsonl")
     summary = summarize(rows, final_window)
     summary.update(
         wall_s=time.perf_counter() - t_start,

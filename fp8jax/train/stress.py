@@ -27,7 +27,7 @@ import operator
 from collections.abc import Sequence
 
 from fp8jax.monitors import NOISE_RATIO_FLOOR
-from fp8jax.train.metrics import as_float
+from fp8jax.train.run_log import as_float
 from fp8jax.train.telemetry_plot import split_key
 
 # monitor -> (comparison that warns, threshold)

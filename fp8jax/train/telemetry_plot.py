@@ -1,7 +1,7 @@
 """Per-site telemetry of one or several runs, against steps, in one figure.
 
 Reads the ``layers/<site>/<stat>`` columns of each run's metrics.jsonl
-(:mod:`fp8jax.train.metrics`) and draws one panel per statistic.  Every run
+(:mod:`fp8jax.train.run_log`) and draws one panel per statistic.  Every run
 has one colour in every panel; within a run, each site has its own line
 style and marker, the same in every panel, so lines stay distinguishable in
 grey print too.  Vector statistics (tokens per expert) count each entry as a
@@ -21,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only backend)
 
-from fp8jax.train.metrics import as_float, read_jsonl  # noqa: E402
+from fp8jax.train.run_log import as_float, read_jsonl  # noqa: E402
 
 DEFAULT_STATS = (
     "loss",

@@ -6,7 +6,7 @@
 * :mod:`~fp8jax.toolkit.convert.blockwise`: 128x128 block (de)quantization:
   DeepSeek's FP8 -> BF16 arithmetic bit for bit (or the correctly rounded
   one), BF16 -> FP8 through ``fp8jax.quantize``;
-* :mod:`~fp8jax.toolkit.convert.checkpoint`: whole-directory conversion with
+* :mod:`~fp8jax.toolkit.convert.fp8_bf16`: whole-directory conversion with
   verification and an all-or-nothing output, and a small example checkpoint.
 """
 
@@ -18,7 +18,7 @@ from fp8jax.toolkit.convert.blockwise import (
     round_to,
     scale_shape,
 )
-from fp8jax.toolkit.convert.checkpoint import (
+from fp8jax.toolkit.convert.fp8_bf16 import (
     ConversionError,
     ConversionTerminated,
     Report,

@@ -40,11 +40,10 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from fp8jax.formats import E4M3, fmt_max
+from fp8jax.formats import E4M3
 from fp8jax.quant import quantize
 
 BLOCK = 128
-E4M3_MAX = fmt_max(E4M3)
 ROUNDINGS = ("deepseek", "exact")
 # Scale dtypes whose values float32 holds exactly (DeepSeek's scales are F32).
 SCALE_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))

@@ -12,7 +12,7 @@ import pytest
 
 import fp8jax
 from fp8jax.scaling import init_delayed_gemm_state
-from fp8jax.train import metrics
+from fp8jax.train import run_log
 from fp8jax.train.checkpoint import Checkpointer, all_finite
 from fp8jax.train.optimizer import scale_by_adam_lowp
 from fp8jax.train.state import TrainState
@@ -20,7 +20,7 @@ from fp8jax.train.state import TrainState
 
 def test_progress_line_jsonl_and_resume_truncation(tmp_path):
     out = io.StringIO()
-    w = metrics.MetricsWriter(tmp_path, total_steps=10, tokens_per_step=100, stream=out)
+    w = run_log.MetricsWriter(tmp_path, total_steps=10, tokens_per_step=100, stream=out)
     w.reset_clock(0)
     for s in range(1, 5):
         w.write(s, {"loss": 5.0 - s, "x": np.float32(1.5)})
@@ -28,7 +28,7 @@ def test_progress_line_jsonl_and_resume_truncation(tmp_path):
             w.write(2, {"val_loss": 3.5})
         w.progress(s, 5.0 - s)
     w.close()
-    rows = metrics.read_jsonl(tmp_path / "metrics.jsonl")
+    rows = run_log.read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 2, 3, 4]
     assert rows[0]["x"] == 1.5 and rows[2] == {"step": 2, "val_loss": 3.5}
     lines = out.getvalue().splitlines()
@@ -39,21 +39,21 @@ def test_progress_line_jsonl_and_resume_truncation(tmp_path):
     # Resume at step 2: later rows are dropped so the log reads as one run, and the
     # progress line knows the latest validation loss again.
     out2 = io.StringIO()
-    w2 = metrics.MetricsWriter(
+    w2 = run_log.MetricsWriter(
         tmp_path, total_steps=10, tokens_per_step=100, start_step=2, stream=out2
     )
     assert w2.progress(3, 1.0).startswith("step 3/10 | loss 1.0000 | val 3.5000 @2 | ")
     w2.close()
-    assert [r["step"] for r in metrics.read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 2]
+    assert [r["step"] for r in run_log.read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 2]
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
-    assert metrics.format_duration(3725) == "1h02m05s" and metrics.format_duration(65) == "1m05s"
-    p = metrics.write_config(tmp_path, {"a": 1}, {"n": np.int64(3)})
+    assert run_log.format_duration(3725) == "1h02m05s" and run_log.format_duration(65) == "1m05s"
+    p = run_log.write_config(tmp_path, {"a": 1}, {"n": np.int64(3)})
     assert json.loads(p.read_text()) == {"config": {"a": 1}, "n": 3}
 
 
 def test_nonfinite_values_are_floats_in_memory_and_null_in_the_file(tmp_path):
     out = io.StringIO()
-    w = metrics.MetricsWriter(
+    w = run_log.MetricsWriter(
         tmp_path, total_steps=3, tokens_per_step=1, tensorboard=False, stream=out
     )
     row = w.write(1, {"loss": np.float32("nan"), "grad_norm": float("inf"), "ok": 2.0})
@@ -64,8 +64,8 @@ def test_nonfinite_values_are_floats_in_memory_and_null_in_the_file(tmp_path):
     # Strict JSON (no NaN / Infinity tokens), null where the value was not finite.
     parsed = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
     assert parsed["loss"] is None and parsed["grad_norm"] is None and parsed["ok"] == 2.0
-    assert metrics.as_float(None) != metrics.as_float(None)  # NaN
-    assert metrics.to_jsonable({"a": [np.float64("-inf"), np.array([1.0, np.nan])]}) == {
+    assert run_log.as_float(None) != run_log.as_float(None)  # NaN
+    assert run_log.to_jsonable({"a": [np.float64("-inf"), np.array([1.0, np.nan])]}) == {
         "a": [None, [1.0, None]]
     }
 
@@ -74,9 +74,9 @@ def test_torn_last_line_is_skipped_and_a_bad_middle_line_is_an_error(tmp_path):
     p = tmp_path / "metrics.jsonl"
     p.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
     with pytest.warns(UserWarning, match="torn last line"):
-        assert metrics.read_jsonl(p) == [{"step": 1, "loss": 2.0}]
+        assert run_log.read_jsonl(p) == [{"step": 1, "loss": 2.0}]
     out = io.StringIO()
-    w = metrics.MetricsWriter(
+    w = run_log.MetricsWriter(
         tmp_path, total_steps=3, tokens_per_step=1, start_step=1, tensorboard=False, stream=out
     )
     w.close()
@@ -84,7 +84,7 @@ def test_torn_last_line_is_skipped_and_a_bad_middle_line_is_an_error(tmp_path):
     assert p.read_text() == '{"step": 1, "loss": 2.0}\n'
     p.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
     with pytest.raises(ValueError, match="line 2 is not a JSON object"):
-        metrics.read_jsonl(p)
+        run_log.read_jsonl(p)
 
 
 def test_checkpoint_round_trip_keeps_fp8_state_bias_and_bf16_moments(tmp_path):
@@ -151,7 +151,7 @@ def test_restore_latest_skips_nonfinite_and_unreadable_checkpoints(tmp_path):
 
 def test_amax_growth_over_the_window_and_across_resume(tmp_path):
     key = "layers/layer0/attn/wo/x/amax"
-    w = metrics.MetricsWriter(
+    w = run_log.MetricsWriter(
         tmp_path,
         total_steps=40,
         tokens_per_step=1,
@@ -166,7 +166,7 @@ def test_amax_growth_over_the_window_and_across_resume(tmp_path):
     assert rows[3][key + "_growth"] == 2.0  # 6 / max(3): steps 10..19 only
     w.close()
     # Resumed at step 10: the kept rows seed the window, later ones are gone.
-    w2 = metrics.MetricsWriter(
+    w2 = run_log.MetricsWriter(
         tmp_path,
         total_steps=40,
         tokens_per_step=1,
@@ -178,7 +178,7 @@ def test_amax_growth_over_the_window_and_across_resume(tmp_path):
     assert w2.write(20, {key: 6.0})[key + "_growth"] == 2.0
     assert w2.write(25, {key: 1.0})[key + "_growth"] == 1.0 / 6.0
     w2.close()
-    on_disk = metrics.read_jsonl(tmp_path / "metrics.jsonl")
+    on_disk = run_log.read_jsonl(tmp_path / "metrics.jsonl")
     assert on_disk[0][key + "_growth"] is None and [r["step"] for r in on_disk] == [
         1,
         5,
@@ -207,7 +207,7 @@ def _tb_tags(tb_dir):
 
 
 def test_per_site_telemetry_reaches_jsonl_and_tensorboard(tmp_path):
-    w = metrics.MetricsWriter(tmp_path, total_steps=2, tokens_per_step=1, stream=io.StringIO())
+    w = run_log.MetricsWriter(tmp_path, total_steps=2, tokens_per_step=1, stream=io.StringIO())
     site = {
         "layers/layer0/ffn/w2/x/amax": 3.0,
         "layers/layer0/ffn/w2/x/saturated": 0.01,
@@ -216,7 +216,7 @@ def test_per_site_telemetry_reaches_jsonl_and_tensorboard(tmp_path):
     w.write(1, {"loss": 2.0, **site})
     w.write(2, {"loss": 1.5, **site})
     w.close()
-    rows = metrics.read_jsonl(tmp_path / "metrics.jsonl")
+    rows = run_log.read_jsonl(tmp_path / "metrics.jsonl")
     assert all(set(site) <= set(r) for r in rows)
     assert rows[1]["layers/layer0/ffn/w2/x/amax_growth"] == 1.0
     tags = _tb_tags(tmp_path / "tb")
