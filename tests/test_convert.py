@@ -79,8 +79,8 @@ def test_safetensors_roundtrip_and_official_reader(tmp_path):
         assert back2[k].tobytes() == v.tobytes() and back2[k].shape == v.shape
 
 
-def test_views_outlive_close(tmp_path):
-    """Arrays handed out stay readable after close (the mapping is not torn down under them)."""
+def test_arrays_outlive_close(tmp_path):
+    """Arrays handed out are the reader's own copies: readable after close."""
     p = tmp_path / "v.safetensors"
     convert.save_file(p, {"a": np.arange(6, dtype=np.float32)})
     f = convert.SafetensorsFile(p)
