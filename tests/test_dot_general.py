@@ -275,3 +275,21 @@ def test_finite_inputs_never_nan(name, m, k, special, seed):
     y, (dx, dw, _) = _run(fp8jax.recipes.get(name), x, w, np.ones((1, m, 9), np.float32), True)
     for a in (y, dx, dw):
         assert not np.any(np.isnan(np.asarray(a)))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("shapes", [((0, 8), (8, 3)), ((4, 0), (0, 3)), ((4, 8), (8, 0))])
+def test_zero_size_delayed_gemm_keeps_the_state(jit, shapes):
+    # A zero-size operand observes no amax: the updated state is the old one
+    # (it used to be all zeros, scale 0, which gives NaN at the next step).
+    recipe = fp8jax.recipes.hybrid_delayed(history_len=3)
+    st = scaling.init_delayed_gemm_state(recipe)
+    st = jax.tree.map(lambda a: a * 0 + 0.25, st)  # not the fresh state: scale 0.25
+    dn = (((1,), (0,)), ((), ()))
+    x, w = jnp.ones(shapes[0]), jnp.ones(shapes[1])
+    loss = lambda x, w, s: dot_general(x, w, dn, recipe=recipe, state=s).sum()  # noqa: E731
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    gx, gw, new = (jax.jit(grad) if jit else grad)(x, w, st)
+    assert gx.shape == x.shape and gw.shape == w.shape
+    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(st)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
