@@ -106,8 +106,9 @@ def test_plan_errors(capsys):
     assert code == 2 and "--compare" in err
     code, _, err = run(capsys, "plan", "--model", "deepseek-r1", "--compare", "--gpu", "h800")
     assert code == 2 and "not both" in err
+    # A card without a memory figure needs --memory-gb: a usage mistake.
     code, _, err = run(capsys, "plan", "--model", "deepseek-r1", "--gpu", "hygon-dcu")
-    assert code == 1 and "no memory figure" in err
+    assert code == 2 and "no memory figure" in err and len(err.splitlines()) == 1
 
 
 # Bad numbers: one line on stderr, exit status 2, no traceback.
