@@ -208,9 +208,35 @@ def _run(lhs, rhs, dimension_numbers, recipe, state, preferred_element_type, wit
         lhs, rhs = (materialize(t, jnp.float32) if is_quantized(t) else t for t in (lhs, rhs))
     if not recipe.is_fp8 or math.prod(lhs.shape) == 0 or math.prod(rhs.shape) == 0:
         y = _high_precision(lhs, rhs, dimension_numbers, recipe, out_dtype)
+        if recipe.is_fp8 and state is not None:
+            for part in state:
+                scaling.check_delayed_state(part)
+            y = _state_unchanged(y, state)
         stats = {"x": operand_stats(lhs, lhs), "w": operand_stats(rhs, rhs)}
         return (y, stats) if with_stats else y
     return _fp8(lhs, rhs, dimension_numbers, recipe, state, out_shape, out_dtype, with_stats)
+
+
+@jax.custom_vjp
+def _state_unchanged(y, state):
+    """``y``, with the delayed state's cotangent the state itself (no operand was seen).
+
+    A zero-size GEMM observes no amax: its state update is no update.
+    Without this the state would get a zero cotangent, i.e. scale 0.
+    """
+    del state
+    return y
+
+
+def _state_unchanged_fwd(y, state):
+    return y, state
+
+
+def _state_unchanged_bwd(state, dy):
+    return dy, state
+
+
+_state_unchanged.defvjp(_state_unchanged_fwd, _state_unchanged_bwd)
 
 
 def _check(lhs, rhs, dimension_numbers, preferred_element_type):

@@ -44,6 +44,7 @@ def quantize_operand(
                 f"recipe {recipe.name!r} uses delayed scaling: pass "
                 "state=fp8jax.scaling.init_delayed_gemm_state(recipe)"
             )
+        scaling.check_delayed_state(dstate, spec.fmt, pow2=spec.pow2)
         # Delayed: this step uses the scale computed from the history of
         # previous steps; this step's amax only updates the state.
         q = schemes.quantize(t, spec, caxis, scale=dstate.scale)

@@ -207,9 +207,14 @@ def compute_scale(
 
 def _plain_amax(x, axis=None, keepdims=False):
     # max(max(x), -min(x)) == max|x|, and XLA on CPU vectorises the two plain
-    # reductions about 6x better than a reduction of |x|.  A NaN propagates
-    # into its group's amax (the caller then takes the robust path).  The
-    # initial 0 gives empty groups amax 0 and leaves max|x| unchanged.
+    # reductions about 6x better than a reduction of |x|.  The initial 0
+    # gives empty groups amax 0 and leaves max|x| unchanged.
+    # A NaN must make its group's amax non-finite on every backend (the caller
+    # then takes the robust path), but XLA on CPU can drop a NaN, and the
+    # values reduced before it, from a max-reduction: [[3, 1], [nan, 2]] gave
+    # 2.  A sum propagates NaN in any order: x * 0 is +-0 for finite x and NaN
+    # for NaN / Inf, so its sum adds exactly 0 to a finite group's amax and NaN
+    # to any other.  It fuses into the same pass as the max and the min.
     # Subnormal elements read as 0 under flush-to-zero: the caller sends tiny
     # amaxes to the robust (bit pattern) path.
     # Reduced in x's own dtype, cast after: rounding to float32 is monotone,
@@ -218,7 +223,8 @@ def _plain_amax(x, axis=None, keepdims=False):
     # with the quantizer's division (a whole float32 activation per call).
     hi = jnp.max(x, axis=axis, keepdims=keepdims, initial=0)
     lo = jnp.min(x, axis=axis, keepdims=keepdims, initial=0)
-    return jnp.maximum(hi, -lo).astype(jnp.float32)
+    nonfinite = jnp.sum(x * 0, axis=axis, keepdims=keepdims)
+    return (jnp.maximum(hi, -lo) + nonfinite).astype(jnp.float32)
 
 
 def group_amax(

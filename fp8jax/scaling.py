@@ -37,6 +37,7 @@ comes from an amax history of steps < t.  See :class:`DelayedState`.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, NamedTuple
 
 import jax
@@ -209,6 +210,11 @@ class DelayedState(NamedTuple):
     A fresh state has scale 1 and an all-zero history: at the first step
     every value above fmt_max clips (the known failure of delayed scaling on a
     fresh state), which experiments reproduce on purpose.
+
+    A valid state (:func:`check_delayed_state`) has a non-empty 1-D history
+    and a finite scale in float32's normal range: a subnormal scale is
+    flushed to zero by XLA on CPU inside the GEMM (NaN outputs), and
+    :func:`update_delayed_state` never produces one.
     """
 
     amax_history: jnp.ndarray
@@ -237,6 +243,38 @@ class DelayedGemmState(NamedTuple):
 
 def init_delayed_state(history_len: int) -> DelayedState:
     return DelayedState(jnp.zeros((history_len,), jnp.float32), jnp.ones((), jnp.float32))
+
+
+def check_delayed_state(state: DelayedState, fmt=None, *, pow2: bool = False) -> None:
+    """Refuse, with a one-line ValueError, a state no update can have produced.
+
+    Always (shapes): ``amax_history`` 1-D and non-empty, ``scale`` a
+    scalar.  Where the values are concrete (not traced under ``jit``):
+    ``scale`` finite and at least float32's smallest normal (0, NaN, Inf and
+    subnormal scales give NaN outputs), and with ``fmt`` at most
+    :func:`scale_limit` (so that fmt_max * scale is finite).  Non-finite
+    history entries are allowed: :func:`history_amax` ignores them.
+    """
+    hist, scale = state.amax_history, state.scale
+    if np.ndim(hist) != 1 or np.shape(hist)[0] == 0:
+        raise ValueError(
+            f"delayed-scaling state: amax_history must be a non-empty 1-D array, got shape "
+            f"{list(np.shape(hist))} (make one with fp8jax.scaling.init_delayed_state)"
+        )
+    if np.ndim(scale) != 0:
+        raise ValueError(
+            f"delayed-scaling state: scale must be a scalar, got shape {list(np.shape(scale))}"
+        )
+    if isinstance(scale, jax.core.Tracer):
+        return
+    value = float(np.asarray(scale, np.float32))
+    limit = scale_limit(fmt, pow2) if fmt is not None else _F32_MAX
+    if not (math.isfinite(value) and _F32_TINY <= value <= limit):
+        raise ValueError(
+            f"delayed-scaling state: scale {value!r} is not a finite float32 in "
+            f"[{_F32_TINY:.6g}, {limit:.6g}] (outside it the GEMM's outputs are NaN or Inf); "
+            "start from fp8jax.scaling.init_delayed_state or a saved state"
+        )
 
 
 def init_delayed_gemm_state(recipe: Recipe) -> DelayedGemmState:
@@ -271,8 +309,11 @@ def update_delayed_state(
     :func:`history_amax` (the max of the history for algo "max", its newest
     entry for "most_recent"; non-finite entries ignored).  An empty history
     (all zeros) keeps scale 1 via the amax == 0 guard.  The scale is capped
-    like any scale (:func:`scale_limit`), so a large margin cannot overflow.
+    like any scale (:func:`scale_limit`), so a large margin cannot overflow,
+    and floored at float32's smallest normal (2^-126), so a tiny amax or a
+    negative margin cannot give a scale the GEMM would flush to zero.
     """
+    check_delayed_state(state)
     hist = jnp.roll(state.amax_history, 1).at[0].set(amax.astype(jnp.float32))
     ref = history_amax(hist, cfg.algo)
     scale = scale_from_amax(ref, spec.fmt, pow2=spec.pow2, amax_floor=spec.amax_floor)
@@ -281,6 +322,10 @@ def update_delayed_state(
     scale = ldexp_exact(scale, cfg.margin)
     limit = scale_limit(spec.fmt, spec.pow2)
     bits = _cap_bits(lax.bitcast_convert_type(scale, jnp.int32), limit)
+    # A subnormal scale reads as 0 in XLA's float arithmetic on CPU (the next
+    # step's outputs would be NaN): the smallest normal scale instead, on the
+    # bits (positive float32 patterns order like the floats).
+    bits = jnp.maximum(bits, int(np.float32(_F32_TINY).view(np.int32)))
     return DelayedState(hist, lax.bitcast_convert_type(bits, jnp.float32))
 
 

@@ -106,8 +106,9 @@ def test_plan_errors(capsys):
     assert code == 2 and "--compare" in err
     code, _, err = run(capsys, "plan", "--model", "deepseek-r1", "--compare", "--gpu", "h800")
     assert code == 2 and "not both" in err
+    # A card without a memory figure needs --memory-gb: a usage mistake.
     code, _, err = run(capsys, "plan", "--model", "deepseek-r1", "--gpu", "hygon-dcu")
-    assert code == 1 and "no memory figure" in err
+    assert code == 2 and "no memory figure" in err and len(err.splitlines()) == 1
 
 
 # Bad numbers: one line on stderr, exit status 2, no traceback.
@@ -130,6 +131,21 @@ BAD_NUMBERS = [
     ["--model", "deepseek-r1", "--gpu", "h100", "--weights", "int3"],
     ["--model", "deepseek-r1", "--compare", "--sort", "price"],
     ["--model", "deepseek-r1", "--gpu", "h100", "--sort", "cards"],
+    # Finite, positive and accepted once, but outside what can be planned.
+    ["--model", "deepseek-r1", "--gpu", "h100", "--memory-gb", "1e308"],
+    ["--model", "deepseek-r1", "--compare", "--memory-gb", "1e308"],
+    ["--model", "deepseek-r1", "--gpu", "h100", "--memory-gb", "1e-300"],
+    ["--model", "deepseek-r1", "--gpu", "h100", "--bandwidth", "1e308"],
+    ["--model", "deepseek-r1", "--gpu", "h100", "--bandwidth", "1e-300"],
+    ["--model", "deepseek-r1", "--gpu", "h100", "--context", "1" + "0" * 30],
+    ["--model", "deepseek-r1", "--gpu", "h100", "--batch", "1" + "0" * 30],
+    ["--model", "deepseek-r1", "--gpu", "h100", "--node-size", "1" + "0" * 30],
+    ["--params", "1e308", "--gpu", "h100"],
+    ["--params", "0.5", "--gpu", "h100"],
+    ["--params", "1e9", "--active", "1e-3", "--gpu", "h100"],
+    ["--params", "1e9", "--layers", "1" + "0" * 30, "--kv-per-layer", "1", "--gpu", "h100"],
+    ["--params", "1e9", "--kv-per-layer", "1" + "0" * 400, "--gpu", "h100"],
+    ["--params", "1e15", "--gpu", "h100", "--memory-gb", "0.001"],
 ]
 
 
@@ -292,8 +308,16 @@ def test_quant_error_user_errors(tmp_path, capsys):
     nested = tmp_path / "nested.safetensors"
     header = b'{"x":' + b"[" * 300 + b"]" * 300 + b"}"
     nested.write_bytes(len(header).to_bytes(8, "little") + header)
+    np.save(tmp_path / "huge.npy", np.full((4, 200), 1e300))  # finite float64, not float32
+    os.mkfifo(tmp_path / "pipe.npy")
     cases = [
         ((str(tmp_path / "x.npy"), "--tokens", "0"), "--tokens must be >= 1, got 0"),
+        (
+            (str(tmp_path / "x.npy"), "--tokens", "1000000000000"),
+            r"--tokens 1000000000000 needs about .* GB, more than the .* GB available",
+        ),
+        ((str(tmp_path / "huge.npy"),), r"values up to 1e\+300, beyond float32's range"),
+        ((str(tmp_path / "pipe.npy"),), "is a FIFO, not a regular file"),
         ((str(tmp_path / "x.npy"), "--axis", "7"), "--axis 7 is out of range for a 2-D tensor"),
         ((str(tmp_path / "x.npy"), "--axis", "-3", "--no-gemm"), "--axis -3 is out of range"),
         ((str(tmp_path / "missing.npy"),), "no such file"),

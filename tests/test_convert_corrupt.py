@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -349,3 +350,209 @@ def test_bad_keep_pattern(tmp_path, src):
     with pytest.raises(convert.ConversionError, match=r"keep pattern '\[' is not a regular"):
         convert.bf16_to_fp8(src, dst, keep=["["], quiet=True)
     assert not dst.exists()
+
+
+# -- hostile sources: links, special files, absurd shapes, files changing mid-run ------
+
+
+class _Hung(BaseException):
+    """Raised by the watchdog: the conversion blocked or looped (a BaseException, so that
+    the converter's own error handling cannot turn it into a ConversionError)."""
+
+
+@contextlib.contextmanager
+def _watchdog(seconds: int = 60):
+    """Turn a hang (a FIFO's open, a 2^40-iteration loop) into a test failure."""
+
+    def hung(signum, frame):
+        raise _Hung(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _fails_fast(tmp_path: Path, src: Path, match: str, keep: tuple[str, ...] = ()) -> None:
+    made = sorted(p.name for p in tmp_path.iterdir())
+    with _watchdog():
+        with pytest.raises(convert.ConversionError, match=match) as e:
+            convert.convert_checkpoint("fp8-to-bf16", src, tmp_path / "out", quiet=True)
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == made  # nothing written
+
+
+def test_directory_symlink_loop_is_refused(tmp_path, src):
+    (src / "extra").mkdir()
+    (src / "extra" / "notes.txt").write_text("x")
+    (src / "extra" / "up").symlink_to("..", target_is_directory=True)
+    _fails_fast(tmp_path, src, r"extra/up is a symlink to .*reaches another way .*loop")
+
+
+def test_mutual_directory_symlinks_are_refused(tmp_path, src):
+    (src / "a").mkdir()
+    (src / "b").mkdir()
+    (src / "a" / "to_b").symlink_to("../b", target_is_directory=True)
+    (src / "b" / "to_a").symlink_to("../a", target_is_directory=True)
+    _fails_fast(tmp_path, src, r"symlink to .*reaches another way")
+
+
+def test_self_symlink_is_refused(tmp_path, src):
+    (src / "itself").symlink_to("itself")
+    _fails_fast(tmp_path, src, r"itself is a symlink that loops or leads nowhere")
+
+
+def test_directory_symlink_leaving_the_source_is_refused(tmp_path, src):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "big.bin").write_bytes(bytes(1000))
+    (src / "data").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    _fails_fast(tmp_path, src, r"data is a symlink to the directory .*outside the source")
+
+
+def test_file_symlinks_are_copied_as_files(tmp_path, src):
+    # A Hugging Face cache snapshot: every file is a link into a blob directory.
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    for p in sorted(src.iterdir()):
+        p.rename(blobs / p.name)
+        p.symlink_to(blobs / p.name)
+    (blobs / "tok.json").write_text('{"a": 1}')
+    (src / "sub").mkdir()
+    (src / "sub" / "tokenizer.json").symlink_to(blobs / "tok.json")
+    (src / "same").symlink_to("sub", target_is_directory=True)
+    with pytest.raises(convert.ConversionError, match="reaches another way"):
+        convert.fp8_to_bf16(src, tmp_path / "out", quiet=True)
+    (src / "same").unlink()
+    convert.fp8_to_bf16(src, tmp_path / "out", quiet=True)
+    out = tmp_path / "out" / "sub" / "tokenizer.json"
+    assert not out.is_symlink() and out.read_text() == '{"a": 1}'
+    assert not (tmp_path / "out" / "config.json").is_symlink()
+
+
+@pytest.mark.parametrize(
+    "name", ["model-00004-of-00003.safetensors", "config.json", "extra/pipe.bin"]
+)
+def test_fifo_is_refused_without_blocking(tmp_path, src, name):
+    (src / "extra").mkdir()
+    if name == "config.json":
+        (src / name).unlink()
+    os.mkfifo(src / name)
+    _fails_fast(tmp_path, src, r"is a FIFO, not a regular file")
+
+
+def test_index_linked_to_a_device_is_refused(tmp_path, src):
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero")
+    index = src / "model.safetensors.index.json"
+    index.unlink()
+    index.symlink_to("/dev/zero")
+    _fails_fast(tmp_path, src, r"index .* is a character device, not a regular file")
+
+
+def test_shard_linked_to_a_device_is_refused(tmp_path, src):
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero")
+    shard = src / _index(src)["weight_map"][WEIGHT]
+    shard.unlink()
+    shard.symlink_to("/dev/zero")
+    _fails_fast(tmp_path, src, r"is a character device, not a regular file")
+
+
+def test_absurd_empty_shape_is_refused_before_looping(tmp_path, src):
+    # Shape [2^62, 0]: zero bytes, so the header is consistent, but no BF16
+    # array of that shape can exist, and its rows alone would make 2^40 chunks.
+    name = "model.layers.0.mlp.empty.weight"
+    convert.save_file(
+        src / "extra.safetensors",
+        {name: np.zeros((2**62, 0), E4M3), name + "_scale_inv": np.zeros((2**55, 0), np.float32)},
+    )
+    idx = _index(src)
+    idx["weight_map"].update({name: "extra.safetensors", name + "_scale_inv": "extra.safetensors"})
+    write_index(src, idx["weight_map"])
+    _fails_fast(tmp_path, src, r"has shape \[4611686018427387904, 0\]: as BF16 it is beyond")
+
+
+def test_header_shape_numpy_cannot_hold_is_unreadable(tmp_path):
+    p = tmp_path / "x.safetensors"
+    hdr = json.dumps({"a": {"dtype": "F32", "shape": [2**62, 0], "data_offsets": [0, 0]}}).encode()
+    p.write_bytes(struct.pack("<Q", len(hdr)) + hdr)
+    with pytest.raises(convert.SafetensorsError, match="beyond what an array can hold"):
+        convert.SafetensorsFile(p)
+
+
+def _cut_when_progress_starts(victim: Path, how: str):
+    """A progress stream that changes ``victim`` when the conversion reports its first chunk."""
+
+    class Cut:
+        done = False
+
+        def write(self, s):
+            if not self.done:
+                self.done = True
+                if how == "truncate":
+                    os.truncate(victim, victim.stat().st_size // 2)
+                else:  # same size, other bytes
+                    with open(victim, "r+b") as f:
+                        f.seek(-64, os.SEEK_END)
+                        f.write(bytes(64))
+
+        def flush(self):
+            pass
+
+    return Cut()
+
+
+def test_shard_changed_in_place_during_the_run_is_one_line(tmp_path, src):
+    victim = src / "model-00003-of-00003.safetensors"
+    # An old timestamp, so that the in-place write below changes it on any filesystem.
+    os.utime(victim, (1e9, 1e9))
+    with pytest.raises(convert.ConversionError, match=r"changed while being read") as e:
+        convert.fp8_to_bf16(
+            src, tmp_path / "out", progress_stream=_cut_when_progress_starts(victim, "overwrite")
+        )
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_shard_truncated_during_the_run_is_one_line_not_sigbus(tmp_path, src):
+    # In a child process: a memory-mapped reader dies of SIGBUS here, which
+    # would take the test runner with it.
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "import test_convert_corrupt as t\n"
+        "from fp8jax.toolkit import convert\n"
+        "src, dst = Path(sys.argv[1]), Path(sys.argv[2])\n"
+        "cut = t._cut_when_progress_starts(src / 'model-00003-of-00003.safetensors', 'truncate')\n"
+        "try:\n"
+        "    convert.fp8_to_bf16(src, dst, progress_stream=cut)\n"
+        "except convert.ConversionError as e:\n"
+        "    sys.exit(f'error: {e}')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), *sys.path]))
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(src), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert re.fullmatch(r"error: shard .*changed while being read.*\n", r.stderr), r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_cli_hostile_source_is_one_line_exit_2(tmp_path, src, capsys):
+    from fp8jax.toolkit import cli
+
+    (src / "config.json").unlink()
+    os.mkfifo(src / "config.json")
+    with _watchdog():
+        rc = cli.main(["convert", "fp8-to-bf16", str(src), str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert re.fullmatch(r"fp8jax convert: error: .*config\.json is a FIFO.*\n", err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

@@ -312,3 +312,21 @@ def test_prequantized_operand_must_match_its_spec():
     qwt = fp8jax.schemes.quantize(jnp.asarray(w.T), recipe.fprop.rhs, 1)
     with pytest.raises(ValueError, match="order the GEMM reads it"):
         dot_general(jnp.asarray(x), qwt, (((1,), (1,)), ((), ())), recipe=recipe)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("shapes", [((0, 8), (8, 3)), ((4, 0), (0, 3)), ((4, 8), (8, 0))])
+def test_zero_size_delayed_gemm_keeps_the_state(jit, shapes):
+    # A zero-size operand observes no amax: the updated state is the old one
+    # (it used to be all zeros, scale 0, which gives NaN at the next step).
+    recipe = fp8jax.recipes.hybrid_delayed(history_len=3)
+    st = scaling.init_delayed_gemm_state(recipe)
+    st = jax.tree.map(lambda a: a * 0 + 0.25, st)  # not the fresh state: scale 0.25
+    dn = (((1,), (0,)), ((), ()))
+    x, w = jnp.ones(shapes[0]), jnp.ones(shapes[1])
+    loss = lambda x, w, s: dot_general(x, w, dn, recipe=recipe, state=s).sum()  # noqa: E731
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    gx, gw, new = (jax.jit(grad) if jit else grad)(x, w, st)
+    assert gx.shape == x.shape and gw.shape == w.shape
+    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(st)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -230,3 +230,33 @@ def test_compare_lists_every_card_in_the_order_asked():
     text = planner.format_compare(rows, m)
     for a in cards:
         assert re.search(rf"^{re.escape(a.key)}\s", text, re.M)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"memory_gb": 1e308}, "memory_gb must be between"),
+        ({"memory_gb": 1e-300}, "memory_gb must be between"),
+        ({"bandwidth_gbs": 1e308}, "bandwidth_gbs must be between"),
+        ({"context": 10**30}, "context must be between"),
+        ({"batch": 10**30}, "batch must be between"),
+        ({"node_size": 10**30}, "node size must be between"),
+    ],
+)
+def test_plan_refuses_what_it_cannot_compute(kw, match):
+    # --memory-gb 1e308 used to plan "0 x inf GB" cards.
+    with pytest.raises(ValueError, match=match):
+        planner.plan(planner.get_model("deepseek-r1"), hardware.get("h800"), **kw)
+
+
+def test_model_and_card_count_limits():
+    with pytest.raises(ValueError, match="parameters must be between"):
+        planner.ModelSpec("x", 0.5, 0.5, 1, 0, "gqa")
+    with pytest.raises(ValueError, match="layers must be between"):
+        planner.ModelSpec("x", 1e9, 1e9, 10**30, 1, "gqa")
+    huge = planner.ModelSpec("x", 1e15, 1e15, 1, 0, "gqa")
+    with pytest.raises(ValueError, match="over 1,000,000,000 cards"):
+        planner.plan(huge, hardware.get("h800"), memory_gb=1e-3)
+    # The limits themselves plan: every number finite.
+    p = planner.plan(huge, hardware.get("h800"), context=10**12, batch=10**9, memory_gb=1e6)
+    assert math.isfinite(p.total_bytes) and p.cards >= 1

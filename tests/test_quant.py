@@ -239,3 +239,26 @@ def test_e8m0_scale_format_roundtrip():
     q = fp8jax.quantize(jnp.linspace(-3, 5, 256).reshape(2, 128), fp8jax.E4M3, pow2=True)
     s = np.asarray(q.scale)
     np.testing.assert_array_equal(s.astype(ml_dtypes.float8_e8m0fnu).astype(np.float32), s)
+
+
+@pytest.mark.parametrize("gran", ["tensor", "row", "tile", "block"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_nan_is_never_dropped_from_a_group(gran, jit):
+    # A max-reduction on CPU can drop a NaN (and the values before it): block
+    # [[3, 1], [nan, 2]] got amax 2, so 3 saturated to 2.  Every group holding
+    # a NaN must take its scale from all of its finite elements.
+    x = np.float32([[3.0, 1.0], [np.nan, 2.0]])
+    q = _q(x, fp8jax.E4M3, gran, -1, 128, jit)
+    d = np.asarray(fp8jax.dequantize(q))
+    assert d[0, 0] == 3.0 and np.isnan(d[1, 0])
+    rng = np.random.default_rng(11)
+    for nans in (1, 3, 40):  # on CPU (jit) each of these used to lose NaNs
+        x = rng.standard_normal((2, 256, 256)).astype(np.float32)
+        for _ in range(nans):
+            x[tuple(rng.integers(0, n) for n in x.shape)] = np.nan
+        q = _q(x, fp8jax.E4M3, gran, -1, 128, jit)
+        data, scale_el = ref_quantize_groups(x, groups_for(x.shape, gran, -1, 128), E4M3)
+        np.testing.assert_array_equal(np.asarray(q.data).view(np.uint8), data.view(np.uint8))
+        # dequantize rounds the (exact) product once to float32.
+        want = (data.astype(np.float64) * scale_el).astype(np.float32)
+        np.testing.assert_array_equal(np.asarray(fp8jax.dequantize(q)), want)

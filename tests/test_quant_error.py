@@ -168,3 +168,20 @@ def test_report_validates_axis_and_tokens():
         qe.quant_error_report(x, tokens=0)
     with pytest.raises(ValueError, match="tokens must be >= 1"):
         qe.gemm_rows(x, tokens=0)
+
+
+def test_gemm_section_that_cannot_fit_is_refused_before_allocating():
+    w = np.ones((3, 200))
+    # 10^12 tokens of a 200-wide activation: petabytes, on any machine.
+    with pytest.raises(ValueError, match=r"--tokens 1000000000000 needs about .* GB"):
+        qe.quant_error_report(w, tokens=10**12)
+    assert qe.gemm_bytes((3, 200), 10) == 10 * (200 * 21 + 3 * 20)
+    with pytest.raises(ValueError, match="more than the 1e-06 GB available"):
+        qe.check_gemm_fits((3, 200), 10, available=1000)
+    qe.check_gemm_fits((3, 200), 10, available=10**6)
+
+
+def test_values_beyond_float32_are_refused(tmp_path):
+    np.save(tmp_path / "big.npy", np.array([[1.0, 4e38], [2.0, 3.0]]))
+    with pytest.raises(ValueError, match="beyond float32's range"):
+        qe.load_tensor(tmp_path / "big.npy")

@@ -199,3 +199,49 @@ def test_delayed_config_rejects_bad_values(kw):
 def test_delayed_config_accepts_sane_values():
     assert fp8jax.DelayedConfig(4, "most_recent", np.int64(-64)).margin == -64
     assert fp8jax.DelayedConfig(margin=64).margin == 64
+
+
+_DN = (((1,), (0,)), ((), ()))
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, np.nan, np.inf, 1e-45, 1e-40, 3e38])
+def test_delayed_state_scale_is_validated_where_it_enters(bad):
+    # Each of these used to be accepted and give NaN outputs.
+    recipe = fp8jax.recipes.hybrid_delayed()
+    st = scaling.init_delayed_gemm_state(recipe)
+    bad_st = st._replace(w=st.w._replace(scale=jnp.float32(bad)))
+    x, w = jnp.ones((4, 8)), jnp.ones((8, 3))
+    with pytest.raises(ValueError, match=r"delayed-scaling state: scale .* is not a finite"):
+        fp8jax.dot_general(x, w, _DN, recipe=recipe, state=bad_st)
+    with pytest.raises(ValueError, match=r"delayed-scaling state: scale"):
+        scaling.check_delayed_state(bad_st.w, fp8jax.E4M3)
+
+
+def test_delayed_state_empty_history_is_one_line():
+    recipe = fp8jax.recipes.hybrid_delayed()
+    st = scaling.init_delayed_gemm_state(recipe)
+    empty = scaling.DelayedState(jnp.zeros((0,), jnp.float32), jnp.float32(1.0))
+    with pytest.raises(ValueError, match="amax_history must be a non-empty 1-D array"):
+        fp8jax.dot_general(
+            jnp.ones((4, 8)), jnp.ones((8, 3)), _DN, recipe=recipe, state=st._replace(x=empty)
+        )
+    with pytest.raises(ValueError, match="non-empty"):
+        scaling.update_delayed_state(empty, jnp.float32(1.0), _SPEC, fp8jax.DelayedConfig(1))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_delayed_update_never_gives_a_subnormal_scale(jit):
+    # A tiny amax, or a negative margin, used to give a subnormal scale: NaN
+    # outputs at the next step.
+    upd = lambda a, m: scaling.update_delayed_state(  # noqa: E731
+        scaling.init_delayed_state(2), a, _SPEC, fp8jax.DelayedConfig(2, "max", m)
+    )
+    tiny = np.float32(np.finfo(np.float32).tiny)
+    for amax, margin in [(1e-40, 0), (1e-37, 0), (1.0, -64), (1e-30, -64)]:
+        new = _jit(lambda a, m=margin: upd(a, m), jit)(jnp.float32(amax))
+        want = max(float(ref_scale(amax, fp8jax.E4M3)) * 2.0**margin, float(tiny))
+        assert np.float32(new.scale) == np.float32(want)
+        scaling.check_delayed_state(new, fp8jax.E4M3)
+    # Normal scales are unchanged: amax 44.8 gives 0.1 as before.
+    new = _jit(lambda a: upd(a, 0), jit)(jnp.float32(44.8))
+    assert np.float32(new.scale) == np.float32(44.8) / np.float32(448.0)

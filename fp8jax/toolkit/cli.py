@@ -50,7 +50,9 @@ def _number(kind: type, lo: float, lo_open: bool, hi: float | None = None) -> Ca
                 f"{text!r} is not {'an integer' if kind is int else 'a number'}"
             ) from None
         bad_lo = v <= lo if lo_open else v < lo
-        if not math.isfinite(v) or bad_lo or (hi is not None and v >= hi):
+        # Integers are finite (and may be too large for a float to test).
+        finite = kind is int or math.isfinite(v)
+        if not finite or bad_lo or (hi is not None and v >= hi):
             what = "an integer" if kind is int else "a finite number"
             raise argparse.ArgumentTypeError(f"{text!r} must be {what} {rng}")
         return v
@@ -138,14 +140,17 @@ def _model_from_args(args):
         raise UsageError(f"give --model (one of {sorted(planner.MODELS)}) or --params")
     if args.active is not None and args.active > args.params:
         raise UsageError(f"--active {args.active:g} exceeds --params {args.params:g}")
-    return planner.ModelSpec(
-        name=args.name,
-        total_params=args.params,
-        active_params=args.active if args.active is not None else args.params,
-        n_layers=args.layers if args.layers is not None else 1,
-        kv_elems_per_layer=args.kv_per_layer if args.kv_per_layer is not None else 0,
-        kv_kind=f"{args.kv_per_layer or 0} elements per token per layer",
-    )
+    try:
+        return planner.ModelSpec(
+            name=args.name,
+            total_params=args.params,
+            active_params=args.active if args.active is not None else args.params,
+            n_layers=args.layers if args.layers is not None else 1,
+            kv_elems_per_layer=args.kv_per_layer if args.kv_per_layer is not None else 0,
+            kv_kind=f"{args.kv_per_layer or 0} elements per token per layer",
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _cmd_plan(args) -> int:
@@ -164,9 +169,12 @@ def _cmd_plan(args) -> int:
     if args.compare:
         if args.gpu:
             raise UsageError("give --gpu or --compare, not both")
-        rows = planner.compare(
-            model, hardware.accelerators(), weights=args.weights, sort=args.sort, **budget
-        )
+        try:
+            rows = planner.compare(
+                model, hardware.accelerators(), weights=args.weights, sort=args.sort, **budget
+            )
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         if args.json:
             print(
                 _dump({"model": model.name, "sort": args.sort, "rows": [r.asdict() for r in rows]})
@@ -182,7 +190,10 @@ def _cmd_plan(args) -> int:
         accel = hardware.get(args.gpu)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    p = planner.plan(model, accel, weights=args.weights, **budget)
+    try:
+        p = planner.plan(model, accel, weights=args.weights, **budget)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if args.json:
         d = {
             k: getattr(p, k)
@@ -272,6 +283,8 @@ def _cmd_quant_error(args) -> int:
     try:
         x64, desc = qe.load_tensor(args.path, args.tensor)
         qe.check_axis(args.axis, x64.ndim)
+        if not args.no_gemm and x64.ndim == 2:
+            qe.check_gemm_fits(x64.shape, args.tokens)
     except (ValueError, OSError) as e:
         return fail(e)
     rows = qe.quant_error_report(x64, axis=args.axis, gemm=not args.no_gemm, tokens=args.tokens)

@@ -41,6 +41,13 @@ W4A16 is always dequantized (its activations are BF16/FP16).
 :func:`compare` plans one model on every card of the table side by side.
 
 Units: GB = 1e9 bytes; card memory is the vendor figure read as 1e9 bytes.
+
+Inputs are refused (ValueError, one line) outside :data:`LIMITS`: ranges
+three or more orders of magnitude wider than any model or card in the
+tables, inside which every byte count and rate is a finite float64.  Beyond
+them a number is a typo or a unit mistake (``--memory-gb 1e308`` made
+"0 x inf GB" cards), and a plan that needs more than ``MAX_CARDS`` cards is
+refused for the same reason.
 """
 
 from __future__ import annotations
@@ -52,6 +59,32 @@ from fp8jax.toolkit import catalog
 from fp8jax.toolkit.hardware import Accelerator
 
 BLOCK = 128
+
+# (lowest, highest) accepted value of each input; see the module docstring.
+LIMITS: dict[str, tuple[float, float]] = {
+    "parameters": (1.0, 1e15),
+    "layers": (1, 100_000),
+    "KV elements per layer": (0, 1e9),
+    "context": (1, 1e12),
+    "batch": (1, 1e9),
+    "node size": (1, 100_000),
+    "memory_gb": (1e-3, 1e6),
+    "bandwidth_gbs": (1e-3, 1e7),
+}
+MAX_CARDS = 10**9
+
+
+def _check_range(what: str, v: float) -> None:
+    lo, hi = LIMITS[what]
+    if not lo <= v <= hi:
+        try:
+            shown = f"{v:g}"
+        except OverflowError:  # an integer beyond float range
+            shown = f"a {len(str(v))}-digit number"
+        raise ValueError(
+            f"{what} must be between {lo:g} and {hi:g}, got {shown}: outside what the planner "
+            "plans (a typo or a unit mistake?)"
+        )
 
 
 @dataclass(frozen=True)
@@ -80,6 +113,10 @@ class ModelSpec:
             raise ValueError("active parameters cannot exceed total parameters")
         if self.n_layers <= 0 or self.kv_elems_per_layer < 0:
             raise ValueError("layers must be positive and KV elements non-negative")
+        _check_range("parameters", self.total_params)
+        _check_range("parameters", self.active_params)
+        _check_range("layers", self.n_layers)
+        _check_range("KV elements per layer", self.kv_elems_per_layer)
 
 
 def _deepseek(name: str) -> ModelSpec:
@@ -234,6 +271,10 @@ def plan(
     for what, v in (("memory_gb", memory_gb), ("bandwidth_gbs", bandwidth_gbs)):
         if v is not None and not (math.isfinite(v) and v > 0):
             raise ValueError(f"{what} must be a positive finite number, got {v}")
+        if v is not None:
+            _check_range(what, v)
+    for what, v in (("context", context), ("batch", batch), ("node size", node_size)):
+        _check_range(what, v)
     notes: list[str] = []
     card_gb = memory_gb if memory_gb is not None else accel.memory_gb
     if card_gb is None:
@@ -292,6 +333,11 @@ def plan(
     overhead_bytes = overhead * sub
     total = sub + overhead_bytes
     card_bytes = card_gb * 1e9
+    if total / card_bytes > MAX_CARDS:
+        raise ValueError(
+            f"{model.name} needs {total / 1e9:.3g} GB, over {MAX_CARDS:,} cards of "
+            f"{card_gb:g} GB: outside what the planner plans (a unit mistake?)"
+        )
     cards = math.ceil(total / card_bytes)
     nodes = math.ceil(cards / node_size)
     if cards <= node_size:

@@ -26,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,7 +46,15 @@ from fp8jax.toolkit.convert.blockwise import (
     dequant_rows,
     describe_nonfinite,
 )
-from fp8jax.toolkit.convert.safetensors_io import FP8_DTYPES, SafetensorsFile
+from fp8jax.toolkit.convert.safetensors_io import FP8_DTYPES, SafetensorsFile, file_kind
+
+_F32_MAX = float(np.finfo(np.float32).max)
+# Bytes the GEMM section holds per element of the activation x (tokens, K)
+# and of the output y (tokens, N): x in float64, float32 and FP8 with its
+# dequantized float32 copy (8 + 4 + 1 + 4 + 4 for slack), the float64
+# reference y and one recipe's float32 output with its float64 copy (8 + 4 + 8).
+_GEMM_BYTES_PER_X = 21
+_GEMM_BYTES_PER_Y = 20
 
 
 @dataclass(frozen=True)
@@ -69,8 +79,12 @@ def load_tensor(path: str | Path, name: str | None = None) -> tuple[np.ndarray, 
     for a missing or corrupt file, a non-float or empty tensor, NaN or Inf.
     """
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ValueError(f"no such file: {p}")
+    mode = p.stat().st_mode
+    if not stat.S_ISREG(mode):
+        # A FIFO would block the read, a device never end.
+        raise ValueError(f"{p} is {file_kind(mode)}, not a regular file")
     if p.suffix == ".npy":
         if name:
             raise ValueError("--tensor is for .safetensors files; a .npy file holds one array")
@@ -115,6 +129,14 @@ def load_tensor(path: str | Path, name: str | None = None) -> tuple[np.ndarray, 
         )
     _check_finite(a, desc)
     a64 = a.astype(np.float64)
+    amax = float(np.max(np.abs(a64)))
+    if amax > _F32_MAX:
+        # Every quantizer computes in float32: such values become Inf there,
+        # and every error in the table NaN.
+        raise ValueError(
+            f"{desc} holds values up to {amax:.3g}, beyond float32's range ({_F32_MAX:.3g}), "
+            "where the quantizers compute; scale the tensor down first"
+        )
     return a64, f"{desc} shape {list(a64.shape)}"
 
 
@@ -300,6 +322,38 @@ def _next_state(x, w, state, recipe):
     return jax.grad(lambda st: jnp.sum(_gemm(x, w, st, recipe)))(state)
 
 
+def gemm_bytes(shape: tuple[int, ...], tokens: int) -> int:
+    """About the bytes the GEMM section allocates for a (N, K) weight and ``tokens`` rows."""
+    n, k = shape
+    return tokens * (k * _GEMM_BYTES_PER_X + n * _GEMM_BYTES_PER_Y)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux MemAvailable; None if unknown)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_gemm_fits(shape: tuple[int, ...], tokens: int, available: int | None = None) -> None:
+    """Refuse (ValueError, one line) a GEMM section that cannot fit in memory, before allocating."""
+    need = gemm_bytes(shape, tokens)
+    have = available_memory() if available is None else available
+    if have is not None and need > have:
+        raise ValueError(
+            f"the GEMM section with --tokens {tokens} needs about {need / 1e9:.3g} GB, more than "
+            f"the {have / 1e9:.3g} GB available; use fewer tokens or --no-gemm"
+        )
+
+
 def gemm_rows(
     w64: np.ndarray, tokens: int = 128, seed: int = 0, recipes: tuple[str, ...] | None = None
 ) -> list[ErrorRow]:
@@ -314,6 +368,7 @@ def gemm_rows(
         return []
     if tokens < 1:
         raise ValueError(f"tokens must be >= 1, got {tokens}")
+    check_gemm_fits(w64.shape, tokens)
     rng = np.random.default_rng(seed)
     x64 = rng.standard_normal((tokens, w64.shape[1])).astype(np.float32).astype(np.float64)
     y_ref = x64 @ w64.T
@@ -362,6 +417,9 @@ def quant_error_report(
     check_axis(axis, x64.ndim)
     if gemm and tokens < 1:
         raise ValueError(f"tokens must be >= 1, got {tokens}")
+    if gemm and x64.ndim == 2:
+        # Before the other sections: a refusal costs nothing.
+        check_gemm_fits(x64.shape, tokens)
     reqs = _operand_requests(x64.ndim) + _grid_requests(x64.ndim)
     rows = _evaluate(x64, axis, reqs)
     if gemm and x64.ndim == 2:

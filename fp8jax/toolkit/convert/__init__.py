@@ -1,7 +1,7 @@
 """Checkpoint conversion between FP8 (DeepSeek-V3 block-scaled layout) and BF16.
 
 * :mod:`~fp8jax.toolkit.convert.safetensors_io`: a strict safetensors reader
-  (memory-mapped; accepts what the reference library accepts) and a streaming
+  (plain reads of regular files; accepts what the reference library accepts) and a streaming
   writer, float8 dtypes via ml_dtypes;
 * :mod:`~fp8jax.toolkit.convert.blockwise`: 128x128 block (de)quantization:
   DeepSeek's FP8 -> BF16 arithmetic bit for bit (or the correctly rounded

@@ -29,8 +29,18 @@ directory renamed to ``dst``.  Any failure, Ctrl-C (SIGINT), SIGTERM or
 SIGHUP removes the hidden directory, so a failed run leaves no ``dst`` at all;
 a partial directory left by a process that no longer exists (kill -9, power
 loss) is removed by the next conversion into the same parent directory.
-FP8 NaN codes, non-positive scales, an output inside the input and a source
-with nothing to convert are refused.
+FP8 NaN codes, non-positive scales, an output inside the input and a source with nothing to convert are refused.
+
+What the source may hold.  Shards, the index and config.json must be regular
+files (a FIFO would block, a device such as /dev/zero never ends; the JSON
+files are read up to ``MAX_JSON_BYTES``); they may be symlinks to files
+anywhere (a Hugging Face cache snapshot is links into its blob directory).
+The other files are copied into the output as files; a symlink among them
+must lead to a regular file, or to a directory inside the source that the
+copy does not reach another way: a directory link that leaves the source, a
+loop, a dangling link and special files are refused before anything is
+written.  Shards are read, not memory-mapped, and each read checks that the
+shard has not changed since its header was checked.
 
 A ``.safetensors`` file in a directory with an index that the index does not
 list is converted too (with a warning): it appears in the output under the
@@ -45,6 +55,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import sys
 import time
 from collections import Counter
@@ -76,11 +87,15 @@ from fp8jax.toolkit.convert.safetensors_io import (
     DTYPES,
     FLOAT_DTYPES,
     FP8_DTYPES,
+    MAX_HEADER_BYTES,
     SafetensorsError,
     SafetensorsFile,
     SafetensorsWriter,
+    array_can_hold,
+    file_kind,
     iter_row_chunks,
     loads_json,
+    read_regular,
     save_file,
 )
 
@@ -90,6 +105,8 @@ CHUNK_ELEMS = 1 << 22
 # Written into the hidden output directory while a conversion runs (and removed
 # before the rename): which process owns it, so a later run can tell a stale one.
 PARTIAL_MARKER = ".fp8jax-convert.json"
+# The index and config.json are read whole: DeepSeek-V3's index is about 9 MB.
+MAX_JSON_BYTES = MAX_HEADER_BYTES
 
 # Tensors bf16-to-fp8 leaves in high precision (regular expressions searched in
 # the name).  DeepSeek-V3 keeps these in BF16: embeddings, the output head, all
@@ -168,9 +185,11 @@ class Source:
 
 def _read_json(path: Path, what: str, strict: bool = True):
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path, what, MAX_JSON_BYTES).decode("utf-8")
     except UnicodeDecodeError:
         raise ConversionError(f"unreadable {what} {path}: not UTF-8 text") from None
+    except SafetensorsError as e:
+        raise ConversionError(str(e)) from None
     except OSError as e:
         raise ConversionError(f"cannot read {what} {path}: {e.strerror or e}") from None
     try:
@@ -189,7 +208,7 @@ def open_source(src: str | os.PathLike, warn: Callable[[str], None] | None = Non
     if not root.is_dir():
         raise ConversionError(f"source {root} is not a directory")
     idx_path = root / INDEX_NAME
-    if idx_path.exists():
+    if idx_path.exists() or idx_path.is_symlink():
         idx = _read_json(idx_path, "index")
         wm = idx.get("weight_map") if isinstance(idx, dict) else None
         if not isinstance(wm, dict) or not all(
@@ -203,8 +222,9 @@ def open_source(src: str | os.PathLike, warn: Callable[[str], None] | None = Non
         for s in shards:
             if Path(s).name != s:
                 raise ConversionError(f"index {idx_path} names a file outside the directory: {s!r}")
-            if not (root / s).is_file():
+            if not (root / s).exists() and not (root / s).is_symlink():
                 raise ConversionError(f"index {idx_path} names a missing file: {s}")
+            _require_regular(root / s, f"file {s} named by index {idx_path}")
         unlisted = sorted(p.name for p in root.glob("*.safetensors") if p.name not in set(shards))
         for u in unlisted:
             warn(
@@ -243,6 +263,77 @@ def open_source(src: str | os.PathLike, warn: Callable[[str], None] | None = Non
     return source
 
 
+def _require_regular(path: Path, what: str) -> None:
+    """Refuse (ConversionError) a path that is not, or does not lead to, a regular file."""
+    try:
+        mode = path.stat().st_mode
+    except RuntimeError:  # Python < 3.13 reports a symlink loop so
+        raise ConversionError(f"{what} is a symlink loop") from None
+    except OSError as e:
+        raise ConversionError(f"cannot read {what}: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise ConversionError(f"{what} is {file_kind(mode)}, not a regular file")
+
+
+def carried_files(src: Path, skip: set[str]) -> list[tuple[Path, Path | None]]:
+    """The files besides shards and index that go into the output, checked before writing.
+
+    Returns (path relative to ``src``, the file to copy; None for a
+    directory to create), parents before children.  ``skip`` names
+    top-level entries left out (shards; ``*.safetensors`` and the index are
+    always left out).  A symlink is followed when it leads to a regular file
+    (anywhere) or to a directory inside ``src`` that the walk has not
+    reached yet; a directory link that leaves ``src``, reaches a directory a
+    second time (a loop, or two paths to the same data), dangles or loops on
+    itself, and any FIFO, socket or device, raise ConversionError: one line
+    naming the entry.
+    """
+    root = src.resolve()
+    out: list[tuple[Path, Path | None]] = []
+    seen = {root}
+    stack: list[tuple[Path, Path]] = [(Path(), root)]
+    while stack:
+        rel_dir, real_dir = stack.pop()
+        for entry in sorted(real_dir.iterdir(), key=lambda p: p.name, reverse=True):
+            rel = rel_dir / entry.name
+            if rel_dir == Path() and (
+                entry.name in skip
+                or entry.name == INDEX_NAME
+                or entry.name.endswith(".safetensors")
+            ):
+                continue
+            shown = src / rel
+            try:
+                target = entry.resolve(strict=True) if entry.is_symlink() else entry
+                mode = target.stat().st_mode
+            except (OSError, RuntimeError):
+                raise ConversionError(
+                    f"{shown} is a symlink that loops or leads nowhere; remove it or the link"
+                ) from None
+            if stat.S_ISDIR(mode):
+                if not target.is_relative_to(root):
+                    raise ConversionError(
+                        f"{shown} is a symlink to the directory {target}, outside the source "
+                        f"{root}; copy what it holds into the source or remove the link"
+                    )
+                if target in seen:
+                    raise ConversionError(
+                        f"{shown} is a symlink to {target}, which the copy reaches another way "
+                        "(a symlink loop or a second path to the same directory); remove the link"
+                    )
+                seen.add(target)
+                out.append((rel, None))
+                stack.append((rel, target))
+            elif stat.S_ISREG(mode):
+                out.append((rel, target))
+            else:
+                raise ConversionError(
+                    f"{shown} is {file_kind(mode)}, not a regular file; only files are converted "
+                    "or copied"
+                )
+    return sorted(out, key=lambda e: e[0].parts)
+
+
 # -- planning -------------------------------------------------------------------
 
 
@@ -276,6 +367,15 @@ def _dtype_summary(source: Source) -> str:
     return ", ".join(f"{k} x {v}" for k, v in sorted(n.items()))
 
 
+def _require_holdable(name: str, shard: str, dtype: str, shape: tuple[int, ...]) -> None:
+    """Refuse an output tensor numpy cannot make (an absurd shape such as [2^62, 0] in BF16)."""
+    if not array_can_hold(shape, DTYPES[dtype].itemsize):
+        raise ConversionError(
+            f"tensor {name!r} ({shard}) has shape {list(shape)}: as {dtype} it is beyond what an "
+            "array can hold; the header is not a real checkpoint's"
+        )
+
+
 def _plan_fp8_to_bf16(source: Source) -> dict[str, list[Action]]:
     plan: dict[str, list[Action]] = {}
     for s in source.all_shards:
@@ -302,6 +402,7 @@ def _plan_fp8_to_bf16(source: Source) -> dict[str, list[Action]]:
                     check_scale(name, t.shape, sname, sf.get(sname))
                 except ValueError as e:
                     raise ConversionError(str(e)) from None
+                _require_holdable(name, s, "BF16", t.shape)
                 acts.append(Action("dequant", name, ((name, "BF16", t.shape),), sname))
             else:
                 acts.append(Action("copy", name, ((name, t.dtype, t.shape),)))
@@ -361,7 +462,7 @@ def _plan_bf16_to_fp8(source: Source, keep: Sequence[str]) -> dict[str, list[Act
 def _converted_config(src: Path, direction: str) -> dict | None:
     """config.json as it will be written (None: the source has none)."""
     p = src / "config.json"
-    if not p.exists():
+    if not p.exists() and not p.is_symlink():
         return None
     cfg = _read_json(p, "config", strict=False)
     if not isinstance(cfg, dict):
@@ -403,6 +504,11 @@ def _write_shard(
                     progress.update((r1 - r0) * row * t.np_dtype.itemsize, a.name)
             elif a.kind == "dequant":
                 scale = source.locate(a.scale, shard).get(a.scale)
+                if t.numel == 0:
+                    # Written whole: the row count of an empty tensor must not
+                    # drive the chunk loop.
+                    w.write(a.name, np.zeros(t.shape, DTYPES["BF16"]))
+                    continue
                 for r0, r1 in iter_row_chunks(t.shape[0], t.shape[1], BLOCK, CHUNK_ELEMS):
                     x = f.rows(a.name, r0, r1)
                     if not all_finite(x):
@@ -467,16 +573,17 @@ def _verify_shard(path: Path, acts: list[Action]) -> int:
         return total
 
 
-def _carry_other_files(src: Path, tmp: Path, config: dict | None, shards: set[str]) -> None:
-    for p in sorted(src.iterdir()):
-        if p.name in shards or p.name == INDEX_NAME or p.name.endswith(".safetensors"):
-            continue
-        if p.name == "config.json" and config is not None:
-            (tmp / p.name).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        elif p.is_dir():
-            shutil.copytree(p, tmp / p.name)
-        elif p.is_file():
-            shutil.copy2(p, tmp / p.name)
+def _carry_other_files(
+    tmp: Path, config: dict | None, files: list[tuple[Path, Path | None]]
+) -> None:
+    """Write the converted config.json and copy ``files`` (from :func:`carried_files`)."""
+    for rel, real in files:
+        if rel == Path("config.json") and config is not None:
+            (tmp / rel).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        elif real is None:
+            (tmp / rel).mkdir()
+        else:
+            shutil.copy2(real, tmp / rel)
 
 
 # -- the hidden output directory -------------------------------------------------
@@ -568,6 +675,7 @@ def convert_checkpoint(
                 plan = _plan_bf16_to_fp8(source, keep)
             config = _converted_config(src_p, direction)
             shards = source.all_shards
+            others = carried_files(src_p, set(shards))
             n_in = sum(len(source.file(s).names()) for s in shards)
             bytes_in = sum(
                 source.file(s).info(n).nbytes for s in shards for n in source.file(s).names()
@@ -595,7 +703,7 @@ def convert_checkpoint(
                 for a in plan[s]:
                     for name, _, _ in a.out:
                         weight_map[name] = s
-            _carry_other_files(src_p, tmp, config, set(shards))
+            _carry_other_files(tmp, config, others)
             if source.has_index or len(source.shards) > 1:
                 meta = dict(source.index_meta)
                 meta["total_size"] = bytes_out

@@ -9,9 +9,14 @@ File layout (https://github.com/huggingface/safetensors, "Format"):
               of this data block
 
 The ``safetensors`` package's numpy loader has no float8 dtypes, hence this
-module.  The reader memory-maps the file and hands out one tensor (or a range
-of rows of one) at a time, so converting a shard never holds more than a
-chunk of it in memory.  The writer takes the list of tensors up front (the
+module.  The reader hands out one tensor (or a range of rows of one) at a
+time, read into a fresh array, so converting a shard never holds more than a
+chunk of it in memory.  It reads with plain reads, not a memory map: a file
+truncated while mapped kills the process (SIGBUS) on the next access, while
+a read returns short; and before each read it checks that the file still has
+the size and modification time it had when opened, so a shard changed under
+a running conversion is one error line.  Only regular files are opened (a
+FIFO would block, a device such as /dev/zero never ends).  The writer takes the list of tensors up front (the
 header comes first), then streams each tensor's bytes in order.
 
 Validation follows the reference implementation's rules (what
@@ -33,8 +38,10 @@ Validation follows the reference implementation's rules (what
 Where fp8jax is stricter than the reference: a duplicate key anywhere in the
 header is refused (the reference keeps the last one silently, so the file
 means two things), a ``dtype`` must be a string (the reference also takes
-``{"F32": null}``), and the packed sub-byte dtypes (F4, F6_E2M3, F6_E3M2)
-are refused as unsupported.
+``{"F32": null}``), the packed sub-byte dtypes (F4, F6_E2M3, F6_E3M2)
+are refused as unsupported, and so is a shape numpy cannot make an array of
+(non-zero dimensions spanning more than 2^63 - 1 bytes, as ``[2^62, 0]`` of
+F32 does although it holds no element).
 
 Every problem raises :class:`SafetensorsError` with the file name and what is
 wrong; a file that ends before its last tensor's bytes is called *truncated*,
@@ -43,10 +50,12 @@ one whose header cannot be parsed or breaks a rule above *unreadable*.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import re
+import stat
 import struct
 import sys
 from collections.abc import Iterable, Iterator
@@ -97,6 +106,67 @@ if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
 
 class SafetensorsError(ValueError):
     """A safetensors file is unreadable, truncated or inconsistent."""
+
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """'a FIFO', 'a directory', ... for an st_mode that is not a regular file."""
+    return next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path: str | os.PathLike, what: str = "file") -> int:
+    """A read-only descriptor of the regular file ``path``; OSError / ValueError otherwise.
+
+    Opened non-blocking, so that a FIFO is refused instead of waiting for a
+    writer; the type is checked on the open descriptor (no window between a
+    check and the open).  Symlinks are followed.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise SafetensorsError(f"{what} {path} is {file_kind(mode)}, not a regular file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str | os.PathLike, what: str, limit: int) -> bytes:
+    """The bytes of the regular file ``path``, refused (ValueError) past ``limit`` bytes."""
+    fd = open_regular(path, what)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise SafetensorsError(f"{what} {path} is {size} bytes; at most {limit} accepted")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise SafetensorsError(f"{what} {path} grew past {limit} bytes while being read")
+    return data
+
+
+def array_can_hold(shape: Iterable[int], itemsize: int) -> bool:
+    """Whether numpy can make an array of ``shape``: its non-zero dimensions times
+    ``itemsize`` fit in a signed pointer-sized integer (numpy's rule, empty arrays included)."""
+    span = itemsize
+    for d in shape:
+        if d < 0:
+            return False
+        if d:
+            span *= d
+            if span > _INTP_MAX:
+                return False
+    return True
 
 
 def dtype_name(dtype) -> str:
@@ -299,13 +369,6 @@ def parse_header(raw: bytes, data_size: int) -> tuple[dict[str, str], dict[str, 
                 f"(tensors must tile the data block from 0 without gaps or overlaps)"
             )
         pos = t.end
-        if any(d > _INTP_MAX for d in t.shape):
-            # Stricter than the reference: numpy cannot hold such a dimension,
-            # even in an empty tensor.
-            raise SafetensorsError(
-                f"unreadable: tensor {_brief(t.name)} shape {_brief(list(t.shape))} has a "
-                f"dimension above {_INTP_MAX}"
-            )
         numel = 1
         for d in t.shape:
             numel *= d
@@ -317,6 +380,13 @@ def parse_header(raw: bytes, data_size: int) -> tuple[dict[str, str], dict[str, 
         if need > _U64_MAX:
             raise SafetensorsError(
                 f"unreadable: tensor {_brief(t.name)} shape {_brief(list(t.shape))} overflows"
+            )
+        if not array_can_hold(t.shape, DTYPES[t.dtype].itemsize):
+            # Stricter than the reference: numpy cannot hold such a shape, even
+            # in an empty tensor ([2^62, 0] of F32, say).
+            raise SafetensorsError(
+                f"unreadable: tensor {_brief(t.name)} shape {_brief(list(t.shape))} is beyond "
+                f"what an array can hold (its non-zero dimensions span more than {_INTP_MAX} bytes)"
             )
         if t.nbytes != need:
             raise SafetensorsError(
@@ -337,37 +407,48 @@ def parse_header(raw: bytes, data_size: int) -> tuple[dict[str, str], dict[str, 
 
 
 class SafetensorsFile:
-    """Read-only, memory-mapped safetensors file.  Use as a context manager or call close()."""
+    """Read-only safetensors file (a regular file).  Use as a context manager or call close()."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         p = self.path
         try:
-            size = p.stat().st_size
-            with open(p, "rb") as f:
-                head = f.read(8)
-                if len(head) < 8:
-                    raise SafetensorsError(
-                        f"truncated shard {p}: {size} bytes, shorter than the 8-byte header length"
-                    )
-                (n,) = struct.unpack("<Q", head)
-                if n > MAX_HEADER_BYTES or n > size - 8:
-                    raise SafetensorsError(
-                        f"unreadable shard {p}: header length {n} does not fit the file "
-                        f"({size} bytes) or exceeds {MAX_HEADER_BYTES}; not a safetensors file, "
-                        "or truncated"
-                    )
-                raw = f.read(n)
+            f = os.fdopen(open_regular(p, "shard"), "rb", buffering=0)
         except OSError as e:
             raise SafetensorsError(f"cannot read shard {p}: {e.strerror or e}") from None
-        self.data_start = 8 + n
         try:
-            self.metadata, self._infos = parse_header(raw, size - self.data_start)
-        except SafetensorsError as e:
-            kind, _, rest = str(e).partition(": ")
-            raise SafetensorsError(f"{kind} shard {p}: {rest}") from None
-        self._mm = np.memmap(p, dtype=np.uint8, mode="r") if size > self.data_start else None
-        self._closed = False
+            st = os.fstat(f.fileno())
+            size = st.st_size
+            head = f.read(8)
+            if len(head) < 8:
+                raise SafetensorsError(
+                    f"truncated shard {p}: {size} bytes, shorter than the 8-byte header length"
+                )
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES or n > size - 8:
+                raise SafetensorsError(
+                    f"unreadable shard {p}: header length {n} does not fit the file "
+                    f"({size} bytes) or exceeds {MAX_HEADER_BYTES}; not a safetensors file, "
+                    "or truncated"
+                )
+            raw = f.read(n)
+            if len(raw) != n:
+                raise SafetensorsError(f"truncated shard {p}: it ended inside its header")
+            self.data_start = 8 + n
+            try:
+                self.metadata, self._infos = parse_header(raw, size - self.data_start)
+            except SafetensorsError as e:
+                kind, _, rest = str(e).partition(": ")
+                raise SafetensorsError(f"{kind} shard {p}: {rest}") from None
+        except OSError as e:
+            f.close()
+            raise SafetensorsError(f"cannot read shard {p}: {e.strerror or e}") from None
+        except BaseException:
+            f.close()
+            raise
+        self._f: io.RawIOBase | None = f
+        # What the file was when its header was checked: every read compares.
+        self._stamp = (st.st_size, st.st_mtime_ns)
 
     # -- access ---------------------------------------------------------------
 
@@ -384,39 +465,59 @@ class SafetensorsFile:
         except KeyError:
             raise SafetensorsError(f"shard {self.path} has no tensor {name!r}") from None
 
-    def _require_open(self) -> None:
-        if self._mm is None and self._closed:
+    def _read(self, offset: int, nbytes: int) -> np.ndarray:
+        """``nbytes`` bytes at data offset ``offset``, into a new array; refuses a changed file."""
+        if self._f is None:
             raise SafetensorsError(f"shard {self.path} is closed")
+        buf = np.empty(nbytes, np.uint8)
+        try:
+            self._check_unchanged()
+            self._f.seek(self.data_start + offset)
+            view, got = memoryview(buf), 0
+            while got < nbytes:
+                k = self._f.readinto(view[got:])
+                if not k:
+                    raise SafetensorsError(
+                        f"shard {self.path} changed while being read: it ends "
+                        f"{nbytes - got} bytes short of its tensors (truncated); "
+                        "convert a checkpoint that nothing is writing"
+                    )
+                got += k
+        except OSError as e:
+            raise SafetensorsError(f"cannot read shard {self.path}: {e.strerror or e}") from None
+        return buf
+
+    def _check_unchanged(self) -> None:
+        st = os.fstat(self._f.fileno())
+        if (st.st_size, st.st_mtime_ns) != self._stamp:
+            raise SafetensorsError(
+                f"shard {self.path} changed while being read (size {self._stamp[0]} -> "
+                f"{st.st_size} bytes, or modified); convert a checkpoint that nothing is writing"
+            )
 
     def get(self, name: str) -> np.ndarray:
-        """The whole tensor as a read-only view of the memory map (no copy)."""
-        self._require_open()
+        """The whole tensor, read into a new array."""
         t = self.info(name)
-        if t.nbytes == 0 or self._mm is None:
+        if t.nbytes == 0:
             return np.zeros(t.shape, t.np_dtype)
-        raw = self._mm[self.data_start + t.begin : self.data_start + t.end]
-        return raw.view(t.np_dtype).reshape(t.shape)
+        return self._read(t.begin, t.nbytes).view(t.np_dtype).reshape(t.shape)
 
     def rows(self, name: str, start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop) of a tensor (along its first axis) as a view."""
-        self._require_open()
+        """Rows [start, stop) of a tensor (along its first axis), read into a new array."""
         t = self.info(name)
         if not t.shape:
             raise SafetensorsError(f"{name!r} is a scalar; it has no rows")
         row = math.prod(t.shape[1:]) * t.np_dtype.itemsize
         stop = min(stop, t.shape[0])
-        if stop <= start or row == 0 or self._mm is None:
+        if stop <= start or row == 0:
             return np.zeros((max(stop - start, 0), *t.shape[1:]), t.np_dtype)
-        b = self.data_start + t.begin + start * row
-        raw = self._mm[b : b + (stop - start) * row]
+        raw = self._read(t.begin + start * row, (stop - start) * row)
         return raw.view(t.np_dtype).reshape((stop - start, *t.shape[1:]))
 
     def close(self) -> None:
-        # Drop our reference only: arrays handed out by get()/rows() are views of
-        # the mapping, and unmapping under them would crash on their next read.
-        # The mapping goes away when the last view does.
-        self._mm = None
-        self._closed = True
+        if self._f is not None:
+            self._f.close()
+            self._f = None
 
     def __enter__(self) -> SafetensorsFile:
         return self
