@@ -73,11 +73,10 @@ def test_grid_matches_reference(tensor, rows):
 def test_recipe_rows_and_gemm(rows):
     ds_w = rows[("operands", "deepseek_v3: weight", "e4m3")]
     assert ds_w.rel_error == rows[("grid", "block 128x128", "e4m3")].rel_error
-    ds_x = rows[("operands", "deepseek_v3: gradient", "e4m3")]
+    # Activations and gradients share 1x128 tiles with amax scales (DeepSeek-V3's
+    # general rule; power-of-two scales belong to particular sites only).
+    ds_x = rows[("operands", "deepseek_v3: activation/gradient", "e4m3")]
     assert ds_x.rel_error == rows[("grid", "tile 1x128", "e4m3")].rel_error
-    # Activations have power-of-two scales (cached for Wgrad): slightly coarser.
-    ds_a = rows[("operands", "deepseek_v3: activation", "e4m3")]
-    assert ds_x.rel_error <= ds_a.rel_error < 1.5 * ds_x.rel_error
     fresh = rows[("operands", "hybrid_delayed: activation/weight (fresh state)", "e4m3")]
     steady = rows[("operands", "hybrid_delayed: activation/weight (steady state)", "e4m3")]
     # Scale 1 on values ~0.05 pushes many into E4M3 subnormals / zero.
