@@ -99,7 +99,8 @@ def _summary(recipe, val, train, tel=None):
     return {
         "recipe": recipe,
         "final_val_loss": val,
-        "train_loss_last3_mean": train,
+        "train_loss_final_window_mean": train,
+        "final_window": 3,
         "tokens_per_s": 100.0,
         "fp8_telemetry": tel or {},
     }

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fp8jax.train.compiled import StepCache
 from fp8jax.train.defaults import tiny_config
 from fp8jax.train.loop import train
 
@@ -146,9 +147,10 @@ def test_sigint_saves_a_checkpoint_that_resumes_to_the_uninterrupted_loss(tmp_pa
     assert 10 <= step < 2000 and (workdir / "checkpoints" / str(step)).is_dir()
     # Resume in this process for a few steps; compare with an uninterrupted run.
     stream = io.StringIO()
-    resumed = train(c, workdir, stop_at=step + 3, stream=stream)
+    steps = StepCache()
+    resumed = train(c, workdir, stop_at=step + 3, stream=stream, steps=steps)
     assert stream.getvalue().splitlines()[0] == f"resuming from step {step}"
-    whole = train(c, tmp_path / "whole", stop_at=step + 3, stream=io.StringIO())
+    whole = train(c, tmp_path / "whole", stop_at=step + 3, stream=io.StringIO(), steps=steps)
     assert resumed["train_curve"] == whole["train_curve"]
     assert resumed["train_curve"][-1][0] == step + 3
 

@@ -9,17 +9,21 @@ import importlib.util
 import io
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fp8jax.train.checkpoint import Checkpointer, all_finite
+from fp8jax.train.compiled import StepCache
 from fp8jax.train.defaults import ConfigError, tiny_config
 from fp8jax.train.loop import TrainingDiverged, setup, train
 from fp8jax.train.metrics import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
+# Compiled steps shared by the runs of these tests (one compilation per config).
+STEPS = StepCache()
 
 
 def _config(name):
@@ -43,14 +47,15 @@ def _fast(**overrides):
 def test_tiny_config_trains_and_loss_goes_down(tmp_path):
     c = _config("tiny")
     out = io.StringIO()
-    s = train(c, tmp_path, stream=out)
+    s = train(c, tmp_path, stream=out, steps=STEPS)
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     losses = [r["loss"] for r in rows if "loss" in r]
     vals = [r["val_loss"] for r in rows if "val_loss" in r]
     # Starts near ln(256) = 5.55 (uniform over bytes); must fall well below it.
     assert losses[0] > 4.0
-    assert s["train_loss_last3_mean"] < losses[0] - 1.0
-    assert s["train_loss_last3_mean"] == pytest.approx(np.mean(losses[-3:]), rel=1e-12)
+    assert s["final_window"] == 3
+    assert s["train_loss_final_window_mean"] < losses[0] - 1.0
+    assert s["train_loss_final_window_mean"] == pytest.approx(np.mean(losses[-3:]), rel=1e-12)
     assert vals[-1] < vals[0] and s["final_val_loss"] < 4.0
     assert s["steps"] == c.steps and np.isfinite(s["tokens_per_s"])
     assert s["already_complete"] is False
@@ -60,6 +65,13 @@ def test_tiny_config_trains_and_loss_goes_down(tmp_path):
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert (tmp_path / "checkpoints" / str(c.steps)).exists()
     lines = out.getvalue().splitlines()
+    # The resolved mesh, then compilation and the time it took.
+    assert lines[0] == "mesh data=1 x fsdp=1 x expert=1 on 1 cpu device(s), 1 process(es)"
+    assert lines[1] == "compiling the training step ..."
+    assert re.fullmatch(r"compiled the training step in \d+\.\d s \(with step 1\)", lines[2])
+    lines = lines[3:]
+    assert cfg["mesh"] == {"data": 1, "fsdp": 1, "expert": 1}
+    assert cfg["device_count"] == 1 and cfg["process_count"] == 1
     # One line per logged step (1, 10, ..., 60): evaluations add no line of their own.
     logged = [r["step"] for r in rows if "loss" in r]
     assert [int(line.split()[1].split("/")[0]) for line in lines] == logged
@@ -72,7 +84,7 @@ def test_tiny_config_trains_and_loss_goes_down(tmp_path):
     assert "fp8/flushed_mean" in rows[0]
     # The same command again: nothing trained, the summary reported.
     again = io.StringIO()
-    s2 = train(c, tmp_path, stream=again)
+    s2 = train(c, tmp_path, stream=again, steps=STEPS)
     assert again.getvalue().startswith("already complete: {")
     assert len(again.getvalue().splitlines()) == 1
     assert s2["already_complete"] is True and s2["final_val_loss"] == s["final_val_loss"]
@@ -84,11 +96,11 @@ def test_resume_is_exact_with_delayed_scaling_state_and_microbatches(tmp_path):
     c.steps, c.batch_size, c.microbatches, c.seq_len = 6, 4, 2, 32
     c.log_every, c.eval_every, c.eval_batches, c.eval_batch_size = 1, 3, 1, 4
     c.tensorboard = False
-    whole = train(c, tmp_path / "a", stream=io.StringIO())
-    part = train(c, tmp_path / "b", stop_at=3, stream=io.StringIO())
+    whole = train(c, tmp_path / "a", stream=io.StringIO(), steps=STEPS)
+    part = train(c, tmp_path / "b", stop_at=3, stream=io.StringIO(), steps=STEPS)
     assert part["steps"] == 3
     out = io.StringIO()
-    resumed = train(c, tmp_path / "b", stream=out)
+    resumed = train(c, tmp_path / "b", stream=out, steps=STEPS)
     assert out.getvalue().splitlines()[0] == "resuming from step 3"
     # Bit-for-bit: same losses at every step, same validation losses.
     assert resumed["train_curve"] == whole["train_curve"]
@@ -100,7 +112,7 @@ def test_divergence_stops_at_first_nonfinite_step_and_keeps_finite_checkpoints(t
     # The reproduction: a huge learning rate, sparse logging, frequent checkpoints.
     c = _fast(lr=1e3, steps=40, log_every=20, checkpoint_every=3, eval_every=0)
     with pytest.raises(TrainingDiverged) as info:
-        train(c, tmp_path, stream=io.StringIO())
+        train(c, tmp_path, stream=io.StringIO(), steps=STEPS)
     step = info.value.step
     msg = str(info.value)
     assert "\n" not in msg and f"diverged at step {step}" in msg
@@ -118,7 +130,7 @@ def test_divergence_stops_at_first_nonfinite_step_and_keeps_finite_checkpoints(t
     ck.close()
     out = io.StringIO()
     with pytest.raises(TrainingDiverged) as again:
-        train(c, tmp_path, stream=out)
+        train(c, tmp_path, stream=out, steps=STEPS)
     assert out.getvalue().splitlines()[0] == f"resuming from step {kept[-1]}"
     assert again.value.step == step
 
@@ -132,13 +144,27 @@ def test_summary_of_a_diverged_log_has_nan_not_errors(tmp_path):
         {"step": 2, "val_loss": None},
     ]
     s = summarize(rows, 3)
-    assert math.isnan(s["train_loss_last2_mean"]) and math.isnan(s["final_val_loss"])
+    # The key stays the same whatever the window; the window covers the 2 logged steps.
+    assert math.isnan(s["train_loss_final_window_mean"]) and math.isnan(s["final_val_loss"])
+    assert s["final_window"] == 2
     assert s["train_curve"][1][0] == 2 and math.isnan(s["train_curve"][1][1])
+
+
+def test_summary_keys_do_not_depend_on_the_window_and_old_keys_still_read():
+    from fp8jax.train.loop import summarize, train_loss_key
+
+    rows = [{"step": s, "loss": float(s)} for s in range(1, 6)]
+    keys = {frozenset(summarize(rows, w)) for w in (1, 3, 10)}
+    assert len(keys) == 1
+    assert summarize(rows, 3)["train_loss_final_window_mean"] == pytest.approx(4.0)
+    assert summarize(rows, 10)["final_window"] == 5
+    # A summary written before the key was fixed still names its train loss.
+    assert train_loss_key({"steps": 5, "train_loss_last3_mean": 4.0}) == "train_loss_last3_mean"
 
 
 def test_resume_refuses_another_config_and_allows_more_steps(tmp_path):
     c = _fast()
-    train(c, tmp_path, stop_at=2, stream=io.StringIO())
+    train(c, tmp_path, stop_at=2, stream=io.StringIO(), steps=STEPS)
     before = (tmp_path / "config.json").read_text()
     for field, value, shown in (
         ("recipe", "bf16", "recipe 'deepseek_v3' -> 'bf16'"),
@@ -146,14 +172,14 @@ def test_resume_refuses_another_config_and_allows_more_steps(tmp_path):
         ("eval_batches", 2, "eval_batches 1 -> 2"),
     ):
         with pytest.raises(ConfigError, match="another config") as info:
-            train(_fast(**{field: value}), tmp_path, stream=io.StringIO())
+            train(_fast(**{field: value}), tmp_path, stream=io.StringIO(), steps=STEPS)
         assert shown in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(ConfigError, match="steps may only grow"):
-        train(_fast(steps=1), tmp_path, stream=io.StringIO())
+        train(_fast(steps=1), tmp_path, stream=io.StringIO(), steps=STEPS)
     assert (tmp_path / "config.json").read_text() == before
     # steps (and logging fields) may change: the run resumes and config.json says so.
     out = io.StringIO()
-    train(_fast(steps=7, log_every=2), tmp_path, stop_at=3, stream=out)
+    train(_fast(steps=7, log_every=2), tmp_path, stop_at=3, stream=out, steps=STEPS)
     first = out.getvalue().splitlines()[0]
     assert first.startswith("resuming from step 2 (changed: ")
     assert "steps 6 -> 7" in first and "log_every 1 -> 2" in first
@@ -170,15 +196,15 @@ def test_resumable_fields_are_matched_by_name_and_prefix():
 
 def test_torn_metrics_line_is_dropped_with_a_warning(tmp_path):
     c = _fast()
-    whole = train(c, tmp_path / "a", stream=io.StringIO())
-    train(c, tmp_path / "b", stop_at=3, stream=io.StringIO())
+    whole = train(c, tmp_path / "a", stream=io.StringIO(), steps=STEPS)
+    train(c, tmp_path / "b", stop_at=3, stream=io.StringIO(), steps=STEPS)
     path = tmp_path / "b" / "metrics.jsonl"
     with path.open("a") as f:
         f.write('{"step": 4, "loss": 2.1')  # a kill in the middle of a write
     with pytest.warns(UserWarning, match="torn last line"):
         assert [r["step"] for r in read_jsonl(path)][-1] == 3
     out = io.StringIO()
-    resumed = train(c, tmp_path / "b", stream=out)
+    resumed = train(c, tmp_path / "b", stream=out, steps=STEPS)
     lines = out.getvalue().splitlines()
     assert lines[0] == "resuming from step 3" and "dropped a torn last line" in lines[1]
     assert resumed["train_curve"] == whole["train_curve"]
@@ -187,14 +213,14 @@ def test_torn_metrics_line_is_dropped_with_a_warning(tmp_path):
 
 def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     c = _fast(checkpoint_every=2)
-    whole = train(c, tmp_path / "a", stream=io.StringIO())
-    train(c, tmp_path / "b", stop_at=4, stream=io.StringIO())
+    whole = train(c, tmp_path / "a", stream=io.StringIO(), steps=STEPS)
+    train(c, tmp_path / "b", stop_at=4, stream=io.StringIO(), steps=STEPS)
     latest = tmp_path / "b" / "checkpoints" / "4"
     for f in latest.rglob("*"):
         if f.is_file():
             f.write_bytes(b"")  # every file of step 4 emptied
     out = io.StringIO()
-    resumed = train(c, tmp_path / "b", stream=out)
+    resumed = train(c, tmp_path / "b", stream=out, steps=STEPS)
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("warning: checkpoint step 4 is unusable (")
     assert lines[0].endswith("falling back to step 2")
@@ -236,7 +262,7 @@ def test_config_mistakes_raise_one_line_before_creating_the_workdir(tmp_path, na
     change(c)
     workdir = tmp_path / "run"
     with pytest.raises(ConfigError) as info:
-        train(c, workdir, stream=io.StringIO())
+        train(c, workdir, stream=io.StringIO(), steps=STEPS)
     assert expected in str(info.value) and "\n" not in str(info.value)
     assert not workdir.exists()
 
@@ -245,17 +271,17 @@ def test_small_corpus_and_file_workdir_raise_before_creating_anything(tmp_path):
     c = _fast()
     _text(c, tmp_path, b"abc" * 30)
     with pytest.raises(ConfigError, match="too small for seq_len 32") as info:
-        train(c, tmp_path / "run", stream=io.StringIO())
+        train(c, tmp_path / "run", stream=io.StringIO(), steps=STEPS)
     assert "\n" not in str(info.value) and not (tmp_path / "run").exists()
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="is not a directory"):
-        train(_fast(), tmp_path / "file", stream=io.StringIO())
+        train(_fast(), tmp_path / "file", stream=io.StringIO(), steps=STEPS)
     with pytest.raises(ConfigError, match="which is a file"):
-        train(_fast(), tmp_path / "file" / "run", stream=io.StringIO())
+        train(_fast(), tmp_path / "file" / "run", stream=io.StringIO(), steps=STEPS)
 
 
 def test_eval_batches_zero_trains_without_validation(tmp_path):
-    s = train(_fast(eval_batches=0), tmp_path, stream=io.StringIO())
+    s = train(_fast(eval_batches=0), tmp_path, stream=io.StringIO(), steps=STEPS)
     assert math.isnan(s["final_val_loss"]) and s["val_curve"] == []
     assert (tmp_path / "checkpoints" / "6").exists()
     assert all(math.isfinite(v) for _, v in s["train_curve"])

@@ -56,6 +56,7 @@ import ml_collections
 import numpy as np
 
 from fp8jax.train import provenance
+from fp8jax.train.compiled import StepCache
 from fp8jax.train.defaults import ConfigError, check_workdir, model_config, seq_len, validate
 from fp8jax.train.loop import TrainingDiverged, load_data, summarize, train, train_loss_key
 from fp8jax.train.metrics import as_float, read_jsonl, to_jsonable
@@ -199,7 +200,10 @@ def validate_comparison(config: ml_collections.ConfigDict, workdir: str | Path) 
     Creates nothing.
     """
     if "compare" not in config:
-        raise ConfigError("not a comparison config: it has no 'compare' block")
+        raise ConfigError(
+            "not a comparison config (it has no 'compare' block): train it with "
+            "python experiments/train.py --config=FILE --workdir=DIR"
+        )
     validate(config, extra=("compare",))
     cmp = config.compare
     for name in cmp:
@@ -620,13 +624,15 @@ def run_comparison(
     runs: dict[str, dict[int, dict]] = {label: {} for label in labels}
     run_rows: dict[str, dict[int, list]] = {label: {} for label in labels}
     dirs: dict[str, dict[int, str]] = {label: {} for label in labels}
+    # One compilation per distinct training step, shared by every seed.
+    steps = StepCache()
     for seed in cmp.seeds:
         for label in labels:
             rc = run_config(config, label, int(seed))
             rdir = run_dir(run_root, rc, int(seed))
             print(f"== {cmp.name}: {label} seed {seed} -> {rdir}", file=stream, flush=True)
             try:
-                summary = train(rc, rdir, stream=stream)
+                summary = train(rc, rdir, stream=stream, steps=steps)
             except TrainingDiverged as e:
                 print(f"{label} seed {seed}: {e}", file=stream, flush=True)
                 summary = _diverged_summary(rdir, rc, e.step)

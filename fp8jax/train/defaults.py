@@ -278,6 +278,11 @@ def _fields(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, ob
 
 
 def _check_known_fields(config: ml_collections.ConfigDict, extra: tuple[str, ...]) -> None:
+    if "compare" in config and "compare" not in extra:
+        raise ConfigError(
+            "this is a comparison config (it has a 'compare' block): run it with "
+            "python experiments/compare_recipes.py --config=FILE --workdir=DIR"
+        )
     schema = _fields(base_config())
     have = _fields(config)
     for name in have:
