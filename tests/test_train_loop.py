@@ -5,21 +5,23 @@ refuses another config, reports "resuming from step N" / "already complete", ski
 torn metrics line and falls back past an unreadable checkpoint; user mistakes raise a
 one-line ConfigError before any workdir exists."""
 
+import errno
 import importlib.util
 import io
 import json
 import math
+import os
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fp8jax.train.checkpoint import Checkpointer, all_finite
+from fp8jax.train.checkpoint import Checkpointer, CheckpointError, all_finite
 from fp8jax.train.compiled import StepCache
 from fp8jax.train.defaults import ConfigError, tiny_config
 from fp8jax.train.loop import TrainingDiverged, setup, train
-from fp8jax.train.metrics import read_jsonl
+from fp8jax.train.metrics import MetricsWriter, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 # Compiled steps shared by the runs of these tests (one compilation per config).
@@ -206,9 +208,101 @@ def test_torn_metrics_line_is_dropped_with_a_warning(tmp_path):
     out = io.StringIO()
     resumed = train(c, tmp_path / "b", stream=out, steps=STEPS)
     lines = out.getvalue().splitlines()
-    assert lines[0] == "resuming from step 3" and "dropped a torn last line" in lines[1]
+    assert lines[0] == "resuming from step 3" and lines[1].startswith("mesh ")
+    assert "dropped a torn last line" in lines[2]
     assert resumed["train_curve"] == whole["train_curve"]
     assert all(line.endswith("}") for line in path.read_text().splitlines())
+
+
+def test_a_damaged_line_inside_the_log_is_one_line_and_touches_nothing(tmp_path):
+    c = _fast()
+    train(c, tmp_path, stop_at=3, stream=io.StringIO(), steps=STEPS)
+    path = tmp_path / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    lines[1] = lines[1][:12]
+    damaged = "\n".join(lines) + "\n"
+    path.write_text(damaged)
+    with pytest.raises(ConfigError) as e:
+        train(c, tmp_path, stream=io.StringIO(), steps=STEPS)
+    msg = str(e.value)
+    assert "metrics.jsonl line 2 is damaged" in msg and "repair or delete" in msg
+    assert "\n" not in msg
+    assert path.read_text() == damaged and (tmp_path / "checkpoints" / "3").is_dir()
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EROFS])
+def test_an_unwritable_workdir_is_one_line_and_keeps_every_checkpoint(tmp_path, monkeypatch, err):
+    real = MetricsWriter.write
+
+    def write(self, step, scalars):
+        # The disk fills up (or the filesystem turns read-only) after step 4's checkpoint.
+        if step > 4:
+            raise OSError(err, os.strerror(err), str(self.path))
+        return real(self, step, scalars)
+
+    c = _fast(checkpoint_every=2)
+    monkeypatch.setattr(MetricsWriter, "write", write)
+    with pytest.raises(CheckpointError) as e:
+        train(c, tmp_path, stream=io.StringIO(), steps=STEPS)
+    msg = str(e.value)
+    assert msg.startswith(f"cannot write to workdir {str(tmp_path)!r}: {os.strerror(err)}")
+    assert "checkpoints of steps 2, 4 are kept" in msg and "\n" not in msg
+    assert Checkpointer.steps_in(tmp_path) == [2, 4]
+    monkeypatch.undo()
+    out = io.StringIO()
+    s = train(c, tmp_path, stream=out, steps=STEPS)
+    assert out.getvalue().startswith("resuming from step 4") and s["steps"] == c.steps
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only folders")
+def test_a_read_only_workdir_is_one_line(tmp_path):
+    c = _fast()
+    train(c, tmp_path / "run", stop_at=2, stream=io.StringIO(), steps=STEPS)
+    (tmp_path / "run").chmod(0o555)
+    try:
+        with pytest.raises(CheckpointError, match="cannot write to workdir .*: Permission denied"):
+            train(c, tmp_path / "run", stream=io.StringIO(), steps=STEPS)
+    finally:
+        (tmp_path / "run").chmod(0o755)
+    assert Checkpointer.steps_in(tmp_path / "run") == [2]
+
+
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_nothing(tmp_path, monkeypatch):
+    from fp8jax.train import loop
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(loop, "run_loop", out_of_memory)
+    with pytest.raises(ConfigError, match="out of memory with batch_size 4 .*: lower"):
+        train(_fast(), tmp_path / "run", stream=io.StringIO(), steps=STEPS)
+    assert not (tmp_path / "run").exists()
+    monkeypatch.undo()
+    # The corrected command may use the same workdir.
+    s = train(_fast(steps=2), tmp_path / "run", stream=io.StringIO(), steps=STEPS)
+    assert s["steps"] == 2
+
+
+def test_changing_steps_or_cadences_reuses_the_compiled_step(tmp_path):
+    cache = StepCache()
+    a = setup(_fast(), tmp_path / "a", steps=cache)
+    b = setup(
+        _fast(steps=40, log_every=5, eval_every=7, checkpoint_every=3, final_window=2),
+        tmp_path / "b",
+        steps=cache,
+    )
+    assert len(cache) == 1 and a.step_fn is b.step_fn and a.eval_fn is b.eval_fn
+    c = setup(_fast(lr=1e-3), tmp_path / "c", steps=cache)
+    assert len(cache) == 2 and c.step_fn is not a.step_fn
+    # Built apart, the two steps are one program (the persistent compilation cache on
+    # disk hits too): the length is an input of the step, not a constant in it.
+    d = setup(_fast(steps=40), tmp_path / "d", steps=StepCache())
+    tokens = np.zeros((4, 32), np.int32)
+    hlo = [
+        r.step_fn.__wrapped__.lower(r.state, tokens, np.int32(n)).as_text()
+        for r, n in ((a, 6), (d, 40))
+    ]
+    assert d.step_fn is not a.step_fn and hlo[0] == hlo[1]
 
 
 def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):

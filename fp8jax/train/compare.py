@@ -60,6 +60,7 @@ from fp8jax.train.compiled import StepCache
 from fp8jax.train.defaults import ConfigError, check_workdir, model_config, seq_len, validate
 from fp8jax.train.loop import TrainingDiverged, load_data, summarize, train, train_loss_key
 from fp8jax.train.metrics import as_float, read_jsonl, to_jsonable
+from fp8jax.train.plot_runs import curve
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only backend)
@@ -498,14 +499,6 @@ def _smooth(y: np.ndarray, window: int) -> np.ndarray:
     return np.convolve(pad, k, mode="valid")
 
 
-def _curves(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
-    pts = [(r["step"], as_float(r[key])) for r in rows if key in r]
-    if not pts:
-        return np.zeros(0), np.zeros(0)
-    s, v = zip(*pts)
-    return np.asarray(s), np.asarray(v, dtype=np.float64)
-
-
 def _smooth_rows(v: np.ndarray, window: int) -> np.ndarray:
     return np.stack([_smooth(row, window) for row in v])
 
@@ -522,10 +515,10 @@ def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list
     base = results["baseline"]
     seeds = results["seeds"]
 
-    def paired_curves(label: str, key: str):
+    def pairedcurve(label: str, key: str):
         """Steps logged by every seed of ``label`` and of the baseline; both [seeds, steps]."""
-        curves = [_curves(run_rows[label][s], key) for s in seeds]
-        base_curves = [_curves(run_rows[base][s], key) for s in seeds]
+        curves = [curve(run_rows[label][s], key) for s in seeds]
+        base_curves = [curve(run_rows[base][s], key) for s in seeds]
         common = set(curves[0][0].tolist())
         for c in curves[1:] + base_curves:
             common &= set(c[0].tolist())
@@ -538,9 +531,9 @@ def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list
 
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 4.5))
     for label in labels:
-        s, v, _ = paired_curves(label, "loss")
+        s, v, _ = pairedcurve(label, "loss")
         ax_t.plot(s, _smooth(v.mean(0), smooth), label=label, lw=1.2)
-        s, v, _ = paired_curves(label, "val_loss")
+        s, v, _ = pairedcurve(label, "val_loss")
         ax_v.plot(s, v.mean(0), marker="o", ms=3, label=label, lw=1.2)
     ax_t.set(
         xlabel="step", ylabel=f"train loss (mean over seeds, {smooth}-step avg)", title="train"
@@ -559,13 +552,13 @@ def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list
     for label in labels:
         if label == base:
             continue
-        s, v, vb = paired_curves(label, "loss")
+        s, v, vb = pairedcurve(label, "loss")
         # Paired (same seed) relative gap per seed, then its mean and interval.
         gap_t = (_smooth_rows(v, smooth) - _smooth_rows(vb, smooth)) / _smooth_rows(vb, smooth)
         mean, lo, hi = _band(gap_t)
         (line,) = ax_t.plot(s, 100 * mean, label=label, lw=1.2)
         ax_t.fill_between(s, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.15)
-        s, v, vvb = paired_curves(label, "val_loss")
+        s, v, vvb = pairedcurve(label, "val_loss")
         gap_v = (v - vvb) / vvb
         mean, lo, hi = _band(gap_v)
         (line,) = ax_v.plot(s, 100 * mean, marker="o", ms=3, label=f"{label} (mean)", lw=1.4)
