@@ -379,3 +379,68 @@ def test_eval_batches_zero_trains_without_validation(tmp_path):
     assert math.isnan(s["final_val_loss"]) and s["val_curve"] == []
     assert (tmp_path / "checkpoints" / "6").exists()
     assert all(math.isfinite(v) for _, v in s["train_curve"])
+
+
+_PROCESS = """
+import io, json, sys
+from fp8jax.train.defaults import tiny_config
+from fp8jax.train.loop import train
+workdir, pid, port = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+c = tiny_config()
+c.recipe = "bf16"
+c.steps, c.batch_size, c.seq_len, c.warmup_steps = 4, 4, 32, 1
+c.log_every, c.eval_every, c.eval_batches, c.eval_batch_size = 1, 2, 1, 4
+c.mesh.num_processes, c.mesh.coordinator_address = 2, "localhost:" + port
+c.mesh.process_id = pid
+out = io.StringIO()
+s = train(c, workdir, stream=out)
+print("OUT " + json.dumps(out.getvalue()))
+print("SUMMARY " + json.dumps([s["train_loss_final_window_mean"], s["final_val_loss"]]))
+"""
+
+
+@pytest.mark.slow  # two processes compile the step: minutes on a loaded 2-core machine
+def test_two_processes_write_one_log_and_agree_on_the_summary(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = str(s.getsockname()[1])
+    env = dict(os.environ, JAX_PLATFORMS="cpu", FP8JAX_CACHE_DIR="", PYTHONPATH=str(ROOT))
+    env.pop("XLA_FLAGS", None)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PROCESS, str(tmp_path / "run"), str(pid), port],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pid in (0, 1)
+    ]
+    outs = [p.communicate(timeout=1200) for p in procs]
+    for p, (_out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+
+    def tagged(out, tag):
+        return json.loads(next(ln for ln in out.splitlines() if ln.startswith(tag))[len(tag) :])
+
+    printed = [tagged(out, "OUT ") for out, _ in outs]
+    summaries = [tagged(out, "SUMMARY ") for out, _ in outs]
+    # Process 0 speaks for the run; process 1 prints nothing.
+    assert printed[0].splitlines()[0] == (
+        "mesh data=2 x fsdp=1 x expert=1 on 2 cpu device(s), 2 process(es)"
+    )
+    assert printed[1] == ""
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    train_steps = [r["step"] for r in rows if "loss" in r]
+    assert train_steps == [1, 2, 3, 4]
+    assert [r["step"] for r in rows if "val_loss" in r] == [2, 4]
+    assert len(list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))) == 1
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert summaries[0] == summaries[1]
+    assert summaries[0][0] == pytest.approx(np.mean(losses[-3:]), rel=1e-12)
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert cfg["process_count"] == 2 and cfg["device_count"] == 2

@@ -62,22 +62,15 @@ def curve(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(steps), np.asarray(vals, np.float64)
 
 
-def plot_runs(
-    paths: list[str | Path], out: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS
-) -> Path:
-    """Write a PNG with one panel per key and one line per run; returns its path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+def figure(rows: dict[str, list[dict]], keys: tuple[str, ...] = DEFAULT_KEYS):
+    """A matplotlib Figure: one panel per key, one line per run (label -> rows)."""
     import matplotlib.pyplot as plt
 
-    runs = find_runs(paths)
-    rows = {label: read_jsonl(path) for label, path in runs}
     missing = [k for k in keys if not any(curve(r, k)[0].size for r in rows.values())]
     if missing:
         raise ConfigError(f"no run logs {', '.join(missing)}: choose --keys among the logged ones")
     fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4.2), squeeze=False)
-    for (label, _), style in zip(runs, run_styles(len(runs))):
+    for label, style in zip(rows, run_styles(len(rows))):
         for ax, key in zip(axes[0], keys):
             s, v = curve(rows[label], key)
             # Sparse curves (validation) get markers: a few points read as points.
@@ -87,8 +80,22 @@ def plot_runs(
         ax.set(xlabel="step", ylabel=key, title=key)
         ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(runs), 3), fontsize=8)
-    fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(runs) - 1) // 3), 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(rows), 3), fontsize=8)
+    fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(rows) - 1) // 3), 1, 1))
+    return fig
+
+
+def plot_runs(
+    paths: list[str | Path], out: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS
+) -> Path:
+    """Write :func:`figure` of the runs under ``paths`` as a PNG; returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {label: read_jsonl(path) for label, path in find_runs(paths)}
+    fig = figure(rows, keys)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
