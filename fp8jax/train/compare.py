@@ -515,7 +515,7 @@ def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list
     base = results["baseline"]
     seeds = results["seeds"]
 
-    def pairedcurve(label: str, key: str):
+    def paired_curves(label: str, key: str):
         """Steps logged by every seed of ``label`` and of the baseline; both [seeds, steps]."""
         curves = [curve(run_rows[label][s], key) for s in seeds]
         base_curves = [curve(run_rows[base][s], key) for s in seeds]
@@ -531,9 +531,9 @@ def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list
 
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 4.5))
     for label in labels:
-        s, v, _ = pairedcurve(label, "loss")
+        s, v, _ = paired_curves(label, "loss")
         ax_t.plot(s, _smooth(v.mean(0), smooth), label=label, lw=1.2)
-        s, v, _ = pairedcurve(label, "val_loss")
+        s, v, _ = paired_curves(label, "val_loss")
         ax_v.plot(s, v.mean(0), marker="o", ms=3, label=label, lw=1.2)
     ax_t.set(
         xlabel="step", ylabel=f"train loss (mean over seeds, {smooth}-step avg)", title="train"
@@ -552,13 +552,13 @@ def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list
     for label in labels:
         if label == base:
             continue
-        s, v, vb = pairedcurve(label, "loss")
+        s, v, vb = paired_curves(label, "loss")
         # Paired (same seed) relative gap per seed, then its mean and interval.
         gap_t = (_smooth_rows(v, smooth) - _smooth_rows(vb, smooth)) / _smooth_rows(vb, smooth)
         mean, lo, hi = _band(gap_t)
         (line,) = ax_t.plot(s, 100 * mean, label=label, lw=1.2)
         ax_t.fill_between(s, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.15)
-        s, v, vvb = pairedcurve(label, "val_loss")
+        s, v, vvb = paired_curves(label, "val_loss")
         gap_v = (v - vvb) / vvb
         mean, lo, hi = _band(gap_v)
         (line,) = ax_v.plot(s, 100 * mean, marker="o", ms=3, label=f"{label} (mean)", lw=1.4)
