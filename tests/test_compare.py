@@ -188,6 +188,11 @@ def test_comparison_mistakes_raise_one_line_and_create_nothing(tmp_path):
         compare.run_comparison(c, workdir)
     assert "\n" not in str(info.value)
     c = _cfg()
+    # Checked against the machine for every run before the first one trains.
+    c.compare.runs.fp8.batch_size = 10**12
+    with pytest.raises(ConfigError, match="compare.runs.fp8: batch_size 1000000000000 .* needs"):
+        compare.run_comparison(c, workdir)
+    c = _cfg()
     c.compare.baseline = "fp16"
     with pytest.raises(ConfigError, match="baseline 'fp16' is not among"):
         compare.run_comparison(c, workdir)

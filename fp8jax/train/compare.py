@@ -55,7 +55,8 @@ import matplotlib
 import ml_collections
 import numpy as np
 
-from fp8jax.train import provenance
+from fp8jax.parallel.mesh import maybe_initialize_distributed
+from fp8jax.train import preflight, provenance
 from fp8jax.train.compiled import StepCache
 from fp8jax.train.defaults import ConfigError, check_workdir, model_config, seq_len, validate
 from fp8jax.train.loop import TrainingDiverged, load_data, summarize, train, train_loss_key
@@ -229,11 +230,18 @@ def validate_comparison(config: ml_collections.ConfigDict, workdir: str | Path) 
     if not list(cmp.seeds):
         raise ConfigError("compare.seeds is empty: give at least one seed (two for an interval)")
     workdir = check_workdir(workdir)
+    # Before anything touches a device (several processes), as a run's setup does.
+    maybe_initialize_distributed(config.mesh)
     checked: set[str] = set()
     for label in labels:
         rc = run_config(config, label, int(cmp.seeds[0]))
         try:
             validate(rc)
+            # Every run's mesh, batch split and memory, before the first run trains.
+            mcfg = model_config(rc)
+            sizes = preflight.resolve_mesh(rc)
+            preflight.check_batches(rc, sizes)
+            preflight.check_memory(rc, mcfg, seq_len(rc, mcfg), math.prod(sizes.values()))
         except ConfigError as e:
             raise ConfigError(f"compare.runs.{label}: {e}") from None
         n = seq_len(rc, model_config(rc))
