@@ -94,6 +94,11 @@ def evaluate(
         raise ConfigError(
             f"--batch_size {batch_size} must be a positive multiple of the {run.mesh.size} devices"
         )
+    if run.corpus.unit != "bytes":
+        raise ConfigError(
+            f"this run trains on {run.corpus.unit} of {run.corpus.name!r}; evaluate.py scores "
+            "runs on byte-level data (stdlib, text, synthetic)"
+        )
     if path is None:
         stream, source = run.corpus.val, f"the validation split of {run.corpus.name!r}"
     else:

@@ -46,6 +46,11 @@ def sample(
 ) -> bytes:
     """``length`` bytes generated after ``prompt`` (the prompt is not repeated)."""
     check_sampling(temperature, top_k, length)
+    if run.corpus.unit != "bytes":
+        raise ConfigError(
+            f"this run trains on {run.corpus.unit} of {run.corpus.name!r}; sample.py generates "
+            "from runs on byte-level data (stdlib, text, synthetic)"
+        )
     if not prompt:
         raise ConfigError("the prompt is empty: give at least one byte with --prompt")
     n = run.seq_len
