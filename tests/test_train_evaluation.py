@@ -3,6 +3,7 @@ the mean over every prediction against a float64 reference, bits = nats / ln 2."
 
 import math
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -25,8 +26,19 @@ def test_windows_are_consecutive_and_fill_whole_batches():
 
 
 def _reference_nats(run, state, tokens_NxT):
-    model = nnx.merge(run.graphdef, state.params, state.fp8, state.bias, state.rest)
-    logits = np.asarray(model(tokens_NxT)[0], np.float64)
+    def logits_of(state, tokens):
+        model = nnx.merge(run.graphdef, state.params, state.fp8, state.bias, state.rest)
+        return model(tokens)[0]
+
+    # The same compiled forward, batch by batch as evaluated (eager FP8 numerics may
+    # round a scale differently); the reduction over windows is what is checked.
+    fwd = jax.jit(logits_of)
+    logits = np.concatenate(
+        [
+            np.asarray(fwd(state, tokens_NxT[i : i + 4]), np.float64)
+            for i in range(0, len(tokens_NxT), 4)
+        ]
+    )
     lg, tgt = logits[:, :-1], tokens_NxT[:, 1:]
     top = lg.max(-1, keepdims=True)
     logz = np.log(np.exp(lg - top).sum(-1)) + top[..., 0]
