@@ -14,7 +14,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from fp8jax.train.checkpoint import CheckpointError
-from fp8jax.train.defaults import ConfigError
+from fp8jax.train.defaults import ConfigError, fields_help
 from fp8jax.train.loop import TrainingDiverged, TrainingInterrupted, summary_line, train
 from fp8jax.train.runtime import (
     CACHE_HELP,
@@ -22,6 +22,12 @@ from fp8jax.train.runtime import (
     parse_flags,
     setup_runtime,
     usage_error,
+)
+
+# --help prints this docstring: it ends with every config field and its default.
+__doc__ += (
+    "\nConfig fields (--config.FIELD=VALUE; defaults of fp8jax/train/defaults.py, which "
+    "configs/*.py change; meanings there):\n" + fields_help() + "\n"
 )
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)

@@ -99,7 +99,8 @@ def _summary(recipe, val, train, tel=None):
     return {
         "recipe": recipe,
         "final_val_loss": val,
-        "train_loss_last3_mean": train,
+        "train_loss_final_window_mean": train,
+        "final_window": 3,
         "tokens_per_s": 100.0,
         "fp8_telemetry": tel or {},
     }
@@ -186,6 +187,11 @@ def test_comparison_mistakes_raise_one_line_and_create_nothing(tmp_path):
     with pytest.raises(ConfigError, match="compare.runs.fp8: unknown recipe") as info:
         compare.run_comparison(c, workdir)
     assert "\n" not in str(info.value)
+    c = _cfg()
+    # Checked against the machine for every run before the first one trains.
+    c.compare.runs.fp8.batch_size = 10**12
+    with pytest.raises(ConfigError, match="compare.runs.fp8: batch_size 1000000000000 .* needs"):
+        compare.run_comparison(c, workdir)
     c = _cfg()
     c.compare.baseline = "fp16"
     with pytest.raises(ConfigError, match="baseline 'fp16' is not among"):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fp8jax.train.compiled import StepCache
 from fp8jax.train.defaults import tiny_config
 from fp8jax.train.loop import train
 
@@ -24,11 +25,14 @@ def _env() -> dict:
     return env
 
 
-def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+def _run(script: str, *args: str, devices: int = 1) -> subprocess.CompletedProcess:
+    env = _env()
+    if devices > 1:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     return subprocess.run(
         [sys.executable, str(ROOT / "experiments" / script), *args],
         cwd=ROOT,
-        env=_env(),
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,
@@ -53,6 +57,23 @@ def _mistakes(tmp: Path) -> dict[str, tuple[list[str], str]]:
         ),
         "batch_size": (["--config.batch_size=0"], "batch_size must be >= 1"),
         "seq_len": (["--config.seq_len=1"], "seq_len 1 is too short"),
+        "mesh": (
+            ["--config.mesh.data=3"],
+            "mesh data=3 x fsdp=1 x expert=1 does not fit this machine: it uses 3 devices but 8 "
+            "are available; make the sizes multiply to 8",
+        ),
+        "batch_split": (["--config.batch_size=6"], "batch_size 6 does not split over the 8"),
+        "absurd_batch": (["--config.batch_size=1000000000000"], "lower --config.batch_size"),
+        "training_config": (
+            ["--config=configs/tiny.py"],
+            "not a comparison config (it has no 'compare' block): train it with python "
+            "experiments/train.py",
+        ),
+        "comparison_config": (
+            ["--config=configs/compare/headline.py"],
+            "this is a comparison config (it has a 'compare' block): run it with python "
+            "experiments/compare_recipes.py",
+        ),
     }
 
 
@@ -65,6 +86,10 @@ MISTAKE_NAMES = [
     "small_corpus",
     "batch_size",
     "seq_len",
+    "mesh",
+    "batch_split",
+    "absurd_batch",
+    "comparison_config",
 ]
 
 
@@ -74,7 +99,8 @@ def test_train_mistake_prints_one_line_and_creates_no_workdir(tmp_path, name):
     workdir = tmp_path / "run"
     argv = ["--config=configs/tiny.py", f"--workdir={workdir}", *args]
     # A later flag wins: the mistake replaces the default config or workdir.
-    p = _run("train.py", *argv)
+    # Eight simulated devices: the mesh and the batch split are checked against them.
+    p = _run("train.py", *argv, devices=8 if name in ("mesh", "batch_split") else 1)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("train.py: error: "), p.stderr
@@ -82,7 +108,7 @@ def test_train_mistake_prints_one_line_and_creates_no_workdir(tmp_path, name):
     assert not workdir.exists()
 
 
-@pytest.mark.parametrize("name", ["typo", "config_file", "workdir_file"])
+@pytest.mark.parametrize("name", ["typo", "config_file", "workdir_file", "training_config"])
 def test_compare_mistake_prints_one_line_and_creates_no_workdir(tmp_path, name):
     args, expected = _mistakes(tmp_path)[name]
     workdir = tmp_path / "cmp"
@@ -146,9 +172,10 @@ def test_sigint_saves_a_checkpoint_that_resumes_to_the_uninterrupted_loss(tmp_pa
     assert 10 <= step < 2000 and (workdir / "checkpoints" / str(step)).is_dir()
     # Resume in this process for a few steps; compare with an uninterrupted run.
     stream = io.StringIO()
-    resumed = train(c, workdir, stop_at=step + 3, stream=stream)
+    steps = StepCache()
+    resumed = train(c, workdir, stop_at=step + 3, stream=stream, steps=steps)
     assert stream.getvalue().splitlines()[0] == f"resuming from step {step}"
-    whole = train(c, tmp_path / "whole", stop_at=step + 3, stream=io.StringIO())
+    whole = train(c, tmp_path / "whole", stop_at=step + 3, stream=io.StringIO(), steps=steps)
     assert resumed["train_curve"] == whole["train_curve"]
     assert resumed["train_curve"][-1][0] == step + 3
 
@@ -166,3 +193,33 @@ def test_cache_lives_in_the_users_cache_directory(monkeypatch, tmp_path):
     assert runtime.default_jax_cache_dir() == str(tmp_path / "mine" / "jax")
     monkeypatch.setenv("FP8JAX_CACHE_DIR", "")
     assert runtime.default_jax_cache_dir() == ""
+
+
+def test_help_lists_every_config_field_with_its_default():
+    from fp8jax.train.defaults import _fields, base_config
+
+    p = _run("train.py", "--help")
+    assert p.returncode == 0, p.stderr
+    listed = dict(
+        re.fullmatch(r"  --config\.(\S+)\s+default (.*)", line).groups()
+        for line in p.stdout.splitlines()
+        if line.startswith("  --config.")
+    )
+    fields = _fields(base_config())
+    assert set(listed) == set(fields)
+    assert listed["batch_size"] == "8" and listed["data.source"] == "'stdlib'"
+
+
+def test_config_docstrings_name_only_summary_keys_and_fields_that_exist():
+    import ast
+
+    from fp8jax.train.defaults import _fields, base_config
+    from fp8jax.train.loop import summarize
+
+    known = set(summarize([{"step": 1, "loss": 1.0}], 3)) | {
+        name.rsplit(".", 1)[-1] for name in _fields(base_config())
+    }
+    for path in sorted((ROOT / "configs").rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        named = set(re.findall(r"\b(?:train_loss|final)_\w+", doc))
+        assert named <= known, (path.name, named - known)

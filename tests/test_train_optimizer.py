@@ -99,3 +99,29 @@ def test_optimizer_clips_decays_matrices_only_and_keeps_fp32_params():
     clipped, _ = clip.update(big, clip.init(params))
     norm = float(optax.global_norm(clipped))
     assert norm == pytest.approx(1.0, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "total,warmup", [(1, 0), (3, 10), (6, 2), (60, 10), (150, 15), (4000, 500)]
+)
+def test_schedule_of_a_traced_length_is_the_schedule_of_that_length(total, warmup):
+    # A jitted step takes the run's length as an input: one program for every length.
+    steps = np.arange(0, total + 4, dtype=np.int32)
+    traced = jax.jit(lambda s, t: jax.vmap(lr_schedule(3e-3, t, warmup, 0.1))(s))
+    got = np.asarray(traced(steps, np.int32(total)))
+    fixed = np.asarray(jax.jit(jax.vmap(lr_schedule(3e-3, total, warmup, 0.1)))(steps))
+    np.testing.assert_array_equal(got, fixed)
+    # Reference in float64: linear warm-up (cut to the run when longer), then cosine.
+    w = min(warmup, total)
+    decay = max(total, w + 1) - w
+    ref = np.where(
+        steps < w,
+        3e-3 * steps / max(w, 1),
+        3e-4 + 2.7e-3 * 0.5 * (1 + np.cos(np.pi * np.minimum(steps - w, decay) / decay)),
+    )
+    np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-10)
+    # optax's schedule of the same length (what runs used before the length was an input).
+    optax_ref = optax.warmup_cosine_decay_schedule(0.0, 3e-3, w, max(total, w + 1), 3e-4)
+    # (Its warm-up ramp computes peak - peak * (1 - k / w): float32 cancellation near 0.)
+    want = np.asarray(jax.jit(jax.vmap(optax_ref))(steps))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)

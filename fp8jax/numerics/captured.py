@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 from collections.abc import Iterator
 from functools import partial
@@ -157,24 +156,10 @@ def trained_run_operands(
     from flax import nnx
 
     from fp8jax.models import loss_fn
-    from fp8jax.train.checkpoint import Checkpointer
-    from fp8jax.train.defaults import ConfigError
-    from fp8jax.train.loop import setup
+    from fp8jax.train.restore import load_run
 
-    run_dir = Path(run_dir)
-    path = run_dir / "config.json"
-    try:
-        cfg = ml_collections.ConfigDict(json.loads(path.read_text())["config"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path}: not a training run's config ({type(e).__name__})") from None
-    run = setup(cfg, run_dir)
-    ckpt = Checkpointer(run_dir)
-    try:
-        if ckpt.latest_step() is None:
-            raise ConfigError(f"{run_dir} holds no checkpoint: train the run first")
-        state = ckpt.restore(run.state)
-    finally:
-        ckpt.close()
+    run, state, _ = load_run(run_dir)
+    cfg = run.config
     model = nnx.merge(run.graphdef, state.params, state.fp8, state.bias, state.rest)
     val = np.asarray(run.corpus.val)
     n = run.seq_len

@@ -10,6 +10,7 @@
     fp8jax numerics                     floating-point losses and their remedies
     fp8jax data prepare SRC DST --vocab N   text -> BPE tokenizer -> token shards for training
     fp8jax data info DIR                check a token directory and print what it holds
+    fp8jax runs plot DIR... [--out FILE] [--keys loss,val_loss]   several runs' curves
 
 Every subcommand prints plain text (``--json`` for machine-readable output
 where it makes sense).  Errors go to stderr as one line: exit status 2 for a
@@ -342,6 +343,21 @@ def _cmd_data(args) -> int:
     return 0
 
 
+def _cmd_runs(args) -> int:
+    from fp8jax.train.defaults import ConfigError
+    from fp8jax.train.plot_runs import plot_runs
+
+    keys = tuple(k for k in args.keys.split(",") if k)
+    if not keys:
+        raise UsageError("--keys names no metric")
+    try:
+        out = plot_runs(args.dirs, args.out, keys)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    print(f"wrote {out}: {', '.join(keys)} of {len(args.dirs)} path(s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(
         prog="fp8jax",
@@ -495,6 +511,18 @@ def build_parser() -> argparse.ArgumentParser:
     q = acts.add_parser("info", help="check a token directory (ids, sizes, dtypes) and summarize")
     q.add_argument("dir", help="token directory (with tokens.json)")
     p.set_defaults(func=_cmd_data)
+
+    p = sub.add_parser("runs", help="training runs: plot several runs' curves together")
+    runs = p.add_subparsers(dest="action", required=True, metavar="ACTION", parser_class=_Parser)
+    q = runs.add_parser("plot", help="one panel per metric, one line (colour + style) per run")
+    q.add_argument("dirs", nargs="+", metavar="DIR", help="run directories or folders of runs")
+    q.add_argument("--out", default="runs.png", help="PNG to write (default runs.png)")
+    q.add_argument(
+        "--keys",
+        default="loss,val_loss",
+        help="metrics.jsonl keys, one panel each (comma-separated)",
+    )
+    q.set_defaults(func=_cmd_runs)
     return ap
 
 

@@ -122,6 +122,15 @@ class Checkpointer:
         )
         return ocp.CheckpointManager(self.directory, options=options)
 
+    @staticmethod
+    def steps_in(workdir: str | Path) -> list[int]:
+        """Checkpointed steps under ``<workdir>/checkpoints``, read from the folder names."""
+        try:
+            names = os.listdir(Path(workdir) / "checkpoints")
+        except OSError:
+            return []
+        return sorted(int(n) for n in names if n.isdigit())
+
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 

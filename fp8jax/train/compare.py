@@ -55,9 +55,12 @@ import matplotlib
 import ml_collections
 import numpy as np
 
-from fp8jax.train import provenance
+from fp8jax.parallel.mesh import maybe_initialize_distributed
+from fp8jax.train import preflight, provenance
+from fp8jax.train.compiled import StepCache
 from fp8jax.train.defaults import ConfigError, check_workdir, model_config, seq_len, validate
 from fp8jax.train.loop import TrainingDiverged, load_data, summarize, train, train_loss_key
+from fp8jax.train.plot_runs import curve
 from fp8jax.train.run_log import as_float, read_jsonl, to_jsonable
 
 matplotlib.use("Agg")
@@ -199,7 +202,10 @@ def validate_comparison(config: ml_collections.ConfigDict, workdir: str | Path) 
     Creates nothing.
     """
     if "compare" not in config:
-        raise ConfigError("not a comparison config: it has no 'compare' block")
+        raise ConfigError(
+            "not a comparison config (it has no 'compare' block): train it with "
+            "python experiments/train.py --config=FILE --workdir=DIR"
+        )
     validate(config, extra=("compare",))
     cmp = config.compare
     for name in cmp:
@@ -224,11 +230,18 @@ def validate_comparison(config: ml_collections.ConfigDict, workdir: str | Path) 
     if not list(cmp.seeds):
         raise ConfigError("compare.seeds is empty: give at least one seed (two for an interval)")
     workdir = check_workdir(workdir)
+    # Before anything touches a device (several processes), as a run's setup does.
+    maybe_initialize_distributed(config.mesh)
     checked: set[str] = set()
     for label in labels:
         rc = run_config(config, label, int(cmp.seeds[0]))
         try:
             validate(rc)
+            # Every run's mesh, batch split and memory, before the first run trains.
+            mcfg = model_config(rc)
+            sizes = preflight.resolve_mesh(rc)
+            preflight.check_batches(rc, sizes)
+            preflight.check_memory(rc, mcfg, seq_len(rc, mcfg), math.prod(sizes.values()))
         except ConfigError as e:
             raise ConfigError(f"compare.runs.{label}: {e}") from None
         n = seq_len(rc, model_config(rc))
@@ -494,14 +507,6 @@ def _smooth(y: np.ndarray, window: int) -> np.ndarray:
     return np.convolve(pad, k, mode="valid")
 
 
-def _curves(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
-    pts = [(r["step"], as_float(r[key])) for r in rows if key in r]
-    if not pts:
-        return np.zeros(0), np.zeros(0)
-    s, v = zip(*pts)
-    return np.asarray(s), np.asarray(v, dtype=np.float64)
-
-
 def _smooth_rows(v: np.ndarray, window: int) -> np.ndarray:
     return np.stack([_smooth(row, window) for row in v])
 
@@ -520,8 +525,8 @@ def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list
 
     def paired_curves(label: str, key: str):
         """Steps logged by every seed of ``label`` and of the baseline; both [seeds, steps]."""
-        curves = [_curves(run_rows[label][s], key) for s in seeds]
-        base_curves = [_curves(run_rows[base][s], key) for s in seeds]
+        curves = [curve(run_rows[label][s], key) for s in seeds]
+        base_curves = [curve(run_rows[base][s], key) for s in seeds]
         common = set(curves[0][0].tolist())
         for c in curves[1:] + base_curves:
             common &= set(c[0].tolist())
@@ -620,13 +625,15 @@ def run_comparison(
     runs: dict[str, dict[int, dict]] = {label: {} for label in labels}
     run_rows: dict[str, dict[int, list]] = {label: {} for label in labels}
     dirs: dict[str, dict[int, str]] = {label: {} for label in labels}
+    # One compilation per distinct training step, shared by every seed.
+    steps = StepCache()
     for seed in cmp.seeds:
         for label in labels:
             rc = run_config(config, label, int(seed))
             rdir = run_dir(run_root, rc, int(seed))
             print(f"== {cmp.name}: {label} seed {seed} -> {rdir}", file=stream, flush=True)
             try:
-                summary = train(rc, rdir, stream=stream)
+                summary = train(rc, rdir, stream=stream, steps=steps)
             except TrainingDiverged as e:
                 print(f"{label} seed {seed}: {e}", file=stream, flush=True)
                 summary = _diverged_summary(rdir, rc, e.step)

@@ -277,7 +277,28 @@ def _fields(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, ob
     return out
 
 
+def fields_help(config: ml_collections.ConfigDict | None = None) -> str:
+    """Every config field with its default, one per line (``--config.<field>=<value>``).
+
+    Defaults are those of ``config`` (default: :func:`base_config`); each
+    field's meaning is written next to it in this module.
+    """
+    fields = _fields(base_config() if config is None else config)
+    width = max(len(name) for name in fields)
+    lines = [
+        f"  --config.{name:<{width}} default "
+        + repr(value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value)
+        for name, value in fields.items()
+    ]
+    return "\n".join(lines)
+
+
 def _check_known_fields(config: ml_collections.ConfigDict, extra: tuple[str, ...]) -> None:
+    if "compare" in config and "compare" not in extra:
+        raise ConfigError(
+            "this is a comparison config (it has a 'compare' block): run it with "
+            "python experiments/compare_recipes.py --config=FILE --workdir=DIR"
+        )
     schema = _fields(base_config())
     have = _fields(config)
     for name in have:

@@ -32,6 +32,7 @@ It returns a summary dict (losses, throughput, FP8 telemetry, curves).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import signal
@@ -62,7 +63,8 @@ from fp8jax.parallel.mesh import (
 from fp8jax.parallel.training import in_mesh, setup_training
 from fp8jax.recipes import Recipe
 from fp8jax.train import checkpoint as ckpt_lib
-from fp8jax.train import provenance, run_log
+from fp8jax.train import preflight, provenance, run_log
+from fp8jax.train.compiled import StepCache, step_key
 from fp8jax.train.defaults import (
     RESUMABLE_FIELDS,
     ConfigError,
@@ -76,6 +78,7 @@ from fp8jax.train.optimizer import make_optimizer
 from fp8jax.train.state import TrainState, count_params, create_train_state
 from fp8jax.train.step import make_eval_step, make_train_step
 from fp8jax.train.variants import get_recipe
+from fp8jax.train.workdir import removed_unless_checkpointed
 
 
 class TrainingDiverged(FloatingPointError):
@@ -115,12 +118,18 @@ def load_data(config: ml_collections.ConfigDict, n: int) -> data_lib.Corpus | da
     return corpus
 
 
+# The summary's final train-loss key; the window it covers is the "final_window" field.
+TRAIN_LOSS_KEY = "train_loss_final_window_mean"
+
+
 def summarize(rows: list[dict], final_window: int) -> dict:
     """Final losses and telemetry from metrics.jsonl rows (null values read as NaN).
 
-    ``train_loss_last{n}_mean``: mean training loss of the last ``n`` logged
-    steps (``n = final_window``, fewer if fewer were logged: one step's loss is
-    noisy); ``final_val_loss``: the validation loss after the last step;
+    The keys are the same for every config.  ``train_loss_final_window_mean``:
+    mean training loss of the last ``final_window`` logged steps (one step's
+    loss is noisy); the summary's ``final_window`` field is the number of
+    logged steps that mean covers (fewer than asked when fewer were logged);
+    ``final_val_loss``: the validation loss after the last step;
     ``tokens_per_s``: mean throughput from the first step after compilation
     to the last logged one, evaluations excluded.
     """
@@ -130,9 +139,8 @@ def summarize(rows: list[dict], final_window: int) -> dict:
     last = train_rows[-final_window:]
     out: dict[str, Any] = {
         "steps": train_rows[-1]["step"] if train_rows else 0,
-        f"train_loss_last{len(last)}_mean": (
-            float(np.mean([f(r["loss"]) for r in last])) if last else math.nan
-        ),
+        TRAIN_LOSS_KEY: float(np.mean([f(r["loss"]) for r in last])) if last else math.nan,
+        "final_window": len(last),
         "final_val_loss": f(val_rows[-1]["val_loss"]) if val_rows else math.nan,
     }
     tps = [f(r["tokens_per_s"]) for r in train_rows if "tokens_per_s" in r]
@@ -158,14 +166,21 @@ def summarize(rows: list[dict], final_window: int) -> dict:
 
 
 def train_loss_key(summary: dict) -> str:
-    """The ``train_loss_last{n}_mean`` key of a summary."""
+    """The final-window train-loss key of ``summary``.
+
+    ``TRAIN_LOSS_KEY`` for summaries of this version; a summary saved by an
+    older version names the window in the key (``train_loss_last{n}_mean``).
+    """
+    if TRAIN_LOSS_KEY in summary:
+        return TRAIN_LOSS_KEY
     return next(k for k in summary if k.startswith("train_loss_last") and k.endswith("_mean"))
 
 
 def summary_line(summary: dict) -> str:
     """The summary's headline fields as one JSON object (NaN as null)."""
-    keys = ("recipe", "steps", train_loss_key(summary), "final_val_loss", "tokens_per_s")
-    head = {k: summary[k] for k in keys}
+    keys = ("recipe", "steps", train_loss_key(summary), "final_window", "final_val_loss")
+    keys += ("tokens_per_s",)
+    head = {k: summary[k] for k in keys if k in summary}
     if "wall_s" in summary:
         head["wall_s"] = summary["wall_s"]
     return json.dumps(run_log.to_jsonable(head))
@@ -280,40 +295,22 @@ class Run:
     val: jax.Array | None
     changes: dict[str, tuple]
     gemm_paths: dict[str, str]
+    # What the run resolved (mesh sizes, device and process counts), and the
+    # compiled functions it shares with later runs of the same process.
+    placement: dict
+    steps: StepCache
+    key: str
     val_set: dict | None = None
 
 
-# Jitted step/eval functions of this process, keyed by everything they close
-# over: a resumed run or another seed of the same config reuses the compiled
-# code instead of recompiling (the init seed and batch order are inputs).
-_COMPILED: dict[str, tuple] = {}
-_MAX_COMPILED = 8
-_NOT_IN_STEP = (
-    "seed",
-    "data_seed",
-    "data",
-    "eval_every",
-    "eval_batches",
-    "eval_batch_size",
-    "log_every",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "tensorboard",
-    "final_window",
-)
-
-
-def _compile_key(config, recipe, mcfg) -> str:
-    cfg = {k: v for k, v in run_log.to_jsonable(config).items() if k not in _NOT_IN_STEP}
-    blob = {"config": cfg, "recipe": repr(recipe), "model": repr(mcfg)}
-    return json.dumps(blob, sort_keys=True, default=str)
-
-
-def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
+def setup(
+    config: ml_collections.ConfigDict, workdir: str | Path, *, steps: StepCache | None = None
+) -> Run:
     """Check everything, then build corpus, model, state and jitted functions.
 
-    Writes nothing: every user mistake (config, workdir, data) raises
-    ConfigError before anything exists on disk.
+    Writes nothing: every user mistake (config, workdir, data, a mesh or batch
+    that does not fit the machine) raises ConfigError before anything exists
+    on disk.  ``steps``: jitted functions to reuse (default: a new cache).
     """
     validate(config)
     workdir = check_workdir(workdir)
@@ -323,14 +320,17 @@ def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
     recipe = get_recipe(str(config.recipe))
     mcfg = model_config(config)
     n = seq_len(config, mcfg)
+    sizes = preflight.resolve_mesh(config)
+    preflight.check_batches(config, sizes)
+    preflight.check_memory(config, mcfg, n, math.prod(sizes.values()))
     corpus = load_data(config, n)
     check_data_fingerprint(workdir, corpus)
     # The data decides the vocabulary: embedding and output head match its ids.
     mcfg = with_data_vocab(mcfg, config, corpus.vocab_size)
     model = MoETransformer(mcfg, recipe, rngs=nnx.Rngs(int(config.seed)))
-    tx, schedule = make_optimizer(
+    optimizer_for = functools.partial(
+        make_optimizer,
         peak_lr=float(config.lr),
-        total_steps=int(config.steps),
         warmup_steps=int(config.warmup_steps),
         min_lr_ratio=float(config.min_lr_ratio),
         b1=float(config.b1),
@@ -340,6 +340,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
         clip_norm=float(config.clip_norm),
         moment_dtype=str(config.moment_dtype),
     )
+    tx, _ = optimizer_for(total_steps=int(config.steps))
     graphdef, state = create_train_state(model, tx)
     # The state placed on the mesh; the loss gathers FSDP-split parameters.
     mesh, state, mesh_loss_fn = setup_training(
@@ -352,8 +353,9 @@ def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
         (int(config.batch_size), int(config.eval_batch_size)),
     )
     del model
-    key = _compile_key(config, recipe, mcfg)
-    if key not in _COMPILED:
+    steps = StepCache() if steps is None else steps
+
+    def build() -> tuple[Callable, Callable, dict[str, str]]:
         step_fn = make_train_step(
             graphdef,
             tx,
@@ -361,20 +363,22 @@ def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
             microbatches=int(config.microbatches),
             bias_rate=float(mcfg.bias_update_rate),
             update_bias_fn=update_router_bias,
-            schedule=schedule,
             fp8_fresh=jax.tree.map(jnp.copy, state.fp8),
             fp8_reset_every=int(config.fp8_reset_every),
             fp8_amax_growth=float(config.fp8_amax_growth),
+            # The run's length is an input of the step: no recompiling when it changes.
+            optimizer_for=lambda total: optimizer_for(total_steps=total),
         )
-        if len(_COMPILED) >= _MAX_COMPILED:
-            _COMPILED.pop(next(iter(_COMPILED)))
         eval_fn = make_eval_step(graphdef, mesh_loss_fn)
         # The GEMM paths are recorded while the step is first traced (abstractly).
         tokens = jax.ShapeDtypeStruct((int(config.batch_size), n), jnp.int32)
+        total = jax.ShapeDtypeStruct((), jnp.int32)
         with jax.set_mesh(mesh):
-            paths = provenance.gemm_paths(step_fn, state, tokens)
-        _COMPILED[key] = (in_mesh(mesh, step_fn), in_mesh(mesh, eval_fn), paths)
-    step_fn, eval_fn, paths = _COMPILED[key]
+            paths = provenance.gemm_paths(step_fn, state, tokens, total)
+        return in_mesh(mesh, step_fn), in_mesh(mesh, eval_fn), paths
+
+    key = step_key(config, recipe, mcfg)
+    step_fn, eval_fn, paths = steps.get(key, build)
     val, val_set = None, None
     if int(config.eval_batches) > 0:
         batches = data_lib.val_batches(
@@ -397,6 +401,9 @@ def setup(config: ml_collections.ConfigDict, workdir: str | Path) -> Run:
         val,
         changes,
         paths,
+        preflight.mesh_facts(sizes),
+        steps,
+        key,
         val_set,
     )
 
@@ -412,7 +419,17 @@ def _run_facts(run: Run) -> dict:
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
         "provenance": {**provenance.record(), "gemm_paths": run.gemm_paths},
+        **run.placement,
     }
+
+
+def _placement_changed(run: Run) -> bool:
+    """Whether config.json records another mesh, device or process count than this run's."""
+    try:
+        recorded = json.loads((run.workdir / "config.json").read_text())
+    except (OSError, ValueError):
+        return True
+    return any(recorded.get(k) != v for k, v in run_log.to_jsonable(run.placement).items())
 
 
 # --- the loop ----------------------------------------------------------------
@@ -489,10 +506,19 @@ def run_loop(
     writer: run_log.MetricsWriter,
     start: int,
     end: int,
+    say: Callable[[str], None] = lambda line: None,
 ) -> TrainState:
-    """Steps ``start+1 .. end``: log, evaluate, checkpoint; stop on divergence or a signal."""
+    """Steps ``start+1 .. end``: log, evaluate, checkpoint; stop on divergence or a signal.
+
+    ``say`` gets the status lines: "compiling the training step ..." and the
+    time it took (the first step's run included) when this process has not
+    run the step yet.
+    """
     c = run.config
     total = int(c.steps)
+    # An input of the step (int32), not a constant compiled into it.
+    total_steps = np.int32(total)
+    compiling = run.steps.first_use(run.key)
     batch_size = int(c.batch_size)
     data_seed = int(c.data_seed) if int(c.data_seed) >= 0 else int(c.seed)
     log_every = int(c.log_every)
@@ -515,13 +541,19 @@ def run_loop(
                 raise ConfigError(f"step {step + 1}: {e} ({where})") from None
             data_wait += time.perf_counter() - t_data
             tokens = put_process_rows(local, shape, run.mesh)
-            state, m = run.step_fn(state, tokens)
+            if step == start and compiling:
+                say("compiling the training step ...")
+                t_compile = time.perf_counter()
+            state, m = run.step_fn(state, tokens, total_steps)
             done = step + 1
             watch.add(done, m)
             if step == start:
                 # Exclude compilation from the throughput clock.
                 jax.block_until_ready(state.step)
                 writer.reset_clock(done)
+                if compiling:
+                    took = time.perf_counter() - t_compile
+                    say(f"compiled the training step in {took:.1f} s (with step {done})")
             # Step 1 always: it shows what a fresh delayed-scaling state does.
             log = done % log_every == 0 or done == total or done == 1
             evaluate = run.val is not None and (
@@ -566,20 +598,69 @@ def train(
     *,
     stop_at: int | None = None,
     stream=None,
+    steps: StepCache | None = None,
 ) -> dict:
     """Train (or resume) the run described by ``config`` in ``workdir``.
 
     ``stop_at``: stop after this step (checkpointing it), as if interrupted;
     the learning-rate schedule still spans ``config.steps``.  Status lines
-    ("resuming from step N", "already complete: <summary>", warnings) and
-    progress lines go to ``stream`` (default stdout).  The summary's
-    ``already_complete`` is True when the workdir already held every step.
+    ("mesh ...", "compiling ...", "resuming from step N", "already complete:
+    <summary>", warnings) and progress lines go to ``stream`` (default
+    stdout), from JAX process 0 only.  The summary's ``already_complete`` is
+    True when the workdir already held every step.  ``steps``: compiled
+    functions shared with other runs of this process (a comparison passes one).
+
+    A run that fails before its first checkpoint removes what it created in
+    the workdir (a divergence keeps its log).  Running out of memory raises
+    ConfigError; a workdir that cannot be written (read-only, full disk)
+    raises :class:`~fp8jax.train.checkpoint.CheckpointError`, one line each,
+    keeping every checkpoint.
     """
-    say = lambda line: print(line, file=stream, flush=True)  # noqa: E731
-    run = setup(config, workdir)
-    run.workdir.mkdir(parents=True, exist_ok=True)
-    with ckpt_lib.run_lock(run.workdir, jax.process_index()):
-        return _train_locked(run, config, say, stop_at, stream)
+
+    def say(line: str) -> None:
+        if jax.process_index() == 0:
+            print(line, file=stream, flush=True)
+
+    run = setup(config, workdir, steps=steps)
+    try:
+        with removed_unless_checkpointed(
+            run.workdir, keep_on=(TrainingDiverged, ckpt_lib.RunInUse)
+        ):
+            with ckpt_lib.run_lock(run.workdir, jax.process_index()):
+                return _train_locked(run, config, say, stop_at, stream)
+    except run_log.DamagedLog as e:
+        raise ConfigError(f"{e} (checkpoints are untouched)") from None
+    except MemoryError:
+        raise ConfigError(out_of_memory(config)) from None
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        raise ConfigError(out_of_memory(config)) from None
+    except OSError as e:
+        raise ckpt_lib.CheckpointError(unwritable(run.workdir, e)) from None
+
+
+def out_of_memory(config: ml_collections.ConfigDict) -> str:
+    """The one-line message for a run that ran out of memory, with the fix."""
+    return (
+        f"out of memory with batch_size {config.batch_size} (microbatches "
+        f"{config.microbatches}, eval_batch_size {config.eval_batch_size}): lower "
+        "--config.batch_size or --config.eval_batch_size, or raise --config.microbatches"
+    )
+
+
+def unwritable(workdir: Path, e: OSError) -> str:
+    """The one-line message for a workdir that could not be written (read-only, disk full)."""
+    what = e.strerror or type(e).__name__
+    where = f" ({e.filename})" if e.filename else ""
+    kept = ckpt_lib.Checkpointer.steps_in(workdir)
+    saved = (
+        f"checkpoints of steps {', '.join(map(str, kept))} are kept" if kept else "no checkpoint"
+    )
+    return (
+        f"cannot write to workdir {str(workdir)!r}: {what}{where}; {saved}: free space or make "
+        "the workdir writable, then run the same command again to resume"
+    )
 
 
 def _train_locked(run, config, say, stop_at, stream) -> dict:
@@ -603,7 +684,9 @@ def _train_locked(run, config, say, stop_at, stream) -> dict:
         if start > 0:
             changed = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in run.changes.items())
             say(f"resuming from step {start}" + (f" (changed: {changed})" if changed else ""))
-        if start == 0 or run.changes:
+        say(preflight.mesh_line(run.placement))
+        primary = jax.process_index() == 0
+        if primary and (start == 0 or run.changes or _placement_changed(run)):
             run_log.write_config(run.workdir, config, _run_facts(run))
         writer = run_log.MetricsWriter(
             run.workdir,
@@ -613,17 +696,18 @@ def _train_locked(run, config, say, stop_at, stream) -> dict:
             start_step=start,
             tensorboard=bool(config.tensorboard),
             stream=stream,
+            primary=primary,
         )
         end = total if stop_at is None else min(int(stop_at), total)
         t_start = time.perf_counter()
         try:
-            run_loop(run, ckpt, writer, start, end)
+            run_loop(run, ckpt, writer, start, end, say)
         finally:
             writer.close()
     finally:
         ckpt.close()
-    rows = run_log.read_jsonl(run.workdir / "metrics.jsonl")
-    summary = summarize(rows, final_window)
+    # The rows this process logged (every process holds them; only one wrote them).
+    summary = summarize(writer.rows, final_window)
     summary.update(
         wall_s=time.perf_counter() - t_start,
         recipe=run.recipe.name,

@@ -80,19 +80,43 @@ def scale_by_adam_lowp(
 
 
 def lr_schedule(
-    peak_lr: float, total_steps: int, warmup_steps: int, min_lr_ratio: float = 0.1
+    peak_lr: float,
+    total_steps: int | jax.Array,
+    warmup_steps: int,
+    min_lr_ratio: float = 0.1,
 ) -> optax.Schedule:
-    """Linear warm-up from 0 to ``peak_lr``, then cosine decay to ``min_lr_ratio * peak_lr``."""
-    if total_steps <= 0:
+    """Linear warm-up from 0 to ``peak_lr``, then cosine decay to ``min_lr_ratio * peak_lr``.
+
+    ``total_steps`` may be a traced integer: a jitted step that takes the
+    run's length as an input is then one program for every length.  The
+    values are those of ``optax.warmup_cosine_decay_schedule`` bit for bit
+    (the same float32 operations, with the decay length as a float32 value).
+    """
+    if isinstance(total_steps, int) and total_steps <= 0:
         raise ValueError("total_steps must be positive")
-    warmup_steps = min(max(int(warmup_steps), 0), total_steps)
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=peak_lr,
-        warmup_steps=warmup_steps,
-        decay_steps=max(total_steps, warmup_steps + 1),
-        end_value=peak_lr * min_lr_ratio,
-    )
+    warmup_asked = max(int(warmup_steps), 0)
+    end_lr = peak_lr * min_lr_ratio
+    alpha = 0.0 if peak_lr == 0.0 else end_lr / peak_lr
+
+    def schedule(count):
+        # Lengths as float32 values (integers below 2**24 are exact): a warm-up
+        # longer than the run is cut to the run, the decay spans the rest.
+        warm_i = jnp.minimum(total_steps, warmup_asked)
+        warm = jnp.asarray(warm_i, jnp.float32)
+        decay = jnp.asarray(jnp.maximum(total_steps, warm_i + 1) - warm_i, jnp.float32)
+        # XLA turns a division by a constant length into a product with its
+        # float32 reciprocal; the same products keep a traced length bit-identical.
+        ramp = jnp.clip(count, 0, warm_i).astype(jnp.float32)
+        ramp = -peak_lr * (1 - ramp * (1.0 / warm)) + peak_lr
+        t = jnp.minimum((count - warm_i).astype(jnp.float32), decay)
+        cosine_decay = 0.5 * (1 + jnp.cos(jnp.pi * t * (1.0 / decay)))
+        cosine = peak_lr * ((1 - alpha) * cosine_decay**1.0 + alpha)
+        if warmup_asked == 0:
+            # No warm-up at all: the cosine from the first step (0 / 0 never computed).
+            return cosine
+        return jnp.where((count < warm_i) & (warm_i > 0), ramp, cosine)
+
+    return schedule
 
 
 def decay_mask(params):
@@ -103,7 +127,7 @@ def decay_mask(params):
 def make_optimizer(
     *,
     peak_lr: float,
-    total_steps: int,
+    total_steps: int | jax.Array,
     warmup_steps: int,
     min_lr_ratio: float = 0.1,
     b1: float = 0.9,
@@ -116,6 +140,8 @@ def make_optimizer(
     """Global-norm clipping -> Adam (moments in ``moment_dtype``) -> decoupled decay -> -lr.
 
     Params (the master weights) stay float32; updates are computed in float32.
+    ``total_steps`` may be traced (see :func:`lr_schedule`); the optimizer
+    state's structure does not depend on it.
     """
     schedule = lr_schedule(peak_lr, total_steps, warmup_steps, min_lr_ratio)
     parts = []

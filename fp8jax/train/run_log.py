@@ -8,7 +8,8 @@
   floats in memory, and :func:`read_jsonl` gives ``None`` back for them.  On
   resume, rows beyond the restored step are dropped first, so the file reads
   like the log of one uninterrupted run; a torn last line (a run killed while
-  writing it) is dropped with a warning.
+  writing it) is dropped with a warning; a damaged line before the last one
+  raises :class:`DamagedLog` (one line naming it), and nothing is rewritten.
   Training rows carry, besides the global FP8 aggregates (``fp8/...``), every
   per-site statistic the model sows (``layers/<site>/<stat>``, e.g.
   ``layers/layer1/moe/experts_w13/x/saturated``, ``layers/layer0/ffn/swiglu/
@@ -74,6 +75,10 @@ def format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+class DamagedLog(ValueError):
+    """A line of metrics.jsonl other than the last is not a JSON object."""
+
+
 def _parse_jsonl(path: Path) -> tuple[list[dict], int | None]:
     """(rows, byte length of the complete lines if the last line is torn, else None)."""
     if not path.exists():
@@ -93,7 +98,10 @@ def _parse_jsonl(path: Path) -> tuple[list[dict], int | None]:
                 # Only the last line can be torn by a kill during a write.
                 if last or all(not rest.strip() for rest in lines[i + 1 :]):
                     return rows, offset
-                raise ValueError(f"{path} line {i + 1} is not a JSON object ({e})") from None
+                raise DamagedLog(
+                    f"{path} line {i + 1} is damaged (not a JSON object: {e}); repair or delete "
+                    "that line, then run the command again"
+                ) from None
             rows.append(row)
         offset += len(line) + 1
     return rows, None
@@ -109,7 +117,14 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 class MetricsWriter:
-    """Writes metrics.jsonl + TensorBoard scalars and prints the progress line."""
+    """Writes metrics.jsonl + TensorBoard scalars and prints the progress line.
+
+    ``rows`` holds the run's rows up to now (those kept from before a resume,
+    then every row written).  Only the ``primary`` writer (JAX process 0 of
+    a multi-process run) writes files and prints; the others keep ``rows``
+    alone, so every process summarizes the same log and the files hold each
+    row once.
+    """
 
     def __init__(
         self,
@@ -121,12 +136,16 @@ class MetricsWriter:
         tensorboard: bool = True,
         stream=None,
         growth_window: int = GROWTH_WINDOW,
+        primary: bool = True,
     ):
         self.workdir = Path(workdir)
         self.growth_window = int(growth_window)
         # (step, amax) rows of each operand within the growth window.
         self._amax: dict[str, list[tuple[int, float]]] = {}
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.primary = bool(primary)
+        self.rows: list[dict] = []
+        if self.primary:
+            self.workdir.mkdir(parents=True, exist_ok=True)
         self.path = self.workdir / "metrics.jsonl"
         self.total_steps = total_steps
         self.tokens_per_step = tokens_per_step
@@ -136,12 +155,21 @@ class MetricsWriter:
         self._t0 = time.perf_counter()
         self._step0 = start_step
         self._tb = None
-        if tensorboard:
+        if tensorboard and self.primary:
             self._tb = SummaryWriter(str(self.workdir / "tb"), purge_step=start_step)
 
     def _truncate_after(self, step: int) -> None:
         """Keep rows up to ``step`` (none for a fresh run); drop a torn last line, saying so."""
         rows, torn_at = _parse_jsonl(self.path)
+        keep = [r for r in rows if 0 < step and r.get("step", 0) <= step]
+        self.rows = [dict(r) for r in keep]
+        for r in keep:
+            self._remember_amax(int(r.get("step", 0)), r)
+        vals = [r for r in keep if "val_loss" in r]
+        if vals:
+            self._last_val = (int(vals[-1]["step"]), as_float(vals[-1]["val_loss"]))
+        if not self.primary:
+            return
         if torn_at is not None:
             print(
                 f"warning: {self.path}: dropped a torn last line (the run was killed while "
@@ -149,14 +177,12 @@ class MetricsWriter:
                 file=self.stream,
                 flush=True,
             )
-        keep = [r for r in rows if 0 < step and r.get("step", 0) <= step]
         if len(keep) != len(rows) or torn_at is not None:
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
-        for r in keep:
-            self._remember_amax(int(r.get("step", 0)), r)
-        vals = [r for r in keep if "val_loss" in r]
-        if vals:
-            self._last_val = (int(vals[-1]["step"]), as_float(vals[-1]["val_loss"]))
+            # Renamed into place: another process reading the log sees the old
+            # or the new file, never half of one.
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+            tmp.replace(self.path)
 
     def _remember_amax(self, step: int, row: dict) -> None:
         for k, v in row.items():
@@ -202,8 +228,10 @@ class MetricsWriter:
         if "loss" in row and math.isfinite(sps):
             row.setdefault("steps_per_s", sps)
             row.setdefault("tokens_per_s", tps)
-        with self.path.open("a") as f:
-            f.write(json.dumps(to_jsonable(row), allow_nan=False) + "\n")
+        self.rows.append(dict(row))
+        if self.primary:
+            with self.path.open("a") as f:
+                f.write(json.dumps(to_jsonable(row), allow_nan=False) + "\n")
         if self._tb is not None:
             for k, v in row.items():
                 if k != "step" and math.isfinite(v):
@@ -224,7 +252,8 @@ class MetricsWriter:
         parts.append(f"{tps:,.0f} tok/s" if math.isfinite(tps) else "- tok/s")
         parts.append(f"ETA {format_duration(eta)}")
         line = " | ".join(parts)
-        print(line, file=self.stream, flush=True)
+        if self.primary:
+            print(line, file=self.stream, flush=True)
         return line
 
     def close(self) -> None:

@@ -94,10 +94,19 @@ def _flag_error_line(e: BaseException, argv: Sequence[str]) -> str:
     return f"{first} (--helpfull lists the flags)"
 
 
+_HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
 def parse_flags(argv: Sequence[str]) -> list[str]:
     """absl ``flags_parser`` for ``app.run``: flag and config-file errors as one line, exit 2."""
     try:
-        rest = flags.FLAGS(list(argv))
+        try:
+            rest = flags.FLAGS(list(argv))
+        except SystemExit:
+            # absl prints the help asked for and exits 1; asking for help is no error.
+            if any(a.split("=")[0] in _HELP_FLAGS for a in argv[1:]):
+                raise SystemExit(0) from None
+            raise
         if "config" in flags.FLAGS and flags.FLAGS["config"].value is not None:
             # config_flags defers a load failure to the first access: make it happen here.
             list(flags.FLAGS["config"].value.keys())

@@ -136,8 +136,16 @@ def make_train_step(
     fp8_reset_every: int = 0,
     fp8_amax_growth: float = 1.0,
     donate: bool = True,
+    optimizer_for: Callable[[jax.Array], tuple[optax.GradientTransformation, Any]] | None = None,
 ):
     """A jitted ``step(state, tokens [B, T]) -> (state, metrics)``.
+
+    ``optimizer_for``: a function of the run's length (an int32 scalar) that
+    builds ``(tx, schedule)`` (``fp8jax.train.optimizer.make_optimizer`` with
+    the other arguments bound).  The step is then ``step(state, tokens,
+    total_steps)``: the length is an input, so runs of any length share one
+    compiled program; ``tx`` (whose state has the same structure) is used
+    only outside the step.
 
     Outlier-stress knobs for delayed scaling (off by default):
       fp8_reset_every: every this many steps, replace the FP8 state by
@@ -157,7 +165,10 @@ def make_train_step(
 
     grad_fn = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)
 
-    def step(state: TrainState, tokens: jax.Array):
+    def step(state: TrainState, tokens: jax.Array, total_steps: jax.Array | None = None):
+        opt, sched = tx, schedule
+        if optimizer_for is not None:
+            opt, sched = optimizer_for(total_steps)
         b = tokens.shape[0]
         if b % microbatches:
             raise ValueError(f"batch {b} not divisible by microbatches {microbatches}")
@@ -196,7 +207,7 @@ def make_train_step(
         inv = 1.0 / microbatches
         # Mean over equal-size microbatches == gradient of the full-batch mean loss.
         g_params = jax.tree.map(lambda g: g * inv, gp_sum)
-        updates, opt_state = tx.update(g_params, state.opt_state, state.params)
+        updates, opt_state = opt.update(g_params, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         fp8 = _keep_unused(gf_max, state.fp8)
         if fp8_amax_growth != 1.0:
@@ -220,8 +231,8 @@ def make_train_step(
             # it only where it syncs anyway (logging, checkpoints, the end).
             "finite": jnp.isfinite(loss) & jnp.isfinite(grad_norm),
         }
-        if schedule is not None:
-            metrics["lr"] = schedule(state.step)
+        if sched is not None:
+            metrics["lr"] = sched(state.step)
         if load_sum is not None:
             mean_load = jnp.mean(load_sum, axis=-1, keepdims=True)
             # max/mean expert load per layer, worst layer (1.0 = perfectly balanced).

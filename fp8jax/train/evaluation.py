@@ -1,0 +1,121 @@
+"""A trained checkpoint's cross-entropy on held-out data or any file, in bits per byte.
+
+The text is cut into consecutive, non-overlapping windows of the run's
+``seq_len`` bytes; in each window position t predicts byte t + 1, so a window
+gives ``seq_len - 1`` predictions and the first byte of a window has no
+context from the window before (the same convention as training's
+validation loss).  Windows are grouped into batches of ``batch_size``; a
+remainder that fills no batch is left out, and the result says how many
+bytes it covered.  The mean cross-entropy is taken in float32 by the run's
+own evaluation step (its recipe, its FP8 state), then reported in nats and
+in bits per byte (= bits per token: the vocabulary is bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+
+from fp8jax.data import corpus as data_lib
+from fp8jax.parallel.mesh import put_batch
+from fp8jax.train.defaults import ConfigError
+from fp8jax.train.loop import Run
+from fp8jax.train.state import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """Mean next-byte cross-entropy of a checkpoint on a text."""
+
+    source: str
+    step: int
+    nats_per_byte: float
+    windows: int
+    seq_len: int
+    predictions: int
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.nats_per_byte / math.log(2.0)
+
+    def line(self) -> str:
+        return (
+            f"step {self.step} on {self.source}: {self.nats_per_byte:.4f} nats/byte = "
+            f"{self.bits_per_byte:.4f} bits per byte ({self.predictions:,} predicted bytes in "
+            f"{self.windows} windows of {self.seq_len})"
+        )
+
+
+def windows(stream: np.ndarray, seq_len: int, batch_size: int, max_windows: int = 0) -> np.ndarray:
+    """Tokens int32 [n_batches, batch_size, seq_len]: consecutive windows of ``stream``.
+
+    ``max_windows`` > 0 keeps at most that many (rounded down to whole
+    batches).  ConfigError when the stream does not fill one batch.
+    """
+    n = stream.size // seq_len
+    if max_windows > 0:
+        n = min(n, int(max_windows))
+    n_batches = n // batch_size
+    if n_batches == 0:
+        raise ConfigError(
+            f"{stream.size} bytes make {stream.size // seq_len} windows of {seq_len}, fewer than "
+            f"one batch of {batch_size}: give a longer text or a smaller --batch_size"
+        )
+    used = n_batches * batch_size * seq_len
+    # int32 tokens: what the embedding lookup expects.
+    return stream[:used].astype(np.int32).reshape(n_batches, batch_size, seq_len)
+
+
+def read_text(path: str | Path) -> np.ndarray:
+    """The bytes of a file as uint8 (ConfigError naming the fix when it cannot be read)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"{str(path)!r} is not a file: give a text file with --file")
+    try:
+        return np.frombuffer(p.read_bytes(), np.uint8)
+    except OSError as e:
+        raise ConfigError(f"cannot read {str(path)!r}: {e.strerror}") from None
+
+
+def evaluate(
+    run: Run,
+    state: TrainState,
+    step: int,
+    *,
+    path: str | Path | None = None,
+    batch_size: int = 8,
+    max_windows: int = 0,
+) -> Evaluation:
+    """The checkpoint's cross-entropy on ``path`` (default: the run's validation split)."""
+    if batch_size < 1 or batch_size % run.mesh.size:
+        raise ConfigError(
+            f"--batch_size {batch_size} must be a positive multiple of the {run.mesh.size} devices"
+        )
+    if run.corpus.unit != "bytes":
+        raise ConfigError(
+            f"this run trains on {run.corpus.unit} of {run.corpus.name!r}; evaluate.py scores "
+            "runs on byte-level data (stdlib, text, synthetic)"
+        )
+    if path is None:
+        stream, source = run.corpus.val, f"the validation split of {run.corpus.name!r}"
+    else:
+        stream, source = read_text(path), str(path)
+    if run.mcfg.vocab_size < data_lib.VOCAB_SIZE:
+        raise ConfigError(
+            f"the model's vocabulary has {run.mcfg.vocab_size} tokens, fewer than the "
+            f"{data_lib.VOCAB_SIZE} byte values: it cannot score arbitrary bytes"
+        )
+    tokens = windows(stream, run.seq_len, batch_size, max_windows)
+    loss = float(run.eval_fn(state, put_batch(tokens, run.mesh, batch_axis=1)))
+    n_windows = tokens.shape[0] * tokens.shape[1]
+    return Evaluation(
+        source=source,
+        step=step,
+        nats_per_byte=loss,
+        windows=n_windows,
+        seq_len=run.seq_len,
+        predictions=n_windows * (run.seq_len - 1),
+    )

@@ -1,0 +1,45 @@
+"""A run read back from its workdir: its own config, set up on this machine's devices,
+the checkpoint asked for; mistakes are one ConfigError line."""
+
+import jax
+import numpy as np
+import pytest
+from test_train_loop import _fast
+
+from fp8jax.train.checkpoint import Checkpointer
+from fp8jax.train.defaults import ConfigError
+from fp8jax.train.loop import setup
+from fp8jax.train.restore import load_run
+from fp8jax.train.run_log import write_config
+
+
+def untrained_run(path, recipe="deepseek_v3", steps=(0,)):
+    """A run directory holding config.json and checkpoints of the initial state (no training)."""
+    c = _fast(recipe=recipe)
+    c.mesh.data = 1
+    run = setup(c, path)
+    write_config(path, c, {})
+    ckpt = Checkpointer(path, keep=len(steps))
+    for step in steps:
+        ckpt.save(run.state._replace(step=np.int32(step)), force=True)
+    ckpt.close()
+    return c
+
+
+def test_load_run_restores_the_step_asked_for_on_the_default_mesh(tmp_path):
+    c = untrained_run(tmp_path, "bf16", steps=(0, 5))
+    run, state, step = load_run(tmp_path)
+    assert step == 5 and int(jax.device_get(state.step)) == 5
+    # Trained on a mesh of its own: restored data-parallel over this machine's devices.
+    assert run.config.mesh.data == -1 and run.config.recipe == c.recipe
+    assert load_run(tmp_path, 0)[2] == 0
+    with pytest.raises(ConfigError, match="keeps no checkpoint of step 3; kept: 0, 5"):
+        load_run(tmp_path, 3)
+
+
+def test_load_run_refuses_what_is_not_a_trained_run(tmp_path):
+    with pytest.raises(ConfigError, match="config.json: not a training run's config"):
+        load_run(tmp_path)
+    write_config(tmp_path, _fast(), {})
+    with pytest.raises(ConfigError, match="holds no checkpoint: train the run first"):
+        load_run(tmp_path)
