@@ -40,3 +40,12 @@ __all__ = [
     "recipes",
     "scaling",
 ]
+
+
+def __getattr__(name: str):
+    # The door for other models (Flax layers, optional Qwix) loads on first use.
+    if name == "interop":
+        import importlib
+
+        return importlib.import_module("fp8jax.interop")
+    raise AttributeError(f"module 'fp8jax' has no attribute {name!r}")
