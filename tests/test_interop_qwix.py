@@ -148,7 +148,9 @@ def test_training_through_qwix_tracks_bf16():
     bf16_rules = [interop.Rule(module_path=HIGH, recipe=None), interop.Rule(recipe="bf16")]
     bf16 = _train(qwix.quantize_model(plain, interop.QwixProvider(bf16_rules), ex))
     assert fp8[-1] < fp8[0] - 0.1 and bf16[-1] < bf16[0] - 0.1
-    np.testing.assert_allclose(fp8, bf16, rtol=0.02)
+    # One batch is learned almost to zero loss: compare on the scale of the
+    # starting loss (a relative gap at loss 0.05 says nothing).
+    assert np.max(np.abs(np.subtract(fp8, bf16))) < 0.01 * bf16[0]
 
 
 def test_delayed_state_lives_in_the_model_and_is_overwritten_by_its_gradient():
