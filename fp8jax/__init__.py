@@ -42,3 +42,12 @@ __all__ = [
     "scaling",
     "schemes",
 ]
+
+
+def __getattr__(name: str):
+    # The door for other models (Flax layers, optional Qwix) loads on first use.
+    if name == "interop":
+        import importlib
+
+        return importlib.import_module("fp8jax.interop")
+    raise AttributeError(f"module 'fp8jax' has no attribute {name!r}")

@@ -130,13 +130,13 @@ def tap_gemms() -> Iterator[dict[str, GemmSite]]:
 
         return wrapped
 
-    saved = (dense.dot_general_with_stats, moe.grouped_dot_with_stats)
+    saved = (dense.dot_general_with_stats, moe.ragged_dot_with_stats)
     dense.dot_general_with_stats = wrap(saved[0], "dense")
-    moe.grouped_dot_with_stats = wrap(saved[1], "expert")
+    moe.ragged_dot_with_stats = wrap(saved[1], "expert")
     try:
         yield sites
     finally:
-        dense.dot_general_with_stats, moe.grouped_dot_with_stats = saved
+        dense.dot_general_with_stats, moe.ragged_dot_with_stats = saved
 
 
 def _set_groups(site: GemmSite, g) -> None:

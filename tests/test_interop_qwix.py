@@ -1,0 +1,209 @@
+"""fp8jax.interop.QwixProvider on models fp8jax did not define (standard Flax layers only).
+
+The reference for each quantized model is the same model built with the
+drop-in hooks (fp8jax.interop.dot_general / einsum / ragged_dot, themselves
+checked against fp8jax.dot_general in test_interop.py): equal loss and
+gradients bit for bit means every routed layer gave fp8jax's forward, dx and
+dW.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import fp8jax
+from fp8jax import interop
+from fp8jax.interop.examples.deepseek_moe import DeepSeekMoE, MoEConfig
+from fp8jax.interop.examples.linen_mlp import LinenMLP
+from fp8jax.interop.examples.llama import Llama, LlamaConfig, next_token_loss
+from fp8jax.nn.recording import capture
+from fp8jax.nn.variables import FP8State
+
+qwix = pytest.importorskip("qwix")
+
+R = fp8jax.recipes.deepseek_v3()
+HIGH = r".*(embed|head|router).*"
+RULES = [interop.Rule(module_path=HIGH, recipe=None), interop.Rule(recipe="deepseek_v3")]
+TOKENS = jax.random.randint(jax.random.key(0), (2, 9), 0, 256)
+
+
+def _loss_and_grads(model, jit):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def f(params):
+        return next_token_loss(nnx.merge(graphdef, params, rest), TOKENS)
+
+    fn = jax.value_and_grad(f)
+    loss, grads = (jax.jit(fn) if jit else fn)(params)
+    return float(loss), jax.tree.leaves(grads)
+
+
+def _same(a, b):
+    (la, ga), (lb, gb) = a, b
+    assert la == lb and len(ga) == len(gb)
+    for x, y in zip(ga, gb):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+class One(nnx.Module):
+    """One nnx.Linear at path "proj"."""
+
+    def __init__(self):
+        self.proj = nnx.Linear(160, 136, use_bias=False, rngs=nnx.Rngs(0))
+
+    def __call__(self, x):
+        return self.proj(x)
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_one_layer_through_qwix_is_fp8jax_dot_general_bit_for_bit(jit):
+    x = jax.random.normal(jax.random.key(5), (2, 7, 160))
+    dy = jax.random.normal(jax.random.key(6), (2, 7, 136))
+    model = qwix.quantize_model(One(), interop.QwixProvider(RULES), x)
+    graphdef, params = nnx.split(model)
+
+    def layer(x, w):
+        return nnx.merge(graphdef, jax.tree.map(lambda _: w, params))(x)
+
+    ours = lambda x, w: fp8jax.dot_general(x, w, (((2,), (0,)), ((), ())), recipe=R)
+
+    def run(fn):
+        def f(x, w):
+            y, vjp = jax.vjp(fn, x, w)
+            return (y, *vjp(dy))
+
+        return (jax.jit(f) if jit else f)(x, model.proj.kernel.get_value())
+
+    for a, b in zip(run(layer), run(ours)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_llama_through_qwix_equals_fp8jax_layers_bit_for_bit():
+    cfg = LlamaConfig()
+    plain = Llama(cfg, rngs=nnx.Rngs(0))
+    quantized = qwix.quantize_model(plain, interop.QwixProvider(RULES), TOKENS[:, :-1])
+    dropin = Llama(cfg, rngs=nnx.Rngs(0), dot_general=interop.dot_general(R))
+    _same(_loss_and_grads(quantized, True), _loss_and_grads(dropin, True))
+    # And it did change the numbers: the projections are FP8.
+    assert _loss_and_grads(plain, True)[0] != _loss_and_grads(quantized, True)[0]
+
+
+def test_moe_through_qwix_equals_fp8jax_layers_bit_for_bit():
+    cfg = MoEConfig()
+    plain = DeepSeekMoE(cfg, rngs=nnx.Rngs(1))
+    provider = interop.QwixProvider(RULES)
+    quantized = qwix.quantize_model(plain, provider, TOKENS[:, :-1])
+    dropin = DeepSeekMoE(
+        cfg,
+        rngs=nnx.Rngs(1),
+        dot_general=interop.dot_general(R),
+        einsum_op=interop.einsum(R),
+        ragged_dot=interop.ragged_dot(R),
+    )
+    _same(_loss_and_grads(quantized, True), _loss_and_grads(dropin, True))
+    # Telemetry through the door: every routed op under its module path.
+    _, stats = capture(quantized, TOKENS[:, :-1])
+    for i in range(cfg.n_layers):
+        p = f"layers/{i}"
+        for name in ("attn/qkv/einsum0", "attn/o/einsum0", "moe/shared/up/dot_general0"):
+            assert f"{p}/{name}/x" in stats and f"{p}/{name}/w" in stats
+        assert f"{p}/moe/ragged_dot0/x" in stats and f"{p}/moe/ragged_dot1/w" in stats
+        assert not any(k.startswith(f"{p}/moe/router") for k in stats)
+    assert all(float(v["amax"]) > 0 for v in stats.values())
+    assert not any("head" in k or "embed" in k for k in stats)
+
+
+def test_rule_with_recipe_none_leaves_the_model_bit_identical():
+    plain = DeepSeekMoE(MoEConfig(), rngs=nnx.Rngs(2))
+    rules = [interop.Rule(recipe=None)]
+    quantized = qwix.quantize_model(plain, interop.QwixProvider(rules), TOKENS[:, :-1])
+    _same(_loss_and_grads(quantized, True), _loss_and_grads(plain, True))
+
+
+def _train(model, steps=6):
+    opt = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, opt):
+        loss, grads = nnx.value_and_grad(next_token_loss)(model, TOKENS)
+        opt.update(model, grads)
+        return loss
+
+    return [float(step(model, opt)) for _ in range(steps)]
+
+
+def test_training_through_qwix_tracks_bf16():
+    cfg = LlamaConfig(n_layers=1)
+    plain = Llama(cfg, rngs=nnx.Rngs(3))
+    ex = TOKENS[:, :-1]
+    fp8 = _train(qwix.quantize_model(plain, interop.QwixProvider(RULES), ex))
+    bf16_rules = [interop.Rule(module_path=HIGH, recipe=None), interop.Rule(recipe="bf16")]
+    bf16 = _train(qwix.quantize_model(plain, interop.QwixProvider(bf16_rules), ex))
+    assert fp8[-1] < fp8[0] - 0.1 and bf16[-1] < bf16[0] - 0.1
+    # One batch is learned almost to zero loss: compare on the scale of the
+    # starting loss (a relative gap at loss 0.05 says nothing).
+    assert np.max(np.abs(np.subtract(fp8, bf16))) < 0.01 * bf16[0]
+
+
+def test_delayed_state_lives_in_the_model_and_is_overwritten_by_its_gradient():
+    x = jax.random.normal(jax.random.key(4), (4, 160))
+    rules = [interop.Rule(recipe="hybrid_delayed")]
+    model = qwix.quantize_model(One(), interop.QwixProvider(rules), x)
+    state = model.proj.dot_general0_fp8_state
+    assert isinstance(state, FP8State) and float(state.get_value().x.scale) == 1.0
+
+    loss = lambda m, x: jnp.sum(m(x) ** 2)
+    grads = nnx.grad(loss, argnums=nnx.DiffState(0, nnx.Any(nnx.Param, FP8State)))(model, x)
+    nnx.update(model, grads.filter(FP8State))  # the one line of a train step
+    new = model.proj.dot_general0_fp8_state.get_value()
+    np.testing.assert_allclose(float(new.x.amax_history[0]), float(jnp.abs(x).max()), rtol=1e-6)
+    assert float(new.x.scale) != 1.0
+
+
+def test_linen_model_through_qwix():
+    model = LinenMLP()
+    tokens = TOKENS % 64
+    only_dots = [
+        interop.Rule(module_path=HIGH, recipe=None),
+        interop.Rule(recipe=R, op_names=("dot_general",)),
+    ]
+    quantized = qwix.quantize_model(model, interop.QwixProvider(only_dots))
+    variables = quantized.init(jax.random.key(0), tokens)
+    dropin = LinenMLP(dot_general=interop.dot_general(R))
+
+    def loss(m, params):
+        return jnp.mean(m.apply({"params": params}, tokens) ** 2)
+
+    got = jax.jit(jax.value_and_grad(lambda p: loss(quantized, p)))(variables["params"])
+    want = jax.jit(jax.value_and_grad(lambda p: loss(dropin, p)))(variables["params"])
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # With einsum routed too, the Einsum layer reports its telemetry.
+    everything = qwix.quantize_model(model, interop.QwixProvider(RULES))
+    _, sown = everything.apply(variables, tokens, mutable=["intermediates"])
+    keys = {k for d in sown["intermediates"].values() for e in d["fp8_telemetry"] for k in e}
+    assert {"mix/einsum0/w", "proj/dot_general0/x", "up/dot_general0/w"} <= keys
+
+
+def test_comparison_entry_point_runs_at_a_tiny_setting():
+    from fp8jax.interop.compare import run
+
+    path = Path(__file__).resolve().parents[1] / "configs/compare/interop_llama.py"
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config()
+    c.seeds, c.steps, c.batch_size, c.seq_len, c.eval_batches = [0], 2, 2, 16, 1
+    c.model = dict(vocab=256, d_model=128, n_heads=2, d_ff=128, n_layers=1)
+    c.data.source = "synthetic"
+    out = run(c)
+    assert set(out) == {"bf16", "deepseek_v3"} and np.isfinite(out["bf16"]["val_loss"][0])
+    assert np.isfinite(out["deepseek_v3"]["gap"]["mean"])
