@@ -86,6 +86,8 @@ def test_one_layer_through_qwix_is_fp8jax_dot_general_bit_for_bit(jit):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+# Minutes on 2 CPU cores (Qwix's eager first call of the FP8 model): -m slow.
+@pytest.mark.slow
 def test_llama_through_qwix_equals_fp8jax_layers_bit_for_bit():
     cfg = LlamaConfig()
     plain = Llama(cfg, rngs=nnx.Rngs(0))
@@ -140,6 +142,8 @@ def _train(model, steps=6):
     return [float(step(model, opt)) for _ in range(steps)]
 
 
+# Minutes on 2 CPU cores (Qwix's eager first call of the FP8 model): -m slow.
+@pytest.mark.slow
 def test_training_through_qwix_tracks_bf16():
     cfg = LlamaConfig(n_layers=1)
     plain = Llama(cfg, rngs=nnx.Rngs(3))
@@ -193,6 +197,8 @@ def test_linen_model_through_qwix():
     assert {"mix/einsum0/w", "proj/dot_general0/x", "up/dot_general0/w"} <= keys
 
 
+# Minutes on 2 CPU cores (Qwix's eager first call of the FP8 model): -m slow.
+@pytest.mark.slow
 def test_comparison_entry_point_runs_at_a_tiny_setting():
     from fp8jax.interop.compare import run
 
