@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ import ml_dtypes
 import numpy as np
 
 from fp8jax.formats import BLOCK_FORMATS
+from fp8jax.host_memory import available_memory
 from fp8jax.numerics.metrics import relative_error, saturated_fraction, sqnr_db
 from fp8jax.recipes import QuantSpec
 from fp8jax.telemetry import flushed_fraction
@@ -326,21 +326,6 @@ def gemm_bytes(shape: tuple[int, ...], tokens: int) -> int:
     """About the bytes the GEMM section allocates for a (N, K) weight and ``tokens`` rows."""
     n, k = shape
     return tokens * (k * _GEMM_BYTES_PER_X + n * _GEMM_BYTES_PER_Y)
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation (Linux MemAvailable; None if unknown)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def check_gemm_fits(shape: tuple[int, ...], tokens: int, available: int | None = None) -> None:

@@ -19,11 +19,11 @@ counts) for its output and ``config.json``.
 from __future__ import annotations
 
 import math
-import os
 
 import jax
 import ml_collections
 
+from fp8jax import host_memory
 from fp8jax.models import ModelConfig
 from fp8jax.parallel.mesh import AXES, axis_sizes
 from fp8jax.train.defaults import ConfigError
@@ -81,17 +81,7 @@ def available_memory() -> int | None:
         stats = dev.memory_stats() or {}
         limit = stats.get("bytes_limit")
         return int(limit) if limit else None
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return host_memory.available_memory()
 
 
 def step_memory_lower_bound(
