@@ -460,6 +460,10 @@ def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_group
     """
     with resolved.scope("expert"):
         if kind == "wgrad":
+            # Each token tile's result is complete (scaled, promoted) before the
+            # tiles of a group are added in float32; under the accumulation
+            # emulator's FFMA promotion a dense GEMM would instead fold every
+            # chain into one accumulator, so the two can differ in the last bits.
             return sum_tiles(gemm(a, b, "wgrad", recipe), layout, num_groups)
         return _grouped_rows(a, b, layout, kind, recipe)
 

@@ -101,6 +101,10 @@ class QTensor:
         return tuple(self.data.shape)
 
     @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
     def dtype(self) -> Any:
         return self.data.dtype
 

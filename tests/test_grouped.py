@@ -200,7 +200,8 @@ def test_chunked_impl_matches_reference(name):
 
 def test_accumulation_emulator_reaches_the_experts():
     """With recipe.accumulation set, y, dx and dW of the experts come from the emulator:
-    they differ from exact FP32 accumulation and equal a per-expert loop of the dense GEMM."""
+    they differ from exact FP32 accumulation and equal a per-expert loop of the dense GEMM
+    (dW up to the float32 adds of its token tiles)."""
     gs_np = np.array([130, 0, 60, 3], np.int32)
     e, m, k, n = len(gs_np), 200, 256, 96
     rng = np.random.default_rng(6)
@@ -240,9 +241,17 @@ def test_accumulation_emulator_reaches_the_experts():
     got = jax.jit(lambda: grouped(acc))()
     loop = per_expert(acc)
     plain = grouped(exact)
-    for a, b, c in zip(got, loop, plain):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-        assert np.any(np.asarray(a) != np.asarray(c))
+    for name, a, b, c in zip(("y", "dx", "dw"), got, loop, plain):
+        a, b = np.asarray(a), np.asarray(b)
+        if name == "dw":
+            # Wgrad: the grouped GEMM adds its 128-token tiles' promoted results
+            # in float32 after the emulator, where the dense GEMM's FFMA
+            # promotion adds each chain into one accumulator with one rounding:
+            # the two may differ by the roundings of those few adds.
+            np.testing.assert_allclose(a, b, rtol=4 * 2.0**-24, atol=0)
+        else:
+            np.testing.assert_array_equal(a, b)
+        assert np.any(a != np.asarray(c))
 
 
 @pytest.mark.slow

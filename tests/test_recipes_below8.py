@@ -226,5 +226,5 @@ def test_recipe_presets_and_validation():
     mixed = dataclasses.replace(
         recipes.mxfp8(), fprop=fp8jax.GemmSpec(recipes.mxfp8().fprop.lhs, fp8jax.QuantSpec())
     )
-    with pytest.raises(ValueError, match="mixes block and other formats"):
+    with pytest.raises(ValueError, match="mixes schemes"):
         fp8jax.dot_general(x, w, DN, recipe=mixed)

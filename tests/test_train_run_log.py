@@ -83,7 +83,7 @@ def test_torn_last_line_is_skipped_and_a_bad_middle_line_is_an_error(tmp_path):
     assert "dropped a torn last line" in out.getvalue()
     assert p.read_text() == '{"step": 1, "loss": 2.0}\n'
     p.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
-    with pytest.raises(ValueError, match="line 2 is not a JSON object"):
+    with pytest.raises(run_log.DamagedLog, match="line 2 is damaged"):
         run_log.read_jsonl(p)
 
 
