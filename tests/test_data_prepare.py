@@ -158,6 +158,8 @@ _SLOW_PREPARE = textwrap.dedent(
 )
 
 
+# Timing-dependent (the signal must land while the child writes): -m slow.
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_prepare_leaves_no_output(tmp_path, sig):
     _corpus(tmp_path / "src")
