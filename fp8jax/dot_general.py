@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp8jax import resolved, scaling
-from fp8jax.gemm import KINDS, dot_algorithm, gemm
+from fp8jax.gemm import dot_algorithm, gemm
 from fp8jax.operands import (
     after_gradient,
     cache_for_wgrad,
@@ -283,8 +283,7 @@ def _high_precision(lhs, rhs, dimension_numbers, recipe: Recipe, out_dtype) -> j
     """
     c = recipe.compute
     # Autodiff transposes this one op into the Dgrad and Wgrad dots.
-    for kind in KINDS:
-        resolved.note(kind, f"lax.dot_general {c.name}")
+    resolved.note_standard_op(f"lax.dot_general {c.name}")
     y = lax.dot_general(
         lhs.astype(c),
         rhs.astype(c),

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp8jax import resolved, scaling
-from fp8jax.gemm import KINDS, dot_algorithm
+from fp8jax.gemm import dot_algorithm
 from fp8jax.grouped import grouped_dot_with_stats
 from fp8jax.groups import check_group_sizes, group_sizes_valid
 from fp8jax.quant import QTensor, is_quantized
@@ -142,8 +142,7 @@ def _standard(lhs, rhs, group_sizes, recipe: Recipe, preferred_element_type) -> 
     c = recipe.compute
     # Autodiff transposes this one op into the Dgrad and Wgrad GEMMs.
     with resolved.scope("expert"):
-        for kind in KINDS:
-            resolved.note(kind, f"lax.ragged_dot {c.name}")
+        resolved.note_standard_op(f"lax.ragged_dot {c.name}")
     # Operands rounded once to the compute dtype (bfloat16 in the bf16
     # baseline), products accumulated in float32, one rounding to the output.
     y = lax.ragged_dot(

@@ -51,6 +51,12 @@ def note(kind: str, path: str) -> None:
         paths.setdefault(key, set()).add(path)
 
 
+def note_standard_op(path: str) -> None:
+    """Report ``path`` for Fprop, Dgrad and Wgrad: one standard op that autodiff transposes."""
+    for kind in ("fprop", "dgrad", "wgrad"):
+        note(kind, path)
+
+
 def as_table(paths: dict[str, set[str]]) -> dict[str, str]:
     """The recording as JSON-ready strings: several paths of one key joined by " + "."""
     return {k: " + ".join(sorted(v)) for k, v in sorted(paths.items())}
