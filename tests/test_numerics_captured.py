@@ -43,7 +43,7 @@ def test_dense_site_records_its_input_kernel_and_output_gradient(use_jit):
     np.testing.assert_array_equal(s.x, x.reshape(15, 32))
     np.testing.assert_array_equal(s.w, np.asarray(layer.kernel[...]).reshape(32, 16))
     np.testing.assert_array_equal(s.dy, g.reshape(15, 16))
-    # The patch is undone on leaving the block: nothing is recorded afterwards.
+    # The hook closes with the block: nothing is recorded afterwards.
     jax.grad(f)(params, jnp.asarray(x))
     assert list(sites) == ["dense0"]
 

@@ -18,7 +18,7 @@ from flax import nnx
 from fp8jax.models.config import ModelConfig
 from fp8jax.models.router import Router, expert_load, route, seq_balance_loss
 from fp8jax.monitors import channel_amax, swiglu_monitors
-from fp8jax.nn import Dense
+from fp8jax.nn import Dense, taps
 from fp8jax.nn.dense import fan_in_init
 from fp8jax.nn.grad_noise import init_grad_noise, probe, sow_ratio
 from fp8jax.nn.recording import record
@@ -213,7 +213,9 @@ class MoE(nnx.Module):
     def _experts(self, x, w, state_var, noise_var, group_sizes, label: str, recipe: Recipe):
         """One grouped expert GEMM through ``recipe``, sowing its telemetry."""
         st = state_var.get_value() if state_var is not None else None
-        out, stats = ragged_dot_with_stats(
+        out, stats = taps.gemm(
+            "expert",
+            ragged_dot_with_stats,
             x,
             w[...],
             group_sizes,

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp8jax.dot_general import dot_general_with_stats
+from fp8jax.nn import taps
 from fp8jax.nn.grad_noise import init_grad_noise, probe, sow_ratio
 from fp8jax.nn.recording import record
 from fp8jax.nn.variables import FP8State
@@ -117,7 +118,9 @@ class Dense(nnx.Module):
             # In the kernel's dtype: exact when the scales are powers of two.
             pad = (1,) * len(self.out_features)
             kernel = kernel * kernel_scale.reshape(kernel_scale.shape + pad).astype(kernel.dtype)
-        out, st = dot_general_with_stats(
+        out, st = taps.gemm(
+            "dense",
+            dot_general_with_stats,
             x,
             kernel,
             dn,

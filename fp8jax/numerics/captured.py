@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from fp8jax.nn import taps
 from fp8jax.quant import is_quantized
 from fp8jax.schemes import dequantize
 
@@ -93,13 +94,11 @@ def tap_gemms() -> Iterator[dict[str, GemmSite]]:
     """Record the operands of every GEMM traced inside the block (module docstring).
 
     Yields the dict of sites, filled as the traced computations run.  Only
-    computations traced inside the block are tapped: call a fresh (not yet
-    compiled) function and block on its result.  A function compiled inside
-    keeps its taps: each later call overwrites the sites with its operands.
+    computations traced inside the block are tapped (through the layers' GEMM
+    hook, :mod:`fp8jax.nn.taps`): call a fresh (not yet compiled) function and
+    block on its result.  A function compiled inside keeps its taps: each later
+    call overwrites the sites with its operands.
     """
-    import fp8jax.models.moe as moe
-    import fp8jax.nn.dense as dense
-
     sites: dict[str, GemmSite] = {}
     counts = {"dense": 0, "expert": 0}
 
@@ -109,34 +108,26 @@ def tap_gemms() -> Iterator[dict[str, GemmSite]]:
 
         return record
 
-    def wrap(fn, kind: str):
-        def wrapped(x, w, dims_or_groups, *args, **kwargs):
-            site = GemmSite(f"{kind}{counts[kind]}", kind)
-            counts[kind] += 1
-            sites[site.name] = site
-            xv = dequantize(x) if is_quantized(x) else x
-            if kind == "expert":  # w: (experts, K, N); dims_or_groups: rows per expert
-                k, n = w.shape[-2], w.shape[-1]
-                jax.debug.callback(partial(_set_groups, site), dims_or_groups)
-                jax.debug.callback(lambda t: setattr(site, "w", np.asarray(t, np.float32)), w)
-            else:  # the kernel's leading axes are contracted with x's trailing ones
-                nc = len(dims_or_groups[0][1])
-                k, n = math.prod(w.shape[:nc]), math.prod(w.shape[nc:])
-                jax.debug.callback(setter(site, "w", n), w)
-            jax.debug.callback(setter(site, "x", k), xv)
-            out = fn(x, w, dims_or_groups, *args, **kwargs)
-            tapped = _tap_grad(out[0], setter(site, "dy", n))
-            return (tapped, *out[1:])
+    def hook(kind, call, x, w, dims_or_groups, **kwargs):
+        site = GemmSite(f"{kind}{counts[kind]}", kind)
+        counts[kind] += 1
+        sites[site.name] = site
+        xv = dequantize(x) if is_quantized(x) else x
+        if kind == "expert":  # w: (experts, K, N); dims_or_groups: rows per expert
+            k, n = w.shape[-2], w.shape[-1]
+            jax.debug.callback(partial(_set_groups, site), dims_or_groups)
+            jax.debug.callback(lambda t: setattr(site, "w", np.asarray(t, np.float32)), w)
+        else:  # the kernel's leading axes are contracted with x's trailing ones
+            nc = len(dims_or_groups[0][1])
+            k, n = math.prod(w.shape[:nc]), math.prod(w.shape[nc:])
+            jax.debug.callback(setter(site, "w", n), w)
+        jax.debug.callback(setter(site, "x", k), xv)
+        out = call(x, w, dims_or_groups, **kwargs)
+        tapped = _tap_grad(out[0], setter(site, "dy", n))
+        return (tapped, *out[1:])
 
-        return wrapped
-
-    saved = (dense.dot_general_with_stats, moe.ragged_dot_with_stats)
-    dense.dot_general_with_stats = wrap(saved[0], "dense")
-    moe.ragged_dot_with_stats = wrap(saved[1], "expert")
-    try:
+    with taps.tapping(hook):
         yield sites
-    finally:
-        dense.dot_general_with_stats, moe.ragged_dot_with_stats = saved
 
 
 def _set_groups(site: GemmSite, g) -> None:
