@@ -137,16 +137,18 @@ def smooth(y: np.ndarray, w: int) -> np.ndarray:
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
 w = 1 if SMALL else 5
 base_curve = np.asarray(summaries["bf16"]["train_curve"], np.float64)
+# One colour per run in both panels (the gap panel has no bf16 line).
+colour = {label: f"C{i}" for i, label in enumerate(summaries)}
 for label, s in summaries.items():
     c = np.asarray(s["train_curve"], np.float64)
     steps, loss = c[w - 1 :, 0] if w > 1 else c[:, 0], smooth(c[:, 1], w)
-    axes[0].plot(steps, loss, label=label)
+    axes[0].plot(steps, loss, label=label, color=colour[label])
     if label != "bf16" and c.shape == base_curve.shape:
         gap = (c[:, 1] - base_curve[:, 1]) / base_curve[:, 1]
-        axes[1].plot(steps, 100 * smooth(gap, w), label=label)
+        axes[1].plot(steps, 100 * smooth(gap, w), label=label, color=colour[label])
     v = np.asarray(s["val_curve"], np.float64)
     if v.size:
-        axes[0].plot(v[:, 0], v[:, 1], "o", color=axes[0].lines[-1].get_color(), ms=4)
+        axes[0].plot(v[:, 0], v[:, 1], "o", color=colour[label], ms=4)
 axes[0].set(xlabel="step", ylabel="loss (nats/byte)", title="train loss (dots: validation)")
 axes[1].axhline(0, color="k", lw=0.8)
 axes[1].axhspan(-0.25, 0.25, color="gray", alpha=0.2, label="DeepSeek-V3's 0.25%")

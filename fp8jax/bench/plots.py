@@ -5,11 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import matplotlib
-
-matplotlib.use(os.environ.get("MPLBACKEND", "Agg"))
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 METRICS = {
     "time": ("median_s", "median time per call [ms]", 1e3, True),

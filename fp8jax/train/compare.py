@@ -51,7 +51,7 @@ import json
 import math
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
 import ml_collections
 import numpy as np
 
@@ -62,9 +62,6 @@ from fp8jax.train.defaults import ConfigError, check_workdir, model_config, seq_
 from fp8jax.train.loop import TrainingDiverged, load_data, summarize, train, train_loss_key
 from fp8jax.train.plot_runs import curve
 from fp8jax.train.run_log import as_float, read_jsonl, to_jsonable
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only backend)
 
 DEEPSEEK_TOLERANCE = 0.0025
 COMPARE_FIELDS = ("name", "labels", "baseline", "seeds", "notes", "smooth", "runs")

@@ -89,9 +89,6 @@ def plot_runs(
     paths: list[str | Path], out: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS
 ) -> Path:
     """Write :func:`figure` of the runs under ``paths`` as a PNG; returns its path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = {label: read_jsonl(path) for label, path in find_runs(paths)}

@@ -16,12 +16,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after selecting the file-only backend)
-
-from fp8jax.train.run_log import as_float, read_jsonl  # noqa: E402
+from fp8jax.train.run_log import as_float, read_jsonl
 
 DEFAULT_STATS = (
     "loss",
