@@ -25,6 +25,7 @@ two operands.  Granularities are *relative to that GEMM's contraction axis*:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -595,8 +596,20 @@ PRESETS = {
 
 
 def get(name: str) -> Recipe:
-    """A preset by name (see PRESETS)."""
+    """A recipe by name: a preset (PRESETS) or a study variant (``fp8jax.variants.VARIANTS``).
+
+    The one registry configs, comparisons and interop rules resolve names in.
+    """
+    # Variants are built from the presets above, so their module imports this
+    # one; looking them up at call time keeps the import graph one-way.
+    from fp8jax.variants import VARIANTS
+
+    known = {**PRESETS, **VARIANTS}
     try:
-        return PRESETS[name]()
+        return known[name]()
     except KeyError:
-        raise ValueError(f"unknown recipe {name!r}; presets: {sorted(PRESETS)}") from None
+        close = difflib.get_close_matches(name, list(known), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(
+            f"unknown recipe {name!r}; {hint}known: {', '.join(sorted(known))}"
+        ) from None

@@ -198,3 +198,13 @@ def test_nvfp4_keeps_its_last_blocks_in_high_precision(n_layers, want):
         recipes.for_layer(r, n_layers, n_layers)
     with pytest.raises(ValueError, match="fraction"):
         dataclasses.replace(r, high_precision_last=1.5)
+
+
+def test_one_registry_resolves_presets_and_variants_by_their_own_name():
+    from fp8jax.variants import VARIANTS
+
+    for name in (*recipes.PRESETS, *VARIANTS):
+        assert recipes.get(name).name == name
+    assert not set(recipes.PRESETS) & set(VARIANTS)
+    with pytest.raises(ValueError, match="unknown recipe 'acc_tile'; did you mean 'acc_tiles'"):
+        recipes.get("acc_tile")

@@ -14,7 +14,7 @@ import fp8jax
 from fp8jax import blockscaled, recipes
 from fp8jax.grouped import grouped_dot
 from fp8jax.groups import group_layout, to_tiles
-from fp8jax.train.variants import get_recipe
+from fp8jax.recipes import get as get_recipe
 
 E4M3 = ml_dtypes.float8_e4m3fn
 DN = (((1,), (0,)), ((), ()))

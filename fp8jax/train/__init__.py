@@ -4,6 +4,5 @@ replaces FP8 delayed-scaling state by its gradient, orbax checkpoints, metrics, 
 
 from fp8jax.train.compare import run_comparison
 from fp8jax.train.loop import train
-from fp8jax.train.variants import get_recipe
 
-__all__ = ["get_recipe", "run_comparison", "train"]
+__all__ = ["run_comparison", "train"]

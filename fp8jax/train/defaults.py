@@ -21,8 +21,8 @@ from pathlib import Path
 
 import ml_collections
 
+from fp8jax import recipes
 from fp8jax.models import ModelConfig
-from fp8jax.train.variants import get_recipe
 
 
 class ConfigError(ValueError):
@@ -56,7 +56,7 @@ def base_config() -> ml_collections.ConfigDict:
     # Model: a fp8jax.models.ModelConfig preset, plus dataclasses.replace overrides.
     c.model = "tiny"
     c.model_overrides = ml_collections.ConfigDict()
-    # Recipe: a preset of fp8jax.recipes or a variant of fp8jax.train.variants.
+    # Recipe: a preset of fp8jax.recipes or a variant of fp8jax.variants.
     c.recipe = "deepseek_v3"
 
     # Data: "stdlib" (the interpreter's standard library sources/docs, no
@@ -360,7 +360,7 @@ def validate(config: ml_collections.ConfigDict, *, extra: tuple[str, ...] = ()) 
     """
     _check_known_fields(config, extra)
     try:
-        get_recipe(str(config.recipe))
+        recipes.get(str(config.recipe))
     except ValueError as e:
         raise ConfigError(f"{e} (--config.recipe)") from None
     mcfg = model_config(config)

@@ -49,6 +49,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from fp8jax import recipes
 from fp8jax.data import corpus as data_lib
 from fp8jax.data.batches import describe_val_set
 from fp8jax.data.loader import train_batches
@@ -77,7 +78,6 @@ from fp8jax.train.defaults import (
 from fp8jax.train.optimizer import make_optimizer
 from fp8jax.train.state import TrainState, count_params, create_train_state
 from fp8jax.train.step import make_eval_step, make_train_step
-from fp8jax.train.variants import get_recipe
 from fp8jax.train.workdir import removed_unless_checkpointed
 
 
@@ -317,7 +317,7 @@ def setup(
     changes = check_resumable(workdir, config)
     # Several processes: before anything touches a device.
     maybe_initialize_distributed(config.mesh)
-    recipe = get_recipe(str(config.recipe))
+    recipe = recipes.get(str(config.recipe))
     mcfg = model_config(config)
     n = seq_len(config, mcfg)
     sizes = preflight.resolve_mesh(config)

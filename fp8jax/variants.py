@@ -1,11 +1,8 @@
-"""Named recipes for training configs and comparisons.
+"""Named variants of the presets: what the studies change, one property at a time.
 
-Configs name a recipe by string; this registry maps the name to a
-:class:`fp8jax.Recipe`: the presets of :mod:`fp8jax.recipes`
-(``deepseek_v3``, ``hybrid_delayed``, ``current_tensor``, ``rowwise``,
-``bf16``) plus the variants the comparisons need, each built with
-``dataclasses.replace`` on a preset's QuantSpecs so that exactly one property
-changes:
+``fp8jax.recipes.get(name)`` resolves a preset of :mod:`fp8jax.recipes` or one
+of these.  Each is built with ``dataclasses.replace`` on a preset's QuantSpecs
+so that exactly one property changes:
 
   ``fine_hybrid``     deepseek_v3's 1x128 / 128x128 online scaling, E5M2 for the
                       gradient dy (dgrad lhs, wgrad rhs)
@@ -34,7 +31,6 @@ run its own label (``compare.runs.<label>.recipe``).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Callable
 
 from fp8jax import recipes
@@ -87,7 +83,6 @@ def dgrad_blocks() -> Recipe:
 
 
 VARIANTS: dict[str, Callable[[], Recipe]] = {
-    **recipes.PRESETS,
     "fine_hybrid": fine_hybrid,
     "tensor_delayed": tensor_delayed,
     "acc_no_promote": lambda: dataclasses.replace(
@@ -111,15 +106,3 @@ VARIANTS: dict[str, Callable[[], Recipe]] = {
         recipes.nvfp4(hadamard=False, stochastic=False), name="nvfp4_rtn"
     ),
 }
-
-
-def get_recipe(name: str) -> Recipe:
-    """A recipe by name: a preset of fp8jax.recipes or a variant above."""
-    try:
-        return VARIANTS[name]()
-    except KeyError:
-        close = difflib.get_close_matches(name, list(VARIANTS), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ValueError(
-            f"unknown recipe {name!r}; {hint}known: {', '.join(sorted(VARIANTS))}"
-        ) from None
