@@ -7,10 +7,15 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
-from fp8jax.interop.compare import run
+from fp8jax.interop.compare import markdown, run
+from fp8jax.train.defaults import ConfigError
+from fp8jax.train.run_log import to_jsonable
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/compare/interop_llama.py")
-_WORKDIR = flags.DEFINE_string("workdir", None, "where results.json goes")
+_WORKDIR = flags.DEFINE_string("workdir", None, "where results.json and results.md go")
+_MIXED = flags.DEFINE_bool(
+    "allow_mixed_code", False, "run from a modified tree (a scratch comparison; the table says so)"
+)
 
 
 def main(argv):
@@ -19,15 +24,17 @@ def main(argv):
         print("compare_interop.py: --workdir is required", file=sys.stderr)
         return 2
     workdir = Path(_WORKDIR.value)
+    try:
+        results = run(_CONFIG.value, allow_mixed_code=_MIXED.value)
+    except ConfigError as e:
+        print(f"compare_interop.py: {e}", file=sys.stderr)
+        return 2
     workdir.mkdir(parents=True, exist_ok=True)
-    results = run(_CONFIG.value)
-    (workdir / "results.json").write_text(json.dumps(results, indent=1))
-    for label, r in results.items():
-        line = f"{label}: val {r['val_loss']}"
-        if "gap" in r:
-            g = r["gap"]
-            line += f" | gap {g['mean']:+.3%} [{g['lo']:+.3%}, {g['hi']:+.3%}] {r['verdict']}"
-        print(line)
+    results["command"] = " ".join(["python"] + sys.argv)
+    (workdir / "results.json").write_text(json.dumps(to_jsonable(results), indent=1) + "\n")
+    text = markdown(results, results["command"])
+    (workdir / "results.md").write_text(text)
+    print(text)
     return 0
 
 

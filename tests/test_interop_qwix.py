@@ -10,6 +10,7 @@ dW.
 from __future__ import annotations
 
 import importlib.util
+import io
 from pathlib import Path
 
 import jax
@@ -200,7 +201,7 @@ def test_linen_model_through_qwix():
 # Minutes on 2 CPU cores (Qwix's eager first call of the FP8 model): -m slow.
 @pytest.mark.slow
 def test_comparison_entry_point_runs_at_a_tiny_setting():
-    from fp8jax.interop.compare import run
+    from fp8jax.interop.compare import markdown, run
 
     path = Path(__file__).resolve().parents[1] / "configs/compare/interop_llama.py"
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -210,6 +211,12 @@ def test_comparison_entry_point_runs_at_a_tiny_setting():
     c.seeds, c.steps, c.batch_size, c.seq_len, c.eval_batches = [0], 2, 2, 16, 1
     c.model = dict(vocab=256, d_model=128, n_heads=2, d_ff=128, n_layers=1)
     c.data.source = "synthetic"
-    out = run(c)
-    assert set(out) == {"bf16", "deepseek_v3"} and np.isfinite(out["bf16"]["val_loss"][0])
-    assert np.isfinite(out["deepseek_v3"]["gap"]["mean"])
+    out = run(c, allow_mixed_code=True, stream=io.StringIO())
+    table = out["labels"]
+    assert set(table) == {"bf16", "deepseek_v3"} and np.isfinite(table["bf16"]["val_loss"][0])
+    assert np.isfinite(table["deepseek_v3"]["gap"]["mean"])
+    # The baseline is the standard op; the FP8 label's GEMMs ran fp8jax's path.
+    assert set(table["bf16"]["gemm_paths"].values()) == {"lax.dot_general bfloat16"}
+    assert "lax.dot_general" not in " ".join(table["deepseek_v3"]["gemm_paths"].values())
+    text = markdown(out)
+    assert "| deepseek_v3 |" in text and out["provenance"]["git"]["commit"][:10] in text

@@ -73,13 +73,22 @@ def test_04_training(small_env):
         assert s["steps"] == 3
 
 
+# Minutes on 2 CPU cores (Qwix's eager first call of each quantized model): -m slow.
+@pytest.mark.slow
+def test_06_interop(small_env):
+    pytest.importorskip("qwix")
+    ns = _run("06_interop.py")
+    assert ns["same"] is True
+    assert set(ns["results"]["labels"]) == {"bf16", "deepseek_v3"}
+
+
 SOURCES = sorted(NOTEBOOKS.glob("0*_*.py"))
 #: Notebooks whose executed .ipynb must be committed (03's comes with its own rework).
-REQUIRED_IPYNB = ("01_formats", "02_scaling", "04_training")
+REQUIRED_IPYNB = ("01_formats", "02_scaling", "04_training", "06_interop")
 
 
-def test_all_four_notebooks_are_jupytext_sources():
-    assert [p.name[:2] for p in SOURCES] == ["01", "02", "03", "04", "05"]
+def test_every_notebook_is_a_jupytext_source():
+    assert [p.name[:2] for p in SOURCES] == ["01", "02", "03", "04", "05", "06"]
     for py in SOURCES:
         nb = jupytext.read(py)
         kinds = [c.cell_type for c in nb.cells]

@@ -8,20 +8,31 @@ records the validation loss.  The table is the project's: per label the
 paired relative gap of the final validation loss to bf16, per seed, with the
 mean and 95% t-interval over seeds (:func:`fp8jax.train.compare.mean_interval`,
 :func:`~fp8jax.train.compare.verdict`).
+
+As every comparison here, it runs from one commit and a clean tree (or says
+it did not) and records the machine and the path each label's GEMMs resolved
+to (``bf16``: the standard ``lax.dot_general`` on bfloat16 operands).
 """
 
 from __future__ import annotations
 
+import sys
+import time
+
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 from flax import nnx
 
+from fp8jax import resolved
 from fp8jax.data.corpus import load_corpus, train_batch, val_batches
 from fp8jax.interop.examples.llama import Llama, LlamaConfig, next_token_loss
 from fp8jax.interop.rules import Rule
-from fp8jax.train.compare import mean_interval, verdict
+from fp8jax.train import provenance
+from fp8jax.train.compare import interval_text, mean_interval, verdict
+from fp8jax.train.defaults import ConfigError
 
 HIGH_PRECISION = r".*(embed|head|router).*"
 
@@ -31,8 +42,8 @@ def rules_for(recipe: str) -> list[Rule]:
     return [Rule(module_path=HIGH_PRECISION, recipe=None), Rule(recipe=recipe)]
 
 
-def train_one(config: ml_collections.ConfigDict, recipe: str, seed: int) -> float:
-    """Final validation loss (nats per byte) of the Llama-style model under ``recipe``."""
+def train_one(config: ml_collections.ConfigDict, recipe: str, seed: int) -> tuple[float, dict]:
+    """(final validation loss in nats per byte, GEMM paths) of the Llama-style model."""
     import qwix  # optional: fp8jax[qwix]
 
     from fp8jax.interop.qwix_provider import QwixProvider
@@ -50,22 +61,86 @@ def train_one(config: ml_collections.ConfigDict, recipe: str, seed: int) -> floa
         opt.update(model, grads)
         return loss
 
-    for s in range(config.steps):
+    # The first call traces the step: the GEMM core reports its paths then.
+    with resolved.recording() as paths:
+        step(model, opt, jnp.asarray(train_batch(corpus, 0, config.batch_size, length, seed)))
+    for s in range(1, config.steps):
         step(model, opt, jnp.asarray(train_batch(corpus, s, config.batch_size, length, seed)))
     val = val_batches(corpus, config.eval_batches, config.batch_size, length)
     evaluate = nnx.jit(next_token_loss)
-    return float(np.mean([float(evaluate(model, jnp.asarray(b))) for b in val]))
+    loss = float(np.mean([float(evaluate(model, jnp.asarray(b))) for b in val]))
+    return loss, resolved.as_table(paths)
 
 
-def run(config: ml_collections.ConfigDict) -> dict:
-    """{label: {"val_loss": per seed, "gap": mean_interval of the paired gap, "verdict"}}."""
-    losses = {label: [train_one(config, label, s) for s in config.seeds] for label in config.labels}
+def run(config: ml_collections.ConfigDict, *, stream=None, allow_mixed_code: bool = False) -> dict:
+    """Train every (label, seed); returns the results (see :func:`markdown`).
+
+    ``{"labels": {label: {"val_loss": per seed, "gap": mean_interval of the
+    paired gap, "verdict", "gemm_paths"}}, "provenance": {"git", "machine"}}``.
+    A modified tree is refused (ConfigError) unless ``allow_mixed_code``.
+    """
+    stream = sys.stdout if stream is None else stream
+    if "bf16" not in config.labels:
+        raise ConfigError("labels: the paired baseline 'bf16' must be one of them")
+    git = provenance.git_state()
+    if not allow_mixed_code and (git is None or git["dirty"]):
+        where = "no git checkout" if git is None else f"uncommitted changes in {git['dirty']}"
+        raise ConfigError(
+            f"a comparison runs from one commit and a clean tree, and this tree has {where}: "
+            "commit first, then run (or pass --allow_mixed_code for a scratch comparison)"
+        )
+    losses: dict[str, list[float]] = {label: [] for label in config.labels}
+    paths: dict[str, dict] = {}
+    total, done = len(config.labels) * len(config.seeds), 0
+    for seed in config.seeds:
+        for label in config.labels:
+            t0 = time.perf_counter()
+            loss, p = train_one(config, label, int(seed))
+            losses[label].append(loss)
+            paths.setdefault(label, p)
+            done += 1
+            print(
+                f"[{done}/{total}] {label} seed {seed}: val {loss:.4f} "
+                f"({time.perf_counter() - t0:.0f} s)",
+                file=stream,
+                flush=True,
+            )
     base = np.asarray(losses["bf16"])
-    out = {}
+    table = {}
     for label, v in losses.items():
-        entry = {"val_loss": v}
+        entry = {"val_loss": v, "gemm_paths": paths[label]}
         if label != "bf16":
             gap = mean_interval((np.asarray(v) - base) / base)
             entry |= {"gap": gap, "verdict": verdict(gap)}
-        out[label] = entry
-    return out
+        table[label] = entry
+    return {
+        "labels": table,
+        "seeds": [int(s) for s in config.seeds],
+        "provenance": {"git": git, "machine": provenance.machine()},
+        "backend": jax.default_backend(),
+    }
+
+
+def markdown(results: dict, command: str | None = None) -> str:
+    """results.md: commit, machine, and per label the GEMM path and the paired gap."""
+    git = results["provenance"]["git"] or {}
+    commit = git.get("commit", "?")[:10] + (" (modified tree)" if git.get("dirty") else "")
+    lines = [
+        "# deepseek_v3 vs bf16 on the Llama-style example model, through the Qwix provider",
+        "",
+        *([f"Command: `{command}`", ""] if command else []),
+        f"Commit {commit}; machine: {provenance.machine_type(results['provenance']['machine'])}.",
+        f"Seeds {results['seeds'][0]}-{results['seeds'][-1]} ({len(results['seeds'])}); the gap is "
+        "(val - val_bf16) / val_bf16 on the same seed, its 95% t-interval over seeds; "
+        '"within" = the whole interval inside +-0.25%.',
+        "",
+        "| run | GEMM path | mean val loss | val gap [95% CI] | within 0.25% |",
+        "|---|---|---|---|---|",
+    ]
+    for label, r in results["labels"].items():
+        gap = interval_text(r["gap"]) if "gap" in r else "(baseline)"
+        lines.append(
+            f"| {label} | {provenance.paths_text(r['gemm_paths'])} | "
+            f"{np.mean(r['val_loss']):.4f} | {gap} | {r.get('verdict', '')} |"
+        )
+    return "\n".join(lines) + "\n"
