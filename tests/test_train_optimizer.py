@@ -125,3 +125,15 @@ def test_schedule_of_a_traced_length_is_the_schedule_of_that_length(total, warmu
     # (Its warm-up ramp computes peak - peak * (1 - k / w): float32 cancellation near 0.)
     want = np.asarray(jax.jit(jax.vmap(optax_ref))(steps))
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
+
+
+def test_make_optimizer_defaults_to_the_training_configs_moment_dtype():
+    from fp8jax.train.defaults import base_config
+
+    tx, _ = make_optimizer(peak_lr=1e-3, total_steps=10, warmup_steps=1)
+    state = tx.init({"w": jnp.zeros((3, 4), jnp.float32)})
+    lowp = [
+        s for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, "nu")) if hasattr(s, "nu")
+    ]
+    assert lowp and lowp[0].mu["w"].dtype == lowp[0].nu["w"].dtype == jnp.bfloat16
+    assert base_config().moment_dtype == "bfloat16"

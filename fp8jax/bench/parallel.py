@@ -80,7 +80,7 @@ def build_step(recipe: recipes_lib.Recipe, bench: ParallelBench, mesh):
     graph, _ = nnx.split(abstract)
     # Initialised under jit (fast on many simulated devices), then sharded.
     model = nnx.merge(graph, jax.jit(lambda: nnx.state(make()))())
-    tx, _ = make_optimizer(peak_lr=1e-3, total_steps=100, warmup_steps=10, moment_dtype="bfloat16")
+    tx, _ = make_optimizer(peak_lr=1e-3, total_steps=100, warmup_steps=10)
     graphdef, state = create_train_state(model, tx)
     state = jax.device_put(state, rules.train_state_shardings(state, mesh, cfg.n_routed_experts))
     loss = fsdp_loss(loss_fn, mesh, recipe, cfg.n_routed_experts, kernel_layouts(abstract))

@@ -23,6 +23,7 @@ import ml_collections
 
 from fp8jax import recipes
 from fp8jax.models import ModelConfig
+from fp8jax.train.optimizer import MOMENT_DTYPE
 
 
 class ConfigError(ValueError):
@@ -88,7 +89,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.eps = 1e-8
     c.weight_decay = 0.1
     c.clip_norm = 1.0  # global norm of the Param gradients (FP8 state is never clipped)
-    c.moment_dtype = "bfloat16"  # AdamW mu and nu storage (DeepSeek-V3: BF16)
+    c.moment_dtype = MOMENT_DTYPE  # AdamW mu and nu storage (DeepSeek-V3: BF16)
 
     # Delayed-scaling stress knobs (outlier experiments); off by default.
     c.fp8_reset_every = 0  # reset FP8 state to fresh (scale 1) every this many steps
