@@ -82,13 +82,7 @@ def run(config: ml_collections.ConfigDict, *, stream=None, allow_mixed_code: boo
     stream = sys.stdout if stream is None else stream
     if "bf16" not in config.labels:
         raise ConfigError("labels: the paired baseline 'bf16' must be one of them")
-    git = provenance.git_state()
-    if not allow_mixed_code and (git is None or git["dirty"]):
-        where = "no git checkout" if git is None else f"uncommitted changes in {git['dirty']}"
-        raise ConfigError(
-            f"a comparison runs from one commit and a clean tree, and this tree has {where}: "
-            "commit first, then run (or pass --allow_mixed_code for a scratch comparison)"
-        )
+    git = provenance.require_clean_tree(allow_mixed_code)
     losses: dict[str, list[float]] = {label: [] for label in config.labels}
     paths: dict[str, dict] = {}
     total, done = len(config.labels) * len(config.seeds), 0

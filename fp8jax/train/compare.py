@@ -609,13 +609,7 @@ def run_comparison(
     returned results hold ``markdown``, the text of results.md.
     """
     workdir = validate_comparison(config, workdir)
-    here = provenance.git_state()
-    if not allow_mixed_code and (here is None or here["dirty"]):
-        where = "no git checkout" if here is None else f"uncommitted changes in {here['dirty']}"
-        raise ConfigError(
-            f"a comparison runs from one commit and a clean tree, and this tree has {where}: "
-            "commit first, then run (or pass --allow_mixed_code for a scratch comparison)"
-        )
+    provenance.require_clean_tree(allow_mixed_code)
     cmp = config.compare
     labels = list(cmp.labels)
     run_root = workdir / "runs"

@@ -26,6 +26,7 @@ from typing import Any
 import jax
 
 from fp8jax import resolved
+from fp8jax.train.defaults import ConfigError
 
 # Instruction-set flags that change which CPU kernels XLA and numpy pick.
 _ISA_FLAGS = (
@@ -70,6 +71,23 @@ def git_state(root: str | Path | None = None) -> dict | None:
         return None
     dirty = sorted(line[3:] for line in status.splitlines() if line.strip())
     return {"commit": commit, "dirty": dirty}
+
+
+def require_clean_tree(allow_mixed_code: bool = False) -> dict | None:
+    """The git state, or ConfigError if the tree is modified or not a checkout.
+
+    A comparison's runs come from one commit and a clean tree;
+    ``allow_mixed_code`` lets a scratch comparison run anyway (its table then
+    says so from the recorded state).
+    """
+    here = git_state()
+    if not allow_mixed_code and (here is None or here["dirty"]):
+        where = "no git checkout" if here is None else f"uncommitted changes in {here['dirty']}"
+        raise ConfigError(
+            f"a comparison runs from one commit and a clean tree, and this tree has {where}: "
+            "commit first, then run (or pass --allow_mixed_code for a scratch comparison)"
+        )
+    return here
 
 
 def _cpu() -> dict[str, Any]:
