@@ -87,6 +87,28 @@ def test_one_layer_through_qwix_is_fp8jax_dot_general_bit_for_bit(jit):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_a_jitted_train_step_through_qwix_traces_once_and_leaves_no_telemetry_behind():
+    x = jax.random.normal(jax.random.key(7), (2, 7, 160))
+    model = qwix.quantize_model(One(), interop.QwixProvider(RULES), x)
+    opt = nnx.Optimizer(model, optax.sgd(1e-3), wrt=nnx.Param)
+    traces = []
+
+    @nnx.jit
+    def step(model, opt, x):
+        traces.append(1)
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(model)
+        opt.update(model, grads)
+        return loss
+
+    for _ in range(3):
+        step(model, opt, x)
+    assert len(traces) == 1
+    assert not nnx.state(model, nnx.Intermediate)
+    # Inside capture the telemetry is there.
+    _, stats = capture(model, x)
+    assert {"proj/dot_general0/x", "proj/dot_general0/w"} <= set(stats)
+
+
 # Minutes on 2 CPU cores (Qwix's eager first call of the FP8 model): -m slow.
 @pytest.mark.slow
 def test_llama_through_qwix_equals_fp8jax_layers_bit_for_bit():

@@ -37,7 +37,8 @@ taken with respect to ``{"params", "fp8_state"}``.  Online recipes
 Telemetry: each routed op sows its forward operands' amax / saturated /
 flushed fractions (:mod:`fp8jax.telemetry`) under ``"<module path>/<op
 id>/x"`` and ``".../w"``: NNX ``nnx.Intermediate`` read with
-:func:`fp8jax.nn.recording.capture`; Linen collection ``"intermediates"``
+:func:`fp8jax.nn.recording.capture` (outside it nothing is sown, so a jitted
+train step keeps one module structure); Linen collection ``"intermediates"``
 (``apply(..., mutable=["intermediates"])``), key ``fp8_telemetry``.
 """
 
@@ -100,17 +101,6 @@ class QwixProvider(qwix.QuantizationProvider):
             "jax.numpy.einsum": self.einsum,
             "jax.lax.ragged_dot": self.ragged_dot,
         }
-
-    def process_model_output(self, method_name: str, model_output: Any) -> Any:
-        if not self._initial_run_complete:
-            # quantize_model's own first call is no user's step: drop what it sowed,
-            # so the quantized model holds no telemetry from outside a trace.
-            model = flax_util.get_current_module()
-            if isinstance(model, nnx.Module):
-                for _, module in model.iter_modules():
-                    if isinstance(getattr(module, TELEMETRY, None), nnx.Intermediate):
-                        delattr(module, TELEMETRY)
-        return super().process_model_output(method_name, model_output)
 
     def _recipe(self, op_name: str) -> tuple[Recipe | None, str]:
         rule, op_id = self._get_current_rule_and_op_id(op_name)

@@ -22,7 +22,15 @@ Stats = dict[str, dict[str, Any]]
 
 
 def record(module: nnx.Module, name: str, gemm_stats: dict[str, dict[str, Any]]) -> None:
-    """Sow one GEMM's {"x": ..., "w": ...} telemetry under ``name/x`` and ``name/w``."""
+    """Sow one GEMM's {"x": ..., "w": ...} telemetry under ``name/x`` and ``name/w``.
+
+    Only inside :func:`capture` (``nnx.capture``).  Outside it a sow would
+    attach a growing ``nnx.Intermediate`` to the module on every call: a
+    jitted train step would then see a new module structure each step and
+    compile again, and the model would carry telemetry nobody reads.
+    """
+    if not hasattr(module, "__captures__"):
+        return
     module.sow(nnx.Intermediate, TELEMETRY, {f"{name}/{k}": v for k, v in gemm_stats.items()})
 
 
