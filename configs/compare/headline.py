@@ -13,10 +13,12 @@ and tabulates all of them:
 What it prints: a progress line per run and logged step, then the table of
 results.md: per recipe the paired relative gap of the final validation loss
 (65,536+ held-out tokens) to bf16, per seed, its mean and 95% t-interval, and
-the verdict on +-0.25%.  The number of seeds comes from the spread of the
-paired gap measured on this model: its standard deviation over seeds was 0.40-0.55%,
-so a 95% half-width under 0.25% needs about 21 seeds.  The runs of one table come
-from one commit and a clean tree (the comparison refuses anything else).
+the verdict on +-0.25%.  How many seeds +-0.25% needs follows from the spread of
+the paired gap on this model (experiments/results/headline/README.md gives the
+measured spread and the count it implies).  The runs of one table come from one
+commit and a clean tree (the comparison refuses anything else): to add seeds to
+the committed runs, run from a checkout of their commit, e.g.
+  git worktree add --detach /tmp/fp8jax_at_7adfe88 7adfe88
 """
 
 from fp8jax.train.defaults import comparison_block, parse_seeds, set_comparison_eval, small_config
