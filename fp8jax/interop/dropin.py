@@ -26,6 +26,7 @@ from jax import lax
 
 from fp8jax.interop import ops
 from fp8jax.interop.rules import resolve_recipe
+from fp8jax.ragged_dot import ragged_dot_with_stats
 from fp8jax.recipes import Recipe, needs_state
 
 
@@ -112,8 +113,8 @@ def ragged_dot(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
         _no_sharding(out_sharding)
         if group_offset is not None:
             raise NotImplementedError("fp8jax ragged_dot: group_offset is not supported")
-        y, _ = ops.ragged_dot(
-            lhs, rhs, group_sizes, r, preferred_element_type=preferred_element_type
+        y, _ = ragged_dot_with_stats(
+            lhs, rhs, group_sizes, recipe=r, preferred_element_type=preferred_element_type
         )
         return y
 

@@ -1,9 +1,10 @@
-"""The three intercepted ops, each run through a recipe with fp8jax's own GEMMs.
+"""The intercepted dot_general and einsum, each run through a recipe with fp8jax's own GEMMs.
 
-Each returns (y, telemetry) with y exactly what ``fp8jax.dot_general`` /
-``fp8jax.ragged_dot`` give for the same operands and recipe, in the layout
-the replaced ``lax`` / ``jnp`` op gives.  fp8jax quantizes its left operand
-as an activation (1 x tile tiles) and its right one as a weight (blocks);
+Each returns (y, telemetry) with y exactly what ``fp8jax.dot_general`` gives
+for the same operands and recipe, in the layout the replaced ``lax`` / ``jnp``
+op gives (``lax.ragged_dot`` already has the shape of
+:func:`fp8jax.ragged_dot.ragged_dot_with_stats`, which the callers use as is).
+fp8jax quantizes its left operand as an activation (1 x tile tiles) and its right one as a weight (blocks);
 ``weight="lhs"`` says the model's weight is the left operand, and the op
 runs with the operands exchanged (then transposed back): the roles follow
 the tensors, not their positions.
@@ -19,7 +20,6 @@ import jax.numpy as jnp
 from fp8jax import scaling
 from fp8jax.dot_general import dot_general_with_stats
 from fp8jax.interop.einsum_dims import einsum_dims, explicit_spec, swapped
-from fp8jax.ragged_dot import ragged_dot_with_stats
 from fp8jax.recipes import Recipe
 
 Stats = dict[str, dict[str, jax.Array]]
@@ -87,23 +87,3 @@ def einsum(
         lhs, rhs, dn, recipe=recipe, state=state, preferred_element_type=preferred_element_type
     )
     return jnp.transpose(y, perm), stats
-
-
-def ragged_dot(
-    lhs: jax.Array,
-    rhs: jax.Array,
-    group_sizes: jax.Array,
-    recipe: Recipe,
-    *,
-    state: scaling.DelayedGemmState | None = None,
-    preferred_element_type: Any = None,
-) -> tuple[jax.Array, Stats]:
-    """``lax.ragged_dot(lhs, rhs, group_sizes)`` through ``recipe`` (rhs: the experts' weights)."""
-    return ragged_dot_with_stats(
-        lhs,
-        rhs,
-        group_sizes,
-        recipe=recipe,
-        state=state,
-        preferred_element_type=preferred_element_type,
-    )

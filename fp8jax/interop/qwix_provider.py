@@ -57,6 +57,7 @@ from fp8jax.interop import ops
 from fp8jax.interop.rules import Rule
 from fp8jax.nn.recording import TELEMETRY, record
 from fp8jax.nn.variables import FP8State
+from fp8jax.ragged_dot import ragged_dot_with_stats
 from fp8jax.recipes import Recipe, needs_state
 from fp8jax.scaling import init_delayed_gemm_state
 
@@ -186,11 +187,11 @@ class QwixProvider(qwix.QuantizationProvider):
                 **kwargs,
             )
         # lax.ragged_dot's rhs is the (G, K, N) stack of the experts' weights.
-        y, stats = ops.ragged_dot(
+        y, stats = ragged_dot_with_stats(
             lhs,
             rhs,
             group_sizes,
-            recipe,
+            recipe=recipe,
             state=self._state(op_id, recipe),
             preferred_element_type=preferred_element_type,
         )
