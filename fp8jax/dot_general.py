@@ -306,10 +306,13 @@ def _fp8(lhs, rhs, dimension_numbers, recipe, state, out_shape, out_dtype, with_
         _canonical_q(t, perm, shape) if is_quantized(t) else jnp.transpose(t, perm).reshape(shape)
         for t, perm, shape in ((lhs, lb + lf + lc, (bsz, m, k)), (rhs, rb + rc + rf, (bsz, k, n)))
     )
-    # A pre-quantized input gets its gradient in the output's dtype.
+    # A pre-quantized activation gets its gradient in the output's (the
+    # activations') dtype; a pre-quantized weight (an FP8 gather) in float32,
+    # its values' dtype, as float32 master weights do.
     dtypes = (
         out_dtype.name,
-        *(out_dtype.name if is_quantized(t) else t.dtype.name for t in (x3, w3)),
+        out_dtype.name if is_quantized(x3) else x3.dtype.name,
+        _value_dtype(w3).name,
     )
     out = _fp8_bmm(x3, w3, state, recipe, dtypes, with_stats)
     if with_stats:

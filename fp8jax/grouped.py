@@ -185,8 +185,11 @@ def _check(x, w, group_sizes, preferred_element_type):
     out_dtype = jnp.dtype(
         preferred_element_type if preferred_element_type is not None else jnp.result_type(*value)
     )
-    # A pre-quantized input gets its gradient in the output's dtype.
-    x_dtype, w_dtype = (out_dtype if is_quantized(t) else v for t, v in zip((x, w), value))
+    # A pre-quantized activation (tokens dispatched in FP8) gets its gradient
+    # in the output's (the activations') dtype; a pre-quantized weight (an
+    # FP8 gather) in float32, its values' dtype, as float32 master weights do.
+    x_dtype = out_dtype if is_quantized(x) else value[0]
+    w_dtype = value[1]
     return (out_dtype.name, x_dtype.name, w_dtype.name)
 
 

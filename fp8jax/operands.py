@@ -10,6 +10,7 @@ dtype (an unquantized spec).
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -113,10 +114,33 @@ def requantize(
 
 
 def materialize(op, dtype) -> jax.Array:
-    """A quantized operand dequantized to ``dtype`` (its scheme's dequantizer), or an array cast."""
+    """A quantized operand dequantized to ``dtype`` (its scheme's dequantizer), or an array cast.
+
+    Differentiable straight through the rounding: a quantized operand's
+    cotangent is the gradient of the values it represents in float32
+    (:func:`value_cotangent`), as the GEMMs give one; an array's is autodiff's.
+    """
     if is_quantized(op):
-        return schemes.dequantize(op, dtype)
+        return _dequantized(op, jnp.dtype(dtype))
     return op.astype(dtype)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _dequantized(q: QTensor, dtype) -> jax.Array:
+    return schemes.dequantize(q, dtype)
+
+
+def _dequantized_fwd(q, dtype):
+    return schemes.dequantize(q, dtype), q
+
+
+def _dequantized_bwd(dtype, q, g):
+    # Straight through: d(values)/d(values) = 1; the codes' rounding has no
+    # useful derivative and the scales get none.
+    return (value_cotangent(q, g.astype(jnp.float32)),)
+
+
+_dequantized.defvjp(_dequantized_fwd, _dequantized_bwd)
 
 
 def after_gradient(cached, qdy):

@@ -30,8 +30,9 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import fp8jax  # noqa: E402
 from fp8jax.grouped import grouped_dot  # noqa: E402
 from fp8jax.models.moe import sort_by_expert  # noqa: E402
+from fp8jax.operands import materialize  # noqa: E402
 from fp8jax.parallel import dispatch as dsp  # noqa: E402
-from fp8jax.parallel import fsdp, rules  # noqa: E402
+from fp8jax.parallel import fsdp, placement  # noqa: E402
 from fp8jax.parallel.mesh import (  # noqa: E402
     axis_sizes,
     batch_sharding,
@@ -128,7 +129,7 @@ def test_rules_shard_params_and_moments_alike():
     )
     _, state = jax.eval_shape(lambda: create_train_state(model, tx))
     mesh = make_mesh((1, 4, 2))
-    ps = rules.tree_shardings(state.params, mesh, cfg.n_routed_experts)
+    ps = placement.tree_shardings(state.params, mesh, cfg.n_routed_experts)
     e, d, f = cfg.n_routed_experts, cfg.d_model, cfg.d_expert
     w13 = ps["blocks"][1]["ffn"]["w13"].value
     # Experts over "expert", FSDP over the largest other divisible axis (2F = 128).
@@ -136,12 +137,12 @@ def test_rules_shard_params_and_moments_alike():
     # A Dense kernel: its first (input-feature) axis, whole rows of its (K, N) matrix.
     assert ps["blocks"][1]["ffn"]["shared"]["w13"]["kernel"].value.spec == P("fsdp", None, None)
     assert ps["embed"].value.spec == P("fsdp", None)  # (256, 64): the vocabulary axis
-    os_ = rules.tree_shardings(state.opt_state, mesh, cfg.n_routed_experts)
+    os_ = placement.tree_shardings(state.opt_state, mesh, cfg.n_routed_experts)
     mu = os_[1].mu["blocks"][1]["ffn"]["w13"].value
     assert state.opt_state[1].mu["blocks"][1]["ffn"]["w13"].value.dtype == jnp.bfloat16
     assert mu.spec == w13.spec and os_[1].count.spec == P()
     # Placed: 8 experts over 2 shards, 128 columns over 4 -> (4, 64, 32) per device.
-    w = rules.shard_tree({"ffn": {"w13": jnp.zeros((e, d, 2 * f))}}, mesh, e)["ffn"]["w13"]
+    w = placement.shard_tree({"ffn": {"w13": jnp.zeros((e, d, 2 * f))}}, mesh, e)["ffn"]["w13"]
     assert w.addressable_shards[0].data.shape == (e // 2, d, 2 * f // 4)
 
 
@@ -382,7 +383,8 @@ def test_gather_weight_gradient_is_reduce_scattered():
     spec = DSV3.fprop.rhs
 
     def body(w_shard, x_loc):
-        wq = fsdp.gather_weight(w_shard, "fsdp", 0, spec=spec)
+        # The gathered QTensor's values, straight through the rounding.
+        wq = materialize(fsdp.gather_weight(w_shard, "fsdp", 0, spec=spec), jnp.float32)
         # Per-device partial loss on this device's rows of x: the gradient of
         # w is the sum over devices, which the reduce-scatter forms.
         return jnp.sum((x_loc @ wq) ** 2)[None] + jnp.sum(wq * c)[None] / 8
@@ -409,6 +411,56 @@ def test_gather_weight_gradient_is_reduce_scattered():
             out_specs=P(),
             check_vma=False,
         )(w)
+
+
+@on_8_devices
+def test_fsdp_gathered_fp8_kernel_goes_into_the_gemm_with_its_codes():
+    """deepseek_v3's Dense layer with its kernel split over fsdp = 2 gives the
+    one-device loss, input gradient and kernel gradient bit for bit: the
+    kernel arrives as the QTensor of quantizing it whole (no dequantize and
+    quantize again), and its gradient is reduce-scattered in float32."""
+    from fp8jax.nn import Dense
+
+    mesh = make_mesh({"data": 1, "fsdp": 2, "expert": 1}, jax.devices()[:2])
+    rng = np.random.default_rng(8)
+    # Contracted axes (2, 128) merge into K = 256; lognormal rows give the
+    # 128x128 blocks different scales.
+    layer = Dense((2, 128), 128, recipe=DSV3, dtype="float32", name="d", rngs=nnx.Rngs(0))
+    graph, params, rest = nnx.split(layer, nnx.Param, ...)
+    w = rng.standard_normal((2, 128, 128)) * np.exp(rng.normal(0, 2, (2, 128, 1)))
+    params["kernel"].set_value(jnp.asarray(w, jnp.float32))
+    x = jnp.asarray(rng.standard_normal((16, 2, 128)), jnp.float32)
+    c = jnp.asarray(rng.standard_normal((16, 128)), jnp.float32)
+
+    def loss_fn(model, x):
+        return jnp.sum(model(x) * c)
+
+    layouts = fsdp.kernel_layouts(layer)
+    meshed = fsdp.fsdp_loss(loss_fn, mesh, DSV3, None, layouts)
+    sharded = placement.shard_tree(params, mesh, None)
+    assert tuple(sharded["kernel"].get_value().sharding.spec)[0] == "fsdp"
+
+    def grads(fn, p):
+        return jax.value_and_grad(lambda p, x: fn(nnx.merge(graph, p, rest), x), (0, 1))(p, x)
+
+    with jax.set_mesh(mesh):
+        gathered = jax.jit(lambda p: fsdp.gather_params(p, mesh, DSV3, None, layouts))(sharded)
+        q = gathered["kernel"].get_value()
+        ref = fp8jax.schemes.quantize(
+            jnp.asarray(w.reshape(256, 128), jnp.float32), DSV3.fprop.rhs, 1
+        )
+        assert isinstance(q, QTensor) and q.shape == (256, 128)
+        np.testing.assert_array_equal(
+            np.asarray(q.data).view(np.uint8), np.asarray(ref.data).view(np.uint8)
+        )
+        np.testing.assert_array_equal(np.asarray(q.scale), np.asarray(ref.scale))
+        for run in (jax.jit(grads, static_argnums=0), grads):
+            (l1, (g1, dx1)), (l2, (g2, dx2)) = run(loss_fn, params), run(meshed, sharded)
+            assert float(l1) == float(l2)
+            np.testing.assert_array_equal(np.asarray(dx1), np.asarray(dx2))
+            dw1, dw2 = (np.asarray(g["kernel"].get_value()) for g in (g1, g2))
+            assert dw2.dtype == np.float32
+            np.testing.assert_array_equal(dw1, dw2)
 
 
 # --------------------------------------------------------------------------
@@ -442,8 +494,8 @@ def _loss_and_grads(recipe, sizes, tokens):
     # Initialised under jit: the same values on every mesh, fast.
     params, rest = jax.jit(lambda: nnx.state(make()))().split(nnx.Param, ...)
     mesh = make_mesh(sizes, jax.devices()[: int(np.prod(sizes))])
-    params = rules.shard_tree(params, mesh, cfg.n_routed_experts)
-    rest = jax.device_put(rest, rules.replicated_shardings(rest, mesh))
+    params = placement.shard_tree(params, mesh, cfg.n_routed_experts)
+    rest = jax.device_put(rest, placement.replicated_shardings(rest, mesh))
     loss = fsdp_loss(loss_fn, mesh, recipe, cfg.n_routed_experts, kernel_layouts(abstract))
 
     @jax.jit

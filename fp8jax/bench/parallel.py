@@ -3,7 +3,7 @@
 For each recipe the real training step (``fp8jax.train.step``: forward,
 backward, AdamW with BF16 moments) is compiled on a ("data", "fsdp",
 "expert") mesh with the model's parameters, master weights and moments
-sharded by :mod:`fp8jax.parallel.rules`, FSDP gathers at the top of the loss
+sharded by :mod:`fp8jax.parallel.placement`, FSDP gathers at the top of the loss
 and expert parallelism in the MoE layers.  From the compiled module:
 
 * bytes per device of the collectives the program writes (expert dispatch,
@@ -34,7 +34,7 @@ from fp8jax import recipes as recipes_lib
 from fp8jax.bench.hlo import collective_bytes, lowered_collective_bytes
 from fp8jax.bench.timing import memory_stats, time_call
 from fp8jax.models import ModelConfig, MoETransformer, loss_fn
-from fp8jax.parallel import rules
+from fp8jax.parallel import placement
 from fp8jax.parallel.fsdp import fsdp_loss, kernel_layouts
 from fp8jax.parallel.mesh import global_batch, make_mesh
 from fp8jax.train.optimizer import make_optimizer
@@ -82,7 +82,9 @@ def build_step(recipe: recipes_lib.Recipe, bench: ParallelBench, mesh):
     model = nnx.merge(graph, jax.jit(lambda: nnx.state(make()))())
     tx, _ = make_optimizer(peak_lr=1e-3, total_steps=100, warmup_steps=10)
     graphdef, state = create_train_state(model, tx)
-    state = jax.device_put(state, rules.train_state_shardings(state, mesh, cfg.n_routed_experts))
+    state = jax.device_put(
+        state, placement.train_state_shardings(state, mesh, cfg.n_routed_experts)
+    )
     loss = fsdp_loss(loss_fn, mesh, recipe, cfg.n_routed_experts, kernel_layouts(abstract))
     step = make_train_step(graphdef, tx, loss, donate=False)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (bench.batch, bench.seq))

@@ -23,6 +23,7 @@ from fp8jax.nn.dense import fan_in_init
 from fp8jax.nn.grad_noise import init_grad_noise, probe, sow_ratio
 from fp8jax.nn.recording import record
 from fp8jax.nn.variables import FP8State
+from fp8jax.operands import materialize
 from fp8jax.parallel.experts import expert_parallel_size, routed_experts
 from fp8jax.ragged_dot import ragged_dot_with_stats
 from fp8jax.recipes import Recipe, for_site, needs_state
@@ -159,7 +160,7 @@ class SwiGLU(nnx.Module):
                 self.cfg.massive_activation_scale,
                 self.cfg.massive_activation_count,
             ).reshape(b, t, f)
-        w13 = self.w13.kernel[...]
+        w13 = self.w13.kernel_values()
         record(self, self.name, {"swiglu": swiglu_monitors(h, w13[:, 0], w13[:, 1])})
         if not self.cfg.smooth_swiglu:
             return self.w2(h)
@@ -210,6 +211,10 @@ class MoE(nnx.Module):
             else None
         )
 
+    def _values(self, w: nnx.Param) -> jax.Array:
+        """An expert weight's values (an FSDP-gathered QTensor dequantized)."""
+        return materialize(w.get_value(), self.cfg.param_dtype)
+
     def _experts(self, x, w, state_var, noise_var, group_sizes, label: str, recipe: Recipe):
         """One grouped expert GEMM through ``recipe``, sowing its telemetry."""
         st = state_var.get_value() if state_var is not None else None
@@ -217,7 +222,7 @@ class MoE(nnx.Module):
             "expert",
             ragged_dot_with_stats,
             x,
-            w[...],
+            w.get_value() if isinstance(w, nnx.Variable) else w,
             group_sizes,
             recipe=recipe,
             state=st,
@@ -251,8 +256,10 @@ class MoE(nnx.Module):
                 x,
                 idx,
                 gates,
-                self.w13[...],
-                self.w2[...],
+                # An FSDP-gathered expert weight may be a QTensor: the
+                # experts' GEMMs take its codes as they are.
+                self.w13.get_value(),
+                self.w2.get_value(),
                 recipe=self.down_recipe,
                 up_recipe=self.dispatch_recipe,
                 activation=lambda h: swiglu(h, cfg.dtype, self.recipe),
@@ -284,7 +291,7 @@ class MoE(nnx.Module):
             expert = jnp.repeat(
                 jnp.arange(e, dtype=jnp.int32), group_sizes, total_repeat_length=act.shape[0]
             )
-            w13 = self.w13[...]
+            w13 = self._values(self.w13)
             monitors = swiglu_monitors(act, w13[..., :f], w13[..., f:], expert, e)
             record(self, f"{self.name}/experts", {"swiglu": monitors})
             w2 = self.w2
@@ -292,7 +299,7 @@ class MoE(nnx.Module):
                 scale_ExF = smooth_swiglu_scales(act, expert, e)
                 act = _smooth_rows(act, scale_ExF[expert])
                 # The same powers of two on W_down's rows: exact, the product unchanged.
-                w2 = self.w2[...] * scale_ExF[:, :, None]
+                w2 = self._values(self.w2) * scale_ExF[:, :, None]
             y = self._experts(
                 act, w2, self.w2_state, self.w2_noise, group_sizes, "experts_w2", self.down_recipe
             )

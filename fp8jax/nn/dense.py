@@ -24,6 +24,8 @@ from fp8jax.nn import taps
 from fp8jax.nn.grad_noise import init_grad_noise, probe, sow_ratio
 from fp8jax.nn.recording import record
 from fp8jax.nn.variables import FP8State
+from fp8jax.operands import materialize
+from fp8jax.quant import is_quantized
 from fp8jax.recipes import Recipe, needs_state
 from fp8jax.scaling import init_delayed_gemm_state
 
@@ -83,6 +85,7 @@ class Dense(nnx.Module):
             raise ValueError(f"axis {self.axis} does not match in_features {self.in_features}")
         self.recipe = recipe
         self.dtype = jnp.dtype(dtype)
+        self.param_dtype = jnp.dtype(param_dtype)
         self.name = name
         init = kernel_init or fan_in_init(math.prod(self.in_features))
         self.kernel = nnx.Param(
@@ -94,6 +97,17 @@ class Dense(nnx.Module):
         self.fp8_state = FP8State(init_delayed_gemm_state(recipe)) if needs_state(recipe) else None
         # Block-format gradients: their noise ratio (fp8jax.nn.grad_noise).
         self.grad_noise = init_grad_noise(recipe)
+
+    def kernel_values(self) -> jax.Array:
+        """The kernel's values in its DenseGeneral shape (in_features + out_features).
+
+        A kernel gathered in FP8 (fp8jax.parallel.fsdp: a QTensor in its
+        GEMM's (K, N) layout) is dequantized to its storage dtype.
+        """
+        kernel = self.kernel.get_value()
+        if not is_quantized(kernel):
+            return kernel
+        return materialize(kernel, self.param_dtype).reshape(self.in_features + self.out_features)
 
     def __call__(self, x: jax.Array, kernel_scale: jax.Array | None = None) -> jax.Array:
         """y = x W (+ b); ``kernel_scale`` (shaped like ``in_features``) multiplies W's
@@ -108,7 +122,7 @@ class Dense(nnx.Module):
                 )
         dn = ((axes, tuple(range(len(axes)))), ((), ()))
         state = self.fp8_state.get_value() if self.fp8_state is not None else None
-        kernel = self.kernel[...]
+        kernel = self.kernel.get_value()
         if kernel_scale is not None:
             if kernel_scale.shape != self.in_features:
                 raise ValueError(
@@ -116,8 +130,21 @@ class Dense(nnx.Module):
                     f"{self.in_features}"
                 )
             # In the kernel's dtype: exact when the scales are powers of two.
+            # (Scaled values are new values: a gathered FP8 kernel is
+            # dequantized first and the GEMM quantizes the product.)
             pad = (1,) * len(self.out_features)
+            kernel = self.kernel_values()
             kernel = kernel * kernel_scale.reshape(kernel_scale.shape + pad).astype(kernel.dtype)
+        free = None
+        if is_quantized(kernel):
+            # An FP8-gathered kernel is in its GEMM's (K, N) layout: x's
+            # contracted axes go last and merge into K, in the order
+            # dot_general flattens them (transposes and reshapes are exact).
+            n = len(axes)
+            x = jnp.moveaxis(x, axes, tuple(range(x.ndim - n, x.ndim)))
+            free = x.shape[: x.ndim - n]
+            x = x.reshape(free + (-1,))
+            dn = (((x.ndim - 1,), (0,)), ((), ()))
         out, st = taps.gemm(
             "dense",
             dot_general_with_stats,
@@ -129,6 +156,8 @@ class Dense(nnx.Module):
             # GEMM output straight in the activation dtype (accumulation is float32).
             preferred_element_type=self.dtype,
         )
+        if free is not None:
+            out = out.reshape(free + self.out_features)
         record(self, self.name, st)
         sow_ratio(self, self.name, self.grad_noise)
         out = probe(out, self.grad_noise, self.recipe)

@@ -2,7 +2,7 @@
 
 * :mod:`~fp8jax.parallel.mesh`: the ("data", "fsdp", "expert") mesh from
   config sizes, ``jax.distributed`` start-up, per-process batches;
-* :mod:`~fp8jax.parallel.rules`: where parameters, master weights and
+* :mod:`~fp8jax.parallel.placement`: where parameters, master weights and
   moments live;
 * :mod:`~fp8jax.parallel.dispatch` / :mod:`~fp8jax.parallel.experts`:
   expert parallelism with FP8 dispatch and a BF16 combine;
@@ -19,7 +19,7 @@ Benchmark (bytes moved, memory, time, deepseek_v3 vs bf16):
 ``python experiments/bench_parallel.py``.
 """
 
-from fp8jax.parallel import dispatch, fsdp, mesh, rules
+from fp8jax.parallel import dispatch, fsdp, mesh, placement
 from fp8jax.parallel.mesh import AXES, axis_sizes, batch_sharding, global_batch, make_mesh
 
 __all__ = [
@@ -31,5 +31,5 @@ __all__ = [
     "global_batch",
     "make_mesh",
     "mesh",
-    "rules",
+    "placement",
 ]

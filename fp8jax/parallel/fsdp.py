@@ -13,6 +13,13 @@ multiple of the tile, never cuts a block, so every block's amax, scale and
 codes are those of quantizing the whole array (bit for bit).  A shard that
 would cut a block is refused with a clear error.
 
+The gathered :class:`~fp8jax.QTensor` goes into the GEMM as it travelled:
+:func:`fp8jax.dot_general` and the grouped GEMM take a quantized weight and
+use its codes and scales (no dequantize and quantize again), so the GEMM on
+a mesh multiplies the codes it would have made on one device.  A Dense
+kernel arrives in its GEMM's 2-d (K, N) layout (``Dense`` merges the
+input's contracted axes to match); routed experts in their (E, K, N) layout.
+
 The gradient goes back by a reduce-scatter (``psum_scatter``) of the
 per-device partial gradients in ``reduce_dtype`` (float32 by default;
 bfloat16 halves the bytes at the cost of a BF16 sum).
@@ -30,7 +37,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +49,7 @@ from jax.sharding import PartitionSpec as P
 from fp8jax import schemes
 from fp8jax.nn.dense import Dense
 from fp8jax.parallel.dispatch import from_wire, to_wire
-from fp8jax.parallel.rules import is_routed_expert_keys, param_spec
+from fp8jax.parallel.placement import is_routed_expert_keys, param_spec
 from fp8jax.quant import QTensor
 from fp8jax.recipes import QuantSpec, Recipe
 
@@ -76,37 +83,24 @@ def all_gather_fp8(w_shard: jax.Array, spec: QuantSpec, axis_name: str, axis: in
     return dataclasses.replace(q, data=data, scale=scale)
 
 
-def _gathered_shape(shape: tuple[int, ...], axis: int, n: int) -> tuple[int, ...]:
-    return shape[:axis] + (shape[axis] * n,) + shape[axis + 1 :]
+@partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))
+def _gather_fp8(w_shard, spec, axis_name, view, view_axis, reduce_dtype):
+    return _gather_fp8_fwd(w_shard, spec, axis_name, view, view_axis, reduce_dtype)[0]
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5, 6))
-def _gather_fp8(w_shard, spec, axis_name, axis, view, view_axis, reduce_dtype):
-    return _gather_fp8_fwd(w_shard, spec, axis_name, axis, view, view_axis, reduce_dtype)[0]
-
-
-def _gather_fp8_fwd(w_shard, spec, axis_name, axis, view, view_axis, reduce_dtype):
-    n = lax.axis_size(axis_name)
+def _gather_fp8_fwd(w_shard, spec, axis_name, view, view_axis, reduce_dtype):
+    # The GEMM takes these codes and scales as they travelled: no dequantize
+    # and quantize again, so its product is the one-device product bit for bit.
     q = all_gather_fp8(w_shard.reshape(view), spec, axis_name, view_axis)
-    # The GEMM quantizes this weight again in the same 128x128 blocks: from
-    # these values it recovers the same E4M3 codes, and each block's scale up
-    # to one float32 ulp (dequantizing rounds codes x scale once in float32).
-    w = schemes.dequantize(q, jnp.float32).reshape(_gathered_shape(w_shard.shape, axis, n))
-    # An empty array carries the shard's dtype to the backward pass.
-    return w.astype(w_shard.dtype), jnp.zeros((0,), w_shard.dtype)
+    # An empty array carries the shard's shape and dtype to the backward pass.
+    return q, jnp.zeros((0, *w_shard.shape), w_shard.dtype)
 
 
-def _gather_fp8_bwd(spec, axis_name, axis, view, view_axis, reduce_dtype, res, ct):
-    n = lax.axis_size(axis_name)
-    shard_shape = _scattered_shape(ct.shape, axis, n)
-    g = _reduce_scatter(
-        ct.reshape(_gathered_shape(view, view_axis, n)), axis_name, view_axis, reduce_dtype
-    )
-    return (g.reshape(shard_shape).astype(res.dtype),)
-
-
-def _scattered_shape(shape, axis, n):
-    return shape[:axis] + (shape[axis] // n,) + shape[axis + 1 :]
+def _gather_fp8_bwd(spec, axis_name, view, view_axis, reduce_dtype, res, ct):
+    # The GEMM gives a quantized input the gradient of the values it
+    # represents in its codes' place (fp8jax.operands.value_cotangent).
+    g = _reduce_scatter(ct.data, axis_name, view_axis, reduce_dtype)
+    return (g.reshape(res.shape[1:]).astype(res.dtype),)
 
 
 _gather_fp8.defvjp(_gather_fp8_fwd, _gather_fp8_bwd)
@@ -145,22 +139,25 @@ def gather_weight(
     view_axis: int | None = None,
     dtype=None,
     reduce_dtype=jnp.float32,
-) -> jax.Array:
+) -> QTensor | jax.Array:
     """The whole weight from this device's shard along ``axis``; differentiable.
 
     With ``spec`` (quantized, current scaling, "block"): an FP8 gather of
     the shard seen as ``view`` (its GEMM's (..., K, N) layout, blocks over the
     last two axes; default: the shard as it is) along ``view_axis``; the
-    result is the dequantized weight in the shard's dtype.  Otherwise the
-    shard is cast to ``dtype`` (default: its own) and gathered.  Backward: a
-    reduce-scatter of the per-device partial gradients in ``reduce_dtype``.
+    result is the gathered :class:`~fp8jax.QTensor` in that layout, which
+    :func:`fp8jax.dot_general` and the grouped GEMM take as it is (its codes
+    are those of quantizing the whole weight).  Otherwise the shard is cast
+    to ``dtype`` (default: its own) and gathered.  Backward: a reduce-scatter
+    of the per-device partial gradients in ``reduce_dtype`` (for the FP8
+    gather, the gradient of the values the codes represent).
     """
     axis = axis % w_shard.ndim
     rd = jnp.dtype(reduce_dtype)
     if spec is not None and is_block_fp8(spec):
         view = tuple(view) if view is not None else tuple(w_shard.shape)
         view_axis = axis if view_axis is None else view_axis % len(view)
-        return _gather_fp8(w_shard, spec, axis_name, axis, view, view_axis, rd)
+        return _gather_fp8(w_shard, spec, axis_name, view, view_axis, rd)
     dt = jnp.dtype(dtype) if dtype is not None else w_shard.dtype
     return _gather_plain(w_shard, dt, axis_name, axis, rd)
 
@@ -184,16 +181,24 @@ def is_block_fp8(spec: QuantSpec) -> bool:
 # --------------------------------------------------------------------------
 
 
-def kernel_layouts(model: nnx.Module) -> dict[tuple[str, ...], int]:
-    """``{path of a Dense kernel: number of its in_features axes}`` (its GEMM's K axes)."""
+class KernelLayout(NamedTuple):
+    """A Dense kernel's GEMM: how many leading axes it contracts, and its weight spec."""
+
+    n_in: int
+    spec: QuantSpec
+
+
+def kernel_layouts(model: nnx.Module) -> dict[tuple[str, ...], KernelLayout]:
+    """``{path of a Dense kernel: its KernelLayout}`` (its GEMM's K axes and weight spec)."""
     out = {}
     for path, module in nnx.iter_modules(model):
         if isinstance(module, Dense):
-            out[tuple(str(p) for p in path) + ("kernel",)] = len(module.in_features)
+            key = tuple(str(p) for p in path) + ("kernel",)
+            out[key] = KernelLayout(len(module.in_features), module.recipe.fprop.rhs)
     return out
 
 
-def _gemm_view(keys, shape, axis, routed, layouts, tile):
+def _gemm_view(shape, axis, routed, layout, tile):
     """(view, view_axis) of a shard whose FP8 blocks match its GEMM's, or None.
 
     Routed experts (E, K, N) are their own view; a Dense kernel split on its
@@ -202,11 +207,19 @@ def _gemm_view(keys, shape, axis, routed, layouts, tile):
     """
     if routed:
         return (shape, axis) if axis in (1, 2) and shape[axis] % tile == 0 else None
-    n_in = layouts.get(tuple(keys))
-    if n_in is None or axis != 0:
+    if layout is None or axis != 0:
         return None
-    view = (math.prod(shape[:n_in]), math.prod(shape[n_in:]))
+    view = (math.prod(shape[: layout.n_in]), math.prod(shape[layout.n_in :]))
     return (view, 0) if view[0] % tile == 0 else None
+
+
+def _local_shape(shape: tuple[int, ...], spec: P, mesh: Mesh) -> tuple[int, ...]:
+    """The shape of one device's shard of a global array laid out by ``spec``."""
+    out = list(shape)
+    for i, names in enumerate(tuple(spec)):
+        for name in (names,) if isinstance(names, str) else names or ():
+            out[i] //= mesh.shape[name]
+    return tuple(out)
 
 
 def gather_params(
@@ -214,19 +227,23 @@ def gather_params(
     mesh: Mesh,
     recipe: Recipe,
     n_experts: int | None,
-    layouts: dict[tuple[str, ...], int],
+    layouts: dict[tuple[str, ...], KernelLayout],
     *,
     reduce_dtype=jnp.float32,
 ) -> Any:
     """Gather every FSDP-split parameter (one ``shard_map`` over the tree), differentiably.
 
-    GEMM weights (Dense kernels, routed experts) move as FP8 blocks when the
-    recipe quantizes weights in blocks and the shard holds whole blocks of
-    the GEMM's (K, N) matrix; otherwise in the recipe's compute dtype when
-    the recipe does not quantize weights (what the GEMM would cast them to),
-    and in their own dtype else.  Other parameters (embedding, head, norms,
-    router) move in their own dtype.  Routed experts stay split over
-    "expert".  Gradients return by reduce-scatter in ``reduce_dtype``.
+    GEMM weights (Dense kernels, routed experts) move as FP8 blocks when
+    their GEMM quantizes weights in blocks (the Dense layer's own recipe;
+    ``recipe`` for the routed experts) and the shard holds whole blocks of
+    the GEMM's (K, N) matrix: the result is then a :class:`~fp8jax.QTensor`
+    in that (K, N) layout (``(E, K, N)`` for experts), which the GEMM takes
+    with the codes it travelled with.  Otherwise they move in the recipe's
+    compute dtype when it does not quantize weights (what the GEMM would
+    cast them to), and in their own dtype else.  Other parameters
+    (embedding, head, norms, router) move in their own dtype.  Routed
+    experts stay split over "expert".  Gradients return by reduce-scatter in
+    ``reduce_dtype``.
     """
     n_fsdp = mesh.shape["fsdp"]
     if n_fsdp == 1:
@@ -234,52 +251,64 @@ def gather_params(
     in_specs = jax.tree_util.tree_map_with_path(
         lambda p, x: param_spec(p, tuple(x.shape), mesh, n_experts), params
     )
-    out_specs = jax.tree.map(
-        lambda s: P(*(None if a == "fsdp" else a for a in s)),
-        in_specs,
-        is_leaf=lambda s: isinstance(s, P),
-    )
-    wspec = recipe.fprop.rhs
 
-    # Routed experts by their global shapes (inside, a shard holds E / n_expert).
-    routed = jax.tree_util.tree_map_with_path(
-        lambda p, x: is_routed_expert_keys(
-            [str(k.key) for k in p if isinstance(k, jax.tree_util.DictKey)], x.shape, n_experts
-        ),
-        params,
-    )
-
-    def one(path, shard, spec, is_routed):
+    def plan(path, x, spec):
+        """How a split parameter moves: ("fp8", spec, view, view_axis) or ("cast",
+        dtype) or ("own",) for a GEMM weight, ("other",) for any other
+        parameter, None when it is not split over "fsdp"."""
         if "fsdp" not in tuple(spec):
+            return None
+        keys = tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+        routed = is_routed_expert_keys(list(keys), x.shape, n_experts)
+        layout = layouts.get(keys)
+        if not routed and layout is None:
+            return ("other",)
+        wspec = recipe.fprop.rhs if routed else layout.spec
+        axis = tuple(spec).index("fsdp")
+        if is_block_fp8(wspec):
+            local = _local_shape(tuple(x.shape), spec, mesh)
+            vw = _gemm_view(local, axis, routed, layout, wspec.tile)
+            if vw is not None:
+                return ("fp8", wspec, *vw)
+        # The GEMM casts an unquantized weight to the compute dtype first:
+        # moving it in that dtype changes nothing.
+        return ("cast", recipe.compute) if not wspec.quantized else ("own",)
+
+    plans = jax.tree_util.tree_map_with_path(plan, params, in_specs)
+
+    def out_spec(spec, how):
+        # A Dense kernel gathered in FP8 comes out in its GEMM's 2-d (K, N)
+        # layout, whole on every device.
+        if how is not None and how[0] == "fp8" and len(how[2]) != len(tuple(spec)):
+            return P()
+        return P(*(None if a == "fsdp" else a for a in spec))
+
+    out_specs = jax.tree.map(out_spec, in_specs, plans, is_leaf=lambda s: isinstance(s, P))
+
+    def one(shard, spec, how):
+        if how is None:
             return shard
         axis = tuple(spec).index("fsdp")
-        keys = [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]
-        gemm = is_routed or tuple(keys) in layouts
-        if not gemm:
-            with jax.named_scope("other_params"):
-                return gather_weight(shard, "fsdp", axis, reduce_dtype=reduce_dtype)
-        with jax.named_scope("gemm_weights"):
-            if is_block_fp8(wspec):
-                vw = _gemm_view(keys, shard.shape, axis, is_routed, layouts, wspec.tile)
-                if vw is not None:
-                    return gather_weight(
-                        shard,
-                        "fsdp",
-                        axis,
-                        spec=wspec,
-                        view=vw[0],
-                        view_axis=vw[1],
-                        reduce_dtype=reduce_dtype,
-                    )
-            # The GEMM casts an unquantized weight to the compute dtype first:
-            # moving it in that dtype changes nothing.
-            dtype = recipe.compute if not wspec.quantized else shard.dtype
+        if how[0] == "fp8":
+            _, wspec, view, view_axis = how
+            with jax.named_scope("gemm_weights"):
+                return gather_weight(
+                    shard,
+                    "fsdp",
+                    axis,
+                    spec=wspec,
+                    view=view,
+                    view_axis=view_axis,
+                    reduce_dtype=reduce_dtype,
+                )
+        dtype = how[1] if how[0] == "cast" else shard.dtype
+        with jax.named_scope("other_params" if how[0] == "other" else "gemm_weights"):
             out = gather_weight(shard, "fsdp", axis, dtype=dtype, reduce_dtype=reduce_dtype)
-            return out.astype(shard.dtype)
+        return out.astype(shard.dtype)
 
     def body(tree):
         with jax.named_scope("fsdp_gather"):
-            return jax.tree_util.tree_map_with_path(one, tree, in_specs, routed)
+            return jax.tree.map(one, tree, in_specs, plans, is_leaf=lambda s: isinstance(s, P))
 
     return jax.shard_map(
         body, mesh=mesh, in_specs=(in_specs,), out_specs=out_specs, check_vma=False

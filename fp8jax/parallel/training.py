@@ -2,7 +2,7 @@
 
 :func:`setup_training` builds the mesh named by the config's ``mesh`` field,
 places the training state on it (parameters, FP32 master weights and BF16
-moments by :mod:`fp8jax.parallel.rules`; FP8 state, router bias, step
+moments by :mod:`fp8jax.parallel.placement`; FP8 state, router bias, step
 replicated) and wraps the loss so FSDP-split parameters are gathered at its
 top (FP8 blocks for FP8 recipes, :mod:`fp8jax.parallel.fsdp`).
 :func:`in_mesh` makes a jitted function trace and run under the mesh, which
@@ -21,7 +21,7 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh
 
-from fp8jax.parallel import rules
+from fp8jax.parallel import placement
 from fp8jax.parallel.fsdp import fsdp_loss, kernel_layouts
 from fp8jax.parallel.mesh import AXES, make_mesh
 from fp8jax.recipes import Recipe
@@ -51,7 +51,7 @@ def setup_training(
                 f"batch size {b} does not split over the mesh's {mesh.size} devices "
                 f"{dict(mesh.shape)}; make it a multiple of {mesh.size}"
             )
-    state = jax.device_put(state, rules.train_state_shardings(state, mesh, n_experts))
+    state = jax.device_put(state, placement.train_state_shardings(state, mesh, n_experts))
     loss = fsdp_loss(loss_fn, mesh, recipe, n_experts, kernel_layouts(model))
     return mesh, state, loss
 
