@@ -40,7 +40,7 @@ from fp8jax.telemetry import operand_stats
 
 def ragged_dot_with_stats(
     lhs: jax.Array | QTensor,
-    rhs: jax.Array,
+    rhs: jax.Array | QTensor,
     group_sizes: jax.Array,
     *,
     recipe: Recipe,
@@ -53,11 +53,12 @@ def ragged_dot_with_stats(
     :func:`fp8jax.dot_general_with_stats`; unquantized operands report zero
     fractions.
     """
-    lhs = lhs if is_quantized(lhs) else jnp.asarray(lhs)
-    rhs, group_sizes = jnp.asarray(rhs), jnp.asarray(group_sizes)
+    lhs, rhs = (t if is_quantized(t) else jnp.asarray(t) for t in (lhs, rhs))
+    group_sizes = jnp.asarray(group_sizes)
     _check(lhs, rhs, group_sizes)
-    if recipe.is_fp8 or is_quantized(lhs):
-        # A pre-quantized lhs (FP8 expert dispatch) only the grouped core takes.
+    if recipe.is_fp8 or is_quantized(lhs) or is_quantized(rhs):
+        # Pre-quantized operands (FP8 expert dispatch, FP8 FSDP gathers) only
+        # the grouped core takes.
         y, stats = grouped_dot_with_stats(
             lhs,
             rhs,
@@ -77,7 +78,7 @@ def ragged_dot_with_stats(
 
 def ragged_dot(
     lhs: jax.Array | QTensor,
-    rhs: jax.Array,
+    rhs: jax.Array | QTensor,
     group_sizes: jax.Array,
     *,
     recipe: Recipe,
@@ -91,7 +92,8 @@ def ragged_dot(
     Args:
       lhs: (M, K) rows sorted by group, or a QTensor of them quantized in
         1 x tile tiles along K (see :func:`fp8jax.grouped.grouped_dot`).
-      rhs: (G, K, N) one weight matrix per group.
+      rhs: (G, K, N) one weight matrix per group, or a QTensor of them
+        quantized as the recipe's weight spec says (an FP8 FSDP gather).
       group_sizes: int (G,) rows per group, each >= 0, sum <= M.
       recipe: precision of Fprop, Dgrad and Wgrad.
       state: DelayedGemmState for delayed-scaling recipes (one for all

@@ -112,6 +112,30 @@ def test_quantized_recipe_is_the_grouped_core_bit_for_bit():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_prequantized_weights_go_in_with_their_codes(jit):
+    # Expert weights quantized before the call (an FP8 FSDP gather) give the
+    # product of quantizing inside, bit for bit; their gradient is the
+    # float32 gradient of the values they represent, in the codes' place.
+    x, w, dy = _inputs(8)
+    gs = jnp.asarray(GROUPS)
+    r = fp8jax.recipes.deepseek_v3()
+    qw = fp8jax.schemes.quantize(jnp.asarray(w), r.fprop.rhs, 1)
+
+    def run(w_in):
+        y, vjp = jax.vjp(lambda x, w: fp8jax.ragged_dot(x, w, gs, recipe=r), jnp.asarray(x), w_in)
+        return (y, *vjp(jnp.asarray(dy)))
+
+    run = jax.jit(run) if jit else run
+    y, dx, dw = run(jnp.asarray(w))
+    yq, dxq, dwq = run(qw)
+    np.testing.assert_array_equal(np.asarray(yq), np.asarray(y))
+    np.testing.assert_array_equal(np.asarray(dxq), np.asarray(dx))
+    assert isinstance(dwq, fp8jax.QTensor) and dwq.data.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(dwq.data), np.asarray(dw))
+    assert not np.any(np.asarray(dwq.scale))
+
+
 def test_signature_and_output_dtype_follow_lax():
     x = jnp.ones((6, 4), jnp.bfloat16)
     w = jnp.ones((2, 4, 3), jnp.bfloat16)
