@@ -3,7 +3,9 @@ r"""The late-failure stress comparison and its monitors (configs/compare/stress.
 Trains every run of the comparison (``fp8jax.train.compare.run_comparison``:
 results.md, results.json, plots), then writes ``monitors.md`` (per run and
 seed: loss event, each monitor's first threshold crossing, lead in steps,
-extreme value; ``fp8jax.train.stress``) and ``monitors.png`` (loss and the
+extreme value; ``fp8jax.train.stress``; the loss event is the first logged
+step where the run's training loss, averaged over 10 logged steps, is 5%
+above the baseline run's at the same seed) and ``monitors.png`` (loss and the
 per-site monitors against steps, one colour per run; seed 0).
 ``--analyze_only`` skips training and reads the finished runs.  Exit code 2
 with one line for a bad config or workdir.
@@ -28,6 +30,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "comparison directory (runs unde
 _ANALYZE = flags.DEFINE_bool("analyze_only", False, "only tabulate and plot finished runs")
 flags.mark_flags_as_required(["config", "workdir"])
 
+# How far (relative) above the baseline's loss a run's averaged training
+# loss must go to count as the loss noticing.
+LOSS_SPIKE = 0.05
+
 PLOT_STATS = ("loss", "outlier_ratio", "align_max", "amax_growth", "saturated", "noise_ratio")
 
 
@@ -43,7 +49,15 @@ def analyze(config, workdir: Path) -> str:
                     seed0[label] = rdir
     if not runs:
         raise ConfigError(f"no finished runs under {workdir / 'runs'}: train them first")
-    table = lead_table(runs)
+    # The loss event: the run's training loss, averaged over 100 steps, 5%
+    # above the baseline run's (bf16) at the same seed and steps.
+    base = config.compare.baseline
+    baselines = {
+        f"{label} seed {seed}": runs.get(f"{base} seed {seed}")
+        for seed in config.compare.seeds
+        for label in config.compare.labels
+    }
+    table = lead_table(runs, spike=LOSS_SPIKE, baselines=baselines)
     (workdir / "monitors.md").write_text(table + "\n")
     plot_telemetry(
         list(seed0.values()),

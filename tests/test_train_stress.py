@@ -38,6 +38,36 @@ def test_loss_event_spike_and_nonfinite():
     assert stress.loss_event([{"step": 1, "loss": 3.0}, {"step": 2, "loss": None}]) == 2
 
 
+def test_loss_event_on_the_smoothed_loss_ignores_single_batches():
+    # Batches alternate 2.0 / 2.6 (+30%): raw, the first high batch is an
+    # event; averaged over 4 logged steps the level stays 2.3 until the
+    # losses rise for good (3.0 from step 110 on): the trailing mean at step
+    # 110, (2.6 + 2.0 + 2.6 + 3.0) / 4 = 2.55, is 11% above 2.3.
+    losses = [2.0, 2.6] * 5 + [3.0] * 6
+    rows = [{"step": 10 * (i + 1), "loss": v} for i, v in enumerate(losses)]
+    assert stress.loss_event(rows) == 20
+    assert stress.loss_event(rows, window=4) == 110
+    assert stress.loss_event(rows[:10], window=4) is None
+    assert stress.loss_event(rows[:3] + [{"step": 40, "loss": float("nan")}], window=4) == 40
+    with pytest.raises(ValueError, match="window"):
+        stress.loss_event(rows, window=0)
+
+
+def test_loss_event_against_a_baseline_ignores_what_both_runs_share():
+    # Both runs climb from 2.0 to 2.6 (harder data): no event against the
+    # baseline; from step 60 the run is 8% above the baseline: an event once
+    # the 2-step mean of the ratio passes 6% (step 70), not at 60 (4%).
+    base = [{"step": 10 * (i + 1), "loss": 2.0 + 0.1 * i} for i in range(7)]
+    run = [dict(r) for r in base]
+    assert stress.loss_event(run, spike=0.06) == 30
+    assert stress.loss_event(run, spike=0.06, baseline=base) is None
+    for r in run[5:]:
+        r["loss"] *= 1.08
+    assert stress.loss_event(run, spike=0.06, window=2, baseline=base) == 70
+    # Steps the baseline did not log are skipped.
+    assert stress.loss_event(run, spike=0.06, window=2, baseline=base[:6]) is None
+
+
 def test_first_crossings_and_extremes():
     c = stress.first_crossings(_rows())
     assert c["outlier_ratio"] == {"step": 20, "site": "layer0/ffn/swiglu", "extreme": 6e4}
@@ -47,7 +77,7 @@ def test_first_crossings_and_extremes():
 
 
 def test_lead_table_gives_the_lead_in_steps():
-    table = stress.lead_table({"run a": _rows()})
+    table = stress.lead_table({"run a": _rows()}, window=1)
     row = table.splitlines()[2]
     assert row.startswith(
         "| run a | 40 | 40 | 20 / 20 / 6e+04 | - / - / 0.3 | - / - / nan | 30 / 10 / 1.5 |"

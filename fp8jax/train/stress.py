@@ -2,7 +2,9 @@
 
 For one run (its metrics.jsonl rows), :func:`loss_event` finds the first
 logged step where the training loss is non-finite or rises more than
-``spike`` (relative) above its lowest value so far, and
+``spike`` (relative) above its lowest value so far, or above a baseline run
+that saw the same batches (the stress comparison: bf16 at the same seed;
+losses averaged over 10 logged steps), and
 :func:`first_crossings` the first logged step where each monitor crosses
 its threshold at any site.  :func:`lead_table` puts them side by side per
 run: a positive lead is how many steps a monitor warned before the loss.
@@ -40,16 +42,50 @@ THRESHOLDS: dict[str, tuple[str, float]] = {
 _OPS = {">": operator.gt, "<": operator.lt}
 
 
-def loss_event(rows: Sequence[dict], spike: float = 0.1) -> int | None:
-    """First logged step whose loss is non-finite or > (1 + spike) x the lowest loss before it."""
-    best = math.inf
+def loss_event(
+    rows: Sequence[dict],
+    spike: float = 0.1,
+    window: int = 1,
+    baseline: Sequence[dict] | None = None,
+) -> int | None:
+    """First logged step whose training loss is non-finite or ``spike`` (relative) too high.
+
+    Without ``baseline``: too high is above the run's own best so far.  With
+    ``baseline`` (the rows of a reference run that saw the same batches,
+    e.g. bf16 at the same seed): above that run's loss at the same step, so
+    a rise every run shares (a harder stretch of data) is no event; steps
+    the baseline did not log are skipped.
+
+    With ``window`` > 1 the value compared is the mean over the last
+    ``window`` logged steps (from the ``window``-th on): a training loss is
+    one batch's, and at a high learning rate single batches swing by more
+    than 10%.  A non-finite loss is an event at once, smoothed or not.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    ref = None
+    if baseline is not None:
+        ref = {int(r["step"]): as_float(r["loss"]) for r in baseline if "loss" in r}
+    best, recent = math.inf, []
     for r in rows:
         if "loss" not in r:
             continue
         loss = as_float(r["loss"])
-        if not math.isfinite(loss) or (math.isfinite(best) and loss > (1 + spike) * best):
+        if not math.isfinite(loss):
             return int(r["step"])
-        best = min(best, loss)
+        if ref is not None:
+            base = ref.get(int(r["step"]))
+            if base is None or not math.isfinite(base) or base <= 0:
+                continue
+            loss = loss / base
+        recent = (recent + [loss])[-window:]
+        if len(recent) < window:
+            continue
+        level = sum(recent) / window
+        limit = (1 + spike) * (1.0 if ref is not None else best)
+        if math.isfinite(limit) and level > limit:
+            return int(r["step"])
+        best = min(best, level)
     return None
 
 
@@ -80,8 +116,22 @@ def first_crossings(
     return out
 
 
-def lead_table(runs: dict[str, Sequence[dict]], spike: float = 0.1) -> str:
-    """Markdown: per run, the loss event step and each monitor's crossing, lead and extreme."""
+# Logged steps whose training losses are averaged before looking for a loss
+# event (10 at the stress comparison's log cadence of 10 steps: 100 steps).
+LOSS_WINDOW = 10
+
+
+def lead_table(
+    runs: dict[str, Sequence[dict]],
+    spike: float = 0.1,
+    window: int = LOSS_WINDOW,
+    baselines: dict[str, Sequence[dict]] | None = None,
+) -> str:
+    """Markdown: per run, the loss event step and each monitor's crossing, lead and extreme.
+
+    The loss event is :func:`loss_event` with ``spike``, ``window`` and the
+    run's entry of ``baselines`` (if any).
+    """
     monitors = list(THRESHOLDS)
     head = "| run | last step | loss event | " + " | ".join(
         f"{m} ({THRESHOLDS[m][0]} {THRESHOLDS[m][1]:.4g}): step / lead / extreme" for m in monitors
@@ -89,7 +139,8 @@ def lead_table(runs: dict[str, Sequence[dict]], spike: float = 0.1) -> str:
     lines = [head + " |", "|" + "---|" * (3 + len(monitors))]
     for label, rows in runs.items():
         steps = [int(r["step"]) for r in rows if "loss" in r]
-        event = loss_event(rows, spike)
+        base = None if baselines is None else baselines.get(label)
+        event = loss_event(rows, spike, window, base)
         cross = first_crossings(rows)
         cells = []
         for m in monitors:
