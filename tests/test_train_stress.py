@@ -84,6 +84,20 @@ def test_lead_table_gives_the_lead_in_steps():
     )
 
 
+def test_lead_table_without_the_runs_baseline_says_so():
+    # A baseline that is missing must not turn into the other rule (own best).
+    rows = [{"step": 10 * (i + 1), "loss": 2.0 + 0.1 * i} for i in range(7)]
+    table = stress.lead_table({"a": rows, "b": rows}, spike=0.06, window=1, baselines={"a": rows})
+    a, b = table.splitlines()[2:4]
+    assert a.startswith("| a | 70 | - |")
+    assert b.startswith("| b | 70 | no baseline |")
+    assert (
+        stress.lead_table({"b": rows}, spike=0.06, window=1)
+        .splitlines()[2]
+        .startswith("| b | 70 | 30 |")
+    )
+
+
 @pytest.mark.slow
 def test_stress_comparison_smoke(tmp_path):
     spec = importlib.util.spec_from_file_location("stress_cfg", ROOT / "configs/compare/stress.py")

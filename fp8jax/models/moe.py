@@ -216,13 +216,16 @@ class MoE(nnx.Module):
         return materialize(w.get_value(), self.cfg.param_dtype)
 
     def _experts(self, x, w, state_var, noise_var, group_sizes, label: str, recipe: Recipe):
-        """One grouped expert GEMM through ``recipe``, sowing its telemetry."""
+        """One grouped expert GEMM through ``recipe``, sowing its telemetry.
+
+        ``w``: the experts' (E, K, N) weights, an array or an FSDP-gathered QTensor.
+        """
         st = state_var.get_value() if state_var is not None else None
         out, stats = taps.gemm(
             "expert",
             ragged_dot_with_stats,
             x,
-            w.get_value() if isinstance(w, nnx.Variable) else w,
+            w,
             group_sizes,
             recipe=recipe,
             state=st,
@@ -268,9 +271,11 @@ class MoE(nnx.Module):
         else:
             order, token, group_sizes = sort_by_expert(idx, e)
             xs = x[token]  # (BT*k, D), sorted by expert
+            # An FSDP-gathered expert weight may be a QTensor: the grouped
+            # GEMM takes its codes as they are.
             h = self._experts(
                 xs,
-                self.w13,
+                self.w13.get_value(),
                 self.w13_state,
                 self.w13_noise,
                 group_sizes,
@@ -294,7 +299,7 @@ class MoE(nnx.Module):
             w13 = self._values(self.w13)
             monitors = swiglu_monitors(act, w13[..., :f], w13[..., f:], expert, e)
             record(self, f"{self.name}/experts", {"swiglu": monitors})
-            w2 = self.w2
+            w2 = self.w2.get_value()
             if cfg.smooth_swiglu:
                 scale_ExF = smooth_swiglu_scales(act, expert, e)
                 act = _smooth_rows(act, scale_ExF[expert])

@@ -130,7 +130,9 @@ def lead_table(
     """Markdown: per run, the loss event step and each monitor's crossing, lead and extreme.
 
     The loss event is :func:`loss_event` with ``spike``, ``window`` and the
-    run's entry of ``baselines`` (if any).
+    run's entry of ``baselines`` (if any).  With ``baselines``, a run whose
+    baseline is missing gets no event ("no baseline") rather than an event
+    by the other rule.
     """
     monitors = list(THRESHOLDS)
     head = "| run | last step | loss event | " + " | ".join(
@@ -140,7 +142,8 @@ def lead_table(
     for label, rows in runs.items():
         steps = [int(r["step"]) for r in rows if "loss" in r]
         base = None if baselines is None else baselines.get(label)
-        event = loss_event(rows, spike, window, base)
+        missing = baselines is not None and base is None
+        event = None if missing else loss_event(rows, spike, window, base)
         cross = first_crossings(rows)
         cells = []
         for m in monitors:
@@ -150,6 +153,8 @@ def lead_table(
             cells.append(f"{step} / {lead} / {c['extreme']:.3g}")
         last = steps[-1] if steps else 0
         lines.append(
-            f"| {label} | {last} | {'-' if event is None else event} | " + " | ".join(cells) + " |"
+            f"| {label} | {last} | {'no baseline' if missing else '-' if event is None else event} | "
+            + " | ".join(cells)
+            + " |"
         )
     return "\n".join(lines)
