@@ -39,11 +39,11 @@ _SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "seeds of every run")
 _CACHE = flags.DEFINE_string("jax_cache_dir", default_jax_cache_dir(), CACHE_HELP)
 flags.mark_flag_as_required("workdir")
 
-CONFIG = Path(fp8jax.__file__).resolve().parents[1] / "configs" / "compare" / "outliers.py"
+CONFIG = Path(fp8jax.__file__).resolve().parents[1] / "configs" / "compare" / "outlier_sweep.py"
 
 
 def _config(magnitude: str):
-    spec = importlib.util.spec_from_file_location("outliers", CONFIG)
+    spec = importlib.util.spec_from_file_location("outlier_sweep", CONFIG)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     c = mod.get_config(magnitude)

@@ -25,7 +25,7 @@
 # Recipes: `bf16` (baseline), `deepseek_v3` (E4M3, 1x128 / 128x128 online
 # scales), `current_tensor` (per-tensor online), `rowwise`, `hybrid_delayed`
 # (per-tensor delayed, E4M3/E5M2), and a stress run of `hybrid_delayed` whose
-# amax history is made stale every step (`fp8_amax_growth`: the situation of a
+# amax history is made stale every step (`inject.fp8_amax_growth`: the situation of a
 # tensor whose amax keeps growing, see notebook 02).
 #
 # One seed, a few hundred steps on a CPU: differences below ~1% are noise here.
@@ -81,7 +81,10 @@ else:
         "current_tensor": {"recipe": "current_tensor"},
         "rowwise": {"recipe": "rowwise"},
         "hybrid_delayed": {"recipe": "hybrid_delayed"},
-        "hybrid_delayed, stale amax x4": {"recipe": "hybrid_delayed", "fp8_amax_growth": 4.0},
+        "hybrid_delayed, stale amax x4": {
+            "recipe": "hybrid_delayed",
+            "inject": {"fp8_amax_growth": 4.0},
+        },
     }
 print(
     f"model {base.model} {dict(base.model_overrides)}, {base.steps} steps, "
@@ -200,7 +203,7 @@ for label, s in summaries.items():
 #   values above 448 on step 1 (the "sat step1" column): at this model's
 #   initialization scale there are few or none, so the first-step failure of
 #   notebook 02 does not show up here;
-# * with a stale amax history (`fp8_amax_growth` = 4) every step quantizes with
+# * with a stale amax history (`inject.fp8_amax_growth` = 4) every step quantizes with
 #   a scale 4x too small: a large fraction of values clips (the "sat max"
 #   column, 67% in the committed run) and the loss ends 19% above bf16 -- the
 #   growing-amax failure of delayed scaling, made permanent.

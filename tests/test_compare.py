@@ -88,7 +88,10 @@ def _cfg(seeds=(0, 1)):
     c = tiny_config()
     c.compare = comparison_block(
         "t",
-        dict(bf16=dict(recipe="bf16"), fp8=dict(recipe="deepseek_v3", fp8_reset_every=3)),
+        dict(
+            bf16=dict(recipe="bf16"),
+            fp8=dict(recipe="deepseek_v3", inject=dict(fp8_reset_every=3)),
+        ),
         notes="",
         seeds=seeds,
     )
@@ -163,7 +166,9 @@ def test_diverged_seed_is_not_within():
 def test_run_config_applies_overrides_and_rejects_unknown_fields(tmp_path):
     c = _cfg()
     rc = compare.run_config(c, "fp8", 1)
-    assert rc.recipe == "deepseek_v3" and rc.fp8_reset_every == 3
+    assert rc.recipe == "deepseek_v3" and rc.inject.fp8_reset_every == 3
+    # The run's block holds every injection field (the others at their off default).
+    assert rc.inject.fp8_amax_growth == 1.0 and "inject" not in compare.run_config(c, "bf16", 1)
     assert rc.seed == 1 and rc.data_seed == 1 and "compare" not in rc
     # Identical training configs share a run directory; seeds and recipes do not.
     d0 = compare.run_dir(tmp_path, compare.run_config(c, "bf16", 0), 0)

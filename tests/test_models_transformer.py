@@ -10,7 +10,8 @@ from flax import nnx
 
 import fp8jax
 from fp8jax.models import ModelConfig, MoETransformer, cross_entropy, loss_fn
-from fp8jax.nn import FP8State
+from fp8jax.nn import FP8State, taps
+from fp8jax.train.injection import massive_activations
 
 CFG = ModelConfig.tiny(max_seq_len=32)
 TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 32)), jnp.int32)
@@ -122,14 +123,15 @@ def test_attention_in_query_blocks_gives_the_same_loss_and_gradients(results, at
 
 def test_telemetry_sees_saturation_of_fresh_delayed_state():
     """Massive activations with a fresh delayed state (scale 1) clip: telemetry shows it."""
-    cfg = CFG.replace(
-        massive_activation_scale=1e4,
-        massive_activation_count=2,
-        massive_activation_site="ffn_hidden",
-    )
-    model = MoETransformer(cfg, fp8jax.recipes.hybrid_delayed(), rngs=nnx.Rngs(0))
+    model = MoETransformer(CFG, fp8jax.recipes.hybrid_delayed(), rngs=nnx.Rngs(0))
     graph, state = nnx.split(model)
-    fwd = jax.jit(lambda s: nnx.merge(graph, s)(TOKENS)[1], compiler_options=FAST_COMPILE)
+
+    def aux_of(s):
+        # The hook is open while the model is traced (inside jit's trace).
+        with taps.injecting("ffn_hidden", massive_activations(1e4, 2)):
+            return nnx.merge(graph, s)(TOKENS)[1]
+
+    fwd = jax.jit(aux_of, compiler_options=FAST_COMPILE)
     aux = fwd(state)
     assert float(aux["fp8"]["layer0/ffn/w2/x"]["saturated"]) > 0
     assert float(aux["fp8"]["layer0/ffn/w2/x"]["amax"]) > 448

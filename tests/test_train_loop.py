@@ -455,3 +455,29 @@ def test_two_processes_write_one_log_and_agree_on_the_summary(tmp_path):
     assert summaries[0][0] == pytest.approx(np.mean(losses[-3:]), rel=1e-12)
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert cfg["process_count"] == 2 and cfg["device_count"] == 2
+
+
+def test_an_inject_block_reaches_the_run_and_is_recorded(tmp_path):
+    """Massive activations at every FFN down-projection input, injected through the
+    config's inject block: the fresh delayed state (scale 1) clips them at step 1,
+    while the same run without the block saturates nothing."""
+    from fp8jax.train.injection import inject_block
+
+    def run(sub, **inject):
+        c = _fast(recipe="hybrid_delayed", steps=2, eval_batches=0)
+        if inject:
+            c.inject = inject_block(**inject)
+        train(c, tmp_path / sub, stream=io.StringIO(), steps=STEPS)
+        rows = read_jsonl(tmp_path / sub / "metrics.jsonl")
+        return json.loads((tmp_path / sub / "config.json").read_text())["config"], rows[0]
+
+    stressed_cfg, stressed = run(
+        "stressed",
+        massive_activation_scale=1e4,
+        massive_activation_count=2,
+        massive_activation_site="ffn_hidden",
+    )
+    plain_cfg, plain = run("plain")
+    assert stressed["fp8/saturated_max"] > 0 and plain["fp8/saturated_max"] == 0
+    assert stressed_cfg["inject"]["massive_activation_scale"] == 1e4
+    assert "inject" not in plain_cfg

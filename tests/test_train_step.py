@@ -15,6 +15,7 @@ from fp8jax.nn.dense import Dense
 from fp8jax.nn.recording import capture
 from fp8jax.nn.variables import RouterBias
 from fp8jax.train import step as step_lib
+from fp8jax.train.injection import fp8_state_stress, inject_block
 from fp8jax.train.optimizer import make_optimizer
 from fp8jax.train.state import create_train_state
 from fp8jax.train.step import make_train_step, update_bias_state
@@ -129,14 +130,12 @@ def test_stress_knobs_reset_and_shrink_the_delayed_state():
     fresh = jax.tree.map(jnp.copy, state.fp8)
     toks = _tokens()
     plain, _ = make_train_step(graphdef, tx, loss_fn, donate=False)(state, toks)
-    grown, _ = make_train_step(graphdef, tx, loss_fn, fp8_amax_growth=4.0, donate=False)(
-        state, toks
-    )
+    grow = fp8_state_stress(fresh, inject_block(fp8_amax_growth=4.0))
+    grown, _ = make_train_step(graphdef, tx, loss_fn, fp8_update=grow, donate=False)(state, toks)
     for a, b in zip(jax.tree.leaves(grown.fp8), jax.tree.leaves(plain.fp8)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b) / np.float32(4.0))
-    reset, _ = make_train_step(
-        graphdef, tx, loss_fn, fp8_fresh=fresh, fp8_reset_every=1, donate=False
-    )(state, toks)
+    every = fp8_state_stress(fresh, inject_block(fp8_reset_every=1))
+    reset, _ = make_train_step(graphdef, tx, loss_fn, fp8_update=every, donate=False)(state, toks)
     for a, b in zip(jax.tree.leaves(reset.fp8), jax.tree.leaves(fresh)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

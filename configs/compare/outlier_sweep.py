@@ -14,9 +14,8 @@ Expected: per-tensor scaling pushes the ordinary values into E4M3 subnormals (la
 loses to 1x128 tiles; delayed scaling additionally clips (saturated > 0) when its state is fresh or stale.
 """
 
-import ml_collections
-
 from fp8jax.train.defaults import comparison_block, set_comparison_eval, tiny_config
+from fp8jax.train.injection import inject_block
 
 
 def get_config(magnitude: str = "1e5"):
@@ -31,13 +30,11 @@ def get_config(magnitude: str = "1e5"):
     c.log_every = 2
     c.final_window = 10
     # Two channels of the first token of every FFN down-projection input set to
-    # ``magnitude`` x the median |activation| (fp8jax.models: massive_activation_*).
-    c.model_overrides = ml_collections.ConfigDict(
-        dict(
-            massive_activation_scale=scale,
-            massive_activation_count=2,
-            massive_activation_site="ffn_hidden",
-        )
+    # ``magnitude`` x the median |activation| (fp8jax.train.injection).
+    c.inject = inject_block(
+        massive_activation_scale=scale,
+        massive_activation_count=2,
+        massive_activation_site="ffn_hidden",
     )
     set_comparison_eval(c)
     c.compare = comparison_block(
@@ -47,8 +44,9 @@ def get_config(magnitude: str = "1e5"):
             deepseek_v3=dict(recipe="deepseek_v3"),
             tensor_current=dict(recipe="current_tensor"),
             tensor_delayed=dict(recipe="tensor_delayed"),
-            delayed_fresh=dict(recipe="tensor_delayed", fp8_reset_every=10),
-            delayed_growing=dict(recipe="tensor_delayed", fp8_amax_growth=4.0),
+            # Faults of the delayed state, on top of the massive activations.
+            delayed_fresh=dict(recipe="tensor_delayed", inject=dict(fp8_reset_every=10)),
+            delayed_growing=dict(recipe="tensor_delayed", inject=dict(fp8_amax_growth=4.0)),
         ),
         notes=(
             f"Tiny MoE model with massive activations ({magnitude} x median |x|, 2 channels of "

@@ -31,14 +31,6 @@ class ModelConfig:
     (``seq_aux_loss_coef``, 0 = off); group-limited routing with ``n_groups``
     groups of experts of which ``topk_groups`` are kept (1 / 1 = off).
 
-    ``massive_activation_scale`` / ``massive_activation_count``: inject
-    ``count`` values of ``scale`` x the median |activation| at the first token
-    of every sequence (channels 0..count-1) -- into the residual stream after
-    the embedding (``massive_activation_site="residual"``) or into the input
-    of every FFN down projection, dense, shared and routed experts alike
-    (``"ffn_hidden"``, where real LLMs show them and where they reach an FP8
-    GEMM operand unnormalised).  An injected stress; 0 = off.
-
     ``smooth_swiglu``: Smooth-SwiGLU (Fishman et al. 2024) in every SwiGLU,
     dense, shared and routed: a per-channel power-of-two scale divides the
     down-projection's input before it is quantized and multiplies the
@@ -77,10 +69,6 @@ class ModelConfig:
     norm_eps: float = 1e-6
     param_dtype: str = "float32"
     dtype: str = "bfloat16"
-    # outlier stress: massive activations injected at one site (0 = off)
-    massive_activation_scale: float = 0.0
-    massive_activation_count: int = 0
-    massive_activation_site: str = "residual"
     smooth_swiglu: bool = False
 
     def __post_init__(self) -> None:
@@ -104,10 +92,6 @@ class ModelConfig:
             raise ValueError("head_dim must be even (RoPE pairs)")
         if self.attention_block_q < 0:
             raise ValueError("attention_block_q must be >= 0 (0: no blocks)")
-        if self.massive_activation_site not in ("residual", "ffn_hidden"):
-            raise ValueError("massive_activation_site must be 'residual' or 'ffn_hidden'")
-        if self.massive_activation_count > self.d_model:
-            raise ValueError("massive_activation_count must be <= d_model")
 
     @property
     def n_moe_layers(self) -> int:

@@ -32,22 +32,6 @@ from fp8jax.scaling import init_delayed_gemm_state
 from fp8jax.schemes import dequantize, quantize, requantizes_codes
 
 
-def inject_massive(h: jax.Array, first: jax.Array, scale: float, count: int) -> jax.Array:
-    """Add ``scale`` x median|h| to channels 0..count-1 of the rows where ``first`` is True.
-
-    h: (R, C) rows of one GEMM input; first: bool (R,), the rows of each
-    sequence's first token (where real LLMs carry their massive activations).
-    The magnitude is a stop-gradient constant of this call: an injected
-    stress, not a learned value.
-    """
-    if scale <= 0 or count <= 0:
-        return h
-    mag = jax.lax.stop_gradient(jnp.median(jnp.abs(h.astype(jnp.float32)))) * scale
-    # Added in float32 then rounded once to the activation dtype.
-    bump = jnp.where(first[:, None] & (jnp.arange(h.shape[-1]) < count)[None, :], mag, 0.0)
-    return (h.astype(jnp.float32) + bump).astype(h.dtype)
-
-
 def first_token_rows(batch: int, seq: int) -> jax.Array:
     """bool (batch * seq,): the rows of position 0 in a flattened (B, T) layout."""
     return (jnp.arange(batch * seq) % seq) == 0
@@ -152,14 +136,10 @@ class SwiGLU(nnx.Module):
 
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
         h = swiglu(self.w13(x_BxTxD), self.cfg.dtype, self.w2.recipe)
-        if self.cfg.massive_activation_site == "ffn_hidden":
+        if taps.site_open("ffn_hidden"):
             b, t, f = h.shape
-            h = inject_massive(
-                h.reshape(b * t, f),
-                first_token_rows(b, t),
-                self.cfg.massive_activation_scale,
-                self.cfg.massive_activation_count,
-            ).reshape(b, t, f)
+            h = taps.site("ffn_hidden", h.reshape(b * t, f), first_token_rows(b, t))
+            h = h.reshape(b, t, f)
         w13 = self.w13.kernel_values()
         record(self, self.name, {"swiglu": swiglu_monitors(h, w13[:, 0], w13[:, 1])})
         if not self.cfg.smooth_swiglu:
@@ -246,9 +226,9 @@ class MoE(nnx.Module):
         scores = self.router(x)  # float32 (BT, E)
         idx, gates = route(scores, bias_E, k, n_groups=cfg.n_groups, topk_groups=cfg.topk_groups)
         gates = gates * cfg.routed_scaling
-        # The outlier stress on the experts' inputs needs each row's token
-        # position, which the dispatched rows do not carry: it runs locally.
-        stress = cfg.massive_activation_site == "ffn_hidden" and cfg.massive_activation_scale > 0
+        # A hook on the experts' down-projection inputs needs each row's
+        # token position, which the dispatched rows do not carry: it runs locally.
+        stress = taps.site_open("ffn_hidden")
         if cfg.smooth_swiglu and expert_parallel_size(self.recipe) > 1:
             raise ValueError(
                 "smooth_swiglu runs the routed experts on one device; use a mesh with expert=1"
@@ -284,14 +264,9 @@ class MoE(nnx.Module):
             )
             f = cfg.d_expert
             act = swiglu(h.reshape(-1, 2, f), cfg.dtype, self.recipe)
-            if cfg.massive_activation_site == "ffn_hidden":
+            if stress:
                 # The routed experts' down-projection inputs too: rows of first tokens.
-                act = inject_massive(
-                    act,
-                    (token % t) == 0,
-                    cfg.massive_activation_scale,
-                    cfg.massive_activation_count,
-                )
+                act = taps.site("ffn_hidden", act, (token % t) == 0)
             # The expert of each sorted row.
             expert = jnp.repeat(
                 jnp.arange(e, dtype=jnp.int32), group_sizes, total_repeat_length=act.shape[0]

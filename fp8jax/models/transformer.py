@@ -1,6 +1,6 @@
 """The DeepSeek-V3-style MoE transformer (Flax NNX) and its loss.
 
-tokens -> embedding (float32 table) -> [massive-activation injection] ->
+tokens -> embedding (float32 table) -> [activation site "residual"] ->
 n_layers x (x += attn(RMSNorm(x)); x += FFN(RMSNorm(x))) -> RMSNorm ->
 output head (float32 GEMM) -> logits float32.
 
@@ -17,7 +17,8 @@ from flax import nnx
 
 from fp8jax.models.attention import RMSNorm, make_attention
 from fp8jax.models.config import ModelConfig
-from fp8jax.models.moe import MoE, SwiGLU, first_token_rows, inject_massive
+from fp8jax.models.moe import MoE, SwiGLU, first_token_rows
+from fp8jax.nn import taps
 from fp8jax.nn.dense import fan_in_init
 from fp8jax.nn.recording import capture
 from fp8jax.nn.variables import RouterBias
@@ -108,14 +109,9 @@ class MoETransformer(nnx.Module):
         cfg = self.cfg
         # High-precision embedding lookup; activations then live in cfg.dtype.
         x = self.embed[...][tokens].astype(cfg.dtype)
-        if cfg.massive_activation_site == "residual":
+        if taps.site_open("residual"):
             b, t, d = x.shape
-            x = inject_massive(
-                x.reshape(b * t, d),
-                first_token_rows(b, t),
-                cfg.massive_activation_scale,
-                cfg.massive_activation_count,
-            ).reshape(b, t, d)
+            x = taps.site("residual", x.reshape(b * t, d), first_token_rows(b, t)).reshape(b, t, d)
         bias = self.router_bias.get_value()
         loads, bal = [], []
         for i, blk in enumerate(self.blocks):

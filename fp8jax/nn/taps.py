@@ -1,4 +1,4 @@
-"""Trace-time hooks on the model's GEMM calls, so studies see them without patching modules.
+"""Trace-time hooks on the model's GEMM calls and activation sites, so studies reach them without patching modules.
 
 The layers that own a GEMM (:class:`fp8jax.nn.Dense` and the routed experts of
 :mod:`fp8jax.models.moe`) call it through :func:`gemm`.  Outside
@@ -11,6 +11,18 @@ A hook is ``hook(kind, call, x, w, dims_or_groups, **kwargs)`` with ``kind``
 "dense" (``dims_or_groups`` = dot_general dimension numbers) or "expert"
 (``dims_or_groups`` = rows per expert); it must return ``call(x, w,
 dims_or_groups, **kwargs)``'s value (y, stats), possibly with y wrapped.
+
+Activation sites are the places an experiment may change an activation (the
+outlier-injection experiments add massive activations there): the model
+passes each through :func:`site`, which is the identity unless a hook for
+that site is open (:func:`injecting`).  :data:`SITES` names them:
+
+* ``"residual"``: the residual stream after the embedding, (B*T, D);
+* ``"ffn_hidden"``: the input of every FFN down projection (dense, shared
+  and routed experts), (rows, F).
+
+A site hook is ``hook(x, first)`` -> x of the same shape and dtype, where
+``first`` (bool, one per row) marks the rows of each sequence's first token.
 """
 
 from __future__ import annotations
@@ -20,12 +32,16 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
-__all__ = ["gemm", "tapping"]
+__all__ = ["SITES", "gemm", "injecting", "site", "site_open", "tapping"]
 
 Hook = Callable[..., Any]
 
+SITES = ("residual", "ffn_hidden")
+
 # Trace-time only: hooks opened by `tapping`, outermost first.
 _HOOKS: list[Hook] = []
+# Trace-time only: (site, hook) pairs opened by `injecting`, outermost first.
+_SITE_HOOKS: list[tuple[str, Hook]] = []
 
 
 @contextmanager
@@ -45,3 +61,29 @@ def gemm(kind: str, fn: Callable[..., Any], x, w, dims_or_groups, **kwargs) -> A
     for hook in reversed(_HOOKS):
         call = partial(hook, kind, call)
     return call(x, w, dims_or_groups, **kwargs)
+
+
+@contextmanager
+def injecting(name: str, hook: Hook) -> Iterator[None]:
+    """Pass activation site ``name`` through ``hook`` in every model traced inside the block."""
+    if name not in SITES:
+        raise ValueError(f"unknown activation site {name!r}; known: {', '.join(SITES)}")
+    entry = (name, hook)
+    _SITE_HOOKS.append(entry)
+    try:
+        yield
+    finally:
+        _SITE_HOOKS.remove(entry)
+
+
+def site_open(name: str) -> bool:
+    """Whether a hook is open for activation site ``name`` (layers pick a local path then)."""
+    return any(n == name for n, _ in _SITE_HOOKS)
+
+
+def site(name: str, x, first) -> Any:
+    """``x`` through the hooks open for activation site ``name`` (outermost first); x if none."""
+    for n, hook in _SITE_HOOKS:
+        if n == name:
+            x = hook(x, first)
+    return x

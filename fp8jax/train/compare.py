@@ -58,7 +58,14 @@ import numpy as np
 from fp8jax.parallel.mesh import maybe_initialize_distributed
 from fp8jax.train import preflight, provenance
 from fp8jax.train.compiled import StepCache
-from fp8jax.train.defaults import ConfigError, check_workdir, model_config, seq_len, validate
+from fp8jax.train.defaults import (
+    OPTIONAL_BLOCKS,
+    ConfigError,
+    check_workdir,
+    model_config,
+    seq_len,
+    validate,
+)
 from fp8jax.train.loop import TrainingDiverged, load_data, summarize, train, train_loss_key
 from fp8jax.train.plot_runs import curve
 from fp8jax.train.run_log import as_float, read_jsonl, to_jsonable
@@ -176,6 +183,20 @@ def run_config(config, label: str, seed: int):
         del c["compare"]
     run = config.compare.runs[label]
     for key, value in run.items():
+        if key in OPTIONAL_BLOCKS:
+            # A run's block fields update the base config's block (if any);
+            # the run records the whole block, every field written out.
+            merged = c[key].to_dict() if key in c else {}
+            merged.update(
+                value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
+            )
+            try:
+                block = OPTIONAL_BLOCKS[key](**merged)
+            except ValueError as e:
+                raise ConfigError(f"compare.runs.{label}: {e}") from None
+            with c.unlocked():
+                c[key] = block
+            continue
         if key not in c:
             raise ConfigError(f"compare.runs.{label}.{key}: not a field of the training config")
         c[key] = value

@@ -2,7 +2,8 @@
 
 ``base_config()`` lists every field :func:`fp8jax.train.loop.train` reads, each
 default written once here (the model's own defaults live in
-``fp8jax.models.ModelConfig``); ``tiny_config()`` / ``small_config()`` /
+``fp8jax.models.ModelConfig``); An optional ``inject`` block (:mod:`fp8jax.train.injection`) holds an
+experiment's injected stress.  ``tiny_config()`` / ``small_config()`` /
 ``gpu_config()`` are the three sizes the ``configs/`` files expose (they live
 here so comparison configs can build on them by import, whatever directory the
 entry point runs from).
@@ -23,6 +24,7 @@ import ml_collections
 
 from fp8jax import recipes
 from fp8jax.models import ModelConfig
+from fp8jax.train import injection
 from fp8jax.train.optimizer import MOMENT_DTYPE
 
 
@@ -90,10 +92,6 @@ def base_config() -> ml_collections.ConfigDict:
     c.weight_decay = 0.1
     c.clip_norm = 1.0  # global norm of the Param gradients (FP8 state is never clipped)
     c.moment_dtype = MOMENT_DTYPE  # AdamW mu and nu storage (DeepSeek-V3: BF16)
-
-    # Delayed-scaling stress knobs (outlier experiments); off by default.
-    c.fp8_reset_every = 0  # reset FP8 state to fresh (scale 1) every this many steps
-    c.fp8_amax_growth = 1.0  # stored amax lags the tensor's by this factor each step
 
     c.eval_every = 20
     c.eval_batches = 2
@@ -294,6 +292,12 @@ def fields_help(config: ml_collections.ConfigDict | None = None) -> str:
     return "\n".join(lines)
 
 
+# Optional top-level blocks of a training config: name -> the function that
+# builds the block with every field (defaults, then keyword overrides).
+# "inject": fp8jax.train.injection, an experiment's injected stress.
+OPTIONAL_BLOCKS = {"inject": injection.inject_block}
+
+
 def _check_known_fields(config: ml_collections.ConfigDict, extra: tuple[str, ...]) -> None:
     if "compare" in config and "compare" not in extra:
         raise ConfigError(
@@ -303,7 +307,7 @@ def _check_known_fields(config: ml_collections.ConfigDict, extra: tuple[str, ...
     schema = _fields(base_config())
     have = _fields(config)
     for name in have:
-        if name in schema or name.split(".")[0] in extra:
+        if name in schema or name.split(".")[0] in (*extra, *OPTIONAL_BLOCKS):
             continue
         close = difflib.get_close_matches(name, list(schema), n=1)
         hint = f"; did you mean --config.{close[0]}?" if close else ""
@@ -386,11 +390,11 @@ def validate(config: ml_collections.ConfigDict, *, extra: tuple[str, ...] = ()) 
         int(config.batch_size) % int(config.microbatches) == 0,
         f"batch_size {config.batch_size} is not divisible by microbatches {config.microbatches}",
     )
-    _require(int(config.fp8_reset_every) >= 0, "fp8_reset_every must be >= 0 (0 = off)")
-    _require(
-        _finite(config.fp8_amax_growth) and config.fp8_amax_growth >= 1.0,
-        f"fp8_amax_growth must be a finite number >= 1 (1 = off), got {config.fp8_amax_growth}",
-    )
+    if "inject" in config:
+        try:
+            injection.validate_block(config.inject)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     _require(_finite(config.lr) and config.lr > 0, f"lr must be finite and > 0, got {config.lr}")
     _require(
         _finite(config.min_lr_ratio) and 0.0 <= config.min_lr_ratio <= 1.0,

@@ -64,7 +64,7 @@ from fp8jax.parallel.mesh import (
 from fp8jax.parallel.training import in_mesh, setup_training
 from fp8jax.recipes import Recipe
 from fp8jax.train import checkpoint as ckpt_lib
-from fp8jax.train import preflight, provenance, run_log
+from fp8jax.train import injection, preflight, provenance, run_log
 from fp8jax.train.compiled import StepCache, step_key
 from fp8jax.train.defaults import (
     RESUMABLE_FIELDS,
@@ -349,7 +349,8 @@ def setup(
         model,
         recipe,
         mcfg.n_routed_experts,
-        loss_fn,
+        # An experiment's injected activations (none without an inject block).
+        injection.with_injection(loss_fn, config.get("inject")),
         (int(config.batch_size), int(config.eval_batch_size)),
     )
     del model
@@ -363,9 +364,9 @@ def setup(
             microbatches=int(config.microbatches),
             bias_rate=float(mcfg.bias_update_rate),
             update_bias_fn=update_router_bias,
-            fp8_fresh=jax.tree.map(jnp.copy, state.fp8),
-            fp8_reset_every=int(config.fp8_reset_every),
-            fp8_amax_growth=float(config.fp8_amax_growth),
+            fp8_update=injection.fp8_state_stress(
+                jax.tree.map(jnp.copy, state.fp8), config.get("inject")
+            ),
             # The run's length is an input of the step: no recompiling when it changes.
             optimizer_for=lambda total: optimizer_for(total_steps=total),
         )

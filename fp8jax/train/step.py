@@ -132,9 +132,7 @@ def make_train_step(
     bias_rate: float = 0.0,
     update_bias_fn: Callable | None = None,
     schedule: optax.Schedule | None = None,
-    fp8_fresh: Any = None,
-    fp8_reset_every: int = 0,
-    fp8_amax_growth: float = 1.0,
+    fp8_update: Callable[[Any, jax.Array], Any] | None = None,
     donate: bool = True,
     optimizer_for: Callable[[jax.Array], tuple[optax.GradientTransformation, Any]] | None = None,
 ):
@@ -147,13 +145,10 @@ def make_train_step(
     compiled program; ``tx`` (whose state has the same structure) is used
     only outside the step.
 
-    Outlier-stress knobs for delayed scaling (off by default):
-      fp8_reset_every: every this many steps, replace the FP8 state by
-        ``fp8_fresh`` (scale 1, empty history): the fresh-state failure, repeated.
-      fp8_amax_growth: g > 1 divides the stored amax histories and scales by g
-        after each step.  The next step's scale is then g times too small for
-        the tensor -- exactly the clipping a tensor whose amax grew g-fold since
-        the last step would see -- without changing the model's activations.
+    ``fp8_update``: ``fp8_update(fp8, step) -> fp8``, applied to the new
+    delayed-scaling state (``step``: the int32 step it was computed at) before
+    it is stored; an experiment that perturbs the state passes it (e.g.
+    :func:`fp8jax.train.injection.fp8_state_stress`).  None: stored as computed.
     """
     if microbatches < 1:
         raise ValueError("microbatches must be >= 1")
@@ -210,12 +205,8 @@ def make_train_step(
         updates, opt_state = opt.update(g_params, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         fp8 = _keep_unused(gf_max, state.fp8)
-        if fp8_amax_growth != 1.0:
-            # Stale history: the recorded amax lags the "true" one by a factor g.
-            fp8 = jax.tree.map(lambda v: v / jnp.float32(fp8_amax_growth), fp8)
-        if fp8_reset_every > 0 and fp8_fresh is not None:
-            reset = (state.step + 1) % fp8_reset_every == 0
-            fp8 = jax.tree.map(lambda new, fresh: jnp.where(reset, fresh, new), fp8, fp8_fresh)
+        if fp8_update is not None:
+            fp8 = fp8_update(fp8, state.step)
         bias = state.bias
         if load_sum is not None and update_bias_fn is not None and bias_rate > 0:
             bias = update_bias_state(state.bias, load_sum, bias_rate, update_bias_fn)
