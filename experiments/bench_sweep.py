@@ -1,17 +1,17 @@
 r"""Benchmark sweep: FP8 GEMMs (every recipe x implementation) and the MoE train step.
 
 Writes results.json, results.csv and time/tflops/ratio_bf16/memory PNGs to --out_dir
-and prints a speedup-vs-bf16 table.  Logic: fp8jax.bench.
+and prints a speedup-vs-bf16 table.  What it runs is configs/bench/sweep.py (every
+field with its meaning; override one with --config.<field>=...).  Logic: fp8jax.bench.
 
 CPU (minutes on 2 cores):
-  python experiments/bench_sweep.py --small --out_dir=/tmp/bench_cpu
+  python experiments/bench_sweep.py --config=configs/bench/sweep.py:cpu --out_dir=/tmp/bench_cpu
 GPU (H100/H200; see scripts/gpu_sweep.sh):
-  python experiments/bench_sweep.py --out_dir=$OUT/bench_gpu --time_budget_s=420
+  python experiments/bench_sweep.py --config=configs/bench/sweep.py --out_dir=$OUT/bench_gpu \
+      --config.time_budget_s=420
 Selected shapes only:
-  python experiments/bench_sweep.py --groups=dsv3 --m_tokens=2048 --recipes=bf16,deepseek_v3 \
-      --out_dir=/tmp/bench_dsv3
-  python experiments/bench_sweep.py --shapes=4096x7168x2112,512x512x512 --passes=fwd \
-      --out_dir=/tmp/bench_shapes
+  python experiments/bench_sweep.py --config=configs/bench/sweep.py --config.groups=dsv3 \
+      --config.m_tokens=2048 --config.recipes=bf16,deepseek_v3 --out_dir=/tmp/bench_dsv3
 """
 
 from __future__ import annotations
@@ -19,71 +19,69 @@ from __future__ import annotations
 import os
 
 from absl import app, flags
+from ml_collections import config_flags
 
 from fp8jax import bench
 from fp8jax.bench.moe_step import step_table
+from fp8jax.train.runtime import usage_error
 
-_OUT = flags.DEFINE_string("out_dir", None, "Where results.json/csv and PNGs go.", required=True)
-_SMALL = flags.DEFINE_bool(
-    "small", False, "CPU sizes: squares 256-1024, M=64 tokens, 1 warmup / 3 iters, tiny MoE."
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Sweep config file (configs/bench/sweep.py[:cpu]).", lock_config=True
 )
-_GROUPS = flags.DEFINE_list("groups", ["square", "dsv3", "moe"], "Shape groups: square,dsv3,moe.")
-_SHAPES = flags.DEFINE_list("shapes", [], "Explicit MxKxN shapes (replace --groups).")
-_SQUARE = flags.DEFINE_list(
-    "square_sizes", [], "Square sizes (default 1024..8192; small 256..1024)."
-)
-_M = flags.DEFINE_integer("m_tokens", None, "M (tokens) of DeepSeek-V3 shapes (4096; small 64).")
-_DSV3_N = flags.DEFINE_list("dsv3_n", [], "N of the DeepSeek-V3 K=7168 shapes (default all four).")
-_EM = flags.DEFINE_integer("expert_m", None, "M of the MoE expert shapes (default --m_tokens).")
-_RECIPES = flags.DEFINE_list("recipes", [], "Recipe presets (default: all of recipes.PRESETS).")
-_IMPLS = flags.DEFINE_list(
-    "impls", [], "Implementations: xla,chunked,fp8,fp8_fast,pallas,reference (default: all)."
-)
-_DEQ = flags.DEFINE_list("dequant_dtypes", ["float32", "bfloat16"], "XLA-path dequant dtypes.")
-_PASSES = flags.DEFINE_list("passes", ["fwd", "fwd_bwd"], "fwd and/or fwd_bwd.")
-_DTYPE = flags.DEFINE_string("dtype", "bfloat16", "dtype of x, w and dy.")
-_WARMUP = flags.DEFINE_integer("warmup", None, "Untimed calls after compile (2; small 1).")
-_ITERS = flags.DEFINE_integer("iters", None, "Timed calls, median reported (10; small 3).")
-_BUDGET = flags.DEFINE_float("time_budget_s", None, "Skip remaining cases after this many s.")
-_MOE = flags.DEFINE_bool("moe_step", True, "Also time the MoE model's train step.")
-_MOE_PRESET = flags.DEFINE_string(
-    "moe_preset", None, "ModelConfig preset (small: tiny; else small)."
-)
-_MOE_BATCH = flags.DEFINE_integer("moe_batch", 8, "MoE step batch size.")
-_MOE_SEQ = flags.DEFINE_integer("moe_seq", None, "MoE step sequence length (default max_seq_len).")
-_DUMP = flags.DEFINE_bool("dump_hlo", False, "Save the first shape's compiled HLO to out_dir/hlo.")
-_PLOTS = flags.DEFINE_bool("plots", True, "Write PNG plots.")
+_OUT = flags.DEFINE_string("out_dir", None, "Where results.json/csv and PNGs go.")
+flags.mark_flags_as_required(["config", "out_dir"])
+
+
+def _items(text: str) -> list[str]:
+    """A comma-separated config field as a list ("" -> [])."""
+    return [s.strip() for s in str(text).split(",") if s.strip()]
+
+
+def sweep_config(c, out_dir: str) -> bench.SweepConfig:
+    """The bench.SweepConfig of a sweep config file's fields (ValueError for a bad value)."""
+    if c.shapes:
+        shapes = [bench.parse_shape(s) for s in _items(c.shapes)]
+    else:
+        shapes = bench.default_shapes(
+            False,
+            _items(c.groups),
+            int(c.m_tokens),
+            int(c.expert_m) or None,
+            [int(s) for s in _items(c.square_sizes)],
+            [int(n) for n in _items(c.dsv3_n)] or None,
+        )
+    for name in ("warmup", "iters", "moe_batch", "moe_iters"):
+        if int(c[name]) < (0 if name == "warmup" else 1):
+            raise ValueError(f"config.{name} = {c[name]} is out of range")
+    return bench.SweepConfig(
+        shapes=shapes,
+        recipes=_items(c.recipes) or None,
+        impls=_items(c.impls) or None,
+        dequant_dtypes=tuple(_items(c.dequant_dtypes)),
+        passes=tuple(_items(c.passes)),
+        dtype=str(c.dtype),
+        warmup=int(c.warmup),
+        iters=int(c.iters),
+        time_budget_s=float(c.time_budget_s) or None,
+        moe_step=bool(c.moe_step),
+        moe_preset=str(c.moe_preset),
+        moe_batch=int(c.moe_batch),
+        moe_seq=int(c.moe_seq) or None,
+        moe_iters=int(c.moe_iters),
+        hlo_dump_dir=os.path.join(out_dir, "hlo") if c.dump_hlo else None,
+        partial_json=os.path.join(out_dir, "results.partial.json"),
+    )
 
 
 def main(argv):
-    del argv
-    small = _SMALL.value
-    if _SHAPES.value:
-        shapes = [bench.parse_shape(s) for s in _SHAPES.value]
-    else:
-        sq = [int(s) for s in _SQUARE.value] or None
-        dsv3_n = [int(n) for n in _DSV3_N.value] or None
-        shapes = bench.default_shapes(small, _GROUPS.value, _M.value, _EM.value, sq, dsv3_n)
-    cfg = bench.SweepConfig(
-        shapes=shapes,
-        recipes=_RECIPES.value or None,
-        impls=_IMPLS.value or None,
-        dequant_dtypes=tuple(_DEQ.value),
-        passes=tuple(_PASSES.value),
-        dtype=_DTYPE.value,
-        warmup=_WARMUP.value if _WARMUP.value is not None else (1 if small else 2),
-        iters=_ITERS.value if _ITERS.value is not None else (3 if small else 10),
-        time_budget_s=_BUDGET.value,
-        moe_step=_MOE.value,
-        moe_preset=_MOE_PRESET.value or ("tiny" if small else "small"),
-        moe_batch=_MOE_BATCH.value,
-        moe_seq=_MOE_SEQ.value,
-        moe_iters=3 if small else 10,
-        hlo_dump_dir=os.path.join(_OUT.value, "hlo") if _DUMP.value else None,
-        partial_json=os.path.join(_OUT.value, "results.partial.json"),
-    )
+    if len(argv) > 1:
+        usage_error(f"unexpected arguments {argv[1:]}")
+    try:
+        cfg = sweep_config(_CONFIG.value, _OUT.value)
+    except ValueError as e:
+        usage_error(str(e))
     results = bench.run_sweep(cfg)
-    paths = bench.write_results(results, _OUT.value, plots=_PLOTS.value)
+    paths = bench.write_results(results, _OUT.value, plots=bool(_CONFIG.value.plots))
     if cfg.partial_json and os.path.exists(cfg.partial_json):
         os.remove(cfg.partial_json)  # superseded by results.json
     print("\nspeedup vs bf16 (t_bf16 / t), fwd+bwd:")

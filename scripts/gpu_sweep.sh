@@ -38,26 +38,27 @@ fi
 export MPLBACKEND=Agg
 # SMOKE=1: the same three parts at tiny sizes (checks this script's plumbing on a CPU).
 if [[ "${SMOKE:-0}" == 1 ]]; then
-  P1="--shapes=64x256x128"; P2="--square_sizes=128"; P3="--moe_preset=tiny --moe_batch=2 --moe_seq=16 --recipes=bf16"
+  P1="--config.shapes=64x256x128"; P2="--config.square_sizes=128"
+  P3="--config.moe_preset=tiny --config.moe_batch=2 --config.moe_seq=16 --config.recipes=bf16"
 else
-  P1="--groups=dsv3,moe --m_tokens=4096"; P2="--square_sizes=1024,2048,4096,8192"
-  P3="--moe_preset=small --moe_batch=8 --recipes=bf16,deepseek_v3,current_tensor,hybrid_delayed"
+  P1="--config.groups=dsv3,moe --config.m_tokens=4096"; P2="--config.square_sizes=1024,2048,4096,8192"
+  P3="--config.moe_preset=small --config.moe_batch=8 --config.recipes=bf16,deepseek_v3,current_tensor,hybrid_delayed"
 fi
 start=$(date +%s)
 # 1. DeepSeek-V3 + MoE expert shapes, every recipe x impl, both passes (~4 min).
-timeout 300 python experiments/bench_sweep.py \
+timeout 300 python experiments/bench_sweep.py --config=configs/bench/sweep.py \
   --out_dir="$OUT/bench_gpu" $P1 \
-  --warmup=3 --iters=20 --time_budget_s=240 --moe_step=false --dump_hlo \
+  --config.warmup=3 --config.iters=20 --config.time_budget_s=240 --config.moe_step=false --config.dump_hlo=true \
   2>&1 | tee "$OUT/bench_gpu/run.log" | grep -v "^[IW][0-9]" || echo "GEMM sweep failed/timed out"
 # 2. Squares 1024-8192: the main recipes, bf16 dequant, + the reference (~1.5 min).
 mkdir -p "$OUT/bench_gpu_square"
-timeout 130 python experiments/bench_sweep.py \
-  --out_dir="$OUT/bench_gpu_square" --groups=square $P2 \
-  --recipes=bf16,deepseek_v3,current_tensor,hybrid_delayed --dequant_dtypes=bfloat16 \
-  --warmup=3 --iters=20 --time_budget_s=90 --moe_step=false \
+timeout 130 python experiments/bench_sweep.py --config=configs/bench/sweep.py \
+  --out_dir="$OUT/bench_gpu_square" --config.groups=square $P2 \
+  --config.recipes=bf16,deepseek_v3,current_tensor,hybrid_delayed --config.dequant_dtypes=bfloat16 \
+  --config.warmup=3 --config.iters=20 --config.time_budget_s=90 --config.moe_step=false \
   2>&1 | tee "$OUT/bench_gpu_square/run.log" | grep -v "^[IW][0-9]" || echo "square sweep failed/timed out"
 # 3. MoE train step, ModelConfig.small(), main recipes (~1.5 min).
-timeout 130 python experiments/bench_sweep.py \
-  --out_dir="$OUT/bench_gpu_moe" --groups= --moe_step $P3 --warmup=2 --time_budget_s=90 \
+timeout 130 python experiments/bench_sweep.py --config=configs/bench/sweep.py \
+  --out_dir="$OUT/bench_gpu_moe" --config.groups= --config.moe_step=true $P3 --config.warmup=2 --config.time_budget_s=90 \
   2>&1 | tee "$OUT/bench_gpu_moe/run.log" | grep -v "^[IW][0-9]" || echo "MoE step run failed/timed out"
 echo "gpu_sweep.sh done in $(( $(date +%s) - start )) s; outputs in $OUT"

@@ -69,7 +69,7 @@ CSV_FIELDS = (
 
 @dataclass
 class SweepConfig:
-    """What to run (see experiments/bench_sweep.py for the flags)."""
+    """What to run (built from configs/bench/sweep.py by experiments/bench_sweep.py)."""
 
     shapes: list[gemm_lib.Shape]
     recipes: list[str] | None = None  # None: every preset
