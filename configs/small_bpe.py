@@ -22,8 +22,17 @@ step.  The paired deepseek_v3 vs bf16 comparison on this config:
 configs/compare/small_bpe.py.
 """
 
-from fp8jax.train.defaults import small_bpe_config
+from pathlib import Path
+
+from fp8jax.train.defaults import config_file
+
+# Where `fp8jax data prepare` writes the token directory (the command above).
+DATA = "/tmp/fp8jax_data/stdlib_bpe8k"
 
 
 def get_config():
-    return small_bpe_config()
+    # configs/small.py's model, schedule and evaluation, on tokens instead of bytes.
+    c = config_file(Path(__file__).parent / "small.py")
+    c.data.source = "tokens"  # a token directory with tokens.json (its own split and vocabulary)
+    c.data.path = DATA
+    return c

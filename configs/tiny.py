@@ -36,8 +36,24 @@ All fields and their defaults: python experiments/train.py --help.
 All fields and their meaning: fp8jax/train/defaults.py.
 """
 
-from fp8jax.train.defaults import tiny_config
+from fp8jax.train.defaults import base_config
 
 
 def get_config():
-    return tiny_config()
+    # The schema's defaults are this run: every field, its default and meaning
+    # in fp8jax/train/defaults.py.  Written out here, the fields that make it:
+    c = base_config()
+    c.model = "tiny"  # ModelConfig.tiny: d_model 64, 2 layers, 8 experts top-2
+    c.recipe = "deepseek_v3"  # 1x128 / 128x128 E4M3 (fp8jax.recipes)
+    c.data.source = "stdlib"  # the interpreter's standard library as bytes (no download)
+    c.seq_len = 64  # bytes per row
+    c.batch_size = 8  # rows per step
+    c.steps = 60
+    c.lr = 3e-3  # peak learning rate
+    c.warmup_steps = 10  # linear warm-up, then cosine decay to 0.1 x lr
+    c.eval_every = 20  # validation loss every 20 steps ...
+    c.eval_batches = 2  # ... on 2 batches ...
+    c.eval_batch_size = 8  # ... of 8 rows
+    c.log_every = 10  # a progress line and a metrics row every 10 steps
+    c.final_window = 3  # final train loss: mean of the last 3 logged steps
+    return c

@@ -25,6 +25,7 @@ What it prints:
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +40,7 @@ from fp8jax.formats import round_to_e5m6
 from fp8jax.models import MoETransformer, loss_fn
 from fp8jax.numerics.captured import GemmSite, tap_gemms
 from fp8jax.train import loop
-from fp8jax.train.defaults import model_config, seq_len, small_config
+from fp8jax.train.defaults import config_file, model_config, seq_len
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 20, "training steps before the second capture (0: init only)")
@@ -159,7 +160,7 @@ def _report_wgrad(label: str, x: np.ndarray) -> None:
 
 def main(argv):
     del argv
-    config = small_config()
+    config = config_file(Path(__file__).resolve().parents[1] / "configs" / "small.py")
     config.recipe = "deepseek_v3"
     config.seed = FLAGS.seed
     mcfg = model_config(config)

@@ -21,11 +21,13 @@ the committed runs, run from a checkout of their commit, e.g.
   git worktree add --detach /tmp/fp8jax_at_7adfe88 7adfe88
 """
 
-from fp8jax.train.defaults import comparison_block, parse_seeds, set_comparison_eval, small_config
+from pathlib import Path
+
+from fp8jax.train.defaults import comparison_block, config_file, parse_seeds, set_comparison_eval
 
 
 def get_config(seeds: str = "0-23"):
-    c = small_config()
+    c = config_file(Path(__file__).parents[1] / "small.py")
     set_comparison_eval(c)
     c.compare = comparison_block(
         "headline",

@@ -13,11 +13,13 @@ exact path, hence few seeds ("0-3" by default; the argument picks others).
 What it prints: the table of results.md, as the headline's.
 """
 
-from fp8jax.train.defaults import comparison_block, parse_seeds, set_comparison_eval, small_config
+from pathlib import Path
+
+from fp8jax.train.defaults import comparison_block, config_file, parse_seeds, set_comparison_eval
 
 
 def get_config(seeds: str = "0-3"):
-    c = small_config()
+    c = config_file(Path(__file__).parents[1] / "small.py")
     set_comparison_eval(c)
     c.compare = comparison_block(
         "headline_hopper",

@@ -14,16 +14,13 @@ paired gap to bf16 per seed (validation loss in nats per token), its mean and
 the workdir (``DIR/runs``).
 """
 
-from fp8jax.train.defaults import (
-    comparison_block,
-    parse_seeds,
-    set_comparison_eval,
-    small_bpe_config,
-)
+from pathlib import Path
+
+from fp8jax.train.defaults import comparison_block, config_file, parse_seeds, set_comparison_eval
 
 
 def get_config(seeds: str = "0-3"):
-    c = small_bpe_config()
+    c = config_file(Path(__file__).parents[1] / "small_bpe.py")
     set_comparison_eval(c)
     c.compare = comparison_block(
         "small_bpe",

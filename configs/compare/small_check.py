@@ -12,11 +12,13 @@ and whether the interval lies within +-0.25% ("cannot resolve 0.25%" when it
 is wider than 0.5%).  Runs live under the workdir (``DIR/runs``).
 """
 
-from fp8jax.train.defaults import comparison_block, set_comparison_eval, small_config
+from pathlib import Path
+
+from fp8jax.train.defaults import comparison_block, config_file, set_comparison_eval
 
 
 def get_config():
-    c = small_config()
+    c = config_file(Path(__file__).parents[1] / "small.py")
     set_comparison_eval(c)
     c.compare = comparison_block(
         "small_check",

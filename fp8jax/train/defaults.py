@@ -2,11 +2,11 @@
 
 ``base_config()`` lists every field :func:`fp8jax.train.loop.train` reads, each
 default written once here (the model's own defaults live in
-``fp8jax.models.ModelConfig``); An optional ``inject`` block (:mod:`fp8jax.train.injection`) holds an
-experiment's injected stress.  ``tiny_config()`` / ``small_config()`` /
-``gpu_config()`` are the three sizes the ``configs/`` files expose (they live
-here so comparison configs can build on them by import, whatever directory the
-entry point runs from).
+``fp8jax.models.ModelConfig``); its defaults are the tiny run
+(``tiny_config()``, configs/tiny.py).  The other runs are config files that
+list the fields they set (configs/small.py, configs/gpu.py, ...); a comparison
+builds on one with :func:`config_file`.  An optional ``inject`` block
+(:mod:`fp8jax.train.injection`) holds an experiment's injected stress.
 
 :func:`validate` checks a config before anything is created and raises
 :class:`ConfigError` (one line, naming the field and the fix) for every user
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import math
 from pathlib import Path
 
@@ -119,57 +120,20 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def tiny_config() -> ml_collections.ConfigDict:
-    """ModelConfig.tiny (d_model 64, 2 layers, 8 experts top-2), 60 steps of 8 x 64 bytes."""
+    """The schema's defaults: ModelConfig.tiny, 60 steps of 8 x 64 bytes (configs/tiny.py's run)."""
     return base_config()
 
 
-def small_config() -> ml_collections.ConfigDict:
-    """ModelConfig.small (d_model 256, 4 layers, ~9M params), 8 x 128 bytes per step."""
-    c = base_config()
-    c.model = "small"
-    c.seq_len = 128
-    c.batch_size = 8
-    c.steps = 150
-    c.lr = 2e-3
-    c.warmup_steps = 15
-    c.eval_every = 50
-    c.eval_batches = 4
-    c.eval_batch_size = 16
-    c.log_every = 10
-    c.final_window = 10
-    c.checkpoint_every = 50
-    return c
-
-
-# Where configs/small_bpe.py expects its token directory (docstring: the command).
-SMALL_BPE_DATA = "/tmp/fp8jax_data/stdlib_bpe8k"
-
-
-def small_bpe_config() -> ml_collections.ConfigDict:
-    """small_config on a byte-level BPE (8192 entries) of the stdlib corpus: 8 x 128 tokens."""
-    c = small_config()
-    c.data.source = "tokens"
-    c.data.path = SMALL_BPE_DATA
-    return c
-
-
-def gpu_config() -> ml_collections.ConfigDict:
-    """ModelConfig.gpu_1b (~1B params, MLA, 64 experts top-6); the vocabulary is the data's."""
-    c = base_config()
-    c.model = "gpu_1b"
-    c.seq_len = 2048
-    c.batch_size = 32
-    c.microbatches = 4
-    c.steps = 5000
-    c.lr = 4e-4
-    c.warmup_steps = 500
-    c.eval_every = 250
-    c.eval_batches = 8
-    c.eval_batch_size = 8
-    c.log_every = 10
-    c.final_window = 50
-    c.checkpoint_every = 500
-    return c
+def config_file(path: str | Path, *args: str) -> ml_collections.ConfigDict:
+    """``get_config(*args)`` of the config file at ``path`` (e.g. a comparison building on
+    configs/small.py: ``config_file(Path(__file__).parents[1] / "small.py")``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(*args)
 
 
 # Comparisons judge gaps of a fraction of a percent: their validation loss is
@@ -316,7 +280,7 @@ def _check_known_fields(config: ml_collections.ConfigDict, extra: tuple[str, ...
     if missing:
         raise ConfigError(
             f"config has no field {missing[0]!r}: build it from "
-            "fp8jax.train.defaults.base_config() (or tiny_config / small_config)"
+            "fp8jax.train.defaults.base_config() (the schema; configs/*.py start from it)"
         )
 
 
