@@ -327,7 +327,13 @@ def quantize(
     fast_ok = jnp.all(jnp.isfinite(amax)) & jnp.all(amax_bits >= _FAST_MIN_AMAX_BITS)
 
     def fast(x):
-        scale = scale_from_amax(amax, fmt, pow2=pow2, amax_floor=amax_floor)
+        # The barrier makes the scales one small array computed once per group:
+        # without it XLA fuses their bit-pattern arithmetic (subnormal guards,
+        # caps) into the per-element division and repeats it for every element,
+        # which cost ~0.2x an astype(bfloat16) of x on CPU.  Values unchanged.
+        scale = lax.optimization_barrier(
+            scale_from_amax(amax, fmt, pow2=pow2, amax_floor=amax_floor)
+        )
         return quantize_with_scale(x, scale, fmt, granularity, axis, tile, assume_finite=True)
 
     def robust(x):
