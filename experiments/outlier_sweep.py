@@ -17,7 +17,6 @@ magnitude).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ from absl import app, flags
 import fp8jax
 from fp8jax.train.compare import run_comparison
 from fp8jax.train.compare_sweep import plot_sweep, sweep_markdown, sweep_rows
-from fp8jax.train.defaults import ConfigError
+from fp8jax.train.defaults import ConfigError, config_file
 from fp8jax.train.runtime import CACHE_HELP, default_jax_cache_dir, setup_runtime, usage_error
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory (one comparison per magnitude)")
@@ -43,10 +42,7 @@ CONFIG = Path(fp8jax.__file__).resolve().parents[1] / "configs" / "compare" / "o
 
 
 def _config(magnitude: str):
-    spec = importlib.util.spec_from_file_location("outlier_sweep", CONFIG)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config(magnitude)
+    c = config_file(CONFIG, magnitude)
     if _LABELS.value:
         unknown = [lab for lab in _LABELS.value if lab not in c.compare.runs]
         if unknown:

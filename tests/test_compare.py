@@ -1,7 +1,6 @@
 """The comparison driver: t quantiles, paired gaps with 95% intervals, verdicts, table,
 plots, config checks, and a whole (tiny) comparison kept under its own workdir."""
 
-import importlib.util
 import io
 import json
 import math
@@ -15,6 +14,7 @@ from fp8jax.train.defaults import (
     COMPARISON_VAL_TOKENS,
     ConfigError,
     comparison_block,
+    config_file,
     model_config,
     parse_seeds,
     seq_len,
@@ -208,10 +208,7 @@ def test_comparison_mistakes_raise_one_line_and_create_nothing(tmp_path):
 
 
 def _load(path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config()
+    return config_file(path)
 
 
 # interop_llama.py configures experiments/compare_interop.py, not compare_recipes.py.

@@ -9,7 +9,6 @@ dW.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from fp8jax.interop.examples.linen_mlp import LinenMLP
 from fp8jax.interop.examples.llama import Llama, LlamaConfig, next_token_loss
 from fp8jax.nn.recording import capture
 from fp8jax.nn.variables import FP8State
+from fp8jax.train.defaults import config_file
 
 qwix = pytest.importorskip("qwix")
 
@@ -226,10 +226,7 @@ def test_comparison_entry_point_runs_at_a_tiny_setting():
     from fp8jax.interop.qwix_comparison import markdown, run
 
     path = Path(__file__).resolve().parents[1] / "configs/compare/interop_llama.py"
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config()
+    c = config_file(path)
     c.seeds, c.steps, c.batch_size, c.seq_len, c.eval_batches = [0], 2, 2, 16, 1
     c.model = dict(vocab=256, d_model=128, n_heads=2, d_ff=128, n_layers=1)
     c.data.source = "synthetic"

@@ -6,7 +6,6 @@ torn metrics line and falls back past an unreadable checkpoint; user mistakes ra
 one-line ConfigError before any workdir exists."""
 
 import errno
-import importlib.util
 import io
 import json
 import math
@@ -19,7 +18,7 @@ import pytest
 
 from fp8jax.train.checkpoint import Checkpointer, CheckpointError, all_finite
 from fp8jax.train.compiled import StepCache
-from fp8jax.train.defaults import ConfigError, tiny_config
+from fp8jax.train.defaults import ConfigError, config_file, tiny_config
 from fp8jax.train.loop import TrainingDiverged, setup, train
 from fp8jax.train.run_log import MetricsWriter, read_jsonl
 
@@ -29,10 +28,7 @@ STEPS = StepCache()
 
 
 def _config(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config()
+    return config_file(ROOT / "configs" / f"{name}.py")
 
 
 def _fast(**overrides):

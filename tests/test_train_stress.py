@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from fp8jax.train import stress
+from fp8jax.train.defaults import config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,10 +101,8 @@ def test_lead_table_without_the_runs_baseline_says_so():
 
 @pytest.mark.slow
 def test_stress_comparison_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("stress_cfg", ROOT / "configs/compare/stress.py")
-    cfg_mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cfg_mod)
-    config = cfg_mod.get_config("smoke")
+    path = ROOT / "configs/compare/stress.py"
+    config = config_file(path, "smoke")
     spec = importlib.util.spec_from_file_location(
         "stress_main", ROOT / "experiments/stress_monitors.py"
     )
@@ -117,6 +116,6 @@ def test_stress_comparison_smoke(tmp_path):
     assert (tmp_path / "monitors.png").stat().st_size > 0
     assert "| bf16_smooth seed 0 | 3 |" in table
     # The long config holds the eight arms over three seeds.
-    full = cfg_mod.get_config()
+    full = config_file(path)
     assert full.steps == 3000 and full.weight_decay == 0.0 and list(full.compare.seeds) == [0, 1, 2]
     assert len(full.compare.labels) == 8

@@ -65,17 +65,15 @@ def inject_block(**overrides: Any) -> ml_collections.ConfigDict:
     return b
 
 
-def _as_dict(block: ml_collections.ConfigDict | dict) -> dict:
-    return block.to_dict() if isinstance(block, ml_collections.ConfigDict) else dict(block)
+def _whole(block: ml_collections.ConfigDict | dict) -> ml_collections.ConfigDict:
+    """``block`` with every field (defaults where it is silent); ValueError for an unknown one."""
+    fields = block.to_dict() if isinstance(block, ml_collections.ConfigDict) else dict(block)
+    return inject_block(**fields)
 
 
 def validate_block(block: ml_collections.ConfigDict | dict) -> None:
     """ValueError (one line, naming the field) for a bad ``inject`` block."""
-    known = inject_block()
-    for key in _as_dict(block):
-        if key not in known:
-            raise ValueError(f"inject.{key} is not a field; known: {', '.join(known.keys())}")
-    b = inject_block(**_as_dict(block))
+    b = _whole(block)
     scale, count = b.massive_activation_scale, b.massive_activation_count
     if not (isinstance(scale, int | float) and math.isfinite(scale) and scale >= 0):
         raise ValueError(f"inject.massive_activation_scale must be finite and >= 0, got {scale}")
@@ -122,7 +120,7 @@ def with_injection(loss_fn: Callable, block: ml_collections.ConfigDict | None) -
     """``loss_fn(model, tokens)`` traced with the block's massive activations (itself if off)."""
     if block is None:
         return loss_fn
-    b = inject_block(**_as_dict(block))
+    b = _whole(block)
     if b.massive_activation_scale <= 0 or b.massive_activation_count <= 0:
         return loss_fn
     hook = massive_activations(b.massive_activation_scale, b.massive_activation_count)
@@ -146,7 +144,7 @@ def fp8_state_stress(
     """
     if block is None:
         return None
-    b = inject_block(**_as_dict(block))
+    b = _whole(block)
     every, growth = int(b.fp8_reset_every), float(b.fp8_amax_growth)
     if every == 0 and growth == 1.0:
         return None
