@@ -22,6 +22,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from fp8jax import bench
+from fp8jax.bench import gemm_cases
 from fp8jax.bench.moe_step import step_table
 from fp8jax.train.runtime import usage_error
 
@@ -42,13 +43,12 @@ def sweep_config(c, out_dir: str) -> bench.SweepConfig:
     if c.shapes:
         shapes = [bench.parse_shape(s) for s in _items(c.shapes)]
     else:
-        shapes = bench.default_shapes(
-            False,
+        shapes = gemm_cases.gemm_shapes(
             _items(c.groups),
-            int(c.m_tokens),
-            int(c.expert_m) or None,
-            [int(s) for s in _items(c.square_sizes)],
-            [int(n) for n in _items(c.dsv3_n)] or None,
+            m_tokens=int(c.m_tokens),
+            expert_m=int(c.expert_m) or None,
+            square_sizes=[int(s) for s in _items(c.square_sizes)],
+            dsv3_n=[int(n) for n in _items(c.dsv3_n)] or gemm_cases.DSV3_N,
         )
     for name in ("warmup", "iters", "moe_batch", "moe_iters"):
         if int(c[name]) < (0 if name == "warmup" else 1):

@@ -25,7 +25,7 @@ from fp8jax.bench.gemm_cases import (
     parse_shape,
 )
 from fp8jax.bench.hlo import CUBLASLT_FP8_TARGET, hlo_report, kernel_path, summarize_hlo
-from fp8jax.bench.sweep import SweepConfig, default_shapes, run_sweep, summary_table, write_results
+from fp8jax.bench.sweep import SweepConfig, run_sweep, summary_table, write_results
 from fp8jax.bench.timing import memory_stats, time_call, time_calls
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "SweepConfig",
     "Variant",
     "backend_variants",
-    "default_shapes",
     "fp8_per_tensor_matmul",
     "gemm_shapes",
     "hlo_report",

@@ -41,7 +41,6 @@ DSV3_N = (2112, 24576, 4096, 7168)
 #: DeepSeek-V3 routed-expert GEMMs: fused gate+up (7168 -> 2 x 2048) and down (2048 -> 7168).
 MOE_KN = ((7168, 4096), (2048, 7168))
 SQUARE_SIZES = (1024, 2048, 4096, 8192)
-SQUARE_SIZES_SMALL = (256, 512, 1024)
 #: Routed experts and rows (tokens) per expert of the grouped expert-GEMM shapes:
 #: full (DeepSeek-V3's expert (K, N) pairs) and small (CPU, K = N = 256).
 GROUPED_FULL = (8, 512)

@@ -23,7 +23,6 @@ import math
 import os
 import platform
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -319,25 +318,3 @@ def summary_table(results: dict[str, Any], pass_: str = "fwd_bwd") -> str:
         vals = [cell.get((s, v)) for s in shapes]
         lines.append(f"| {v} | " + " | ".join("" if x is None else f"{x:.2f}" for x in vals) + " |")
     return "\n".join(lines)
-
-
-def default_shapes(
-    small: bool,
-    groups: Sequence[str] = gemm_lib.SHAPE_GROUPS,
-    m_tokens: int | None = None,
-    expert_m: int | None = None,
-    square_sizes: Sequence[int] | None = None,
-    dsv3_n: Sequence[int] | None = None,
-) -> list[gemm_lib.Shape]:
-    """The shape list: full sizes, or CPU-sized ones with ``small`` (M = 64 tokens)."""
-    if square_sizes is None:
-        square_sizes = gemm_lib.SQUARE_SIZES_SMALL if small else gemm_lib.SQUARE_SIZES
-    if m_tokens is None:
-        m_tokens = 64 if small else 4096
-    return gemm_lib.gemm_shapes(
-        groups,
-        m_tokens=m_tokens,
-        expert_m=expert_m,
-        square_sizes=square_sizes,
-        dsv3_n=dsv3_n or gemm_lib.DSV3_N,
-    )
