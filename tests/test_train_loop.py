@@ -477,3 +477,9 @@ def test_an_inject_block_reaches_the_run_and_is_recorded(tmp_path):
     assert stressed["fp8/saturated_max"] > 0 and plain["fp8/saturated_max"] == 0
     assert stressed_cfg["inject"]["massive_activation_scale"] == 1e4
     assert "inject" not in plain_cfg
+
+
+def test_config_file_loads_a_config_and_refuses_a_missing_one(tmp_path):
+    assert config_file(ROOT / "configs" / "small.py").model == "small"
+    with pytest.raises(ConfigError, match="does not exist"):
+        config_file(tmp_path / "nope.py")
