@@ -10,6 +10,8 @@ from fp8jax.formats import (
     as_format,
     float32_from_parts,
     fmt_max,
+    fmt_tiny,
+    fp8_codes,
     ldexp_exact,
     round_to_e5m6,
     saturating_cast,
@@ -150,3 +152,39 @@ def test_bf16_input():
     x = jnp.array([1000.0, 1.5], jnp.bfloat16)
     out = np.asarray(saturating_cast(x, fp8jax.E4M3)).astype(np.float32)
     np.testing.assert_array_equal(out, [448.0, 1.5])
+
+
+def _boundary_values(fmt) -> np.ndarray:
+    """Every code's value, the float32 neighbours of every midpoint between codes, NaN, Inf."""
+    codes = np.arange(256, dtype=np.uint8).view(fmt).astype(np.float64)
+    vals = np.unique(codes[np.isfinite(codes) & (codes >= 0)])
+    mids = (vals[:-1] + vals[1:]) / 2  # exact in float64, and in float32
+    mids32 = mids.astype(np.float32)
+    near = [mids32, np.nextafter(mids32, 0), np.nextafter(mids32, np.inf)]
+    nans = np.array([0x7FC00000, 0x7F800001, 0x7FFFFFFF, 0x7F800000], np.uint32).view(np.float32)
+    pos = np.concatenate([vals.astype(np.float32), *near, [np.float32(2.0**-130)], nans])
+    return np.concatenate([pos, -pos]).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", [fp8jax.E4M3, fp8jax.E5M2])
+@pytest.mark.parametrize("jit", [False, True])
+def test_fp8_codes_is_the_cast_at_every_rounding_boundary(fmt, jit):
+    rng = np.random.default_rng(1)
+    m = fmt_max(fmt)
+    x = np.concatenate(
+        [
+            _boundary_values(fmt),
+            np.clip(rng.standard_normal(20000) * m / 8, -m, m),
+            rng.uniform(-4 * fmt_tiny(fmt), 4 * fmt_tiny(fmt), 2000),
+        ]
+    ).astype(np.float32)
+    ref = x.astype(fmt)  # ml_dtypes: round to nearest even
+    f = jax.jit(fp8_codes, static_argnums=1) if jit else fp8_codes
+    ours = np.asarray(f(jnp.asarray(x), fmt))
+    assert ours.dtype == fmt
+    np.testing.assert_array_equal(ours.view(np.uint8), ref.view(np.uint8))
+
+
+def test_fp8_codes_refuses_other_formats():
+    with pytest.raises(ValueError, match="E4M3FN or E5M2"):
+        fp8_codes(jnp.zeros(4, jnp.float32), fp8jax.E4M3FNUZ)

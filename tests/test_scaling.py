@@ -48,6 +48,30 @@ def test_scale_from_amax_bitwise_incl_subnormal_and_huge(jit, fmt, pow2):
     )
 
 
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize("fmt", [fp8jax.E4M3, fp8jax.E5M2])
+@pytest.mark.parametrize("jit", [False, True])
+def test_scale_from_amax_normal_is_the_reference_on_its_domain(jit, fmt, pow2):
+    # normal=True promises amax >= fmt_max * 2^-126: from there up to float32's
+    # max (caps included) it gives the reference's scales, amax_floor too.
+    rng = np.random.default_rng(3)
+    fm = float(ml_dtypes.finfo(fmt).max)
+    f32max = np.finfo(np.float32).max
+    amax = np.concatenate(
+        [
+            [fm * 2.0**-126, 2.0**-64, 1.0, fm, f32max, np.nextafter(f32max, 0)],
+            np.exp(rng.uniform(np.log(fm * 2.0**-126), np.log(3e38), 400)),
+        ]
+    ).astype(np.float32)
+    for floor in (0.0, 1e-3):
+        f = lambda a, floor=floor: scaling.scale_from_amax(
+            a, fmt, pow2=pow2, amax_floor=floor, normal=True
+        )
+        got = np.asarray(_jit(f, jit)(jnp.asarray(amax)))
+        ref = np.array([ref_scale(a, fmt, pow2, floor) for a in amax], np.float32)
+        np.testing.assert_array_equal(got.view(np.int32), ref.view(np.int32))
+
+
 @pytest.mark.parametrize("jit", [False, True])
 def test_subnormal_amax_is_not_flushed(jit):
     # Under XLA on CPU a float32 subnormal amax reads as 0 in float arithmetic;
