@@ -34,7 +34,6 @@
 # a 1-layer model for 3 steps with two recipes.
 
 # %%
-import importlib.util
 import io
 import os
 import tempfile
@@ -45,21 +44,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import fp8jax
+from fp8jax.train.defaults import config_file
 from fp8jax.train.loop import train, train_loss_key
 
 SMALL = os.environ.get("FP8JAX_NOTEBOOK_SMALL") == "1"
 REPO = Path(fp8jax.__file__).resolve().parents[1]
 
 
-def load_config(path: Path):
-    """get_config() of an ml_collections config file (configs/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config()
-
-
-base = load_config(REPO / "configs" / "tiny.py")
+base = config_file(REPO / "configs" / "tiny.py")
 base.tensorboard = False
 if SMALL:
     base.steps, base.batch_size, base.seq_len = 3, 2, 16

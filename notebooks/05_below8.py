@@ -33,7 +33,6 @@
 # `FP8JAX_NOTEBOOK_SMALL=1` (the tests) trains 3 steps on synthetic data.
 
 # %%
-import importlib.util
 import io
 import os
 import sys
@@ -50,6 +49,7 @@ import fp8jax
 from fp8jax import blockscaled, hadamard, microscaling
 from fp8jax.models import cross_entropy
 from fp8jax.train.checkpoint import Checkpointer
+from fp8jax.train.defaults import config_file
 from fp8jax.train.loop import setup, train, train_loss_key
 
 # fp8jax.train's comparison module selects Agg when imported; in a notebook
@@ -63,15 +63,7 @@ SMALL = os.environ.get("FP8JAX_NOTEBOOK_SMALL") == "1"
 REPO = Path(fp8jax.__file__).resolve().parents[1]
 
 
-def load_config(path: Path):
-    """get_config() of an ml_collections config file (configs/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config()
-
-
-cfg = load_config(REPO / "configs" / "tiny.py")
+cfg = config_file(REPO / "configs" / "tiny.py")
 cfg.tensorboard = False
 cfg.recipe = "bf16"  # the tensors a high-precision run produces
 if SMALL:
