@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp8jax import accumulate, blockscaled, resolved
+from fp8jax import accumulate, blockscaled, host_cpu, resolved
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
 from fp8jax.kernels.availability import kernel_available
 from fp8jax.kernels.block_gemm import (
@@ -70,10 +70,15 @@ _ALG = lax.DotAlgorithmPreset
 # the implementations a recipe may name, and what "auto" runs on each backend
 # (the first entry that is available: "pallas" where the Pallas kernel runs
 # and the operands have its layouts, "scaled_matmul" where the device
-# multiplies block formats natively).  "auto" off the kernels is "chunked"
-# for FP8 (exact products, and on XLA CPU measured faster than
-# dequantize-then-dot in float32: ``experiments/bench_core.py``) and "xla"
-# for the block formats (their dequantized values are exact in float32).
+# multiplies block formats natively, "chunked" on a CPU where the host has
+# bfloat16 dot instructions or none are known).  "chunked" dots the FP8
+# codes as bfloat16, which is fast where the hardware multiplies bfloat16;
+# a CPU without it widens them to float32 for every 128-long run, and there
+# one float32 dot of the operands dequantized to float32 ("xla") is cheaper.
+# The two differ in the last bits (their numerics: ``recipes.Recipe``,
+# docs/model.md); each run records the path it resolved.  The block formats
+# run "xla" off the kernels (their dequantized values are exact in float32).
+# Measured ratios: ``experiments/bench_core.py`` and docs/benchmarks.md.
 IMPLS: dict[str, tuple[str, ...]] = {
     "fp8": ("xla", "chunked", "fp8", "fp8_fast", "pallas"),
     "mx": ("xla",),
@@ -81,7 +86,7 @@ IMPLS: dict[str, tuple[str, ...]] = {
 }
 AUTO: dict[tuple[str, str], tuple[str, ...]] = {
     ("fp8", "gpu"): ("pallas", "chunked"),
-    ("fp8", "cpu"): ("chunked",),
+    ("fp8", "cpu"): ("chunked", "xla"),
     ("fp8", "tpu"): ("chunked",),
     ("mx", "gpu"): ("scaled_matmul", "xla"),
     ("mx", "cpu"): ("xla",),
@@ -105,16 +110,19 @@ def auto_impl(scheme: str, backend: str, a=None, b=None, kind: str = "fprop") ->
             f"no implementation for scheme {scheme!r} on backend {backend!r}"
         ) from None
     for impl in candidates:
-        if _available(impl, a, b, kind):
+        if _available(impl, backend, a, b, kind):
             return impl
     raise ValueError(f"no available implementation for scheme {scheme!r} on {backend!r}")
 
 
-def _available(impl: str, a, b, kind: str) -> bool:
+def _available(impl: str, backend: str, a, b, kind: str) -> bool:
     if impl == "pallas":
         return a is not None and _kernel_layout_fits(a, b, kind) and kernel_available()
     if impl == "scaled_matmul":
         return blockscaled.device_native_block_gemm()
+    if impl == "chunked" and backend == "cpu":
+        # Unknown hardware (no /proc/cpuinfo) keeps "chunked".
+        return host_cpu.has_bf16_dot() is not False
     return True
 
 

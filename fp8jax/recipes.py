@@ -232,7 +232,8 @@ class Recipe:
       dots (``ANY_F8_ANY_F8_F32`` / ``..._FAST_ACCUM``; GPUs with FP8 only).
     * ``"pallas"``: the block-scaled Pallas kernel (interpret mode off-GPU).
     * ``"auto"``: the Pallas kernel on a Hopper GPU where it applies, else
-      "chunked" (see ``fp8jax.gemm.AUTO``).
+      "chunked"; on a CPU without bfloat16 dot instructions "xla" (see
+      ``fp8jax.gemm.AUTO``).
 
     ``accumulation``: when set, every quantized GEMM the recipe covers (dense
     and expert) runs on the tensor-core accumulation emulator instead

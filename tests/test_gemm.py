@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fp8jax
-from fp8jax import gemm, scaling
+from fp8jax import gemm, host_cpu, scaling
 from fp8jax.grouped import grouped_dot
 
 FP8_PRESETS = ["deepseek_v3", "current_tensor", "rowwise", "hybrid_delayed"]
@@ -21,18 +21,32 @@ def _q(t, granularity, axis=-1):
     return fp8jax.quantize(jnp.asarray(t, jnp.float32), fp8jax.E4M3, granularity, axis=axis)
 
 
+@pytest.mark.parametrize("bf16_dot,want", [(True, "chunked"), (None, "chunked"), (False, "xla")])
+def test_auto_on_cpu_follows_the_bfloat16_dot_instructions(monkeypatch, bf16_dot, want):
+    # "chunked" dots FP8 codes as bfloat16: where the CPU has no bfloat16 dot
+    # (XLA widens to float32 per run) "auto" takes one float32 dot instead;
+    # unknown hardware keeps "chunked".
+    monkeypatch.setattr(host_cpu, "has_bf16_dot", lambda: bf16_dot)
+    a = _q(np.ones((1, 4, 256)), "tile", 2)
+    b = _q(np.ones((1, 256, 8)), "block")
+    assert gemm.auto_impl("fp8", "cpu", a, b) == want
+    assert gemm.auto_impl("fp8", "tpu", a, b) == "chunked"
+
+
 def test_select_impl_dispatch_on_cpu():
     r = fp8jax.recipes.deepseek_v3()
     a = _q(np.ones((1, 4, 256)), "tile", 2)
     b = _q(np.ones((1, 256, 8)), "block")
-    # Off the kernels, "auto" is "chunked" for FP8 and "xla" for the block formats.
+    # Off the kernels, "auto" is "chunked" for FP8 (on a CPU: unless it has
+    # no bfloat16 dot instructions, then "xla") and "xla" for the block formats.
+    assert gemm.auto_impl("fp8", "tpu", a, b) == "chunked"
     for backend in ("cpu", "tpu"):
-        assert gemm.auto_impl("fp8", backend, a, b) == "chunked"
         assert gemm.auto_impl("mx", backend) == gemm.auto_impl("nvfp4", backend) == "xla"
     with pytest.raises(ValueError, match="no implementation"):
         gemm.auto_impl("fp8", "abacus")
     if jax.default_backend() == "cpu":
-        assert gemm.select_impl(r, a, b, "fprop") == "chunked"
+        want = "xla" if host_cpu.has_bf16_dot() is False else "chunked"
+        assert gemm.select_impl(r, a, b, "fprop") == want
         assert gemm.select_impl(dataclasses.replace(r, impl="xla"), a, b, "fprop") == "xla"
         for impl in ("fp8", "fp8_fast"):
             with pytest.raises(ValueError, match="GPU"):

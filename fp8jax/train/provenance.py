@@ -16,7 +16,6 @@ comparisons refuse to tabulate runs whose records disagree on the code
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 from collections.abc import Callable
 from importlib import metadata
@@ -25,7 +24,7 @@ from typing import Any
 
 import jax
 
-from fp8jax import resolved
+from fp8jax import host_cpu, resolved
 from fp8jax.train.defaults import ConfigError
 
 # Instruction-set flags that change which CPU kernels XLA and numpy pick.
@@ -91,22 +90,12 @@ def require_clean_tree(allow_mixed_code: bool = False) -> dict | None:
 
 
 def _cpu() -> dict[str, Any]:
-    model, flags = platform.processor() or platform.machine(), set()
-    fields: dict[str, str] = {}
-    try:
-        # The first processor's block: one CPU type per machine.
-        block = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
-        for line in block.splitlines():
-            key, _, value = line.partition(":")
-            fields[key.strip()] = value.strip()
-    except OSError:
-        pass
-    model = fields.get("model name") or fields.get("Model") or model
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    fields = host_cpu.cpu_fields()
+    flags = host_cpu.cpu_flags()
     # Marketing names can be vague ("AMD EPYC"); family / model / stepping are not.
     ident = "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping"))
     return {
-        "model": model,
+        "model": host_cpu.cpu_model(),
         "family_model_stepping": ident,
         "isa": [f for f in _ISA_FLAGS if f in flags],
         "cores": os.cpu_count(),
