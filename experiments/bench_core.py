@@ -3,12 +3,13 @@
     python experiments/bench_core.py                  # 4096^2 quantize, 2048^3 GEMM
     python experiments/bench_core.py --size=512 --quant_rows=1024   # quick
 
-Prints: tile-quantize / astype(bf16) time (goal <= 1.0x); the fwd+bwd time of
+Prints: tile-quantize / astype(bf16) time (goal <= 1.2x); the fwd+bwd time of
 deepseek_v3's dot_general on each XLA path of the GEMM core -- "xla"
 (dequantize to float32, or bfloat16, then one dot) and "chunked" (128-long
 dots of the FP8 codes) -- side by side with the bf16 recipe's, with the dot
-algorithms each compiled module runs (goal <= 1.2x); and residual bytes
-deepseek_v3 / bf16 (goal <= 0.55).  Logic: fp8jax.bench.core.
+algorithms each compiled module runs (goal <= 1.2x), and the path "auto"
+takes on this CPU; and residual bytes deepseek_v3 / bf16 (goal <= 0.55).
+Logic: fp8jax.bench.core.
 """
 
 import json
@@ -16,6 +17,7 @@ import json
 import jax
 from absl import app, flags
 
+from fp8jax import gemm, host_cpu
 from fp8jax.bench.core import GEMM_VARIANTS, gemm_ratio, quantize_ratio
 
 FLAGS = flags.FLAGS
@@ -32,7 +34,7 @@ def main(argv):
     print(
         f"tile quantize / astype(bf16) [{FLAGS.quant_rows}x{FLAGS.quant_rows}]: "
         f"{q['ratio']:.2f}x  ({q['t_tile_quantize_s'] * 1e3:.1f} ms vs "
-        f"{q['t_astype_bf16_s'] * 1e3:.1f} ms; goal <= 1.0x)"
+        f"{q['t_astype_bf16_s'] * 1e3:.1f} ms; goal <= 1.2x)"
     )
     g = gemm_ratio(FLAGS.size, iters=FLAGS.iters)
     print(
@@ -43,6 +45,12 @@ def main(argv):
         print(
             f"  {name:24s} {g[f't_{name}_s'] * 1e3:8.1f} ms  {g[f'ratio_{name}']:5.2f}x  "
             f"[{g[f'dot_algorithms_{name}']}]"
+        )
+    if jax.default_backend() == "cpu":
+        bf16_dot = {True: "yes", False: "no", None: "unknown"}[host_cpu.has_bf16_dot()]
+        print(
+            f'  "auto" runs {gemm.auto_impl("fp8", "cpu")} on this CPU '
+            f"(bfloat16 dot instructions: {bf16_dot})"
         )
     print(
         f"residual bytes deepseek_v3 / bf16: {g['residual_ratio']:.3f} "
