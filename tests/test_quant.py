@@ -114,6 +114,31 @@ def _subnormal_tiles(rng):
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize("jit", [False, True])
+def test_huge_amax_tiles_quantize_like_the_reference(fmt, pow2, jit):
+    # The fast path takes tiles with amax below 2^127 (its scales need no cap);
+    # tiles at and above it, up to float32's max, take the robust path.
+    jf, nf = FMTS[fmt]
+    rng = np.random.default_rng(5)
+    top = float(np.nextafter(np.float32(2.0**127), np.float32(0)))
+    f32max = float(np.finfo(np.float32).max)
+    x = rng.standard_normal((2, 4, 128))
+    for i, amax in enumerate([top, 2.0**127, f32max, 1e38]):
+        x[:, i] *= amax / np.abs(x[:, i]).max(-1, keepdims=True)
+        x[:, i, 7] = amax
+    x[1] = rng.standard_normal((4, 128))  # a second row of ordinary tiles
+    x = x.reshape(8, 128).astype(np.float32)
+    for rows in (x[:4], x):  # only huge tiles; huge and ordinary ones together
+        f = lambda t: fp8jax.quantize(t, jf, "tile", axis=-1, pow2=pow2)
+        q = (jax.jit(f) if jit else f)(jnp.asarray(rows))
+        groups = groups_for(rows.shape, "tile", -1, 128)
+        data, scale_el = ref_quantize_groups(rows, groups, nf, pow2=pow2)
+        np.testing.assert_array_equal(np.asarray(q.scale)[:, 0], scale_el[:, 0])
+        np.testing.assert_array_equal(np.asarray(q.data).view(np.uint8), data.view(np.uint8))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("jit", [False, True])
 def test_subnormal_amax_tiles_quantize_like_any_tile(fmt, jit):
     # XLA on CPU flushes float32 subnormals to zero: these tiles used to get
