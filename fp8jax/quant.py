@@ -65,9 +65,7 @@ _F32_MAX = float(np.finfo(np.float32).max)
 # Tiles with amax >= 2^-64 have normal scales (>= 2^-80 for any FP8 max), and
 # a subnormal element x of such a tile has |x / scale| < 2^-46, which rounds
 # to 0 in every FP8 format: for them XLA's flush-to-zero changes nothing.
-# Below 2^127 no scale needs the cap near float32's max.
 _FAST_MIN_AMAX_BITS = int(np.float32(2.0**-64).view(np.int32))
-_FAST_MAX_AMAX_BITS = int(np.float32(2.0**127).view(np.int32))
 # Below this scale an element's quotient can be lost to flush-to-zero
 # (|x| < 2^-126 and |x / scale| >= 2^-30): divide on the offset path.
 _OFFSET_SCALE_BITS = int(np.float32(2.0**-96).view(np.int32))
@@ -318,27 +316,23 @@ def quantize(
         raise ValueError("tile must be positive")
     if granularity not in ("tensor", "row", "tile", "block"):
         raise ValueError(f"unknown granularity {granularity!r}")
-    # Fast path for the common tensor (all finite, no tiny, huge or all-zero
-    # group): a plain float amax, no per-element isfinite select, one plain
-    # division.
+    # Fast path for the common tensor (all finite, no tiny or all-zero group):
+    # a plain float amax, no per-element isfinite select, one plain division.
     # Otherwise the robust path recomputes the amax over the finite elements
     # on the bit patterns (exact for subnormals) and divides tiny groups on
     # the offset path.  lax.cond runs one branch (both under vmap, where it
     # becomes a select).
     amax = group_amax(x, granularity, axis, tile, finite_only=False)
-    # The floored amax is the one the scale divides (a NaN stays NaN); the
-    # upper bound also rules out Inf and NaN amaxes.
-    amax_bits = lax.bitcast_convert_type(jnp.maximum(amax, jnp.float32(amax_floor)), jnp.int32)
-    fast_ok = jnp.all((amax_bits >= _FAST_MIN_AMAX_BITS) & (amax_bits < _FAST_MAX_AMAX_BITS))
+    amax_bits = lax.bitcast_convert_type(amax, jnp.int32)
+    fast_ok = jnp.all(jnp.isfinite(amax)) & jnp.all(amax_bits >= _FAST_MIN_AMAX_BITS)
 
     def fast(x):
         # The scales are computed once per group, not per element: the amaxes
-        # here lie in [2^-64, 2^127), so every quotient is a normal float32
-        # that no cap touches, and ``normal=True`` drops the guards (an
-        # integer division and a cap per group), which XLA would otherwise
-        # fuse into the per-element division and repeat for every element;
-        # the barrier keeps the rest apart where the backend honours it.
-        # Values unchanged.
+        # here are >= 2^-64, so every quotient is a normal float32 and
+        # ``normal=True`` drops the subnormal and zero guards (an integer
+        # division per group), which XLA would otherwise fuse into the
+        # per-element division and repeat for every element; the barrier
+        # keeps the rest apart where the backend honours it.  Values unchanged.
         scale = lax.optimization_barrier(
             scale_from_amax(amax, fmt, pow2=pow2, amax_floor=amax_floor, normal=True)
         )

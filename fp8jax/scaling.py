@@ -173,11 +173,9 @@ def scale_from_amax(
     act_quant computes amax / 448 in fp32); scales below float32's normal
     range are the correctly rounded subnormal quotient, computed on the bit
     patterns.  ``pow2`` rounds the scale up to a power of two.  ``normal``
-    promises every amax (after the floor) lies in [fmt_max * 2^-126, 2^127):
-    a normal quotient that no cap can touch (fmt_max * scale < 2^128 even
-    rounded up to a power of two), so the guards for subnormal, zero and
-    huge amaxes are skipped: same scales, less work for XLA to fuse into the
-    quantizer's per-element pass.
+    promises every amax is at least fmt_max * 2^-126 (a normal quotient) and
+    skips the guards for subnormal and zero amaxes: same scales, less work
+    for XLA to fuse into the quantizer's per-element pass.
     """
     fm = fmt_max(fmt)
     amax = amax.astype(jnp.float32)
@@ -185,7 +183,10 @@ def scale_from_amax(
         amax = jnp.maximum(amax, jnp.float32(amax_floor))
     if normal:
         scale = exact_div(amax, jnp.float32(fm))
-        return pow2_ceil(scale) if pow2 else scale
+        if pow2:
+            scale = pow2_ceil(scale)
+        bits = _cap_bits(lax.bitcast_convert_type(scale, jnp.int32), _max_scale(fm, pow2))
+        return lax.bitcast_convert_type(bits, jnp.float32)
     abits = lax.bitcast_convert_type(amax, jnp.int32) & 0x7FFFFFFF
     # Quotients below 2^-126: an integer division (flush-to-zero cannot touch it).
     sub_limit = int(np.float32(fm * _F32_TINY).view(np.int32))

@@ -117,8 +117,9 @@ def _subnormal_tiles(rng):
 @pytest.mark.parametrize("pow2", [False, True])
 @pytest.mark.parametrize("jit", [False, True])
 def test_huge_amax_tiles_quantize_like_the_reference(fmt, pow2, jit):
-    # The fast path takes tiles with amax below 2^127 (its scales need no cap);
-    # tiles at and above it, up to float32's max, take the robust path.
+    # Tiles whose scales meet the cap near float32's max (amax / fmt_max
+    # rounded, or rounded up to a power of two, times fmt_max overflows) and
+    # tiles just below it, alone and beside ordinary tiles.
     jf, nf = FMTS[fmt]
     rng = np.random.default_rng(5)
     top = float(np.nextafter(np.float32(2.0**127), np.float32(0)))
