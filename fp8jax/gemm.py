@@ -73,8 +73,9 @@ _ALG = lax.DotAlgorithmPreset
 # multiplies block formats natively, "chunked" on a CPU where the host has
 # bfloat16 dot instructions or none are known).  "chunked" dots the FP8
 # codes as bfloat16, which is fast where the hardware multiplies bfloat16;
-# a CPU without it widens them to float32 for every 128-long run, and there
-# one float32 dot of the operands dequantized to float32 ("xla") is cheaper.
+# a CPU without it computes every 128-long run's dot in float32 arithmetic,
+# and there one float32 dot of the operands dequantized to float32 ("xla")
+# is expected to be cheaper (not measured on such a CPU).
 # The two differ in the last bits (their numerics: ``recipes.Recipe``,
 # docs/model.md); each run records the path it resolved.  The block formats
 # run "xla" off the kernels (their dequantized values are exact in float32).
