@@ -8,9 +8,11 @@ comparisons refuse to tabulate runs whose records disagree on the code
   model and instruction-set flags, or GPU) and the same jax / jaxlib / XLA
   flags give the same metrics, step by step;
 * across machines: per-seed values differ (CPU kernels round differently
-  in the last bits, and training amplifies that), so a rerun reproduces a
-  comparison when its per-seed paired gaps fall inside the committed
-  distribution (``fp8jax.train.compare.reproduction_check``).
+  in the last bits, and training amplifies that; on a CPU without bfloat16
+  dot instructions "auto" also resolves another GEMM path, which the record
+  names), so a rerun reproduces a comparison when its per-seed paired gaps
+  fall inside the committed distribution
+  (``fp8jax.train.compare.reproduction_check``).
 """
 
 from __future__ import annotations
