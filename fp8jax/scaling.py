@@ -183,25 +183,23 @@ def scale_from_amax(
         amax = jnp.maximum(amax, jnp.float32(amax_floor))
     if normal:
         scale = exact_div(amax, jnp.float32(fm))
-        if pow2:
-            scale = pow2_ceil(scale)
-        bits = _cap_bits(lax.bitcast_convert_type(scale, jnp.int32), _max_scale(fm, pow2))
-        return lax.bitcast_convert_type(bits, jnp.float32)
-    abits = lax.bitcast_convert_type(amax, jnp.int32) & 0x7FFFFFFF
-    # Quotients below 2^-126: an integer division (flush-to-zero cannot touch it).
-    sub_limit = int(np.float32(fm * _F32_TINY).view(np.int32))
-    tiny = abits < sub_limit
-    # Correctly rounded amax / max on normal operands; tiny lanes use 1 as a
-    # stand-in so that the float division never sees a subnormal.
-    safe = jnp.where(tiny, jnp.float32(1.0), amax)
-    norm_bits = lax.bitcast_convert_type(exact_div(safe, jnp.float32(fm)), jnp.int32)
-    bits = jnp.where(tiny, _subnormal_scale_bits(amax, fm), norm_bits)
-    scale = lax.bitcast_convert_type(bits, jnp.float32)
+    else:
+        abits = lax.bitcast_convert_type(amax, jnp.int32) & 0x7FFFFFFF
+        # Quotients below 2^-126: an integer division (flush-to-zero cannot touch it).
+        sub_limit = int(np.float32(fm * _F32_TINY).view(np.int32))
+        tiny = abits < sub_limit
+        # Correctly rounded amax / max on normal operands; tiny lanes use 1 as a
+        # stand-in so that the float division never sees a subnormal.
+        safe = jnp.where(tiny, jnp.float32(1.0), amax)
+        norm_bits = lax.bitcast_convert_type(exact_div(safe, jnp.float32(fm)), jnp.int32)
+        bits = jnp.where(tiny, _subnormal_scale_bits(amax, fm), norm_bits)
+        scale = lax.bitcast_convert_type(bits, jnp.float32)
     if pow2:
         scale = pow2_ceil(scale)
     bits = _cap_bits(lax.bitcast_convert_type(scale, jnp.int32), _max_scale(fm, pow2))
-    # amax == 0: any scale reproduces the zeros; 1 keeps the data exact.
-    bits = jnp.where(abits == 0, _ONE_BITS, bits)
+    if not normal:
+        # amax == 0: any scale reproduces the zeros; 1 keeps the data exact.
+        bits = jnp.where(abits == 0, _ONE_BITS, bits)
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
