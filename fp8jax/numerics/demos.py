@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from fp8jax import host_cpu
 from fp8jax.numerics.summation import naive_sum, neumaier_sum
 
 
@@ -364,15 +365,8 @@ def subnormal_speed(n: int = 1 << 18, repeats: int = 7) -> SpeedDemo:
 
 
 def _cpu_name() -> str:
-    """The CPU model (Linux: /proc/cpuinfo), else what platform knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return f"{platform.machine()}, {line.split(':', 1)[1].strip()}"
-    except OSError:
-        pass
-    return f"{platform.machine()} {platform.processor()}".strip()
+    """The machine's architecture and CPU model (``fp8jax.host_cpu``)."""
+    return f"{platform.machine()}, {host_cpu.cpu_model()}"
 
 
 def all_demos() -> list[Demo]:
