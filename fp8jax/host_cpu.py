@@ -50,8 +50,9 @@ def has_bf16_dot() -> bool | None:
     """True if the host CPU multiplies bfloat16 in hardware, False if not, None if unknown.
 
     Unknown: no ``/proc/cpuinfo`` (macOS, Windows).  Without such
-    instructions XLA widens bfloat16 operands to float32 for a dot, so a
-    bfloat16 dot costs what a float32 one does plus the widening.
+    instructions a bfloat16 dot has to be computed in float32 arithmetic, so
+    it is not expected to be cheaper than a float32 one (see
+    ``fp8jax.gemm.AUTO``, which decides by this).
     """
     flags = cpu_flags()
     if not flags:
