@@ -121,9 +121,9 @@ def fp8_codes(y: jnp.ndarray, fmt) -> jnp.ndarray:
     Round to nearest, ties to even, exactly as the cast, computed on the bit
     patterns with integer adds and shifts (plus one float add for the
     subnormal codes).  Why: XLA's CPU conversion to FP8 is a scalar-heavy
-    routine that costs about twice an ``astype(bfloat16)`` of the same array;
-    this one vectorises, and the quantizer's fast path (finite, clipped
-    values) is where nearly every element goes.  E4M3FN and E5M2 only;
+    routine, slower than an ``astype(bfloat16)`` of the same array (measured:
+    docs/benchmarks.md); this one vectorises, and the quantizer's fast path
+    (finite, clipped values) is where nearly every element goes.  E4M3FN and E5M2 only;
     ``saturating_cast`` clips, then calls it.
 
     * normal results (|y| >= smallest normal): the float32 significand is
