@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp8jax import hadamard, microscaling
+from fp8jax import hadamard, microscaling, platforms
 from fp8jax.formats import BLOCK_FORMATS
 from fp8jax.quant import QTensor
 
@@ -185,16 +185,19 @@ def scaled_matmul_args(qa: QTensor, qb: QTensor) -> tuple[Any, ...]:
 def scaled_matmul(qa: QTensor, qb: QTensor) -> jax.Array:
     """float32 (B, M, N) = qa (B, M, K) . qb (B, N, K) contracted over K, natively.
 
-    ``jax.nn.scaled_matmul`` on the codes and block scales (cuDNN on a
-    Blackwell GPU); the NVFP4 tensor scales multiply its float32 result.
+    ``jax.nn.scaled_matmul`` on the codes and block scales (cuDNN's
+    block-scaled GEMM, ``__op$block_scaled_dot``, on a Blackwell GPU); the
+    NVFP4 tensor scales multiply its float32 result.  The GEMM core picks it
+    for a CUDA target of compute capability >= 10.0 only; it is lowered for
+    CUDA alone (dead zeros in any other branch of a multi-platform export).
     """
-    if not device_native_block_gemm():
-        dev = jax.devices()[0]
-        raise ValueError(
-            f"jax.nn.scaled_matmul cannot run block formats on {dev.platform} "
-            f"(compute capability {getattr(dev, 'compute_capability', None)})"
-        )
+    if not hasattr(jax.nn, "scaled_matmul"):
+        raise ValueError("this jax has no jax.nn.scaled_matmul (the native block-format GEMM)")
     a, b, sa, sb, alpha = scaled_matmul_args(qa, qb)
-    out = jax.nn.scaled_matmul(a, b, sa, sb, preferred_element_type=jnp.float32)
+
+    def native(a, b, sa, sb):
+        return jax.nn.scaled_matmul(a, b, sa, sb, preferred_element_type=jnp.float32)
+
+    out = platforms.only_on(("cuda",), native, a, b, sa, sb)
     # The NVFP4 tensor scales are not part of the block-scaled product.
     return out * alpha

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp8jax import accumulate, blockscaled, host_cpu, resolved
+from fp8jax import accumulate, blockscaled, host_cpu, platforms, resolved
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
 from fp8jax.kernels.availability import kernel_available
 from fp8jax.kernels.block_gemm import (
@@ -67,64 +67,115 @@ _ALG = lax.DotAlgorithmPreset
 
 
 # The one table of implementations: for each scheme of the two operands,
-# the implementations a recipe may name, and what "auto" runs on each backend
-# (the first entry that is available: "pallas" where the Pallas kernel runs
-# and the operands have its layouts, "scaled_matmul" where the device
-# multiplies block formats natively, "chunked" on a CPU where the host has
-# bfloat16 dot instructions or none are known).  "chunked" dots the FP8
-# codes as bfloat16, which is fast where the hardware multiplies bfloat16;
-# a CPU without it computes every 128-long run's dot in float32 arithmetic,
-# and there one float32 dot of the operands dequantized to float32 ("xla")
-# is expected to be cheaper (not measured on such a CPU).
-# The two differ in the last bits (their numerics: ``recipes.Recipe``,
+# the implementations a recipe may name, and what "auto" runs on each
+# platform a program is lowered for (the first entry that is available
+# there).  On a CUDA GPU: "pallas" where the operands have the Pallas
+# kernel's layouts and the target is a Hopper or later GPU, else "fp8"
+# (hardware FP8 dots, compute capability >= 8.9), else "chunked"; the block
+# formats take "scaled_matmul" on a Blackwell target (>= 10.0).  On a CPU:
+# "chunked" where the host has bfloat16 dot instructions or none are known,
+# else "xla".  "chunked" dots the FP8 codes as bfloat16, which is fast where
+# the hardware multiplies bfloat16; a CPU without it computes every 128-long
+# run's dot in float32 arithmetic, and there one float32 dot of the operands
+# dequantized to float32 ("xla") is expected to be cheaper (not measured on
+# such a CPU).  On a TPU and a ROCm GPU: "chunked" (bfloat16 matrix units;
+# "fp8" may be named, and compiles for TPUs with FP8 matrix units).
+# The paths differ in the last bits (their numerics: ``recipes.Recipe``,
 # docs/model.md); each run records the path it resolved.  The block formats
-# run "xla" off the kernels (their dequantized values are exact in float32).
-# Measured ratios: ``experiments/bench_core.py`` and docs/benchmarks.md.
+# run "xla" off the native GEMM (their dequantized values are exact in
+# float32).  Measured ratios: ``experiments/bench_core.py`` and
+# docs/benchmarks.md.
 IMPLS: dict[str, tuple[str, ...]] = {
     "fp8": ("xla", "chunked", "fp8", "fp8_fast", "pallas"),
     "mx": ("xla",),
     "nvfp4": ("xla",),
 }
 AUTO: dict[tuple[str, str], tuple[str, ...]] = {
-    ("fp8", "gpu"): ("pallas", "chunked"),
+    ("fp8", "cuda"): ("pallas", "fp8", "chunked"),
+    ("fp8", "rocm"): ("chunked",),
     ("fp8", "cpu"): ("chunked", "xla"),
     ("fp8", "tpu"): ("chunked",),
-    ("mx", "gpu"): ("scaled_matmul", "xla"),
+    ("mx", "cuda"): ("scaled_matmul", "xla"),
+    ("mx", "rocm"): ("xla",),
     ("mx", "cpu"): ("xla",),
     ("mx", "tpu"): ("xla",),
-    ("nvfp4", "gpu"): ("scaled_matmul", "xla"),
+    ("nvfp4", "cuda"): ("scaled_matmul", "xla"),
+    ("nvfp4", "rocm"): ("xla",),
     ("nvfp4", "cpu"): ("xla",),
     ("nvfp4", "tpu"): ("xla",),
 }
+# Compute capabilities the CUDA paths need: FP8 tensor cores (Ada / Hopper),
+# the Pallas kernel's FP8 wgmma (Hopper), native MXFP8 / NVFP4 (Blackwell).
+_CUDA_FP8 = "8.9"
+_CUDA_KERNEL = "9.0"
+_CUDA_BLOCK_FORMATS = "10.0"
 
 
-def auto_impl(scheme: str, backend: str, a=None, b=None, kind: str = "fprop") -> str:
-    """What ``impl="auto"`` runs for operands of ``scheme`` on ``backend`` (see AUTO).
+def auto_impl(scheme: str, platform: str, a=None, b=None, kind: str = "fprop") -> str:
+    """What ``impl="auto"`` runs for operands of ``scheme`` on ``platform`` (see AUTO).
 
-    ``a``, ``b``, ``kind``: the GEMM's operands, which decide whether the
-    Pallas kernel's layouts fit (without them it is taken not to).
+    ``platform``: a lowering platform ("cpu", "cuda", "rocm", "tpu"; "gpu"
+    means "cuda").  ``a``, ``b``, ``kind``: the GEMM's operands, which decide
+    whether the Pallas kernel's layouts fit (without them it is taken not to).
     """
+    platform = "cuda" if platform == "gpu" else platform
     try:
-        candidates = AUTO[scheme, backend]
+        candidates = AUTO[scheme, platform]
     except KeyError:
         raise ValueError(
-            f"no implementation for scheme {scheme!r} on backend {backend!r}"
+            f"no implementation for scheme {scheme!r} on platform {platform!r}"
         ) from None
     for impl in candidates:
-        if _available(impl, backend, a, b, kind):
+        if _auto_available(impl, platform, a, b, kind):
             return impl
-    raise ValueError(f"no available implementation for scheme {scheme!r} on {backend!r}")
+    raise ValueError(f"no available implementation for scheme {scheme!r} on {platform!r}")
 
 
-def _available(impl: str, backend: str, a, b, kind: str) -> bool:
+def _auto_available(impl: str, platform: str, a, b, kind: str) -> bool:
+    """Whether "auto" may take ``impl`` on ``platform`` for these operands."""
     if impl == "pallas":
-        return a is not None and _kernel_layout_fits(a, b, kind) and kernel_available()
+        return a is not None and _kernel_layout_fits(a, b, kind) and _compiled_kernel(platform)
     if impl == "scaled_matmul":
-        return blockscaled.device_native_block_gemm()
-    if impl == "chunked" and backend == "cpu":
+        capability = platforms.cuda_capability() if platform == "cuda" else None
+        return blockscaled.native_block_gemm_available(platform, capability)
+    if impl == "fp8":
+        return platform == "cuda" and platforms.cuda_at_least(_CUDA_FP8)
+    if impl == "chunked" and platform == "cpu":
         # Unknown hardware (no /proc/cpuinfo) keeps "chunked".
         return host_cpu.has_bf16_dot() is not False
     return True
+
+
+def _compiled_kernel(platform: str) -> bool:
+    """Whether the Pallas kernel runs compiled (not interpreted) on ``platform``.
+
+    On a CUDA target of compute capability >= 9.0; where such a GPU is
+    attached, only if it passes the kernel's self-check (asked once, there).
+    """
+    if platform != "cuda" or not platforms.cuda_at_least(_CUDA_KERNEL):
+        return False
+    return platforms.local_cuda_capability() is None or kernel_available()
+
+
+def unsupported(impl: str, platform: str) -> str | None:
+    """Why ``platform`` cannot run ``impl`` (a named, not an "auto" choice), or None."""
+    if impl in ("fp8", "fp8_fast"):
+        if platform == "cpu":
+            return (
+                f"impl={impl!r} (hardware FP8 dots) needs a GPU or TPU with FP8 matrix units; "
+                "XLA on cpu has none (use 'chunked', the same products in bfloat16)"
+            )
+        if platform == "cuda" and not platforms.cuda_at_least(_CUDA_FP8):
+            return (
+                f"impl={impl!r} needs FP8 tensor cores (compute capability >= {_CUDA_FP8}); "
+                f"the CUDA target is {platforms.cuda_capability()}"
+            )
+    if impl == "scaled_matmul" and not _auto_available(impl, platform, None, None, "fprop"):
+        return (
+            "the native MXFP8 / NVFP4 GEMM (jax.nn.scaled_matmul) needs a CUDA GPU of compute "
+            f"capability >= {_CUDA_BLOCK_FORMATS}; not available on {platform}"
+        )
+    return None
 
 
 def _kernel_layout_fits(a, b, kind: str) -> bool:
@@ -148,15 +199,22 @@ def _kernel_layout_fits(a, b, kind: str) -> bool:
     return fits and a.data.dtype == b.data.dtype
 
 
-def select_impl(recipe: Recipe, a, b, kind: str) -> str:
-    """How this GEMM runs: "plain", "emulate", "pallas", "xla", "chunked", "fp8", "fp8_fast"
-    or "scaled_matmul" (the one place that decides, from IMPLS and AUTO).
+def select_impl(recipe: Recipe, a, b, kind: str, platform: str | None = None) -> str:
+    """How this GEMM runs on ``platform``: "plain", "emulate", "pallas", "xla", "chunked",
+    "fp8", "fp8_fast" or "scaled_matmul" (the one place that decides, from IMPLS and AUTO).
 
-    "plain": an operand is not quantized (the high-precision baseline, or a
-    recipe that quantizes one side only): both are cast to a common dtype.
-    "emulate": the FP8 accumulation emulator, whenever ``recipe.accumulation``
-    is set.
+    ``platform``: the lowering platform ("cpu", "cuda", "rocm", "tpu"); None
+    means the default device's (what a program run here is lowered for).
+    :func:`gemm` asks once per platform and lets the lowering keep the one
+    it lowers for.  "plain": an operand is not quantized (the high-precision
+    baseline, or a recipe that quantizes one side only): both are cast to a
+    common dtype.  "emulate": the FP8 accumulation emulator, whenever
+    ``recipe.accumulation`` is set.  A named implementation that the
+    platform cannot run is returned all the same; :func:`unsupported` says
+    why, and the program fails when it is lowered for that platform.
     """
+    platform = platforms.local_platform() if platform is None else platform
+    platform = "cuda" if platform == "gpu" else platform
     if not (is_quantized(a) and is_quantized(b)):
         return "plain"
     if a.scheme != b.scheme:
@@ -170,7 +228,7 @@ def select_impl(recipe: Recipe, a, b, kind: str) -> str:
         return "emulate"
     impl = recipe.impl
     if impl == "auto":
-        return auto_impl(scheme, jax.default_backend(), a, b, kind)
+        return auto_impl(scheme, platform, a, b, kind)
     if impl not in IMPLS[scheme]:
         raise ValueError(
             f"recipe {recipe.name!r}: {scheme} operands run with impl 'auto' or one of "
@@ -182,25 +240,38 @@ def select_impl(recipe: Recipe, a, b, kind: str) -> str:
             f"apply to this {kind} GEMM (it needs E4M3/E5M2 operands with 128-wide tiles along "
             "the contraction axis and 128x128 weight blocks)"
         )
-    if impl in ("fp8", "fp8_fast") and jax.default_backend() != "gpu":
-        raise ValueError(
-            f"recipe {recipe.name!r} asks for impl={impl!r} (hardware FP8 dots), which "
-            f"needs a GPU with FP8 tensor cores; the backend is {jax.default_backend()!r}"
-        )
     return impl
 
 
-def describe_path(impl: str, recipe: Recipe, a, b) -> str:
+def _decision(recipe: Recipe, a, b, kind: str, platform: str) -> tuple[str, str]:
+    """(impl, how) on ``platform``: how = "compiled" / "interpret" for "pallas",
+    the refusal message for an implementation the platform cannot run, else ""."""
+    impl = select_impl(recipe, a, b, kind, platform)
+    why = unsupported(impl, platform)
+    if why is not None:
+        return impl, f"unsupported: {why}"
+    if impl == "pallas":
+        return impl, "compiled" if _compiled_kernel(platform) else "interpret"
+    if impl in ("fp8", "fp8_fast"):
+        return impl, platform
+    return impl, ""
+
+
+def describe_path(impl: str, recipe: Recipe, a, b, how: str = "") -> str:
     """What :func:`gemm` runs for ``impl``, in words that name its numerics.
 
     "plain <dtype>" (one ``lax.dot_general`` of unquantized operands),
     "xla dequant <dtype>" (codes x scale rounded to that dtype, one dot),
     "chunked" (FP8 codes per run of constant scales, exact products,
     float32 sums), "fp8" / "fp8_fast" (the same with hardware FP8 dots),
-    "pallas", "scaled_matmul" (the native block-format GEMM), or "emulate"
-    with the accumulation model's parameters.  Block formats (MXFP8, NVFP4)
-    are prefixed with their scheme ("nvfp4:xla dequant float32").
+    "pallas" (or "pallas interpret", the kernel in Pallas interpret mode),
+    "scaled_matmul" (the native block-format GEMM), or "emulate" with the
+    accumulation model's parameters; "unsupported <impl>" where the platform
+    cannot run it.  Block formats (MXFP8, NVFP4) are prefixed with their
+    scheme ("nvfp4:xla dequant float32").
     """
+    if how.startswith("unsupported"):
+        return f"unsupported {impl}"
     if impl == "plain":
         if is_quantized(a) or is_quantized(b):
             return "plain float32 (one side quantized)"
@@ -214,31 +285,61 @@ def describe_path(impl: str, recipe: Recipe, a, b) -> str:
             f"emulate block {acc.block}, {acc.frac_bits} bits, promote every "
             f"{acc.promote_every}, {acc.promote_rounding}"
         )
+    if impl == "pallas" and how == "interpret":
+        return "pallas interpret"
     return prefix + impl
 
 
-def dot_algorithm(dtype) -> lax.DotAlgorithmPreset | lax.Precision:
+def dot_algorithm(dtype, platform: str | None = None) -> lax.DotAlgorithmPreset | lax.Precision:
     """The named algorithm of a dot whose operands are ``dtype``, float32 accumulation.
 
-    float32: ``F32_F32_F32``.  bfloat16: ``BF16_BF16_F32``, except on XLA CPU,
-    whose elemental dot emitter (small dots such as matrix-vector products)
-    rejects that preset: there ``Precision.HIGHEST``, which XLA CPU computes
-    the same way (exact bfloat16 products, float32 accumulation).  float16 /
-    float64: ``Precision.HIGHEST`` (no preset on every backend).
+    ``platform``: the lowering platform (None: the default device's).
+    float32: ``F32_F32_F32`` (IEEE float32 products and sums), except on TPU,
+    whose compiler rejects that preset: there ``Precision.HIGHEST``, float32
+    carried as several bfloat16 passes (about float32's accuracy, not its
+    exact roundings: the nearest a TPU runs).  bfloat16: ``BF16_BF16_F32``,
+    except on XLA CPU, whose elemental dot emitter (small dots such as
+    matrix-vector products) rejects that preset: there ``Precision.HIGHEST``,
+    which XLA CPU computes the same way (exact bfloat16 products, float32
+    accumulation).  float16 / float64: ``Precision.HIGHEST`` (no preset on
+    every backend).
     """
+    platform = platforms.local_platform() if platform is None else platform
     dtype = jnp.dtype(dtype)
     if dtype == jnp.float32:
-        return _ALG.F32_F32_F32
-    if dtype == jnp.bfloat16 and jax.default_backend() != "cpu":
+        return lax.Precision.HIGHEST if platform == "tpu" else _ALG.F32_F32_F32
+    if dtype == jnp.bfloat16 and platform != "cpu":
         return _ALG.BF16_BF16_F32
     return lax.Precision.HIGHEST
 
 
 def dot(a: jax.Array, b: jax.Array, dims) -> jax.Array:
-    """``lax.dot_general`` with float32 accumulation and the operands' named algorithm."""
-    return lax.dot_general(
-        a, b, dims, precision=dot_algorithm(a.dtype), preferred_element_type=jnp.float32
+    """``lax.dot_general`` with float32 accumulation and each platform's named algorithm."""
+    return platforms.choose(
+        lambda p: dot_algorithm(a.dtype, p),
+        lambda alg: (
+            lambda: lax.dot_general(a, b, dims, precision=alg, preferred_element_type=jnp.float32)
+        ),
     )
+
+
+def hardware_fp8_dot(a: jax.Array, b: jax.Array, dims, *, fast: bool, platform: str):
+    """FP8 x FP8 -> float32 on the platform's FP8 matrix units.
+
+    CUDA / ROCm: the named ``ANY_F8_ANY_F8_F32`` algorithm (``..._FAST_ACCUM``
+    with ``fast``: the tensor core's own accumulation, no promotion), lowered
+    only for that platform (JAX's CPU lowering refuses the preset, and a
+    multi-platform export lowers every branch for every platform).  TPU: the
+    FP8 operands with default precision, which the compiler maps to FP8
+    matrix units where the chip has them (the named presets are rejected).
+    """
+    if platform == "tpu":
+        return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+    alg = _ALG.ANY_F8_ANY_F8_F32_FAST_ACCUM if fast else _ALG.ANY_F8_ANY_F8_F32
+    fn = partial(
+        lax.dot_general, dimension_numbers=dims, precision=alg, preferred_element_type=jnp.float32
+    )
+    return platforms.only_on((platform,), fn, a, b)
 
 
 # --------------------------------------------------------------------------
@@ -262,8 +363,30 @@ def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> j
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    impl = select_impl(recipe, a, b, kind)
-    resolved.note(kind, describe_path(impl, recipe, a, b))
+    # One decision per platform; the lowering keeps the one it lowers for.
+    decisions = {p: _decision(recipe, a, b, kind, p) for p in platforms.PLATFORMS}
+    resolved.note(kind, {p: describe_path(i, recipe, a, b, h) for p, (i, h) in decisions.items()})
+    return platforms.choose(
+        decisions.__getitem__, lambda d: lambda: _run(d, a, b, kind, recipe, b_index)
+    )
+
+
+def _out_shape(a, b, kind: str) -> tuple[int, int, int]:
+    """(B, rows, cols) of a canonical GEMM's result (module docstring)."""
+    if kind == "fprop":
+        return a.shape[0], a.shape[1], b.shape[2]
+    if kind == "dgrad":
+        return a.shape[0], a.shape[1], b.shape[1]
+    return a.shape[0], a.shape[2], b.shape[2]
+
+
+def _run(decision: tuple[str, str], a, b, kind: str, recipe: Recipe, b_index) -> jax.Array:
+    """The GEMM as ``decision`` = (impl, how) of :func:`_decision` runs it."""
+    impl, how = decision
+    if how.startswith("unsupported: "):
+        return platforms.refuse(
+            f"recipe {recipe.name!r}: {how[len('unsupported: ') :]}", _out_shape(a, b, kind)
+        )
     if b_index is not None and impl not in _RUN_IMPLS:
         b, b_index = take_batch(b, b_index), None
     if impl == "plain":
@@ -277,7 +400,7 @@ def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> j
         dt = jnp.dtype(recipe.dequant_dtype)
         return dot(materialize(a, dt), materialize(b, dt), DIMS[kind])
     if impl == "pallas":
-        return _pallas(a, b, kind)
+        return _pallas(a, b, kind, compiled=how == "compiled")
     if impl == "scaled_matmul":
         lhs, rhs = _orient(a, b, kind)
         # The native block GEMM takes both operands with the contraction last.
@@ -291,7 +414,7 @@ def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> j
         return accumulate.emulated_gemm(
             a_codes, a_s, b_codes, b_s, group=group, acc=recipe.accumulation
         )
-    return _chunked(a_codes, a_s, b_codes, b_s, group, impl, b_index)
+    return _chunked(a_codes, a_s, b_codes, b_s, group, impl, b_index, platform=how)
 
 
 def _swap12(op):
@@ -350,14 +473,17 @@ def _common_groups(k: int, ga: int, a_s, gb: int, b_s):
     return g, _repeat_crop(a_s, 2, ga // g, runs), _repeat_crop(b_s, 1, gb // g, runs)
 
 
-def _chunked(a_codes, a_s, b_codes, b_s, group: int, impl: str, b_index=None) -> jax.Array:
+def _chunked(
+    a_codes, a_s, b_codes, b_s, group: int, impl: str, b_index=None, platform: str = ""
+) -> jax.Array:
     """Runs of ``group`` along K: dot of the codes, times both scales, summed in float32.
 
     ``b_index``: the b side holds E matrices, batch element i uses b[b_index[i]].
 
     "chunked": codes in bfloat16 (every E4M3/E5M2 code is exact in it) with
     ``BF16_BF16_F32``; "fp8" / "fp8_fast": the FP8 codes with the hardware
-    FP8 algorithm (with / without the tensor core's promotion).
+    FP8 algorithm (with / without the tensor core's promotion) of ``platform``
+    (:func:`hardware_fp8_dot`).
     """
     k = a_codes.shape[2]
     runs = -(-k // group)
@@ -370,13 +496,7 @@ def _chunked(a_codes, a_s, b_codes, b_s, group: int, impl: str, b_index=None) ->
     if impl == "chunked":
         dot_fn = partial(dot, dims=dims)
     else:
-        fp8_alg = _ALG.ANY_F8_ANY_F8_F32 if impl == "fp8" else _ALG.ANY_F8_ANY_F8_F32_FAST_ACCUM
-        dot_fn = partial(
-            lax.dot_general,
-            dimension_numbers=dims,
-            precision=fp8_alg,
-            preferred_element_type=jnp.float32,
-        )
+        dot_fn = partial(hardware_fp8_dot, dims=dims, fast=impl == "fp8_fast", platform=platform)
 
     def codes(c):
         # "chunked": every E4M3 / E5M2 code is exact in bfloat16.
@@ -411,9 +531,10 @@ def _chunked(a_codes, a_s, b_codes, b_s, group: int, impl: str, b_index=None) ->
     return acc
 
 
-def _pallas(a: QTensor, b: QTensor, kind: str) -> jax.Array:
-    """The block-scaled Pallas kernel (compiled on a Hopper GPU, interpreted elsewhere)."""
-    kw = dict(out_dtype=jnp.float32, interpret=not kernel_available())
+def _pallas(a: QTensor, b: QTensor, kind: str, *, compiled: bool) -> jax.Array:
+    """The block-scaled Pallas kernel: ``compiled`` for a CUDA target (Triton), else
+    in Pallas interpret mode (the same math as XLA operations, for tests)."""
+    kw = dict(out_dtype=jnp.float32, interpret=not compiled)
     if kind == "fprop":
         # (B, M, K) tiles along K x (B, K, N) blocks.
         fn = partial(block_scaled_matmul, **kw)
@@ -423,9 +544,16 @@ def _pallas(a: QTensor, b: QTensor, kind: str) -> jax.Array:
     else:
         # x (B, M, K) and dy (B, M, N), both in 128x1 tiles along the tokens M.
         fn = partial(block_scaled_matmul_tn, **kw)
-    if a.data.shape[0] == 1:
-        return fn(a.data[0], a.scale[0], b.data[0], b.scale[0])[None]
-    return jax.vmap(fn)(a.data, a.scale, b.data, b.scale)
+
+    def run(a_data, a_scale, b_data, b_scale):
+        if a_data.shape[0] == 1:
+            return fn(a_data[0], a_scale[0], b_data[0], b_scale[0])[None]
+        return jax.vmap(fn)(a_data, a_scale, b_data, b_scale)
+
+    args = (a.data, a.scale, b.data, b.scale)
+    # The compiled kernel has a Triton lowering only: CUDA lowers it, any
+    # other platform of a multi-platform export sees dead zeros.
+    return platforms.only_on(("cuda",), run, *args) if compiled else run(*args)
 
 
 # --------------------------------------------------------------------------
@@ -481,24 +609,50 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
     """The fprop / dgrad grouped GEMM of :func:`grouped_gemm`."""
     # Rows (M, C), or operands already laid out in tiles (T, tile, C).
     a_t = a if len(a.shape) == 3 else tile_rows(a, layout)
-    impl = select_impl(recipe, a_t, b, kind)
-    if impl == "pallas":
-        resolved.note(kind, "pallas grouped")
-        # The grouped kernel reads the aligned rows and each tile's expert id.
-        mp = layout.src_row.shape[0]
-        a_rows = a_t.data.reshape(mp, -1)
-        s_rows = a_t.scale.reshape(mp, -1)
-        y = grouped_block_scaled_matmul_aligned(
-            a_rows,
-            s_rows,
-            b.data,
-            b.scale,
-            layout.tile_group,
+    decisions = {p: _decision(recipe, a_t, b, kind, p) for p in platforms.PLATFORMS}
+    kernel = {p: d for p, d in decisions.items() if d[0] == "pallas"}
+    others = tuple(p for p in platforms.PLATFORMS if p not in kernel)
+    if kernel:
+        resolved.note(
+            kind,
+            {
+                p: "pallas grouped" + (" interpret" if how == "interpret" else "")
+                for p, (_, how) in kernel.items()
+            },
+        )
+
+    def build(d):
+        if d[0] == "pallas":
+            return lambda: _grouped_kernel(a_t, b, layout, kind, compiled=d[1] == "compiled")
+
+        def dense_tiles():
+            # Each tile's expert (padding tiles take expert 0).
+            tile_expert = jnp.maximum(layout.tile_group, 0)
+            with resolved.only(others):
+                y = gemm(a_t, b, kind, recipe, b_index=tile_expert)
+            return from_tiles(y, layout)
+
+        return dense_tiles
+
+    return platforms.choose(lambda p: kernel.get(p, ("dense tiles", "")), build)
+
+
+def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, compiled: bool) -> jax.Array:
+    """The grouped Pallas kernel on the aligned rows and each tile's expert id."""
+    mp = layout.src_row.shape[0]
+
+    def run(a_data, a_scale, b_data, b_scale, tile_group):
+        return grouped_block_scaled_matmul_aligned(
+            a_data.reshape(mp, -1),
+            a_scale.reshape(mp, -1),
+            b_data,
+            b_scale,
+            tile_group,
             out_dtype=jnp.float32,
             b_layout="kn" if kind == "fprop" else "nk",
-            interpret=not kernel_available(),
+            interpret=not compiled,
         )
-        return from_tiles(y.reshape(layout.num_tiles, layout.tile, -1), layout)
-    # Each tile's expert (padding tiles take expert 0).
-    tile_expert = jnp.maximum(layout.tile_group, 0)
-    return from_tiles(gemm(a_t, b, kind, recipe, b_index=tile_expert), layout)
+
+    args = (a_t.data, a_t.scale, b.data, b.scale, layout.tile_group)
+    y = platforms.only_on(("cuda",), run, *args) if compiled else run(*args)
+    return from_tiles(y.reshape(layout.num_tiles, layout.tile, -1), layout)

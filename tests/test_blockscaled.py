@@ -40,9 +40,8 @@ def test_block_formats_in_the_gemm_table():
         gemm.select_impl(r, a, fp8, "fprop")
     with pytest.raises(ValueError, match="FP8"):
         gemm.select_impl(dataclasses.replace(r, accumulation=fp8jax.Accumulation()), a, b, "fprop")
-    if not bs.device_native_block_gemm():
-        with pytest.raises(ValueError, match="cannot run block formats"):
-            bs.scaled_matmul(a, a)
+    # Named for a platform without the native GEMM: refused at lowering.
+    assert "compute capability >= 10.0" in gemm.unsupported("scaled_matmul", "cpu")
 
 
 def test_dispatch_without_scaled_matmul(monkeypatch):
@@ -143,10 +142,13 @@ def test_native_path_wiring_through_dot_general(monkeypatch, name):
         calls.append(args[0].shape)
         return _documented_scaled_matmul(*args, **kw)
 
-    # The table's GPU row on this backend, and a device that has the native GEMM.
+    # The table's CUDA row on this platform, a device that has the native
+    # GEMM, and the call run here instead of being lowered for CUDA only.
     scheme = "mx" if name == "mxfp8" else "nvfp4"
-    monkeypatch.setitem(gemm.AUTO, (scheme, jax.default_backend()), gemm.AUTO[scheme, "gpu"])
-    monkeypatch.setattr(bs, "device_native_block_gemm", lambda: True)
+    here = fp8jax.platforms.local_platform()
+    monkeypatch.setitem(gemm.AUTO, (scheme, here), gemm.AUTO[scheme, "cuda"])
+    monkeypatch.setattr(bs, "native_block_gemm_available", lambda platform, cc: True)
+    monkeypatch.setattr(bs.platforms, "only_on", lambda platforms, fn, *args: fn(*args))
     monkeypatch.setattr(jax.nn, "scaled_matmul", fake)
     native = run()
     assert len(calls) == 3  # fprop, dgrad, wgrad

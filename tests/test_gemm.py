@@ -48,9 +48,11 @@ def test_select_impl_dispatch_on_cpu():
         want = "xla" if host_cpu.has_bf16_dot() is False else "chunked"
         assert gemm.select_impl(r, a, b, "fprop") == want
         assert gemm.select_impl(dataclasses.replace(r, impl="xla"), a, b, "fprop") == "xla"
-        for impl in ("fp8", "fp8_fast"):
-            with pytest.raises(ValueError, match="GPU"):
-                gemm.select_impl(dataclasses.replace(r, impl=impl), a, b, "fprop")
+    # Hardware FP8 dots: named for any platform, refused (at lowering) on a CPU.
+    for impl in ("fp8", "fp8_fast"):
+        assert gemm.select_impl(dataclasses.replace(r, impl=impl), a, b, "fprop", "cpu") == impl
+        assert "GPU or TPU" in gemm.unsupported(impl, "cpu")
+        assert gemm.unsupported(impl, "cuda") is None and gemm.unsupported(impl, "tpu") is None
     assert gemm.select_impl(dataclasses.replace(r, impl="chunked"), a, b, "fprop") == "chunked"
     assert gemm.select_impl(dataclasses.replace(r, impl="pallas"), a, b, "fprop") == "pallas"
     # The emulator wins whatever impl says; unquantized operands run "plain".
@@ -59,6 +61,33 @@ def test_select_impl_dispatch_on_cpu():
     assert gemm.select_impl(r, jnp.ones((1, 4, 256)), b, "fprop") == "plain"
     with pytest.raises(ValueError, match="impl"):
         dataclasses.replace(r, impl="cublas")
+
+
+def test_auto_on_cuda_follows_the_target():
+    # Hopper and later: the Pallas kernel where the layouts fit, hardware FP8
+    # dots elsewhere; an Ampere target has no FP8 tensor cores.
+    tiles, blocks = _q(np.ones((1, 4, 256)), "tile", 2), _q(np.ones((1, 256, 8)), "block")
+    per_tensor = _q(np.ones((1, 4, 256)), "tensor"), _q(np.ones((1, 256, 8)), "tensor")
+    assert gemm.auto_impl("fp8", "cuda", tiles, blocks) == "pallas"
+    assert gemm.auto_impl("fp8", "cuda", *per_tensor) == "fp8"
+    assert gemm.auto_impl("fp8", "rocm", tiles, blocks) == "chunked"
+    with fp8jax.platforms.cuda_target("8.0"):
+        assert gemm.auto_impl("fp8", "cuda", tiles, blocks) == "chunked"
+        assert "8.9" in gemm.unsupported("fp8", "cuda")
+    with fp8jax.platforms.cuda_target("10.0"):
+        assert gemm.auto_impl("mx", "cuda") == "scaled_matmul"
+    assert gemm.auto_impl("mx", "cuda") == "xla"  # Hopper: no block-scaled tensor cores
+
+
+def test_hardware_fp8_dots_are_refused_where_lowered_for_a_cpu():
+    r = dataclasses.replace(fp8jax.recipes.deepseek_v3(), impl="fp8")
+    x, w = jnp.ones((4, 256)), jnp.ones((256, 128))
+    f = lambda x, w: fp8jax.dot_general(x, w, (((1,), (0,)), ((), ())), recipe=r)  # noqa: E731
+    with pytest.raises(ValueError, match="hardware FP8 dots"):
+        jax.jit(f).trace(x, w).lower(lowering_platforms=("cpu",))
+    # The same traced program lowers for a GPU: FP8 operands, the named algorithm.
+    text = jax.jit(f).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    assert "lhs_precision_type = f8E4M3FN" in text
 
 
 def _f64(op):

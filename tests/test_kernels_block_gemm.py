@@ -8,6 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from fp8jax import platforms
 from fp8jax.kernels import availability
 from fp8jax.kernels import block_gemm as bg
 
@@ -199,6 +200,14 @@ def test_kernel_not_available_on_cpu():
     assert availability.kernel_available() is False
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not availability.hopper_gpu(), reason="needs a Hopper+ NVIDIA GPU")
+def test_compiled_kernel_passes_its_self_check_on_a_hopper_gpu():
+    # A broken kernel on a Hopper GPU is a failure here, not a skip.
+    assert availability.self_check_error() is None
+    assert availability.kernel_available()
+
+
 def test_nt_layout_matches_kn():
     a, sa, b, sb = make_case(21, 20, 200, 140)
     got_nt = bg.block_scaled_matmul_nt(
@@ -221,7 +230,7 @@ def tensor_core_tolerance(mag, ref, out_dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not availability.kernel_available(), reason="needs a Hopper+ NVIDIA GPU")
+@pytest.mark.skipif(not availability.hopper_gpu(), reason="needs a Hopper+ NVIDIA GPU")
 @pytest.mark.parametrize("m,k,n", [(256, 512, 384), (300, 7168 // 8, 257), (4096, 1024, 512)])
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 def test_gpu_kernel_matches_float64(m, k, n, layout):
@@ -246,10 +255,8 @@ def triton_ir(monkeypatch, capsys, module, fn, args) -> str:
     """Lower ``fn`` for CUDA and return the Triton module text Pallas prints with debug=True."""
     orig = module.pl.pallas_call
     monkeypatch.setattr(module.pl, "pallas_call", lambda *a, **k: orig(*a, **{**k, "debug": True}))
-    try:
+    with platforms.lowering_for_cuda("9.0"):
         jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-    except Exception as e:  # a jaxlib without the Triton dialect
-        pytest.skip(f"cannot lower for CUDA here: {e!r}")
     text = capsys.readouterr().out
     return text[text.index("The Triton module") :]
 

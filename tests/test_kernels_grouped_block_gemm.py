@@ -143,7 +143,7 @@ def test_grouped_bad_inputs_raise():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not availability.kernel_available(), reason="needs a Hopper+ NVIDIA GPU")
+@pytest.mark.skipif(not availability.hopper_gpu(), reason="needs a Hopper+ NVIDIA GPU")
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 def test_gpu_grouped_kernel_matches_float64(layout):
     a, sa, b, sb, gs = make_grouped(7, 1000, 512, 384, [300, 0, 129, 500, 1])

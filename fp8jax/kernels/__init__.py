@@ -1,10 +1,10 @@
 """FP8 GEMM kernels: block-scaled (DeepSeek-V3 1x128 / 128x128) Pallas kernels and dispatch.
 
-See docs/kernels.md.  The Pallas kernels use the Triton lowering on Hopper+
-NVIDIA GPUs and Pallas interpret mode elsewhere (tests).
+See docs/kernels.md.  The Pallas kernels use the Triton lowering where a program is lowered
+for a Hopper+ NVIDIA GPU and Pallas interpret mode elsewhere (tests).
 """
 
-from fp8jax.kernels.availability import kernel_available
+from fp8jax.kernels.availability import hopper_gpu, kernel_available, self_check_error
 from fp8jax.kernels.block_gemm import (
     block_scaled_matmul,
     block_scaled_matmul_nt,
@@ -27,5 +27,7 @@ __all__ = [
     "grouped_block_scaled_matmul",
     "grouped_block_scaled_matmul_aligned",
     "grouped_block_scaled_matmul_reference",
+    "hopper_gpu",
     "kernel_available",
+    "self_check_error",
 ]

@@ -33,12 +33,14 @@ chunks, which XLA runs fast on CPU): the CPU path and the test oracle's sibling.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from fp8jax import platforms
 from fp8jax.kernels import _fp8_mma
 
 #: K chunk = scale tile = promotion interval of the two-level accumulation.
@@ -280,9 +282,25 @@ def _kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *, n_k, bm, bn, trans_a, trans_
     o_ref[...] = acc.astype(o_ref.dtype)
 
 
-def default_interpret() -> bool:
-    """Interpret mode unless the default backend is a GPU."""
-    return jax.default_backend() != "gpu"
+def launch(kernel: Callable, *args: jax.Array, interpret: bool | None, **kw) -> jax.Array:
+    """``kernel(*args, interpret=..., **kw)``, with ``interpret=None`` decided per platform.
+
+    None: the compiled Triton kernel where the program is lowered for a CUDA
+    GPU of compute capability >= 9.0 (``fp8jax.platforms``), Pallas interpret
+    mode (the same math as XLA operations) on every other platform.
+    """
+    if interpret is not None:
+        return kernel(*args, interpret=bool(interpret), **kw)
+
+    def build(compiled: bool):
+        if compiled:
+            # Triton lowers for CUDA only: dead zeros in any other branch of a
+            # multi-platform export.
+            fn = functools.partial(kernel, interpret=False, **kw)
+            return lambda: platforms.only_on(("cuda",), fn, *args)
+        return lambda: kernel(*args, interpret=True, **kw)
+
+    return platforms.choose(lambda p: p == "cuda" and platforms.cuda_at_least("9.0"), build)
 
 
 def _compiler_params(num_warps: int | None, num_stages: int | None, interpret: bool):
@@ -410,14 +428,16 @@ def block_scaled_matmul(
     """FP8 block-scaled GEMM ``(M, K) x (K, N) -> (M, N)`` with FP32 accumulation.
 
     See the module docstring for layouts and math.  ``interpret=None`` runs the
-    compiled Triton kernel on a GPU backend and Pallas interpret mode elsewhere.
+    compiled Triton kernel where the program is lowered for a Hopper or later GPU
+    and Pallas interpret mode elsewhere (:func:`launch`).
     ``num_warps``/``num_stages`` (Triton) default to 8/4 for ``block_m >= 128``
     and 4/4 below; ``group_m`` is the L2 grouping of the tile order.
     """
     check_operands(a_data, a_scale, b_data, b_scale, out_dtype, b_layout="kn")
     check_blocks(block_m, block_n)
     check_int32_offsets(a_data, b_data)
-    return _block_scaled_matmul(
+    return launch(
+        _block_scaled_matmul,
         a_data,
         # (M, Kc) -> (Kc, M): one contiguous row of block_m scales per chunk.
         a_scale.T,
@@ -456,7 +476,8 @@ def block_scaled_matmul_nt(
     check_operands(a_data, a_scale, bt_data, bt_scale, out_dtype, b_layout="nk")
     check_blocks(block_m, block_n)
     check_int32_offsets(a_data, bt_data)
-    return _block_scaled_matmul(
+    return launch(
+        _block_scaled_matmul,
         a_data,
         a_scale.T,
         bt_data,
@@ -559,7 +580,8 @@ def block_scaled_matmul_tn(
     check_tn_operands(at_data, at_scale, b_data, b_scale, out_dtype)
     check_blocks(block_m, block_n)
     check_int32_offsets(at_data, b_data)
-    return _block_scaled_matmul(
+    return launch(
+        _block_scaled_matmul,
         at_data,
         at_scale,
         b_data,
@@ -573,8 +595,6 @@ def block_scaled_matmul_tn(
 
 
 def _launch_args(out_dtype, block_m, block_n, b_layout, group_m, num_warps, num_stages, interpret):
-    if interpret is None:
-        interpret = default_interpret()
     if num_warps is None:
         # Two warpgroups (2 x m64 wgmma) for a 128-row tile, one below.
         num_warps = 8 if block_m >= 128 else 4
@@ -590,5 +610,5 @@ def _launch_args(out_dtype, block_m, block_n, b_layout, group_m, num_warps, num_
         group_m=group_m,
         num_warps=num_warps,
         num_stages=num_stages,
-        interpret=bool(interpret),
+        interpret=interpret,
     )

@@ -45,6 +45,7 @@ from fp8jax.kernels.block_gemm import (
     check_int32_offsets,
     check_operands,
     chunk_loop,
+    launch,
     round_up,
     tile_ij,
 )
@@ -251,7 +252,8 @@ def grouped_block_scaled_matmul_aligned(
         raise ValueError(f"aligned rows: M={mp} must be a multiple of block_m={block_m}")
     if block_group.shape != (mp // block_m,):
         raise ValueError(f"block_group must have shape ({mp // block_m},), got {block_group.shape}")
-    return _grouped_aligned(
+    return launch(
+        _grouped_aligned,
         a_data,
         a_scale,
         b_data,
