@@ -70,9 +70,11 @@ _ALG = lax.DotAlgorithmPreset
 # the implementations a recipe may name, and what "auto" runs on each
 # platform a program is lowered for (the first entry that is available
 # there).  On a CUDA GPU: "pallas" where the operands have the Pallas
-# kernel's layouts and the target is a Hopper or later GPU, else "fp8"
-# (hardware FP8 dots, compute capability >= 8.9), else "chunked"; the block
-# formats take "scaled_matmul" on a Blackwell target (>= 10.0).  On a CPU:
+# kernel's layouts and the target is a Hopper or later GPU, else "chunked";
+# the block formats take "scaled_matmul" on a Blackwell target (>= 10.0).
+# Hardware FP8 dots ("fp8", "fp8_fast") are named, never chosen: their
+# named FP8 dot algorithms lie past the StableHLO version that ``jax.export``
+# serializes to (4 weeks back), so a program with them does not export.  On a CPU:
 # "chunked" where the host has bfloat16 dot instructions or none are known,
 # else "xla".  "chunked" dots the FP8 codes as bfloat16, which is fast where
 # the hardware multiplies bfloat16; a CPU without it computes every 128-long
@@ -91,7 +93,7 @@ IMPLS: dict[str, tuple[str, ...]] = {
     "nvfp4": ("xla",),
 }
 AUTO: dict[tuple[str, str], tuple[str, ...]] = {
-    ("fp8", "cuda"): ("pallas", "fp8", "chunked"),
+    ("fp8", "cuda"): ("pallas", "chunked"),
     ("fp8", "rocm"): ("chunked",),
     ("fp8", "cpu"): ("chunked", "xla"),
     ("fp8", "tpu"): ("chunked",),
@@ -138,8 +140,6 @@ def _auto_available(impl: str, platform: str, a, b, kind: str) -> bool:
     if impl == "scaled_matmul":
         capability = platforms.cuda_capability() if platform == "cuda" else None
         return blockscaled.native_block_gemm_available(platform, capability)
-    if impl == "fp8":
-        return platform == "cuda" and platforms.cuda_at_least(_CUDA_FP8)
     if impl == "chunked" and platform == "cpu":
         # Unknown hardware (no /proc/cpuinfo) keeps "chunked".
         return host_cpu.has_bf16_dot() is not False

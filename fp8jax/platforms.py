@@ -34,16 +34,13 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Hashable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
-
-T = TypeVar("T")
-K = TypeVar("K", bound=Hashable)
 
 #: The platforms every choice is made for (JAX's lowering platform names).
 PLATFORMS: tuple[str, ...] = ("cpu", "cuda", "rocm", "tpu")
@@ -147,7 +144,7 @@ def cuda_at_least(capability: str) -> bool:
     return _major(cuda_capability()) >= _major(capability)
 
 
-def choose(decide: Callable[[str], K], build: Callable[[K], Callable[[], T]]) -> T:
+def choose[K: Hashable, T](decide: Callable[[str], K], build: Callable[[K], Callable[[], T]]) -> T:
     """``build(decide(p))()`` on platform ``p``, decided per platform at lowering.
 
     ``decide`` maps each of :data:`PLATFORMS` to a hashable decision (an

@@ -3,8 +3,8 @@
 #
 #   OUT=/some/dir bash scripts/gpu_sweep.sh        # ~7 min wall, everything under $OUT
 #
-# Installs nothing beyond `pip install -e .` (if fp8jax is not importable) and
-# jax[cuda12] (only if JAX has no GPU backend).  Then:
+# Installs nothing (the GPU machine has no package registry): it runs from the
+# checkout with PYTHONPATH set, and refuses where JAX has no GPU backend.  Then:
 #   1. GEMM sweep on DeepSeek-V3 shapes (M=4096, K=7168, N=2112/24576/4096/7168) and
 #      the MoE expert shapes: every recipe x impl (xla with f32/bf16 dequant, pallas
 #      where usable) + the canonical xla_fp8_per_tensor reference, fwd and fwd+bwd.
@@ -22,13 +22,11 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/fp8jax_gpu_sweep}"
 mkdir -p "$OUT/bench_gpu" "$OUT/bench_gpu_moe"
 
-python -c "import fp8jax.bench" 2>/dev/null || pip install -q -e .
-# jax[cuda12] only where an NVIDIA GPU exists and JAX does not see it yet (never on a
-# CPU-only machine, never in SMOKE mode: it would only add a failing CUDA plugin there).
-if [[ "${SMOKE:-0}" != 1 ]] && nvidia-smi -L >/dev/null 2>&1 \
-   && ! python -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')" 2>/dev/null; then
-  pip install -q "jax[cuda12]" || echo "could not install jax[cuda12]"
-fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# The sweep reads an ml_collections config file, which the GPU image lacks: carry
+# its wheel (pure Python) and install it there with --no-index.
+python -c "import ml_collections" 2>/dev/null \
+  || { echo "gpu_sweep.sh needs ml_collections (pip install --no-index <wheel>)"; exit 2; }
 python -c "import jax; print(jax.__version__, jax.devices())" | tee "$OUT/bench_gpu/devices.txt"
 nvidia-smi > "$OUT/bench_gpu/nvidia-smi.txt" 2>&1 || true
 if [[ "${SMOKE:-0}" != 1 ]] && ! python -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')"; then

@@ -16,6 +16,8 @@ Implementations:
   :mod:`fp8jax.bench.hlo`).
 * ``block_xla``: the block-scaled math through XLA (the jnp reference of the
   kernel: a scan of per-chunk dots), the path taken without the kernel.
+* ``fp8_runs``: the GEMM core's ``impl="fp8"``: one hardware FP8 dot
+  (``ANY_F8_ANY_F8_F32``) per 128-long run of K, scaled and summed in FP32.
 * ``pallas_kn`` / ``pallas_nt``: the Pallas kernel with B as (K, N) / (N, K).
 * ``pallas_tn_wgrad``: the 1D1D kernel computing the Wgrad of the same layer.
 """
@@ -29,13 +31,22 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fp8jax import kernels
+from fp8jax import gemm, kernels, recipes
 from fp8jax.bench.gemm_cases import GroupedShape, Shape, dequantized_dot
 from fp8jax.bench.hlo import summarize_hlo
 from fp8jax.bench.timing import time_calls
 from fp8jax.kernels.block_gemm import CHUNK, cdiv
+from fp8jax.quant import QTensor
 
-DENSE_IMPLS = ("bf16", "fp8_tensor_xla", "block_xla", "pallas_kn", "pallas_nt", "pallas_tn_wgrad")
+DENSE_IMPLS = (
+    "bf16",
+    "fp8_tensor_xla",
+    "block_xla",
+    "fp8_runs",
+    "pallas_kn",
+    "pallas_nt",
+    "pallas_tn_wgrad",
+)
 _MM_DIMS = (((1,), (0,)), ((), ()))
 _INTERPRET_NOTE = "Pallas interpret mode: not a performance number"
 
@@ -77,6 +88,14 @@ def _bf16_dot(a, b):
 
 def _fp8_tensor_dot(a, sa, b, sb):
     return dequantized_dot(a, sa, b, sb, _MM_DIMS, jnp.bfloat16)
+
+
+def _fp8_runs(a, sa, b, sb):
+    # The operands as the GEMM core's tile / block QTensors, impl "fp8".
+    qa = QTensor(a[None], sa[None], granularity="tile", axis=2, tile=CHUNK)
+    qb = QTensor(b[None], sb[None], granularity="block", axis=1, tile=CHUNK)
+    recipe = dataclasses.replace(recipes.deepseek_v3(), impl="fp8")
+    return gemm.gemm(qa, qb, "fprop", recipe)[0].astype(jnp.bfloat16)
 
 
 def cublaslt_fp8_compiles(m: int, k: int, n: int) -> bool:
@@ -149,6 +168,8 @@ def bench_dense(
         fns["fp8_tensor_xla"] = (jax.jit(_fp8_tensor_dot), (a, scale, b, scale))
     if "block_xla" in impls:
         fns["block_xla"] = (jax.jit(kernels.block_scaled_matmul_reference), (a, sa, b, sb))
+    if "fp8_runs" in impls:
+        fns["fp8_runs"] = (jax.jit(_fp8_runs), (a, sa, b, sb))
     if "pallas_kn" in impls:
         fns["pallas_kn"] = (
             jax.jit(lambda *x: kernels.block_scaled_matmul(*x, **kw)),

@@ -573,23 +573,27 @@ def block_scaled_matmul_tn(
         out[m, n] = sum_c (sum_{k in c} at[k, m] b[k, n]) * at_scale[c, m] * b_scale[c, n]
 
     With x (T, K_in) and dy (T, N) quantized in 128x1 tiles along T, Wgrad
-    ``dW = x^T dy`` is ``block_scaled_matmul_tn(x, sx, dy, sdy)`` with no copy.
-    Both operands are token-major (MN-major for the MMA), so Triton transposes
-    their tiles on the way to shared memory.
+    ``dW = x^T dy`` is ``block_scaled_matmul_tn(x, sx, dy, sdy)``.
+    Both operands are token-major (MN-major for the MMA), while Hopper's FP8
+    ``wgmma`` reads only K-major tiles: transposing FP8 tiles on their way to
+    shared memory keeps Triton from pipelining the loads (no ``cp.async``;
+    loads and math do not overlap).  So both are transposed once in memory,
+    one pass over x and dy against the GEMM's 2 M N K operations, and the
+    kernel runs the K-major ("nk") layout with per-column scales for b.
     """
     check_tn_operands(at_data, at_scale, b_data, b_scale, out_dtype)
     check_blocks(block_m, block_n)
     check_int32_offsets(at_data, b_data)
     return launch(
         _block_scaled_matmul,
-        at_data,
+        at_data.T,
         at_scale,
-        b_data,
+        b_data.T,
         b_scale,
-        a_layout="km",
+        a_layout="mk",
         b_cols=True,
         **_launch_args(
-            out_dtype, block_m, block_n, "kn", group_m, num_warps, num_stages, interpret
+            out_dtype, block_m, block_n, "nk", group_m, num_warps, num_stages, interpret
         ),
     )
 

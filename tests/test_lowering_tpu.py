@@ -1,0 +1,94 @@
+"""TPU programs compiled on a CPU machine, through libtpu's topology descriptions.
+
+``jax.experimental.topologies.get_topology_desc`` describes a TPU slice
+without one; a program traced here and lowered for "tpu" compiles for it.
+Every preset x impl that "auto" allows on TPU, forward and backward, for
+v5e, v6e and Ironwood (tpu7x); the named "fp8" impl too, whose FP8 dots
+reach Ironwood's FP8 matrix units.  Needs ``libtpu`` (``pip install
+"jax[tpu]"``); where it is installed these tests fail rather than skip.
+One small case is in the default suite, the rest behind ``-m slow``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+import fp8jax
+from fp8jax import recipes, resolved, scaling
+
+pytest.importorskip("libtpu")
+from jax.experimental import topologies  # noqa: E402
+
+DIMS = (((1,), (0,)), ((), ()))
+TOPOLOGIES = {"v5e": "v5e:2x2", "v6e": "v6e:2x2", "tpu7x": "tpu7x:2x2x1"}
+PRESETS = [
+    "bf16",
+    "deepseek_v3",
+    "deepseek_v3_pow2x",
+    "hybrid_delayed",
+    "current_tensor",
+    "rowwise",
+    "mxfp8",
+    "nvfp4",
+]
+
+
+@functools.cache
+def _device(chip: str):
+    return topologies.get_topology_desc(TOPOLOGIES[chip], "tpu").devices[0]
+
+
+def _compile(recipe, chip: str, m=256, k=384, n=256):
+    """Compiled fwd+bwd of one dot_general for ``chip``; its HLO text and resolved paths."""
+    sharding = NamedSharding(jax.sharding.Mesh(np.array([_device(chip)]), ("x",)), PartitionSpec())
+    x = jax.ShapeDtypeStruct((m, k), jnp.float32, sharding=sharding)
+    w = jax.ShapeDtypeStruct((k, n), jnp.float32, sharding=sharding)
+    state = scaling.init_delayed_gemm_state(recipe) if fp8jax.needs_state(recipe) else None
+
+    def loss(x, w):
+        y = fp8jax.dot_general(x, w, DIMS, recipe=recipe, state=state)
+        y = y[0] if isinstance(y, tuple) else y
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    with resolved.recording("tpu") as paths:
+        traced = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(x, w)
+    compiled = traced.lower(lowering_platforms=("tpu",)).compile()
+    return compiled.as_text(), resolved.as_table(paths)
+
+
+def test_deepseek_v3_compiles_for_v6e():
+    text, paths = _compile(recipes.deepseek_v3(), "v6e", 128, 256, 128)
+    assert set(paths.values()) == {"chunked"}
+    assert "f32" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chip", list(TOPOLOGIES))
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_compile_on_auto(chip, name):
+    _, paths = _compile(recipes.get(name), chip)
+    if name == "bf16":
+        assert all(v.startswith("lax.dot_general") for v in paths.values())
+    elif name in ("mxfp8", "nvfp4"):
+        assert all("xla dequant float32" in v for v in paths.values())
+    else:
+        assert set(paths.values()) == {"chunked"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chip", list(TOPOLOGIES))
+@pytest.mark.parametrize("impl", ["xla", "chunked", "fp8", "fp8_fast", "pallas"])
+def test_named_impls_compile(chip, impl):
+    recipe = dataclasses.replace(recipes.deepseek_v3(), impl=impl)
+    text, paths = _compile(recipe, chip)
+    assert len(paths) == 3
+    if impl in ("fp8", "fp8_fast") and chip == "tpu7x":
+        # Ironwood multiplies the FP8 operands themselves.
+        assert "f8e4m3fn" in text.lower()

@@ -1,0 +1,145 @@
+"""Per-platform choices at lowering: choose, only_on, refuse, the CUDA target."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export, lax
+
+from fp8jax import platforms
+
+DIMS = (((1,), (0,)), ((), ()))
+
+
+def _f8_dot(a, b):
+    return lax.dot_general(
+        a,
+        b,
+        DIMS,
+        precision=lax.DotAlgorithmPreset.ANY_F8_ANY_F8_F32,
+        preferred_element_type=jnp.float32,
+    )
+
+
+def _widened(a, b):
+    # The same products, exact in bfloat16, summed in float32.
+    return lax.dot_general(
+        a.astype(jnp.bfloat16),
+        b.astype(jnp.bfloat16),
+        DIMS,
+        precision=lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32,
+    )
+
+
+def _product(a, b):
+    """Hardware FP8 dots on CUDA, a refusal on ROCm, the widened dot elsewhere."""
+
+    def decide(p):
+        return {"cuda": "fp8", "rocm": "no"}.get(p, "widened")
+
+    def build(d):
+        if d == "fp8":
+            return lambda: platforms.only_on(("cuda",), _f8_dot, a, b)
+        if d == "no":
+            return lambda: platforms.refuse("rocm cannot run this", (a.shape[0], b.shape[1]))
+        return lambda: _widened(a, b)
+
+    return platforms.choose(decide, build)
+
+
+def _operands(seed=0):
+    rng = np.random.default_rng(seed)
+    a = jnp.asarray(rng.uniform(-8, 8, (8, 256)), jnp.float8_e4m3fn)
+    b = jnp.asarray(rng.uniform(-8, 8, (256, 16)), jnp.float8_e4m3fn)
+    return a, b
+
+
+def _reference(a, b):
+    return np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+
+
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_choose_runs_this_platforms_branch(use_jit):
+    a, b = _operands()
+    f = jax.jit(_product) if use_jit else _product
+    got = np.asarray(f(a, b), np.float64)
+    # Exact products of 256 terms summed in float32.
+    np.testing.assert_allclose(got, _reference(a, b), rtol=1e-6, atol=1e-3)
+
+
+def test_choose_under_vmap():
+    a, b = _operands()
+    bs = jnp.stack([b, b[:, ::-1]])
+    got = jax.vmap(_product, in_axes=(None, 0))(a, bs)
+    for i in range(2):
+        np.testing.assert_allclose(
+            np.asarray(got[i], np.float64), _reference(a, bs[i]), rtol=1e-6, atol=1e-3
+        )
+
+
+def test_one_trace_lowers_to_each_platforms_program():
+    a, b = _operands()
+    traced = jax.jit(_product).trace(a, b)
+    cuda = traced.lower(lowering_platforms=("cuda",)).as_text()
+    cpu = traced.lower(lowering_platforms=("cpu",)).as_text()
+    assert "lhs_precision_type = f8E4M3FN" in cuda and "xbf16>" not in cuda
+    assert "f8E4M3FN" not in cpu.split("func.func")[-1].split("dot_general")[1][:200]
+    assert "xbf16>" in cpu
+    with pytest.raises(ValueError, match="rocm cannot run this"):
+        traced.lower(lowering_platforms=("rocm",))
+
+
+def test_multi_platform_lowering_keeps_every_platforms_branch():
+    # JAX's CPU lowering refuses the FP8 preset; only_on keeps it out of the
+    # CPU branch of a program lowered for CPU and CUDA together.
+    a, b = _operands()
+    text = jax.jit(_product).trace(a, b).lower(lowering_platforms=("cpu", "cuda", "tpu")).as_text()
+    assert "lhs_precision_type = f8E4M3FN" in text and "xbf16>" in text
+
+
+def test_multi_platform_export():
+    a, b = _operands()
+    f = lambda a, b: platforms.choose(  # noqa: E731
+        lambda p: p == "cpu",
+        lambda cpu: (
+            (lambda: _widened(a, b))
+            if cpu
+            else (
+                lambda: platforms.only_on(
+                    ("cuda", "rocm", "tpu"), lambda a, b: _widened(a, b) * 1.0, a, b
+                )
+            )
+        ),
+    )
+    exp = export.export(jax.jit(f), platforms=["cpu", "cuda", "tpu"])(a, b)
+    assert exp.platforms == ("cpu", "cuda", "tpu")
+    np.testing.assert_allclose(
+        np.asarray(exp.call(a, b), np.float64), _reference(a, b), rtol=1e-6, atol=1e-3
+    )
+
+
+def test_cuda_target():
+    assert platforms.cuda_capability() == (
+        platforms.local_cuda_capability() or platforms.DEFAULT_CUDA_TARGET
+    )
+    with platforms.cuda_target("10.0"):
+        assert platforms.cuda_at_least("9.0") and platforms.cuda_at_least("10.0")
+        with platforms.cuda_target("8.0"):
+            assert not platforms.cuda_at_least("8.9")
+        assert platforms.cuda_capability() == "10.0"
+    with pytest.raises(ValueError, match="compute capability"):
+        with platforms.cuda_target("hopper"):
+            pass
+    with pytest.raises(ValueError, match="no known GPU"):
+        with platforms.lowering_for_cuda("7.5"):
+            pass
+
+
+def test_identical_decisions_make_no_branch():
+    a, b = _operands()
+    f = lambda a, b: platforms.choose(lambda p: "same", lambda d: lambda: _widened(a, b))  # noqa: E731
+    assert "case" not in str(jax.make_jaxpr(f)(a, b))
+    assert "cond" in str(jax.make_jaxpr(_product)(a, b))
