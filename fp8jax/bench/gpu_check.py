@@ -37,7 +37,7 @@ from typing import Any
 import jax
 
 from fp8jax.bench import gemm_cases, kernel, moe_step
-from fp8jax.bench.gemm_cases import GroupedShape, Shape
+from fp8jax.bench.gemm_cases import Shape
 from fp8jax.kernels import availability
 
 STEPS = ("env", "dense", "grouped", "moe_step")
