@@ -1,0 +1,86 @@
+"""The GPU check's Python steps, run on this CPU with the GPU image's missing packages blocked.
+
+Each step runs in a fresh interpreter whose imports of ml_collections,
+tensorboardX, grain, qwix and tokenizers (absent from the GPU image) raise,
+as they would there.  Off a Hopper GPU the kernels run interpreted and the
+hardware FP8 dots are left out; the records say so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fp8jax.bench import gpu_check
+
+ROOT = Path(__file__).resolve().parents[1]
+MISSING_ON_THE_GPU_IMAGE = ("ml_collections", "tensorboardX", "grain", "qwix", "tokenizers")
+
+_RUNNER = f"""
+import importlib.abc, sys
+class Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {MISSING_ON_THE_GPU_IMAGE!r}:
+            raise ImportError("not on the GPU image: " + name)
+sys.meta_path.insert(0, Missing())
+from fp8jax.bench.gpu_check import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _run(step: str, out: Path) -> list[dict]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUNNER, step, "--out", str(out), "--small"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert steps[-1]["step"] == step and steps[-1]["status"] == "ok", steps[-1]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return [r for r in records if r["step"] == step]
+
+
+def test_the_blocker_blocks(tmp_path):
+    code = _RUNNER.replace(
+        "from fp8jax.bench.gpu_check import main\nsys.exit(main(sys.argv[1:]))",
+        "import ml_collections",
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode != 0 and "not on the GPU image" in proc.stderr
+
+
+def test_env_and_dense_steps(tmp_path):
+    (env,) = _run("env", tmp_path)
+    assert env["hopper_gpu"] is False and env["kernel_self_check"] == "n/a"
+    dense = _run("dense", tmp_path)
+    impls = {r["impl"]: r for r in dense}
+    assert "fp8_runs" not in impls  # no hardware FP8 dots on this CPU
+    assert impls["bf16"]["tflops"] > 0 and impls["block_xla"]["ratio_to_bf16"] > 0
+    for name in ("pallas_kn", "pallas_nt", "pallas_tn_wgrad"):
+        assert "interpret" in impls[name]["note"] and impls[name]["ratio_to_bf16"] is None
+    # Both steps appended to one file, in order.
+    lines = (tmp_path / "steps.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == ["env", "dense"]
+
+
+@pytest.mark.slow
+def test_grouped_and_moe_steps(tmp_path):
+    grouped = _run("grouped", tmp_path)
+    assert {r["impl"] for r in grouped} >= {"bf16_ragged_dot", "pallas_grouped_kn"}
+    steps = _run("moe_step", tmp_path)
+    assert [r["variant"] for r in steps] == ["bf16", "deepseek_v3"]
+    assert all(r["status"] == "ok" for r in steps)
+
+
+def test_unknown_step_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown step"):
+        gpu_check.run_step("benchmark", tmp_path)
