@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fp8jax import platforms
+from fp8jax.bench import triton_ir as triton_code
 from fp8jax.kernels import availability
 from fp8jax.kernels import block_gemm as bg
 
@@ -251,14 +251,9 @@ def test_gpu_kernel_matches_float64(m, k, n, layout):
 # ----------------------------------------------------------------------------
 
 
-def triton_ir(monkeypatch, capsys, module, fn, args) -> str:
-    """Lower ``fn`` for CUDA and return the Triton module text Pallas prints with debug=True."""
-    orig = module.pl.pallas_call
-    monkeypatch.setattr(module.pl, "pallas_call", lambda *a, **k: orig(*a, **{**k, "debug": True}))
-    with platforms.lowering_for_cuda("9.0"):
-        jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-    text = capsys.readouterr().out
-    return text[text.index("The Triton module") :]
+def triton_ir(fn, args) -> str:
+    """The Triton module of ``fn`` lowered for CUDA (no GPU needed)."""
+    return triton_code.triton_module(fn, *args)
 
 
 def check_fp8_mma_ir(text: str) -> None:
@@ -273,7 +268,7 @@ def check_fp8_mma_ir(text: str) -> None:
 
 
 @pytest.mark.parametrize("layout", ["kn", "nk"])
-def test_triton_ir_uses_fp8_dot(monkeypatch, capsys, layout):
+def test_triton_ir_uses_fp8_dot(layout):
     f8 = jnp.float8_e4m3fn
     m, k, n = 256, 384, 256
     b_shape, sb_shape = ((k, n), (3, 2)) if layout == "kn" else ((n, k), (2, 3))
@@ -284,7 +279,7 @@ def test_triton_ir_uses_fp8_dot(monkeypatch, capsys, layout):
         jax.ShapeDtypeStruct(sb_shape, jnp.float32),
     )
     fn = bg.block_scaled_matmul if layout == "kn" else bg.block_scaled_matmul_nt
-    text = triton_ir(monkeypatch, capsys, bg, lambda *x: fn(*x, interpret=False), args)
+    text = triton_ir(lambda *x: fn(*x, interpret=False), args)
     check_fp8_mma_ir(text)
 
 
@@ -327,7 +322,7 @@ def test_tn_bad_scale_raises():
         bg.block_scaled_matmul_tn(at, sat, b, sb[:1], interpret=True)
 
 
-def test_triton_ir_tn_variant(monkeypatch, capsys):
+def test_triton_ir_tn_variant():
     f8 = jnp.float8_e4m3fn
     args = (
         jax.ShapeDtypeStruct((384, 256), f8),
@@ -336,7 +331,7 @@ def test_triton_ir_tn_variant(monkeypatch, capsys):
         jax.ShapeDtypeStruct((3, 256), jnp.float32),
     )
     fn = lambda *x: bg.block_scaled_matmul_tn(*x, interpret=False)
-    check_fp8_mma_ir(triton_ir(monkeypatch, capsys, bg, fn, args))
+    check_fp8_mma_ir(triton_ir(fn, args))
 
 
 # ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import re
 import tempfile
@@ -20,9 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 
 from fp8jax import platforms
 from fp8jax.kernels import block_gemm
+from fp8jax.kernels import grouped_block_gemm as grouped
+
+LAYOUTS = ("kn", "nk", "tn", "grouped_kn", "grouped_nk")
 
 #: Shared memory one thread block may use on an H100 / H200 (227 KiB).
 H200_SHARED_BYTES = 227 * 1024
@@ -79,3 +84,66 @@ def compile_sm90(module_text: str) -> KernelCode:
         cp_async=len(re.findall(r"cp\.async", ptx)),
         shared_bytes=int(compiled.metadata.shared),
     )
+
+
+def kernel_case(layout: str, fmt=jnp.float8_e4m3fn) -> tuple[Callable, tuple]:
+    """(compiled kernel function, abstract operands) of one layout at a small shape.
+
+    "kn" Fprop, "nk" Dgrad, "tn" Wgrad, "grouped_kn" / "grouped_nk" the MoE
+    kernel's two weight layouts; M = N = 256, K = 384, 4 experts.
+    """
+    s, f32 = jax.ShapeDtypeStruct, jnp.float32
+    m, k, n, e = 256, 384, 256, 4
+    cases = {
+        "kn": (
+            block_gemm.block_scaled_matmul,
+            (s((m, k), fmt), s((m, 3), f32), s((k, n), fmt), s((3, 2), f32)),
+        ),
+        "nk": (
+            block_gemm.block_scaled_matmul_nt,
+            (s((m, k), fmt), s((m, 3), f32), s((n, k), fmt), s((2, 3), f32)),
+        ),
+        "tn": (
+            block_gemm.block_scaled_matmul_tn,
+            (s((k, m), fmt), s((3, m), f32), s((k, n), fmt), s((3, n), f32)),
+        ),
+        "grouped_kn": (
+            functools.partial(grouped.grouped_block_scaled_matmul_aligned, b_layout="kn"),
+            (
+                s((m, k), fmt),
+                s((m, 3), f32),
+                s((e, k, n), fmt),
+                s((e, 3, 2), f32),
+                s((2,), jnp.int32),
+            ),
+        ),
+        "grouped_nk": (
+            functools.partial(grouped.grouped_block_scaled_matmul_aligned, b_layout="nk"),
+            (
+                s((m, k), fmt),
+                s((m, 3), f32),
+                s((e, n, k), fmt),
+                s((e, 2, 3), f32),
+                s((2,), jnp.int32),
+            ),
+        ),
+    }
+    fn, args = cases[layout]
+    return functools.partial(fn, interpret=False), args
+
+
+def main() -> None:
+    """Print what every layout compiles to for sm_90 (a markdown table)."""
+    print("| layout | FP8 `wgmma` | `mma.sync` | `cp.async` | shared memory |")
+    print("|---|---|---|---|---|")
+    for layout in LAYOUTS:
+        fn, args = kernel_case(layout)
+        c = compile_sm90(triton_module(fn, *args))
+        print(
+            f"| {layout} | {c.fp8_wgmma} | {c.mma_sync} | {c.cp_async} | "
+            f"{c.shared_bytes // 1024} KiB |"
+        )
+
+
+if __name__ == "__main__":
+    main()
