@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp8jax import resolved, scaling
+from fp8jax import platforms, resolved, scaling
 from fp8jax.gemm import dot_algorithm
 from fp8jax.grouped import grouped_dot_with_stats
 from fp8jax.groups import check_group_sizes, group_sizes_valid
@@ -147,11 +147,17 @@ def _standard(lhs, rhs, group_sizes, recipe: Recipe, preferred_element_type) -> 
         resolved.note_standard_op(f"lax.ragged_dot {c.name}")
     # Operands rounded once to the compute dtype (bfloat16 in the bf16
     # baseline), products accumulated in float32, one rounding to the output.
-    y = lax.ragged_dot(
-        lhs.astype(c),
-        rhs.astype(c),
-        group_sizes,
-        precision=dot_algorithm(c),
-        preferred_element_type=jnp.float32,
+    # The named algorithm of each platform the program may be lowered for.
+    y = platforms.choose(
+        lambda p: dot_algorithm(c, p),
+        lambda alg: (
+            lambda: lax.ragged_dot(
+                lhs.astype(c),
+                rhs.astype(c),
+                group_sizes,
+                precision=alg,
+                preferred_element_type=jnp.float32,
+            )
+        ),
     )
     return y.astype(out_dtype)

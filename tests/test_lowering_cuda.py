@@ -138,3 +138,19 @@ def test_presets_export_for_every_platform(name):
     assert exp.platforms == ("cpu", "cuda", "tpu")
     if name == "deepseek_v3":
         assert "__gpu$xla.gpu.triton" in exp.mlir_module()
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp32"])
+def test_baselines_name_each_platforms_algorithm(name):
+    # lax.dot_general with the named algorithm of the platform lowered for:
+    # TPUs reject F32_F32_F32 (HIGHEST there); XLA CPU's small dots reject
+    # BF16_BF16_F32 (HIGHEST there).
+    recipe = recipes.get(name)
+    text = {p: _lower(recipe, platform=p)[0] for p in ("cpu", "cuda", "tpu")}
+    if name == "bf16":
+        assert "BF16_BF16_F32" in text["cuda"] or "lhs_precision_type = bf16" in text["cuda"]
+        assert "lhs_precision_type = bf16" in text["tpu"]
+        assert "lhs_precision_type" not in text["cpu"] and "HIGHEST" in text["cpu"]
+    else:
+        assert "lhs_precision_type = f32" in text["cuda"]
+        assert "lhs_precision_type" not in text["tpu"] and "HIGHEST" in text["tpu"]
