@@ -678,6 +678,33 @@ def test_merged_operand_fractions_leave_padding_rows_out():
         np.testing.assert_allclose(float(merged[k]), float(whole[k]), rtol=1e-6, err_msg=k)
 
 
+@on_8_devices
+def test_fsdp_gathers_each_blocks_experts_as_its_own_recipe():
+    """With high_precision_last, the last block's routed experts move unquantized
+    (as its bf16-like recipe casts them) while the first block's move as FP8 blocks."""
+    from fp8jax.models import ModelConfig, MoETransformer
+    from fp8jax.parallel.fsdp import gather_params, kernel_layouts
+
+    recipe = dataclasses.replace(DSV3, high_precision_last=0.5)
+    cfg = ModelConfig.tiny(**dict(MESH_CFG, n_layers=2))
+    model = nnx.eval_shape(lambda: MoETransformer(cfg, recipe, rngs=nnx.Rngs(0)))
+    layouts = kernel_layouts(model)
+    assert layouts[("blocks", "0", "ffn", "w13")].spec.quantized
+    assert not layouts[("blocks", "1", "ffn", "w2")].spec.quantized
+    params = jax.jit(lambda: nnx.state(MoETransformer(cfg, recipe, rngs=nnx.Rngs(0)), nnx.Param))()
+    mesh = make_mesh((1, 2, 1), jax.devices()[:2])
+    sharded = placement.shard_tree(params, mesh, cfg.n_routed_experts)
+    with jax.set_mesh(mesh):
+        out = jax.eval_shape(
+            lambda p: gather_params(p, mesh, recipe, cfg.n_routed_experts, layouts), sharded
+        )
+    for name in ("w13", "w2"):
+        first = out["blocks"][0]["ffn"][name].get_value()
+        last = out["blocks"][1]["ffn"][name].get_value()
+        assert isinstance(first, QTensor), name
+        assert not isinstance(last, QTensor) and last.dtype == jnp.float32, (name, last)
+
+
 def test_swiglu_caches_its_input_in_fp8():
     """Forward unchanged; backward = SwiGLU's gradient at the E4M3-tile-quantized input."""
     from fp8jax.models.moe import swiglu
