@@ -5,6 +5,9 @@ the router is one row of the grouped expert GEMM (rows sorted by expert, see
 :func:`fp8jax.ragged_dot`, ``lax.ragged_dot``'s signature; the bf16 baseline
 is ``lax.ragged_dot`` itself); nothing is dropped and no capacity factor
 exists.  Outputs are combined with the router's gate weights in float32.
+One pipeline on one device and on any mesh (:class:`MoE`): route ->
+dispatch -> up-projection -> SwiGLU -> down-projection -> collect, the
+(dispatch, collect) pair from :mod:`fp8jax.parallel.experts`.
 """
 
 from __future__ import annotations
