@@ -71,7 +71,16 @@ def channel_outlier_ratio(
         raise ValueError(
             f"segments must label the rows of a 2-d tensor: h {h.shape}, segments {segments.shape}"
         )
-    amax = channel_amax(h, segments, n_segments).reshape(-1)
+    return outlier_ratio_of_amax(channel_amax(h, segments, n_segments))
+
+
+def outlier_ratio_of_amax(amax: jax.Array) -> jax.Array:
+    """:func:`channel_outlier_ratio` from the channels' amax (any shape; NaN entries left out).
+
+    The form that merges over shards: the per-shard :func:`channel_amax` of
+    disjoint rows combine by an elementwise max (NaN-skipping), then one ratio.
+    """
+    amax = amax.reshape(-1)
     top = jnp.nanmax(amax)
     mid = jnp.nanmedian(amax)
     return jnp.where(mid > 0, top / jnp.where(mid > 0, mid, 1.0), jnp.where(top > 0, jnp.inf, 1.0))
@@ -112,11 +121,16 @@ def swiglu_monitors(
     n_segments: int = 1,
 ) -> dict[str, jax.Array]:
     """{"outlier_ratio", "align_max", "align_mean"} of one SwiGLU layer (no gradient flows)."""
-    h, w_gate, w_up = jax.lax.stop_gradient((h, w_gate, w_up))
-    return {
-        "outlier_ratio": channel_outlier_ratio(h, segments, n_segments),
-        **gate_up_alignment(w_gate, w_up),
-    }
+    h = jax.lax.stop_gradient(h)
+    return swiglu_monitors_of_amax(channel_amax(h, segments, n_segments), w_gate, w_up)
+
+
+def swiglu_monitors_of_amax(
+    amax: jax.Array, w_gate: jax.Array, w_up: jax.Array
+) -> dict[str, jax.Array]:
+    """:func:`swiglu_monitors` from the SwiGLU output's :func:`channel_amax` (no gradient flows)."""
+    amax, w_gate, w_up = jax.lax.stop_gradient((amax, w_gate, w_up))
+    return {"outlier_ratio": outlier_ratio_of_amax(amax), **gate_up_alignment(w_gate, w_up)}
 
 
 def signal_and_noise(g: jax.Array, g_quantized: jax.Array) -> jax.Array:

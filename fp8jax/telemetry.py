@@ -88,3 +88,32 @@ def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
         "saturated": saturated_fraction(x, op),
         "flushed": flushed_fraction(x, op.data),
     }
+
+
+def merge_operand_stats(
+    stats_S: dict[str, jax.Array], n_S: jax.Array, n_valid_S: jax.Array | None = None
+) -> dict[str, jax.Array]:
+    """One operand's telemetry from its S shards' (each entry's leading axis: the shard).
+
+    ``n_S``: the elements each shard's fractions are over; ``n_valid_S``:
+    how many of them are the operand's own (default: all).  The rest are
+    padding (the empty rows of an expert-parallel receive buffer), exact
+    zeros, which are neither saturated nor flushed: the merged fractions are
+    sum_s(fraction_s * n_s) / sum_s(n_valid_s), the shares of the operand's
+    own elements, as one device holding all of them reports.  amax: the
+    largest over the shards.  float32 throughout.
+    """
+    n = jnp.asarray(n_S, jnp.float32)
+    valid = n if n_valid_S is None else jnp.asarray(n_valid_S, jnp.float32)
+    total = jnp.sum(valid)
+    # No elements anywhere: zero fractions, as operand_stats gives an empty operand.
+    denom = jnp.where(total > 0, total, 1.0)
+
+    def share(frac_S):
+        return jnp.sum(frac_S.astype(jnp.float32) * n) / denom
+
+    return {
+        "amax": jnp.max(stats_S["amax"].astype(jnp.float32)),
+        "saturated": share(stats_S["saturated"]),
+        "flushed": share(stats_S["flushed"]),
+    }

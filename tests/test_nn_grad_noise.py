@@ -11,7 +11,7 @@ import reference_microscaling as ref
 from flax import nnx
 
 from fp8jax import recipes
-from fp8jax.nn import Dense
+from fp8jax.nn import Dense, Einsum
 from fp8jax.nn.grad_noise import GradNoise, init_grad_noise, probe
 from fp8jax.nn.recording import capture
 
@@ -35,8 +35,7 @@ def test_probe_is_the_identity_and_its_state_gets_the_gradient_noise(jit):
     )
 
     def f(x, pair):
-        v = GradNoise(pair)
-        return jnp.sum(probe(x, v, recipe) * c)
+        return jnp.sum(probe(x, pair, recipe) * c)
 
     g = jax.grad(f, argnums=(0, 1))
     dx, dpair = (jax.jit(g) if jit else g)(x, var.get_value())
@@ -70,3 +69,26 @@ def test_dense_layer_sows_the_last_steps_ratio():
     assert pair[0] > 0 and pair[1] > 0
     _, st = capture(layer, x)
     np.testing.assert_allclose(float(st["d/dy"]["noise_ratio"]), pair[0] / pair[1], rtol=1e-6)
+
+
+def test_einsum_layer_probes_its_gemm_as_dense_does():
+    """Einsum's output gradient (dot_general's layout: batch, x free, kernel free)
+    reaches its GradNoise as the float64 MXFP8 reference computes it."""
+    layer = Einsum("btd,dh->bth", (32, 64), recipe=recipes.mxfp8(), name="e", rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((2, 3, 32)), jnp.float32)
+    c = (rng.standard_normal((2, 3, 64)) * np.exp(rng.standard_normal((2, 3, 1)))).astype(
+        np.float32
+    )
+    _, st = capture(layer, x)
+    assert set(st) == {"e/x", "e/w", "e/dy"}
+    gdef, params, noise, rest = nnx.split(layer, nnx.Param, GradNoise, ...)
+
+    def loss(noise):
+        y = nnx.merge(gdef, params, noise, rest)(x)
+        return jnp.sum(y.astype(jnp.float32) * c)
+
+    pair = np.asarray(jax.grad(loss)(noise)["grad_noise"].get_value(), np.float64)
+    # The layer's output is in its dtype (bfloat16): dy = c rounded to it.
+    dy = np.asarray(jnp.asarray(c, jnp.bfloat16).astype(jnp.float32))
+    np.testing.assert_allclose(pair, _want(dy), rtol=1e-5)

@@ -13,6 +13,7 @@ from fp8jax.models import MoETransformer, loss_fn
 from fp8jax.models.config import ModelConfig
 from fp8jax.nn import taps
 from fp8jax.nn.dense import Dense
+from fp8jax.nn.einsum import Einsum
 
 
 def _dense():
@@ -67,3 +68,18 @@ def test_model_gemms_reach_the_hook_without_reassigning_module_attributes():
     # Every expert GEMM of the MoE layer (up and down projections) is seen, with the dense ones.
     assert kinds.count("expert") == 2
     assert kinds.count("dense") > 0
+
+
+def test_einsum_gemm_reaches_the_hook_with_its_dimension_numbers():
+    layer = Einsum("btd,dh->bth", (8, 4), recipe=fp8jax.recipes.fp32(), rngs=nnx.Rngs(0))
+    x = jnp.ones((2, 3, 8), jnp.float32)
+    seen = []
+
+    def hook(kind, call, x, w, dims, **kw):
+        seen.append((kind, dims, w.shape))
+        return call(x, w, dims, **kw)
+
+    plain = np.asarray(layer(x))
+    with taps.tapping(hook):
+        np.testing.assert_array_equal(np.asarray(layer(x)), plain)
+    assert seen == [("dense", layer.dn, (8, 4))]

@@ -5,6 +5,9 @@ the router is one row of the grouped expert GEMM (rows sorted by expert, see
 :func:`fp8jax.ragged_dot`, ``lax.ragged_dot``'s signature; the bf16 baseline
 is ``lax.ragged_dot`` itself); nothing is dropped and no capacity factor
 exists.  Outputs are combined with the router's gate weights in float32.
+One pipeline on one device and on any mesh (:class:`MoE`): route ->
+dispatch -> up-projection -> SwiGLU -> down-projection -> collect, the
+(dispatch, collect) pair from :mod:`fp8jax.parallel.experts`.
 """
 
 from __future__ import annotations
@@ -17,14 +20,22 @@ from flax import nnx
 
 from fp8jax.models.config import ModelConfig
 from fp8jax.models.router import Router, expert_load, route, seq_balance_loss
-from fp8jax.monitors import channel_amax, swiglu_monitors
+from fp8jax.monitors import channel_amax, swiglu_monitors, swiglu_monitors_of_amax
 from fp8jax.nn import Dense, taps
 from fp8jax.nn.dense import fan_in_init
-from fp8jax.nn.grad_noise import init_grad_noise, probe, sow_ratio
+from fp8jax.nn.grad_noise import init_grad_noise
+from fp8jax.nn.observed import record_gemm, run_gemm, value_of
 from fp8jax.nn.recording import record
 from fp8jax.nn.variables import FP8State
 from fp8jax.operands import materialize
-from fp8jax.parallel.experts import expert_parallel_size, routed_experts
+from fp8jax.parallel.experts import (
+    ExpertRows,
+    expert_parallel_size,
+    row_experts,
+    run_expert_parallel,
+    run_local,
+)
+from fp8jax.quant import QTensor
 from fp8jax.ragged_dot import ragged_dot_with_stats
 from fp8jax.recipes import Recipe, for_site, needs_state
 from fp8jax.rounding import floor_log2, pow2_int
@@ -148,23 +159,20 @@ class SwiGLU(nnx.Module):
         return self.w2(_smooth_rows(h, scale), kernel_scale=scale)
 
 
-def sort_by_expert(idx_TxK: jax.Array, n_experts: int):
-    """Dispatch plan: (row order, token of each sorted row, group sizes int32 (E,)).
-
-    Row r of the sorted layout is the (token, slot) pair ``order[r]`` of the
-    flattened (T*K,) assignments; the sort is stable so tokens keep their order
-    within each expert.
-    """
-    k = idx_TxK.shape[1]
-    flat = idx_TxK.reshape(-1)
-    order = jnp.argsort(flat, stable=True)
-    token = (order // k).astype(jnp.int32)
-    group_sizes = jnp.zeros((n_experts,), jnp.int32).at[flat].add(1)
-    return order, token, group_sizes
-
-
 class MoE(nnx.Module):
-    """Shared experts + dropless routed SwiGLU experts (DeepSeek-V3 style)."""
+    """Shared experts + dropless routed SwiGLU experts (DeepSeek-V3 style).
+
+    One pipeline: route -> dispatch -> up-projection -> SwiGLU ->
+    down-projection -> collect.  The middle (:meth:`_expert_ffn`) is one
+    pure function of the rows sorted by expert; the (dispatch, collect) pair
+    around it is :func:`fp8jax.parallel.experts.run_local` on one device or
+    :func:`~fp8jax.parallel.experts.run_expert_parallel` on a mesh with an
+    "expert" axis (:meth:`_exchange` picks).  Either returns the experts'
+    telemetry, which :meth:`_record` sows in one place: the two GEMMs'
+    operands and noise ratios (``<name>/experts_w13``, ``<name>/experts_w2``)
+    and the SwiGLU monitors (``<name>/experts/swiglu``), the same keys on
+    every mesh.
+    """
 
     def __init__(self, cfg: ModelConfig, recipe: Recipe, *, name: str, rngs: nnx.Rngs):
         e, d, f = cfg.n_routed_experts, cfg.d_model, cfg.d_expert
@@ -191,29 +199,97 @@ class MoE(nnx.Module):
             else None
         )
 
+    def gemm_weights(self) -> dict[str, Recipe]:
+        """{parameter name: the recipe of the GEMM it is the weight of} (FSDP gathers read it)."""
+        return {"w13": self.dispatch_recipe, "w2": self.down_recipe}
+
     def _values(self, w: nnx.Param) -> jax.Array:
         """An expert weight's values (an FSDP-gathered QTensor dequantized)."""
         return materialize(w.get_value(), self.cfg.param_dtype)
 
-    def _experts(self, x, w, state_var, noise_var, group_sizes, label: str, recipe: Recipe):
-        """One grouped expert GEMM through ``recipe``, sowing its telemetry.
+    def _expert_ffn(
+        self,
+        rows: ExpertRows,
+        w13: jax.Array | QTensor,
+        w2: jax.Array | QTensor,
+        noise13: jax.Array | None,
+        noise2: jax.Array | None,
+    ) -> tuple[jax.Array, dict]:
+        """Up-projection -> SwiGLU -> [activation site] -> down-projection on ``rows``.
 
-        ``w``: the experts' (E, K, N) weights, an array or an FSDP-gathered QTensor.
+        Pure (it may run inside ``shard_map``): returns (y (R, D) in the rows'
+        order, {"experts_w13": GEMM stats, "experts_w2": GEMM stats,
+        "channel_amax": (E_here, F) of the SwiGLU output}).  ``w13`` / ``w2``:
+        the experts' (E_here, K, N) weights, arrays or FSDP-gathered QTensors
+        (the grouped GEMM takes their codes as they are); ``noise13`` /
+        ``noise2``: the GEMMs' GradNoise values (None: no probe).
         """
-        st = state_var.get_value() if state_var is not None else None
-        out, stats = taps.gemm(
+        cfg = self.cfg
+        e, f = rows.group_sizes.shape[0], cfg.d_expert
+        kw = dict(preferred_element_type=cfg.dtype)
+        h, st13 = run_gemm(
             "expert",
             ragged_dot_with_stats,
-            x,
-            w,
-            group_sizes,
-            recipe=recipe,
-            state=st,
-            preferred_element_type=self.cfg.dtype,
+            rows.rows,
+            w13,
+            rows.group_sizes,
+            recipe=self.dispatch_recipe,
+            state=value_of(self.w13_state),
+            noise=noise13,
+            **kw,
         )
-        record(self, f"{self.name}/{label}", stats)
-        sow_ratio(self, f"{self.name}/{label}", noise_var)
-        return probe(out, noise_var, recipe)
+        act = swiglu(h.reshape(-1, 2, f), cfg.dtype, self.recipe)
+        if rows.first is not None and taps.site_open("ffn_hidden"):
+            # The routed experts' down-projection inputs too: rows of first tokens.
+            act = taps.site("ffn_hidden", act, rows.first)
+        expert = row_experts(rows.group_sizes, act.shape[0])
+        amax = channel_amax(jax.lax.stop_gradient(act), expert, e)
+        if cfg.smooth_swiglu:
+            scale_ExF = smooth_swiglu_scales(act, expert, e)
+            act = _smooth_rows(act, scale_ExF[expert])
+            # The same powers of two on W_down's rows: exact, the product unchanged.
+            w2 = materialize(w2, cfg.param_dtype) * scale_ExF[:, :, None]
+        y, st2 = run_gemm(
+            "expert",
+            ragged_dot_with_stats,
+            act,
+            w2,
+            rows.group_sizes,
+            recipe=self.down_recipe,
+            state=value_of(self.w2_state),
+            noise=noise2,
+            **kw,
+        )
+        return y, {"experts_w13": st13, "experts_w2": st2, "channel_amax": amax}
+
+    def _exchange(self, seq: int):
+        """The (dispatch, collect) pair this call runs: expert-parallel on an "expert" mesh axis."""
+        cfg = self.cfg
+        ep = expert_parallel_size(self.recipe)
+        if cfg.smooth_swiglu and ep > 1:
+            raise ValueError(
+                "smooth_swiglu runs the routed experts on one device; use a mesh with expert=1"
+            )
+        # A hook on the experts' down-projection inputs needs each row's
+        # token position, which the dispatched rows do not carry: it runs locally.
+        if ep > 1 and not taps.site_open("ffn_hidden"):
+            return partial(
+                run_expert_parallel,
+                n_experts=cfg.n_routed_experts,
+                up_recipe=self.dispatch_recipe,
+                # BF16 on the wire (the compute dtype of every recipe but fp32's).
+                wire_dtype=self.down_recipe.compute,
+            )
+        return partial(run_local, n_experts=cfg.n_routed_experts, seq=seq)
+
+    def _record(self, stats: dict) -> None:
+        """Sow the routed experts' telemetry (the same keys from either exchange)."""
+        f = self.cfg.d_expert
+        record_gemm(self, f"{self.name}/experts_w13", stats["experts_w13"], self.w13_noise)
+        w13 = self._values(self.w13)
+        monitors = swiglu_monitors_of_amax(stats["channel_amax"], w13[..., :f], w13[..., f:])
+        record(self, f"{self.name}/experts", {"swiglu": monitors})
+        record_gemm(self, f"{self.name}/experts_w2", stats["experts_w2"], self.w2_noise)
 
     def __call__(
         self, x_BxTxD: jax.Array, bias_E: jax.Array
@@ -226,70 +302,13 @@ class MoE(nnx.Module):
         scores = self.router(x)  # float32 (BT, E)
         idx, gates = route(scores, bias_E, k, n_groups=cfg.n_groups, topk_groups=cfg.topk_groups)
         gates = gates * cfg.routed_scaling
-        # A hook on the experts' down-projection inputs needs each row's
-        # token position, which the dispatched rows do not carry: it runs locally.
-        stress = taps.site_open("ffn_hidden")
-        if cfg.smooth_swiglu and expert_parallel_size(self.recipe) > 1:
-            raise ValueError(
-                "smooth_swiglu runs the routed experts on one device; use a mesh with expert=1"
-            )
-        if expert_parallel_size(self.recipe) > 1 and not stress:
-            # Expert parallelism: FP8 dispatch to the experts' devices, BF16 combine.
-            out, _ = routed_experts(
-                x,
-                idx,
-                gates,
-                # An FSDP-gathered expert weight may be a QTensor: the
-                # experts' GEMMs take its codes as they are.
-                self.w13.get_value(),
-                self.w2.get_value(),
-                recipe=self.down_recipe,
-                up_recipe=self.dispatch_recipe,
-                activation=lambda h: swiglu(h, cfg.dtype, self.recipe),
-                dtype=cfg.dtype,
-            )
-        else:
-            order, token, group_sizes = sort_by_expert(idx, e)
-            xs = x[token]  # (BT*k, D), sorted by expert
-            # An FSDP-gathered expert weight may be a QTensor: the grouped
-            # GEMM takes its codes as they are.
-            h = self._experts(
-                xs,
-                self.w13.get_value(),
-                self.w13_state,
-                self.w13_noise,
-                group_sizes,
-                "experts_w13",
-                self.dispatch_recipe,
-            )
-            f = cfg.d_expert
-            act = swiglu(h.reshape(-1, 2, f), cfg.dtype, self.recipe)
-            if stress:
-                # The routed experts' down-projection inputs too: rows of first tokens.
-                act = taps.site("ffn_hidden", act, (token % t) == 0)
-            # The expert of each sorted row.
-            expert = jnp.repeat(
-                jnp.arange(e, dtype=jnp.int32), group_sizes, total_repeat_length=act.shape[0]
-            )
-            w13 = self._values(self.w13)
-            monitors = swiglu_monitors(act, w13[..., :f], w13[..., f:], expert, e)
-            record(self, f"{self.name}/experts", {"swiglu": monitors})
-            w2 = self.w2.get_value()
-            if cfg.smooth_swiglu:
-                scale_ExF = smooth_swiglu_scales(act, expert, e)
-                act = _smooth_rows(act, scale_ExF[expert])
-                # The same powers of two on W_down's rows: exact, the product unchanged.
-                w2 = self._values(self.w2) * scale_ExF[:, :, None]
-            y = self._experts(
-                act, w2, self.w2_state, self.w2_noise, group_sizes, "experts_w2", self.down_recipe
-            )
-            # Combine in float32: un-sort the rows (a gather) and sum the k slots
-            # weighted by their gates.
-            inv = jnp.argsort(order)
-            y_tk = y[inv].astype(jnp.float32).reshape(b * t, k, d)
-            out = jnp.einsum(
-                "tkd,tk->td", y_tk, gates, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32
-            )
+        noise = (value_of(self.w13_noise), value_of(self.w2_noise))
+        # An FSDP-gathered expert weight may be a QTensor: the grouped GEMMs
+        # take its codes as they are.
+        out, stats = self._exchange(t)(
+            self._expert_ffn, x, idx, gates, self.w13.get_value(), self.w2.get_value(), noise
+        )
+        self._record(stats)
         if self.shared is not None:
             # Shared experts' output joins the float32 combine.
             out = out + self.shared(x_BxTxD).reshape(b * t, d).astype(jnp.float32)

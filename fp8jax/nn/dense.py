@@ -20,9 +20,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp8jax.dot_general import dot_general_with_stats
-from fp8jax.nn import taps
-from fp8jax.nn.grad_noise import init_grad_noise, probe, sow_ratio
-from fp8jax.nn.recording import record
+from fp8jax.nn.grad_noise import init_grad_noise
+from fp8jax.nn.observed import observed_gemm
 from fp8jax.nn.variables import FP8State
 from fp8jax.operands import materialize
 from fp8jax.quant import is_quantized
@@ -121,7 +120,6 @@ class Dense(nnx.Module):
                     f"(input shape {x.shape})"
                 )
         dn = ((axes, tuple(range(len(axes)))), ((), ()))
-        state = self.fp8_state.get_value() if self.fp8_state is not None else None
         kernel = self.kernel.get_value()
         if kernel_scale is not None:
             if kernel_scale.shape != self.in_features:
@@ -145,22 +143,22 @@ class Dense(nnx.Module):
             free = x.shape[: x.ndim - n]
             x = x.reshape(free + (-1,))
             dn = (((x.ndim - 1,), (0,)), ((), ()))
-        out, st = taps.gemm(
+        out = observed_gemm(
+            self,
+            self.name,
             "dense",
             dot_general_with_stats,
             x,
             kernel,
             dn,
             recipe=self.recipe,
-            state=state,
+            state_var=self.fp8_state,
+            noise_var=self.grad_noise,
             # GEMM output straight in the activation dtype (accumulation is float32).
             preferred_element_type=self.dtype,
         )
         if free is not None:
             out = out.reshape(free + self.out_features)
-        record(self, self.name, st)
-        sow_ratio(self, self.name, self.grad_noise)
-        out = probe(out, self.grad_noise, self.recipe)
         # dot_general puts x's free axes first (in order), then the kernel's output
         # axes: the DenseGeneral layout.
         if self.bias is not None:

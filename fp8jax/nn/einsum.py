@@ -5,7 +5,11 @@ given shape (the right-hand operand) and computes the einsum with the input
 as left-hand operand: contracted letters (in both operands, not in the
 output) form the GEMM's K, letters in both operands and the output are batch
 dimensions, the rest are free.  The recipe decides the precision exactly as
-for :class:`~fp8jax.nn.Dense`.
+for :class:`~fp8jax.nn.Dense`, and the GEMM is observed as Dense's is
+(:func:`fp8jax.nn.observed.observed_gemm`: hook kind "dense" with the
+einsum's dot_general dimension numbers, telemetry, and for block-format
+gradients the noise probe on dot_general's output, whose last axis is the
+kernel's last free axis).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from flax import nnx
 
 from fp8jax.dot_general import dot_general_with_stats
 from fp8jax.nn.dense import fan_in_init
-from fp8jax.nn.recording import record
+from fp8jax.nn.grad_noise import init_grad_noise
+from fp8jax.nn.observed import observed_gemm
 from fp8jax.nn.variables import FP8State
 from fp8jax.recipes import Recipe, needs_state
 from fp8jax.scaling import init_delayed_gemm_state
@@ -93,17 +98,22 @@ class Einsum(nnx.Module):
         init = kernel_init or fan_in_init(fan_in)
         self.kernel = nnx.Param(init(rngs.params(), tuple(kernel_shape), jnp.dtype(param_dtype)))
         self.fp8_state = FP8State(init_delayed_gemm_state(recipe)) if needs_state(recipe) else None
+        # Block-format gradients: their noise ratio (fp8jax.nn.grad_noise).
+        self.grad_noise = init_grad_noise(recipe)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        state = self.fp8_state.get_value() if self.fp8_state is not None else None
-        out, st = dot_general_with_stats(
+        out = observed_gemm(
+            self,
+            self.name,
+            "dense",
+            dot_general_with_stats,
             x,
             self.kernel[...],
             self.dn,
             recipe=self.recipe,
-            state=state,
+            state_var=self.fp8_state,
+            noise_var=self.grad_noise,
             # GEMM output in the activation dtype (accumulation is float32).
             preferred_element_type=self.dtype,
         )
-        record(self, self.name, st)
         return jnp.transpose(out, self.perm)

@@ -51,11 +51,49 @@ def sow_ratio(module: nnx.Module, name: str, var: GradNoise | None) -> None:
         record(module, name, {"dy": {"noise_ratio": monitors.ratio_of(pair)}})
 
 
-def probe(y: jax.Array, var: GradNoise | None, recipe: Recipe) -> jax.Array:
-    """``y`` unchanged; its gradient's signal and noise go to ``var``'s cotangent."""
-    if var is None:
+def probe(y: jax.Array, pair: jax.Array | None, recipe: Recipe) -> jax.Array:
+    """``y`` unchanged; its gradient's signal and noise go to the cotangent of ``pair``.
+
+    ``pair``: the (2,) value of the layer's :class:`GradNoise` (None: ``y`` as it is).
+    """
+    if pair is None:
         return y
-    return _probe(y, var.get_value(), recipe.dgrad.lhs, recipe.seed)
+    return _probe(y, pair, recipe.dgrad.lhs, recipe.seed)
+
+
+def per_shard(pair: jax.Array | None, n_shards: int) -> jax.Array | None:
+    """``pair`` repeated (n_shards, 2), one row per shard of a ``shard_map``.
+
+    Split over every mesh axis, each shard probes its own rows with its row
+    (:func:`probe`), and its cotangent comes back unsummed; the backward
+    pass merges the shards' (||dy_s||, ||Q(dy_s) - dy_s||) into the norms
+    over all rows: sqrt(sum_s n_s^2) for each.  Quantization is row-local,
+    so these are the norms one device would see for the same rows.
+    """
+    if pair is None:
+        return None
+    return _per_shard(pair, n_shards)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _per_shard(pair, n_shards):
+    return jnp.broadcast_to(pair, (n_shards, *pair.shape))
+
+
+def _per_shard_fwd(pair, n_shards):
+    return _per_shard(pair, n_shards), None
+
+
+def _per_shard_bwd(n_shards, _, ct_Sx2):
+    # Squares of norms add over disjoint rows; scaled by the largest norm
+    # first, as signal_and_noise does, so no square under- or overflows.
+    ct = ct_Sx2.astype(jnp.float32)
+    m = jnp.max(ct, axis=0)
+    safe = jnp.where(m > 0, m, 1.0)
+    return (jnp.sqrt(jnp.sum(jnp.square(ct / safe), axis=0)) * safe,)
+
+
+_per_shard.defvjp(_per_shard_fwd, _per_shard_bwd)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3))

@@ -1,11 +1,15 @@
 """Trace-time hooks on the model's GEMM calls and activation sites, so studies reach them without patching modules.
 
-The layers that own a GEMM (:class:`fp8jax.nn.Dense` and the routed experts of
-:mod:`fp8jax.models.moe`) call it through :func:`gemm`.  Outside
+The layers that own a GEMM (:class:`fp8jax.nn.Dense`, :class:`fp8jax.nn.Einsum`
+and the routed experts of :mod:`fp8jax.models.moe`, on one device and under
+expert parallelism) call it through :func:`gemm`, by way of
+:func:`fp8jax.nn.observed.run_gemm`.  Outside
 :func:`tapping` that is the call itself; inside, each open hook receives the
 call first and returns its result, so it can look at the operands, wrap the
 output (e.g. to see its gradient) or both.  Nothing is reassigned at run time
-and a hook only reaches computations traced inside its block.
+and a hook only reaches computations traced inside its block.  Under expert
+parallelism the expert GEMMs are traced once inside a ``shard_map`` body: the
+hook sees each once, with one shard's operands.
 
 A hook is ``hook(kind, call, x, w, dims_or_groups, **kwargs)`` with ``kind``
 "dense" (``dims_or_groups`` = dot_general dimension numbers) or "expert"
@@ -15,7 +19,8 @@ dims_or_groups, **kwargs)``'s value (y, stats), possibly with y wrapped.
 Activation sites are the places an experiment may change an activation (the
 outlier-injection experiments add massive activations there): the model
 passes each through :func:`site`, which is the identity unless a hook for
-that site is open (:func:`injecting`).  :data:`SITES` names them:
+that site is open (:func:`injecting`).  :data:`ACTIVATION_SITES` names them
+(the GEMM sites a recipe treats apart are :data:`fp8jax.recipes.SITES`):
 
 * ``"residual"``: the residual stream after the embedding, (B*T, D);
 * ``"ffn_hidden"``: the input of every FFN down projection (dense, shared
@@ -32,11 +37,13 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
-__all__ = ["SITES", "gemm", "injecting", "site", "site_open", "tapping"]
+__all__ = ["ACTIVATION_SITES", "gemm", "injecting", "site", "site_open", "tapping"]
 
 Hook = Callable[..., Any]
 
-SITES = ("residual", "ffn_hidden")
+ACTIVATION_SITES = ("residual", "ffn_hidden")
+# The former name of ACTIVATION_SITES, still read by fp8jax.train.injection.
+SITES = ACTIVATION_SITES
 
 # Trace-time only: hooks opened by `tapping`, outermost first.
 _HOOKS: list[Hook] = []
@@ -66,8 +73,8 @@ def gemm(kind: str, fn: Callable[..., Any], x, w, dims_or_groups, **kwargs) -> A
 @contextmanager
 def injecting(name: str, hook: Hook) -> Iterator[None]:
     """Pass activation site ``name`` through ``hook`` in every model traced inside the block."""
-    if name not in SITES:
-        raise ValueError(f"unknown activation site {name!r}; known: {', '.join(SITES)}")
+    if name not in ACTIVATION_SITES:
+        raise ValueError(f"unknown activation site {name!r}; known: {', '.join(ACTIVATION_SITES)}")
     entry = (name, hook)
     _SITE_HOOKS.append(entry)
     try:

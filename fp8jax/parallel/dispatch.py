@@ -54,6 +54,7 @@ from jax import lax
 from fp8jax import schemes
 from fp8jax.quant import QTensor, dequantize
 from fp8jax.recipes import QuantSpec, Recipe
+from fp8jax.telemetry import operand_stats
 
 
 class Route(NamedTuple):
@@ -257,6 +258,19 @@ def fp8_dispatch_spec(recipe: Recipe) -> tuple[QuantSpec, QuantSpec] | None:
     if not ok:
         return None
     return fx, QuantSpec(dy.fmt, "tile", fx.tile, "current", True, dy.amax_floor)
+
+
+def dispatch_stats(x_TxD: jax.Array, recipe: Recipe) -> dict[str, jax.Array] | None:
+    """Telemetry (:func:`fp8jax.telemetry.operand_stats`) of the tokens as :func:`dispatch`
+    quantizes them, or None when they travel unquantized (the GEMM quantizes on arrival).
+
+    The same quantization as the FP8 dispatch's, so the statistics are
+    those of the codes that travel.
+    """
+    specs = fp8_dispatch_spec(recipe)
+    if specs is None:
+        return None
+    return operand_stats(x_TxD, _quantize_rows(x_TxD, specs[0]))
 
 
 def dispatch(x_TxD: jax.Array, route: Route, axis_name: str, recipe: Recipe) -> QTensor | jax.Array:

@@ -182,19 +182,34 @@ def is_block_fp8(spec: QuantSpec) -> bool:
 
 
 class KernelLayout(NamedTuple):
-    """A Dense kernel's GEMM: how many leading axes it contracts, and its weight spec."""
+    """A GEMM weight's layout: how many leading axes it contracts, and its weight spec.
+
+    A Dense kernel contracts its first ``n_in`` axes; routed experts
+    (E, K, N) have ``n_in`` 1 (their K axis).
+    """
 
     n_in: int
     spec: QuantSpec
 
 
 def kernel_layouts(model: nnx.Module) -> dict[tuple[str, ...], KernelLayout]:
-    """``{path of a Dense kernel: its KernelLayout}`` (its GEMM's K axes and weight spec)."""
+    """``{path of a GEMM weight: its KernelLayout}``: every Dense kernel and routed expert weight.
+
+    The spec is the weight spec of the recipe of the layer that owns the
+    weight (a block the recipe keeps in high precision has its own,
+    :func:`fp8jax.recipes.for_layer`); routed experts are named by their
+    layer's ``gemm_weights()`` ({parameter name: its GEMM's recipe}).
+    """
     out = {}
     for path, module in nnx.iter_modules(model):
+        prefix = tuple(str(p) for p in path)
         if isinstance(module, Dense):
-            key = tuple(str(p) for p in path) + ("kernel",)
-            out[key] = KernelLayout(len(module.in_features), module.recipe.fprop.rhs)
+            out[prefix + ("kernel",)] = KernelLayout(
+                len(module.in_features), module.recipe.fprop.rhs
+            )
+        elif callable(getattr(module, "gemm_weights", None)):
+            for name, recipe in module.gemm_weights().items():
+                out[prefix + (name,)] = KernelLayout(1, recipe.fprop.rhs)
     return out
 
 
@@ -234,8 +249,9 @@ def gather_params(
     """Gather every FSDP-split parameter (one ``shard_map`` over the tree), differentiably.
 
     GEMM weights (Dense kernels, routed experts) move as FP8 blocks when
-    their GEMM quantizes weights in blocks (the Dense layer's own recipe;
-    ``recipe`` for the routed experts) and the shard holds whole blocks of
+    their GEMM quantizes weights in blocks (the recipe of the layer that
+    owns them, as ``layouts`` names it; ``recipe`` only for routed experts
+    that ``layouts`` does not name) and the shard holds whole blocks of
     the GEMM's (K, N) matrix: the result is then a :class:`~fp8jax.QTensor`
     in that (K, N) layout (``(E, K, N)`` for experts), which the GEMM takes
     with the codes it travelled with.  Otherwise they move in the recipe's
@@ -263,7 +279,9 @@ def gather_params(
         layout = layouts.get(keys)
         if not routed and layout is None:
             return ("other",)
-        wspec = recipe.fprop.rhs if routed else layout.spec
+        # Each weight follows its own layer's recipe (a block kept in high
+        # precision gathers its experts unquantized).
+        wspec = layout.spec if layout is not None else recipe.fprop.rhs
         axis = tuple(spec).index("fsdp")
         if is_block_fp8(wspec):
             local = _local_shape(tuple(x.shape), spec, mesh)
