@@ -42,8 +42,6 @@ __all__ = ["ACTIVATION_SITES", "gemm", "injecting", "site", "site_open", "tappin
 Hook = Callable[..., Any]
 
 ACTIVATION_SITES = ("residual", "ffn_hidden")
-# The former name of ACTIVATION_SITES, still read by fp8jax.train.injection.
-SITES = ACTIVATION_SITES
 
 # Trace-time only: hooks opened by `tapping`, outermost first.
 _HOOKS: list[Hook] = []

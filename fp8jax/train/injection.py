@@ -52,7 +52,7 @@ def inject_block(**overrides: Any) -> ml_collections.ConfigDict:
     b.massive_activation_scale = 0.0
     # ... added to channels 0..count-1 of each sequence's first token ...
     b.massive_activation_count = 0
-    # ... at this activation site of fp8jax.nn.taps.SITES.
+    # ... at this activation site of fp8jax.nn.taps.ACTIVATION_SITES.
     b.massive_activation_site = "residual"
     # Reset the delayed-scaling state to fresh every this many steps (0 = off).
     b.fp8_reset_every = 0
@@ -79,9 +79,9 @@ def validate_block(block: ml_collections.ConfigDict | dict) -> None:
         raise ValueError(f"inject.massive_activation_scale must be finite and >= 0, got {scale}")
     if not (isinstance(count, int) and count >= 0):
         raise ValueError(f"inject.massive_activation_count must be an integer >= 0, got {count}")
-    if b.massive_activation_site not in taps.SITES:
+    if b.massive_activation_site not in taps.ACTIVATION_SITES:
         raise ValueError(
-            f"inject.massive_activation_site must be one of {taps.SITES}, "
+            f"inject.massive_activation_site must be one of {taps.ACTIVATION_SITES}, "
             f"got {b.massive_activation_site!r}"
         )
     if not (isinstance(b.fp8_reset_every, int) and b.fp8_reset_every >= 0):
