@@ -205,7 +205,7 @@ def _only_on_abstract(*args, jaxpr, n_consts, platforms):
 
 def _only_on_batch(args, dims, *, jaxpr, n_consts, platforms):
     # Batch the wrapped computation itself, and wrap the batched one.
-    in_axes = tuple(None if d is batching.not_mapped else d for d in dims)
+    in_axes = tuple(dims)  # None where an operand is not batched
     batched = jax.vmap(functools.partial(_eval, jaxpr, n_consts), in_axes=in_axes)
     outs = only_on(platforms, batched, *args)
     return list(outs), [0] * len(outs)
