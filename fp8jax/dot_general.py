@@ -47,8 +47,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp8jax import platforms, resolved, scaling
-from fp8jax.gemm import dot_algorithm, gemm
+from fp8jax import resolved, scaling
+from fp8jax.gemm import gemm, with_dot_algorithm
 from fp8jax.operands import (
     after_gradient,
     cache_for_wgrad,
@@ -285,16 +285,14 @@ def _high_precision(lhs, rhs, dimension_numbers, recipe: Recipe, out_dtype) -> j
     # Autodiff transposes this one op into the Dgrad and Wgrad dots.
     resolved.note_standard_op(f"lax.dot_general {c.name}")
     # The named algorithm of each platform the program may be lowered for.
-    y = platforms.choose(
-        lambda p: dot_algorithm(c, p),
-        lambda alg: (
-            lambda: lax.dot_general(
-                lhs.astype(c),
-                rhs.astype(c),
-                dimension_numbers,
-                precision=alg,
-                preferred_element_type=jnp.float32,
-            )
+    y = with_dot_algorithm(
+        c,
+        lambda alg: lax.dot_general(
+            lhs.astype(c),
+            rhs.astype(c),
+            dimension_numbers,
+            precision=alg,
+            preferred_element_type=jnp.float32,
         ),
     )
     return y.astype(out_dtype)

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -313,13 +315,20 @@ def dot_algorithm(dtype, platform: str | None = None) -> lax.DotAlgorithmPreset 
     return lax.Precision.HIGHEST
 
 
+def with_dot_algorithm(dtype, op: Callable[[Any], jax.Array]) -> jax.Array:
+    """``op(algorithm)`` with each lowering platform's :func:`dot_algorithm` for ``dtype``.
+
+    ``op`` builds one standard dot (``lax.dot_general``, ``lax.ragged_dot``)
+    from its ``precision``; one branch per distinct algorithm, kept at lowering.
+    """
+    return platforms.choose(lambda p: dot_algorithm(dtype, p), lambda alg: lambda: op(alg))
+
+
 def dot(a: jax.Array, b: jax.Array, dims) -> jax.Array:
     """``lax.dot_general`` with float32 accumulation and each platform's named algorithm."""
-    return platforms.choose(
-        lambda p: dot_algorithm(a.dtype, p),
-        lambda alg: (
-            lambda: lax.dot_general(a, b, dims, precision=alg, preferred_element_type=jnp.float32)
-        ),
+    return with_dot_algorithm(
+        a.dtype,
+        lambda alg: lax.dot_general(a, b, dims, precision=alg, preferred_element_type=jnp.float32),
     )
 
 

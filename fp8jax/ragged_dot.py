@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp8jax import platforms, resolved, scaling
-from fp8jax.gemm import dot_algorithm
+from fp8jax import resolved, scaling
+from fp8jax.gemm import with_dot_algorithm
 from fp8jax.grouped import grouped_dot_with_stats
 from fp8jax.groups import check_group_sizes, group_sizes_valid
 from fp8jax.quant import QTensor, is_quantized
@@ -148,16 +148,14 @@ def _standard(lhs, rhs, group_sizes, recipe: Recipe, preferred_element_type) -> 
     # Operands rounded once to the compute dtype (bfloat16 in the bf16
     # baseline), products accumulated in float32, one rounding to the output.
     # The named algorithm of each platform the program may be lowered for.
-    y = platforms.choose(
-        lambda p: dot_algorithm(c, p),
-        lambda alg: (
-            lambda: lax.ragged_dot(
-                lhs.astype(c),
-                rhs.astype(c),
-                group_sizes,
-                precision=alg,
-                preferred_element_type=jnp.float32,
-            )
+    y = with_dot_algorithm(
+        c,
+        lambda alg: lax.ragged_dot(
+            lhs.astype(c),
+            rhs.astype(c),
+            group_sizes,
+            precision=alg,
+            preferred_element_type=jnp.float32,
         ),
     )
     return y.astype(out_dtype)
