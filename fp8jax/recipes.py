@@ -37,7 +37,7 @@ from fp8jax.formats import BLOCK_FORMATS
 GRANULARITIES = ("tensor", "row", "tile", "block")
 SCALINGS = ("current", "delayed")
 IMPLS = ("auto", "xla", "chunked", "fp8", "fp8_fast", "pallas")
-CACHE_FORMATS = (None, "e5m6")
+CACHE_FORMATS = (None, "e5m6", "e5m6_unscaled")
 SITES = ("attn_out", "dispatch", "expert_down")
 PROMOTE_ROUNDINGS = ("fma", "separate")
 SCALE_ROUNDINGS = ("floor", "ceil")
@@ -246,8 +246,12 @@ class Recipe:
     routed experts power-of-two scales; ``down_grad_pow2`` gives the
     activation gradient before the routed experts' down-projection
     power-of-two scales.  ``x_cache`` is what a GEMM's Wgrad re-quantizes x
-    from: None, its cached FP8 operand; "e5m6", a copy of x rounded to E5M6
-    (emulated in bfloat16, which holds every E5M6 value exactly).
+    from: None, its cached FP8 operand; "e5m6", x in E5M6 in 1x128 tiles
+    along K with power-of-two scales (the smallest 2^k with tile amax / 2^k
+    <= 65024, so nothing clips; :func:`fp8jax.operands.e5m6_tiles`), the
+    paper's cache; "e5m6_unscaled", x rounded to E5M6 with no scale
+    (saturating at +-65024; the ``attn_out_e5m6_unscaled`` variant).  Both
+    are emulated in bfloat16, which holds every value of either exactly.
 
     ``high_precision_last``: the fraction of the model's blocks, the last
     ones, whose GEMMs skip quantization and run as the bf16 baseline does
@@ -346,7 +350,9 @@ def for_site(recipe: Recipe, site: str) -> Recipe:
                                                           Fprop and in its 128x1
                                                           Wgrad tiles;
                                                           ``attn_out_cache``: x
-                                                          cached in E5M6 for Wgrad
+                                                          cached for Wgrad in
+                                                          E5M6, 1x128 tiles with
+                                                          power-of-two scales
     "dispatch"     the routed experts' up-projection,     ``dispatch_pow2``: x with
                    whose input is dispatched in FP8       power-of-two scales at
                                                           Fprop and in its 128x1
