@@ -223,11 +223,14 @@ class Recipe:
       dequantization, exact only for power-of-two scales).  Equal to FP8 x FP8
       products with FP32 accumulation up to the rounding of data * scale.
     * ``"chunked"``: the contraction in runs over which both scales are
-      constant (128 for 1x128 tiles / 128x128 blocks, all of K per tensor
-      or row); each run is one dot of the unscaled FP8 codes, exact in
-      bfloat16, as ``BF16_BF16_F32``; its float32 partial sum is multiplied by
-      the two scales and added into a float32 accumulator (DeepGEMM's
-      promotion, exact products, float32 sums).
+      constant (128 for 1x128 tiles / 128x128 blocks; per tensor or row one
+      run of all of K); each run is one dot of the unscaled FP8 codes, exact
+      in bfloat16, as ``BF16_BF16_F32``: exact products, summed in float32
+      (round to nearest) in the order XLA's dot kernel chooses.  Runs are
+      promoted as DeepGEMM does: acc + run_sum * fl32(s_a * s_b), which XLA
+      fuses into one FMA (one rounding); whether it fuses is XLA's code
+      generation, so the last bits of a result can change with XLA's version
+      or the CPU.  A one-run GEMM is multiplied by its scale once.
     * ``"fp8"`` / ``"fp8_fast"``: as "chunked" with the runs as hardware FP8
       dots (``ANY_F8_ANY_F8_F32`` / ``..._FAST_ACCUM``; GPUs with FP8 only).
     * ``"pallas"``: the block-scaled Pallas kernel (interpret mode off-GPU).
