@@ -10,14 +10,22 @@ same kind, w ~ N(0, 1/K).  For each: the relative error (Frobenius, against
 float64 products of the unquantized tensors) of Fprop y, Dgrad dx and Wgrad
 dW, for deepseek_v3 at a general linear and at each site of
 ``fp8jax.recipes.for_site``, for ``deepseek_v3_pow2x``, and for the numpy
-reference of DeepSeek's quantization (``fp8jax.numerics.act_quant_reference``).
-The last column is each row's Fprop and Wgrad error over the reference's.
+reference of DeepSeek's quantization (``fp8jax.numerics.act_quant_reference``);
+also the variant ``attn_out_e5m6_unscaled`` at attn_out (its Wgrad cache in
+E5M6 without scales).  Each draw (``--seeds``, one numpy generator per seed
+for both input kinds) gives one value per cell, listed in seed order; the
+ratio columns give each row's Fprop and Wgrad error over the reference's of
+the same draw, per draw, then their range.  ``--out`` writes the Markdown
+table and, beside it, ``results.json`` with every value.
 """
+
+import json
+import os
 
 import numpy as np
 from absl import app, flags
 
-from fp8jax import recipes
+from fp8jax import recipes, variants
 from fp8jax.numerics.act_quant_reference import reference_linear
 from fp8jax.numerics.gemm_error import linear_outputs
 from fp8jax.numerics.metrics import relative_error
@@ -26,7 +34,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("m", 384, "tokens (a multiple of 128)")
 flags.DEFINE_integer("k", 1024, "input features (a multiple of 128)")
 flags.DEFINE_integer("n", 512, "output features (a multiple of 128)")
-flags.DEFINE_integer("seed", 0, "random seed of the synthetic inputs")
+flags.DEFINE_list("seeds", ["0", "1", "2"], "random seeds of the synthetic inputs, one draw each")
 flags.DEFINE_string("run_dir", None, "a trained run whose captured GEMM operands are added")
 flags.DEFINE_string("out", None, "optional path for the Markdown table")
 
@@ -50,6 +58,9 @@ def arms() -> dict[str, recipes.Recipe]:
     for site in recipes.SITES:
         out[f"deepseek_v3 at {site}"] = recipes.for_site(r, site)
     out["deepseek_v3_pow2x (general linear)"] = recipes.deepseek_v3_pow2x()
+    out["attn_out_e5m6_unscaled at attn_out"] = recipes.for_site(
+        variants.attn_out_e5m6_unscaled(), "attn_out"
+    )
     return out
 
 
@@ -65,19 +76,26 @@ def errors(x, w, dy) -> dict[str, tuple[float, float, float]]:
     }
 
 
-def table(results: dict[str, dict[str, tuple[float, float, float]]]) -> str:
-    ref_name = "DeepSeek act_quant (numpy reference)"
+REF_NAME = "DeepSeek act_quant (numpy reference)"
+
+
+def table(results: dict[str, list[dict[str, tuple[float, float, float]]]]) -> str:
+    """Markdown: per row the draws' values in seed order, ratios per draw and their range."""
     lines = [
-        "| inputs | quantization | Fprop y | Dgrad dx | Wgrad dW | y / ref, dW / ref |",
-        "|---|---|---|---|---|---|",
+        "| inputs | quantization | Fprop y | Dgrad dx | Wgrad dW | y / ref | dW / ref |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for inputs, rows in results.items():
-        ry, _, rw = rows[ref_name]
-        for name, (ey, ex, ew) in rows.items():
-            lines.append(
-                f"| {inputs} | {name} | {ey:.4f} | {ex:.4f} | {ew:.4f} | "
-                f"{ey / ry:.2f}, {ew / rw:.2f} |"
-            )
+    for inputs, draws in results.items():
+        for name in draws[0]:
+            errs = np.array([d[name] for d in draws])  # (draws, 3)
+            refs = np.array([d[REF_NAME] for d in draws])
+            cells = [", ".join(f"{v:.4f}" for v in errs[:, j]) for j in range(3)]
+            ratios = []
+            for j in (0, 2):
+                r = errs[:, j] / refs[:, j]
+                span = f" ({r.min():.2f}-{r.max():.2f})" if len(r) > 1 else ""
+                ratios.append(", ".join(f"{v:.2f}" for v in r) + span)
+            lines.append(f"| {inputs} | {name} | " + " | ".join(cells + ratios) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -98,26 +116,49 @@ def captured_inputs(run_dir: str) -> dict[str, tuple]:
     return out
 
 
-def main(argv):
-    del argv
-    rng = np.random.default_rng(FLAGS.seed)
-    m, k, n = FLAGS.m, FLAGS.k, FLAGS.n
+def synthetic_inputs(seed: int, m: int, k: int, n: int) -> dict[str, tuple]:
+    """One draw of each heavy-tailed kind: (x, w, dy), from one generator per seed."""
+    rng = np.random.default_rng(seed)
     inputs = {}
     for kind in ("massive3", "lognormal"):
         x = heavy_tailed(kind, (m, k), rng)
         w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
         inputs[f"{kind} ({m}x{k}x{n})"] = (x, w, heavy_tailed(kind, (m, n), rng))
+    return inputs
+
+
+def main(argv):
+    del argv
+    m, k, n = FLAGS.m, FLAGS.k, FLAGS.n
+    seeds = [int(s) for s in FLAGS.seeds]
+    results: dict[str, list] = {}
+    for seed in seeds:
+        for name, (x, w, dy) in synthetic_inputs(seed, m, k, n).items():
+            results.setdefault(name, []).append(errors(x, w, dy))
+            print(f"{name}, seed {seed}: done", flush=True)
     if FLAGS.run_dir:
-        inputs.update(captured_inputs(FLAGS.run_dir))
-    results = {}
-    for name, (x, w, dy) in inputs.items():
-        results[name] = errors(x, w, dy)
-        print(f"{name}: done", flush=True)
+        # Captured tensors are one fixed draw.
+        for name, (x, w, dy) in captured_inputs(FLAGS.run_dir).items():
+            results[name] = [errors(x, w, dy)]
+            print(f"{name}: done", flush=True)
     text = table(results)
     print(text)
     if FLAGS.out:
         with open(FLAGS.out, "w") as f:
             f.write(text)
+        record = {
+            "seeds": seeds,
+            "shape": [m, k, n],
+            "columns": ["fprop_y", "dgrad_dx", "wgrad_dw"],
+            "errors": {
+                inputs: {name: [list(d[name]) for d in draws] for name in draws[0]}
+                for inputs, draws in results.items()
+            },
+        }
+        path = os.path.join(os.path.dirname(FLAGS.out) or ".", "results.json")
+        with open(path, "w") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
 
 
 if __name__ == "__main__":

@@ -389,9 +389,13 @@ def emulated_gemm(
       acc: the accumulation model (static; a frozen, hashable dataclass).
 
     Returns:
-      (B, M, N) float32: sum over chains of fl32(chain * fl32(s_a * s_b)),
-      added in order in float32.  Jitted, with ``group`` and ``acc`` static
-      (one compilation per shape, format pair, group and acc).
+      (B, M, N) float32: the chains promoted in K order into a float32
+      accumulator that starts at 0.  With s = fl32(s_a * s_b) and c a chain's
+      value (exact: its 13-fraction-bit result), each promotion is
+      fl32(acc + c * s), one rounding, for ``acc.promote_rounding="fma"``
+      (the default, DeepGEMM's FFMA), or fl32(acc + fl32(c * s)) for
+      "separate".  Jitted, with ``group`` and ``acc`` static (one
+      compilation per shape, format pair, group and acc).
     """
     _check_inputs(a_codes, a_scale, b_codes, b_scale, group, acc)
     batch, m, k = a_codes.shape

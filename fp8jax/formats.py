@@ -242,7 +242,7 @@ def ldexp_exact(x: jnp.ndarray, k) -> jnp.ndarray:
 # attention, emulated): 5 exponent bits (bias 15, E5M2's range), 6 mantissa bits.
 E5M6_MANTISSA_BITS = 6
 E5M6_MIN_EXP = -14
-E5M6_MAX = (2.0 - 2.0**-E5M6_MANTISSA_BITS) * 2.0**15  # 65024
+E5M6_MAX = (2.0 - 2.0**-E5M6_MANTISSA_BITS) * 2.0**15  # 65024 = 127 * 2^9
 
 
 def round_to_e5m6(x: jnp.ndarray) -> jnp.ndarray:
@@ -253,7 +253,9 @@ def round_to_e5m6(x: jnp.ndarray) -> jnp.ndarray:
     nearest, ties to even; finite values beyond +-65024 saturate to it; NaN
     and +-Inf propagate (an IEEE-style E5 format has Inf, as float16 does).
     Computed on the bit patterns (exact on every backend).  Every E5M6 value
-    is exact in bfloat16 and float32.
+    is exact in bfloat16 and float32.  This is the element cast only: the
+    cache of the linear after attention scales its 1x128 tiles first
+    (:func:`e5m6_scale_exponent`), so no finite value reaches the saturation.
     """
     x = x.astype(jnp.float32)
     finite = jnp.isfinite(x)
@@ -266,3 +268,23 @@ def round_to_e5m6(x: jnp.ndarray) -> jnp.ndarray:
     q = _round_shift(m, jnp.maximum(unit - e, 0))
     out = float32_from_parts(neg, q, unit)
     return jnp.where(finite, out, x)
+
+
+def e5m6_scale_exponent(amax: jnp.ndarray) -> jnp.ndarray:
+    """int32 k of the power-of-two scale 2^k that puts ``amax`` into E5M6's range.
+
+    The rule: k is the smallest integer with ``amax / 2^k <= 65024`` (E5M6's
+    largest finite value), i.e. ``2^k = 2^ceil(log2(amax / 65024))``,
+    computed exactly on the bit patterns (no float32 quotient to round, no
+    flush-to-zero for subnormal amaxes); 0 for ``amax == 0``.  ``amax`` must
+    be finite and >= 0 (a tile's max over its finite elements).  The tile's
+    largest element then lies in (32512, 65024] and no element saturates.
+    """
+    _, m, e = float32_parts(amax.astype(jnp.float32))
+    top = 31 - lax.clz(m)  # index of m's leading bit
+    # k0 = lead - 15 puts amax / 2^k0 in [2^15, 2^16); it fits iff
+    # m * 2^e <= 127 * 2^(9 + k0), i.e. m <= 127 * 2^(top - 6) (always true
+    # for top <= 6, where m < 2^(top + 1) <= 127 * 2^(top - 6)); else k0 + 1.
+    fits = (top <= 6) | (m <= (127 << jnp.clip(top - 6, 0, 17)))
+    k = e + top - 15 + jnp.where(fits, 0, 1)
+    return jnp.where(m == 0, 0, k).astype(jnp.int32)

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax import scaling, schemes
-from fp8jax.formats import as_format, round_to_e5m6
-from fp8jax.quant import QTensor, is_quantized
+from fp8jax.formats import as_format, e5m6_scale_exponent, ldexp_exact, round_to_e5m6
+from fp8jax.quant import QTensor, expand_scale, group_amax, is_quantized
 from fp8jax.recipes import QuantSpec, Recipe
 
 
@@ -171,12 +171,51 @@ def after_gradient(cached, qdy):
     return dataclasses.replace(cached, scale=scale)
 
 
+# Largest value with 7 significant bits below bfloat16's overflow threshold:
+# a decoded E5M6 value saturates here instead of rounding to Inf in bfloat16.
+_BF16_E5M6_LIMIT = (2.0 - 2.0**-6) * 2.0**127
+
+
+def e5m6_tiles(x: jax.Array, axis: int = -1, tile: int = 128) -> jax.Array:
+    """x in E5M6 with one power-of-two scale per 1 x ``tile`` run along ``axis``, decoded.
+
+    DeepSeek-V3's cache of the input of the linear after attention (section
+    3.3.3).  Per tile: amax over its finite elements, the scale 2^k with k
+    the smallest integer such that amax / 2^k <= 65024
+    (:func:`fp8jax.formats.e5m6_scale_exponent`; 2^0 for an all-zero tile),
+    each element x * 2^-k (exact) rounded to E5M6 (nearest, ties to even;
+    no finite element saturates), and the value code * 2^k returned in
+    bfloat16, which holds it exactly (7 significant bits) for magnitudes
+    from 2^-126 up; smaller ones take bfloat16's subnormal rounding, and
+    finite values whose rounding passes (2 - 2^-6) * 2^127 saturate there.
+    NaN and +-Inf propagate.  Shapes need not be multiples of ``tile``: an
+    edge tile takes the scale of its own elements.
+    """
+    xf = x.astype(jnp.float32)
+    axis = axis % xf.ndim
+    amax = group_amax(xf, "tile", axis, tile, finite_only=True)
+    # Power-of-two scale rule: the smallest 2^k with amax / 2^k <= 65024, so
+    # the tile's largest element lands in E5M6's top binade and none clips.
+    k = expand_scale(e5m6_scale_exponent(amax), xf.shape, "tile", axis, tile)
+    # Dividing by 2^k is exact (bit patterns, no flush-to-zero); rounding to
+    # E5M6 is the only rounding; multiplying back by 2^k is exact again.
+    values = ldexp_exact(round_to_e5m6(ldexp_exact(xf, -k)), k)
+    limit = jnp.float32(_BF16_E5M6_LIMIT)
+    values = jnp.where(jnp.isfinite(xf), jnp.clip(values, -limit, limit), values)
+    # bfloat16 storage: 16 bits per element, every E5M6 value x 2^k exact in it.
+    return values.astype(jnp.bfloat16)
+
+
 def cache_for_wgrad(x: jax.Array, qx, recipe: Recipe):
     """What the forward pass keeps of x for Wgrad (the residual).
 
-    By default the FP8 operand itself (codes + scales, no high-precision
-    copy); with ``recipe.x_cache == "e5m6"`` a copy of x rounded to E5M6,
-    stored in bfloat16 (which holds every E5M6 value exactly).
+    By default (``recipe.x_cache`` None) the FP8 operand itself (codes +
+    scales, no high-precision copy).  ``"e5m6"`` (DeepSeek-V3's cache for
+    the input of the linear after attention): x in E5M6 with power-of-two
+    scales per 1x128 tile along the contraction axis K (:func:`e5m6_tiles`),
+    which Wgrad re-quantizes in 128x1 E4M3 tiles along the tokens.
+    ``"e5m6_unscaled"`` (a named variant only): x rounded to E5M6 without
+    scales, finite values saturating at +-65024.  Both stored in bfloat16.
     """
     if not schemes.requantizes_codes(recipe.wgrad.lhs.fmt):
         # Block formats quantize Wgrad's x along the tokens (after the RHT) from
@@ -184,6 +223,11 @@ def cache_for_wgrad(x: jax.Array, qx, recipe: Recipe):
         # high-precision tensor: re-quantizing 4-bit codes would round twice.
         return x
     if recipe.x_cache == "e5m6" and recipe.wgrad.lhs.quantized:
-        # E5M6 keeps 6 mantissa bits: Wgrad re-quantizes from it, not from E4M3.
+        # E5M6 keeps 6 mantissa bits: Wgrad re-quantizes from it, not from
+        # E4M3.  The contraction axis of x is its last (dense (B, M, K),
+        # grouped (M, K)): the cache's 1x128 tiles run along K as Fprop's do.
+        return e5m6_tiles(x, axis=-1, tile=recipe.fprop.lhs.tile)
+    if recipe.x_cache == "e5m6_unscaled" and recipe.wgrad.lhs.quantized:
+        # The unscaled variant: E5M6's own range only, large values clip at 65024.
         return round_to_e5m6(x.astype(jnp.float32)).astype(jnp.bfloat16)
     return qx

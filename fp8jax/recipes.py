@@ -37,7 +37,7 @@ from fp8jax.formats import BLOCK_FORMATS
 GRANULARITIES = ("tensor", "row", "tile", "block")
 SCALINGS = ("current", "delayed")
 IMPLS = ("auto", "xla", "chunked", "fp8", "fp8_fast", "pallas")
-CACHE_FORMATS = (None, "e5m6")
+CACHE_FORMATS = (None, "e5m6", "e5m6_unscaled")
 SITES = ("attn_out", "dispatch", "expert_down")
 PROMOTE_ROUNDINGS = ("fma", "separate")
 SCALE_ROUNDINGS = ("floor", "ceil")
@@ -223,11 +223,14 @@ class Recipe:
       dequantization, exact only for power-of-two scales).  Equal to FP8 x FP8
       products with FP32 accumulation up to the rounding of data * scale.
     * ``"chunked"``: the contraction in runs over which both scales are
-      constant (128 for 1x128 tiles / 128x128 blocks, all of K per tensor
-      or row); each run is one dot of the unscaled FP8 codes, exact in
-      bfloat16, as ``BF16_BF16_F32``; its float32 partial sum is multiplied by
-      the two scales and added into a float32 accumulator (DeepGEMM's
-      promotion, exact products, float32 sums).
+      constant (128 for 1x128 tiles / 128x128 blocks; per tensor or row one
+      run of all of K); each run is one dot of the unscaled FP8 codes, exact
+      in bfloat16, as ``BF16_BF16_F32``: exact products, summed in float32
+      (round to nearest) in the order XLA's dot kernel chooses.  Runs are
+      promoted as DeepGEMM does: acc + run_sum * fl32(s_a * s_b), which XLA
+      fuses into one FMA (one rounding); whether it fuses is XLA's code
+      generation, so the last bits of a result can change with XLA's version
+      or the CPU.  A one-run GEMM is multiplied by its scale once.
     * ``"fp8"`` / ``"fp8_fast"``: as "chunked" with the runs as hardware FP8
       dots (``ANY_F8_ANY_F8_F32`` / ``..._FAST_ACCUM``; GPUs with FP8 only).
     * ``"pallas"``: the block-scaled Pallas kernel (interpret mode off-GPU).
@@ -246,8 +249,12 @@ class Recipe:
     routed experts power-of-two scales; ``down_grad_pow2`` gives the
     activation gradient before the routed experts' down-projection
     power-of-two scales.  ``x_cache`` is what a GEMM's Wgrad re-quantizes x
-    from: None, its cached FP8 operand; "e5m6", a copy of x rounded to E5M6
-    (emulated in bfloat16, which holds every E5M6 value exactly).
+    from: None, its cached FP8 operand; "e5m6", x in E5M6 in 1x128 tiles
+    along K with power-of-two scales (the smallest 2^k with tile amax / 2^k
+    <= 65024, so nothing clips; :func:`fp8jax.operands.e5m6_tiles`), the
+    paper's cache; "e5m6_unscaled", x rounded to E5M6 with no scale
+    (saturating at +-65024; the ``attn_out_e5m6_unscaled`` variant).  Both
+    are emulated in bfloat16, which holds every value of either exactly.
 
     ``high_precision_last``: the fraction of the model's blocks, the last
     ones, whose GEMMs skip quantization and run as the bf16 baseline does
@@ -346,7 +353,9 @@ def for_site(recipe: Recipe, site: str) -> Recipe:
                                                           Fprop and in its 128x1
                                                           Wgrad tiles;
                                                           ``attn_out_cache``: x
-                                                          cached in E5M6 for Wgrad
+                                                          cached for Wgrad in
+                                                          E5M6, 1x128 tiles with
+                                                          power-of-two scales
     "dispatch"     the routed experts' up-projection,     ``dispatch_pow2``: x with
                    whose input is dispatched in FP8       power-of-two scales at
                                                           Fprop and in its 128x1

@@ -16,6 +16,10 @@ so that exactly one property changes:
   ``tile_everywhere`` deepseek_v3 with 1x128 tiles for the weights too
   ``dgrad_blocks``    deepseek_v3 with 128x128 blocks for the Dgrad activation
                       gradient dy (DeepSeek-V3 appendix B.2)
+  ``attn_out_e5m6_unscaled``  deepseek_v3 with the input of the linear after
+                      attention cached in E5M6 without scales (values beyond
+                      +-65,024 clip) instead of the paper's 1x128 tiles with
+                      power-of-two scales
   ``nvfp4_no_rht`` / ``nvfp4_no_sr``  the ``nvfp4`` preset without the Wgrad
                       Hadamard transform / the gradient's stochastic rounding
   ``nvfp4_rtn``       both off (round-to-nearest; 16x16 weight blocks kept)
@@ -82,6 +86,13 @@ def dgrad_blocks() -> Recipe:
     )
 
 
+def attn_out_e5m6_unscaled() -> Recipe:
+    """deepseek_v3 with attn_out's Wgrad cache in E5M6 unscaled (clipped at +-65,024)."""
+    return dataclasses.replace(
+        recipes.deepseek_v3(), name="attn_out_e5m6_unscaled", attn_out_cache="e5m6_unscaled"
+    )
+
+
 VARIANTS: dict[str, Callable[[], Recipe]] = {
     "fine_hybrid": fine_hybrid,
     "tensor_delayed": tensor_delayed,
@@ -100,6 +111,7 @@ VARIANTS: dict[str, Callable[[], Recipe]] = {
     ),
     "tile_everywhere": tile_everywhere,
     "dgrad_blocks": dgrad_blocks,
+    "attn_out_e5m6_unscaled": attn_out_e5m6_unscaled,
     "nvfp4_no_rht": lambda: dataclasses.replace(recipes.nvfp4(hadamard=False), name="nvfp4_no_rht"),
     "nvfp4_no_sr": lambda: dataclasses.replace(recipes.nvfp4(stochastic=False), name="nvfp4_no_sr"),
     "nvfp4_rtn": lambda: dataclasses.replace(

@@ -185,3 +185,28 @@ def ref_round_e5m6(x: np.ndarray) -> np.ndarray:
         unit = 2.0 ** (e - 6)
         out[i] = np.round(v / unit) * unit  # np.round: half to even
     return out
+
+
+def ref_e5m6_tiles(x: np.ndarray, axis: int = -1, tile: int = 128) -> np.ndarray:
+    """E5M6 with one power-of-two scale per 1 x tile run along ``axis``, in float64.
+
+    Per tile: amax over the finite elements; k the smallest integer with
+    amax <= 65024 * 2^k (searched in float64 from floor(log2 amax)); values
+    ref_round_e5m6(x / 2^k) * 2^k.  An all-zero tile has k = 0.
+    """
+    x = np.moveaxis(np.asarray(x, np.float64), axis, -1)
+    out = np.empty_like(x)
+    mx = (2 - 2.0**-6) * 2.0**15
+    n = x.shape[-1]
+    for idx in np.ndindex(*x.shape[:-1]):
+        for start in range(0, n, tile):
+            t = x[idx][start : start + tile]
+            fin = t[np.isfinite(t)]
+            amax = float(np.max(np.abs(fin))) if fin.size else 0.0
+            k = 0
+            if amax > 0:
+                k = math.frexp(amax)[1] - 18
+                while amax > mx * 2.0**k:
+                    k += 1
+            out[idx][start : start + tile] = ref_round_e5m6(t / 2.0**k) * 2.0**k
+    return np.moveaxis(out, -1, axis)

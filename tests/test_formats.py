@@ -8,6 +8,7 @@ from reference import ref_cast, ref_round_e5m6
 import fp8jax
 from fp8jax.formats import (
     as_format,
+    e5m6_scale_exponent,
     float32_from_parts,
     fmt_max,
     fmt_tiny,
@@ -136,6 +137,29 @@ def test_round_to_e5m6_matches_float64_reference(jit):
     # Saturating: the largest magnitude is 65024; ties went to even mantissas.
     assert np.max(np.abs(got[np.isfinite(got)])) == 65024.0
     np.testing.assert_array_equal(got[-9:-6], [65024.0, 65024.0, -65024.0])
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_e5m6_scale_exponent_is_the_smallest_power_of_two_that_fits(jit):
+    rng = np.random.default_rng(10)
+    edges = [65024.0 * 2.0**j for j in (-140, -20, -1, 0, 1, 40, 112)]
+    amax = np.concatenate(
+        [
+            np.abs(rng.standard_normal(3000) * np.exp(rng.uniform(-100, 88, 3000))),
+            edges,
+            [np.nextafter(np.float32(v), np.float32(np.inf)) for v in edges],
+            [np.nextafter(np.float32(v), np.float32(0)) for v in edges],
+            [0.0, 1e-45, 1e-40, 2.0**-126, 1.0, 32512.0, 32768.0, 3.4028235e38],
+        ]
+    ).astype(np.float32)
+    f = jax.jit(e5m6_scale_exponent) if jit else e5m6_scale_exponent
+    got = np.asarray(f(jnp.asarray(amax)))
+    # The rule in float64: the smallest k with amax <= 65024 * 2^k (0 for amax 0).
+    a64 = amax.astype(np.float64)
+    fits = a64 <= 65024.0 * np.ldexp(1.0, got)
+    fits_below = a64 <= 65024.0 * np.ldexp(1.0, got - 1)
+    assert np.all(fits[a64 > 0]) and not np.any(fits_below[a64 > 0])
+    assert got[a64 == 0].tolist() == [0]
 
 
 def test_round_to_e5m6_agrees_with_float16_where_e5m6_is_coarser():

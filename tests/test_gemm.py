@@ -101,12 +101,15 @@ def _f64(op):
 def test_chunked_path_matches_float64(kind, spec, use_jit):
     """chunked = exact products, float32 sums: |y - y64| <= (L + 2R + 2) u sum|a b|.
 
-    L is the run length (128 for tiles / blocks, all of K per tensor or row).
-    Within one run of L products XLA sums in float32 (L - 1 roundings of at
-    most u = 2^-24 relative to the running |sum| <= sum|a b|); the run's sum is
-    multiplied by fl(s_a s_b) (2 roundings) and added into the accumulator
-    (R runs, one rounding each).  The float64 reference dequantizes the same
-    codes and scales exactly.
+    L is the run length (128 for tiles / blocks, all of K per tensor or row:
+    R = 1 run).  The products of FP8 codes are exact; within one run XLA sums
+    them in float32 in its own order (L - 1 roundings of at most u = 2^-24
+    relative to the running |sum| <= sum|a b|).  The scale fl(s_a s_b) is one
+    rounding.  Promotion, acc + run_sum * s: XLA fuses it into one FMA (one
+    rounding per run), but whether it fuses is XLA's code generation, so the
+    bound allows two (product, then sum) per run: 2R.  One more u of slack
+    for the linearisation.  The float64 reference dequantizes the same codes
+    and scales exactly.
     """
     rng = np.random.default_rng(0)
     bsz, m, k, n = 2, 37, 300, 45  # odd shapes: partial tiles and blocks
@@ -146,7 +149,8 @@ def test_chunked_bound_holds_for_one_long_run(use_jit):
     """Per-tensor scales: one run of K = 4096 positive products, where sums grow the most.
 
     The float32 sum of L exact products in any order is within (L - 1) u
-    sum|a b| of the exact sum; scaling adds 2 roundings.
+    sum|a b| of the exact sum; one run is scaled once, by fl(s_a s_b): the
+    scale product and the multiply, 2 roundings (no accumulator to fuse).
     """
     rng = np.random.default_rng(3)
     k = 4096

@@ -6,9 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import ref_e5m6_tiles, ref_round_e5m6
 
 import fp8jax
-from fp8jax.operands import after_gradient, materialize
+from fp8jax import recipes, variants
+from fp8jax.formats import round_to_e5m6
+from fp8jax.operands import after_gradient, cache_for_wgrad, e5m6_tiles, materialize
 
 
 @pytest.mark.parametrize("use_jit", [False, True])
@@ -59,3 +62,54 @@ def test_materialize_is_straight_through_for_quantized_operands(use_jit):
     assert isinstance(g, fp8jax.QTensor) and g.data.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(g.data), c.astype(np.float32))
     assert not np.any(np.asarray(g.scale))
+
+
+def _heavy_rows(rng) -> np.ndarray:
+    x = (rng.standard_normal((4, 320)) * np.exp(rng.uniform(-3, 3, (4, 1)))).astype(np.float32)
+    x[0, 7], x[0, 200] = 1.0e5, -4.0e4  # massive activations, beyond 65,024
+    x[1, 3] = 3.0e38  # near float32's largest value
+    x[2, :128] *= np.float32(1e-30)  # a tiny tile
+    x[2, 128:256] = 0.0  # an all-zero tile
+    x[3, 5], x[3, 300] = np.inf, np.nan
+    return x
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_e5m6_tiles_matches_float64_reference(jit):
+    x = _heavy_rows(np.random.default_rng(3))
+    f = jax.jit(e5m6_tiles) if jit else e5m6_tiles
+    got = f(jnp.asarray(x))
+    assert got.dtype == jnp.bfloat16 and got.shape == x.shape
+    np.testing.assert_array_equal(np.asarray(got, np.float64), ref_e5m6_tiles(x), strict=True)
+    # Along another axis (the edge tile of 64 takes its own scale).
+    xt = np.ascontiguousarray(x[:, :192].T)
+    got0 = np.asarray(e5m6_tiles(jnp.asarray(xt), axis=0), np.float64)
+    np.testing.assert_array_equal(got0, ref_e5m6_tiles(xt, axis=0))
+
+
+def test_e5m6_tiles_keep_massive_activations():
+    x = _heavy_rows(np.random.default_rng(4))[:1]
+    got = np.asarray(e5m6_tiles(jnp.asarray(x)), np.float64)
+    # 7 significant bits: every element within 2^-7 of itself, nothing clipped.
+    assert np.all(np.abs(got - x) <= 2.0**-7 * np.abs(x))
+    # 1e5 in a tile scaled by 2: 50,000 rounds to 98 * 512 in E5M6's top binade.
+    assert got[0, 7] == 2 * 98 * 512
+    # The unscaled variant's rounding clips 1e5 at 65,024.
+    assert np.asarray(round_to_e5m6(jnp.asarray(x)))[0, 7] == 65024.0
+
+
+def test_cache_for_wgrad_per_cache_format():
+    x = _heavy_rows(np.random.default_rng(5))[None, :2, :256]
+    xj = jnp.asarray(x)
+    site = recipes.for_site(recipes.deepseek_v3(), "attn_out")
+    qx = fp8jax.quantize(xj, fp8jax.E4M3, "tile", axis=-1)
+    np.testing.assert_array_equal(
+        np.asarray(cache_for_wgrad(xj, qx, site), np.float64), ref_e5m6_tiles(x)
+    )
+    unscaled = recipes.for_site(variants.attn_out_e5m6_unscaled(), "attn_out")
+    assert unscaled.x_cache == "e5m6_unscaled"
+    np.testing.assert_array_equal(
+        np.asarray(cache_for_wgrad(xj, qx, unscaled), np.float64), ref_round_e5m6(x)
+    )
+    # Elsewhere the FP8 operand itself is the residual.
+    assert cache_for_wgrad(xj, qx, recipes.deepseek_v3()) is qx

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from reference import ref_linear_grads, ref_round_e5m6, ref_spec_qdq
+from reference import ref_e5m6_tiles, ref_linear_grads, ref_round_e5m6, ref_spec_qdq
 
 import fp8jax
 from fp8jax import recipes
@@ -55,11 +55,17 @@ def test_deepseek_v3_variants():
 
 
 def _site_reference(x, w, g, recipe):
-    """y, dx, dw in float64 of the documented dataflow, E5M6 cache included."""
-    if recipe.x_cache != "e5m6":
+    """y, dx, dw in float64 of the documented dataflow, E5M6 cache included.
+
+    "e5m6": x in E5M6 in 1x128 tiles along K with power-of-two scales;
+    "e5m6_unscaled": x rounded to E5M6 (clipped at 65,024); either is
+    re-quantized by Wgrad's spec in 128x1 tiles along the tokens.
+    """
+    caches = {"e5m6": ref_e5m6_tiles, "e5m6_unscaled": ref_round_e5m6}
+    if recipe.x_cache not in caches:
         return ref_linear_grads(x, w, g, recipe)
     y, dx, _ = ref_linear_grads(x, w, g, recipe)
-    xw = ref_spec_qdq(ref_round_e5m6(x).reshape(x.shape), recipe.wgrad.lhs, 1)
+    xw = ref_spec_qdq(caches[recipe.x_cache](x).reshape(x.shape), recipe.wgrad.lhs, 1)
     dyw = ref_spec_qdq(g, recipe.wgrad.rhs, 1)
     return y, dx, np.einsum("bmk,bmn->bkn", xw, dyw)
 
@@ -108,6 +114,40 @@ def test_deepseek_v3_site_gemms_follow_their_scale_rule(site, jit):
         err, err_alt = _rel(a, ref), _rel(a, alt)
         assert err < 1e-5, (name, err)
         assert err_alt > 100 * max(err, 1e-7), (name, err_alt)
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "attn_out_e5m6_unscaled"])
+def test_attn_out_cache_on_massive_activations(name):
+    # Activations of 1e4-1e5 (beyond E5M6's 65,024): the paper's cache keeps
+    # them (1x128 power-of-two tiles), the unscaled variant clips them; each
+    # GEMM's Wgrad matches the float64 reference of its own cache only.
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 256, 256)).astype(np.float32)
+    x[0, [3, 77, 200], [5, 130, 255]] = [1.0e5, -3.0e4, 7.0e4]
+    w = (rng.standard_normal((1, 256, 128)) / 16).astype(np.float32)
+    g = rng.standard_normal((1, 256, 128)).astype(np.float32)
+    rs = recipes.for_site(recipes.get(name), "attn_out")
+    dims = (((2,), (1,)), ((0,), (0,)))
+    _, vjp = jax.vjp(lambda a, b: fp8jax.dot_general(a, b, dims, recipe=rs), x, w)
+    dw = np.asarray(vjp(jnp.asarray(g))[1], np.float64)
+    other = "e5m6_unscaled" if rs.x_cache == "e5m6" else "e5m6"
+    want = _site_reference(x, w, g, rs)[2]
+    alt = _site_reference(x, w, g, dataclasses.replace(rs, x_cache=other))[2]
+    assert _rel(dw, want) < 1e-5
+    assert _rel(dw, alt) > 1e-3
+    exact = np.einsum("bmk,bmn->bkn", x.astype(np.float64), g.astype(np.float64))
+    if name == "deepseek_v3":
+        # Nothing clipped: within 10% of the exact product.
+        assert _rel(dw, exact) < 0.1
+
+
+def test_attn_out_e5m6_unscaled_is_a_named_variant():
+    r = recipes.get("attn_out_e5m6_unscaled")
+    base = recipes.deepseek_v3()
+    assert r.attn_out_cache == "e5m6_unscaled" and base.attn_out_cache == "e5m6"
+    assert dataclasses.replace(r, name=base.name, attn_out_cache="e5m6") == base
+    with pytest.raises(ValueError, match="x_cache must be one of"):
+        dataclasses.replace(base, x_cache="e5m7")
 
 
 def _rel(a, ref):
