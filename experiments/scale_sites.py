@@ -36,9 +36,9 @@ from flax import nnx
 
 import fp8jax
 from fp8jax import data as data_lib
-from fp8jax.formats import round_to_e5m6
 from fp8jax.models import MoETransformer, loss_fn
 from fp8jax.numerics.captured import GemmSite, tap_gemms
+from fp8jax.operands import e5m6_tiles
 from fp8jax.train import loop
 from fp8jax.train.defaults import config_file, model_config, seq_len
 
@@ -142,8 +142,8 @@ def _wgrad_x_errors(x: np.ndarray) -> dict[str, float]:
         requant = fp8jax.quantize(cached, fp8jax.E4M3, "tile", axis=0, pow2=wgrad_pow2)
         out[label] = (err(direct), err(requant))
     # The E5M6 cache (the paper's format for the input of the linear after
-    # attention): Wgrad re-quantizes from x rounded to E5M6.
-    e5m6 = round_to_e5m6(xj)
+    # attention: 1x128 tiles, power-of-two scales): Wgrad re-quantizes from it.
+    e5m6 = e5m6_tiles(xj, axis=-1).astype(jnp.float32)
     for label, pow2 in [("E5M6 cache, arbitrary", False), ("E5M6 cache, pow2", True)]:
         direct = fp8jax.quantize(xj, fp8jax.E4M3, "tile", axis=0, pow2=pow2)
         requant = fp8jax.quantize(e5m6, fp8jax.E4M3, "tile", axis=0, pow2=pow2)

@@ -28,8 +28,9 @@ Each of the three GEMMs runs through the one GEMM core, :func:`fp8jax.gemm.gemm`
 which decides how (``recipe.impl``, the accumulation emulator when
 ``recipe.accumulation`` is set) and names every dot's algorithm; its
 docstring and :class:`~fp8jax.recipes.Recipe` give the numerics of each way.
-With ``recipe.x_cache = "e5m6"`` the residual for Wgrad is x rounded to E5M6
-instead of the FP8 operand (DeepSeek-V3's cache for the linear after attention).
+With ``recipe.x_cache = "e5m6"`` the residual for Wgrad is x in E5M6 with one
+power-of-two scale per 1x128 tile (:func:`fp8jax.operands.e5m6_tiles`) instead of
+the FP8 operand (DeepSeek-V3's cache for the linear after attention).
 
 Delayed scaling: pass ``state`` (:class:`~fp8jax.scaling.DelayedGemmState`);
 its cotangent is the updated state (see that class).

@@ -265,7 +265,7 @@ def describe_path(impl: str, recipe: Recipe, a, b, how: str = "") -> str:
     "plain <dtype>" (one ``lax.dot_general`` of unquantized operands),
     "xla dequant <dtype>" (codes x scale rounded to that dtype, one dot),
     "chunked" (FP8 codes per run of constant scales, exact products,
-    float32 sums), "fp8" / "fp8_fast" (the same with hardware FP8 dots),
+    float32 sums in XLA's order, promotion fused by XLA into one FMA), "fp8" / "fp8_fast" (the same with hardware FP8 dots),
     "pallas" (or "pallas interpret", the kernel in Pallas interpret mode),
     "scaled_matmul" (the native block-format GEMM), or "emulate" with the
     accumulation model's parameters; "unsupported <impl>" where the platform
