@@ -42,7 +42,13 @@ import jax.numpy as jnp
 
 from fp8jax import scaling, schemes
 from fp8jax.gemm import grouped_gemm
-from fp8jax.groups import GroupLayout, check_group_sizes, group_layout, to_tiles
+from fp8jax.groups import (
+    GroupLayout,
+    check_group_sizes,
+    group_layout,
+    group_sizes_valid,
+    to_tiles,
+)
 from fp8jax.operands import (
     after_gradient,
     cache_for_wgrad,
@@ -224,6 +230,8 @@ def grouped_dot(
         represented values.
       w: (E, K, N) expert weights.
       group_sizes: int (E,) rows per expert, sum <= M (rows past the sum give 0).
+        Negative sizes or sizes summing past M raise a ValueError when
+        concrete; traced (under ``jax.jit``) they make every output NaN.
       recipe: precision of Fprop, Dgrad and Wgrad.
       state: DelayedGemmState for delayed recipes (one for all experts); its
         gradient is the updated state.
@@ -246,4 +254,11 @@ def _run(x, w, group_sizes, recipe, state, preferred_element_type, with_stats):
             "w": operand_stats(w_values, w),
         }
         return (y, stats) if with_stats else y
-    return _grouped_core(x, w, group_sizes, state, recipe, dtypes, with_stats)
+    out = _grouped_core(x, w, group_sizes, state, recipe, dtypes, with_stats)
+    if isinstance(group_sizes, jax.core.Tracer):
+        # Invalid traced sizes cannot raise (eager ones did, in _check):
+        # poison the product instead of returning silently wrong rows.
+        y, stats = out if with_stats else (out, None)
+        y = jnp.where(group_sizes_valid(group_sizes, x.shape[0]), y, jnp.nan)
+        out = (y, stats) if with_stats else y
+    return out

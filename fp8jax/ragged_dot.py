@@ -67,12 +67,13 @@ def ragged_dot_with_stats(
             state=state,
             preferred_element_type=preferred_element_type,
         )
+        # (which makes the product NaN for invalid traced group sizes).
     else:
         y = _standard(lhs, rhs, group_sizes, recipe, preferred_element_type)
         stats = {"x": operand_stats(lhs, lhs), "w": operand_stats(rhs, rhs)}
-    if isinstance(group_sizes, jax.core.Tracer):
-        # Invalid traced sizes cannot raise: poison the product instead.
-        y = jnp.where(group_sizes_valid(group_sizes, lhs.shape[0]), y, jnp.nan)
+        if isinstance(group_sizes, jax.core.Tracer):
+            # Invalid traced sizes cannot raise: poison the product instead.
+            y = jnp.where(group_sizes_valid(group_sizes, lhs.shape[0]), y, jnp.nan)
     return y, stats
 
 

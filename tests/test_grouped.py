@@ -325,3 +325,19 @@ def test_prequantized_weights_go_in_with_their_codes():
             jnp.asarray(GROUPS),
             recipe=recipe,
         )
+
+
+@pytest.mark.parametrize("name", ["bf16", "deepseek_v3"])
+@pytest.mark.parametrize("sizes", [[-3, 7], [9, 9], [2**31 - 1, 0]])
+def test_invalid_group_sizes_are_refused_eagerly_and_nan_under_jit(name, sizes):
+    recipe = fp8jax.recipes.get(name)
+    x = jnp.ones((4, 128), jnp.float32)
+    w = jnp.ones((2, 128, 128), jnp.float32)
+    gs = jnp.asarray(sizes, jnp.int32)
+    with pytest.raises(ValueError, match="group_sizes"):
+        grouped_dot(x, w, gs, recipe=recipe)
+    y = jax.jit(lambda x, w, g: grouped_dot(x, w, g, recipe=recipe))(x, w, gs)
+    assert bool(jnp.all(jnp.isnan(y)))
+    # Valid traced sizes stay untouched.
+    y = jax.jit(lambda x, w, g: grouped_dot(x, w, g, recipe=recipe))(x, w, jnp.asarray([1, 3]))
+    assert bool(jnp.all(jnp.isfinite(y)))
