@@ -382,6 +382,13 @@ def plan(
     else:
         exec_kind = ""
 
+    if model.expert_params:
+        notes.append(
+            f"{model.name}'s published checkpoint (FP4 experts, FP8 rest, E8M0 scales) is "
+            f"{checkpoint_bytes(model, 'deepseek-v4') / 1e9:,.1f} GB; this plan prices every "
+            f"parameter as {wf.describe} (planner.checkpoint_bytes gives each layout's bytes)."
+        )
+
     kv = kv_dtype.lower()
     if kv not in KV_BYTES:
         raise ValueError(f"unknown KV cache precision {kv_dtype!r}; one of {sorted(KV_BYTES)}")

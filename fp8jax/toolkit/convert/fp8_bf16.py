@@ -1,4 +1,9 @@
-"""Convert DeepSeek-V3-layout checkpoints between FP8 (128x128 block scales) and BF16.
+"""Convert DeepSeek checkpoints between FP8 / FP4 (block scales) and BF16.
+
+The layouts read (DeepSeek-V3; V3.1 / V3.2 with power-of-two "ue8m0" scales;
+V4 with E8M0 scales and packed FP4 routed experts) are described, with their
+sources, in :mod:`fp8jax.toolkit.convert.layouts`; FP4 tensors dequantize the
+same way as FP8 ones below, their E2M1 values decoded first.
 
 ``fp8_to_bf16(src, dst)``: every FP8 tensor ``x`` with its float32
 ``x_scale_inv`` becomes BF16 ``x * scale_inv`` (``rounding="deepseek"``, the
