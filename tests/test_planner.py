@@ -260,3 +260,22 @@ def test_model_and_card_count_limits():
     # The limits themselves plan: every number finite.
     p = planner.plan(huge, hardware.get("h800"), context=10**12, batch=10**9, memory_gb=1e6)
     assert math.isfinite(p.total_bytes) and p.cards >= 1
+
+
+def test_deepseek_v4_checkpoint_bytes_fp4_experts():
+    # Flash: 43 layers x 256 experts x 3 x 4096 x 2048 routed-expert parameters.
+    m = planner.get_model("deepseek-v4-flash")
+    expert = 43 * 256 * 3 * 4096 * 2048
+    assert m.expert_params == expert
+    rest = 284e9 - expert
+    # FP4 E2M1 + an E8M0 byte per 32 = 0.5 + 1/32 B; FP8 + an E8M0 byte per 128x128.
+    native = expert * (0.5 + 1 / 32) + rest * (1 + 1 / 16384)
+    assert planner.checkpoint_bytes(m, "deepseek-v4") == pytest.approx(native)
+    assert planner.checkpoint_bytes(m, "bf16") == pytest.approx(284e9 * 2)
+    # BF16 is 3.7x the native bytes, not 2x: FP4 experts quadruple.
+    assert 284e9 * 2 / native == pytest.approx(3.69, abs=0.01)
+    assert planner.checkpoint_bytes(
+        planner.get_model("deepseek-v3"), "deepseek-v3"
+    ) == pytest.approx(671e9 * (1 + 4 / 16384))
+    with pytest.raises(ValueError, match="unknown checkpoint layout"):
+        planner.checkpoint_bytes(m, "v5")

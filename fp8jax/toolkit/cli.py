@@ -254,6 +254,7 @@ def _cmd_convert(args) -> int:
             keep=keep,
             quiet=args.quiet,
             rounding=getattr(args, "rounding", "deepseek"),
+            scale_fmt=args.scale_fmt,
         )
     except convert.ConversionTerminated as e:
         print(f"fp8jax convert: {e}; partial output removed", file=sys.stderr)
@@ -261,6 +262,10 @@ def _cmd_convert(args) -> int:
     except (convert.ConversionError, ValueError, OSError) as e:
         return fail(e)
     rounding = f", {rep.rounding} rounding" if rep.rounding else ""
+    if rep.layout_name:
+        print(f"read {rep.layout_name}")
+    elif rep.scale_fmt == "ue8m0":
+        rounding = ", power-of-two (ue8m0) scales"
     # The conversion's own time, and the whole command's (Python and JAX start-up included).
     total = _seconds_since_start()
     whole = f" ({total:.2f} s since the command started)" if total is not None else ""
@@ -383,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="memory, cards, nodes and decode bound of a deployment")
     p.add_argument(
-        "--model", help="named config: deepseek-v3, deepseek-r1, llama-3.1-{8b,70b,405b}"
+        "--model",
+        help="named config: deepseek-v3, deepseek-r1, deepseek-v4-{flash,pro}, llama-3.1-{8b,70b,405b}",
     )
     p.add_argument("--params", type=_POSITIVE, help="custom model: total parameters (e.g. 70e9)")
     p.add_argument("--active", type=_POSITIVE, help="custom model: active parameters per token")
@@ -427,11 +433,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser(
-        "convert", help="convert a checkpoint between FP8 (DeepSeek layout) and BF16"
+        "convert",
+        help="convert a checkpoint between FP8 / FP4 (DeepSeek-V3, V3.1, V4 layouts) and BF16",
     )
     conv = p.add_subparsers(dest="direction", required=True, metavar="DIRECTION")
     for direction, help_ in (
-        ("fp8-to-bf16", "dequantize FP8 weights (with their _scale_inv) to BF16"),
+        (
+            "fp8-to-bf16",
+            "dequantize FP8 / packed FP4 weights (with their _scale_inv or .scale) to BF16",
+        ),
         ("bf16-to-fp8", "quantize 2-D weights to E4M3 with 128x128 block scales"),
     ):
         q = conv.add_parser(direction, help=help_)
@@ -445,6 +455,14 @@ def build_parser() -> argparse.ArgumentParser:
                 help="deepseek (default): float32 product rounded to BF16, bit for bit what "
                 "DeepSeek's fp8_cast_bf16.py writes; exact: the exact product rounded once",
             )
+            q.add_argument(
+                "--scale-fmt",
+                choices=["auto", "float32", "ue8m0"],
+                default="auto",
+                help="auto (default): as config.json's quantization_config.scale_fmt says "
+                "(ue8m0: float scales must be powers of two); float32: read float scales as "
+                "they are; ue8m0: require powers of two",
+            )
         else:
             q.add_argument(
                 "--keep",
@@ -452,6 +470,13 @@ def build_parser() -> argparse.ArgumentParser:
                 default=[],
                 metavar="REGEX",
                 help="also keep tensors whose name matches REGEX in high precision (repeatable)",
+            )
+            q.add_argument(
+                "--scale-fmt",
+                choices=["float32", "ue8m0"],
+                default="float32",
+                help="float32 (default): amax / 448 per block; ue8m0: rounded up to a power of "
+                "two (DeepSeek-V3.1's format), still stored as float32",
             )
         q.add_argument("--quiet", action="store_true", help="no progress bar")
     q = conv.add_parser("example", help="write a small FP8 checkpoint in DeepSeek-V3's layout")

@@ -102,6 +102,9 @@ class ModelSpec:
     kv_elems_per_layer: int
     kv_kind: str
     source: str = ""
+    # Routed experts' parameters (0: not split), where a checkpoint layout
+    # stores experts in another format than the rest (DeepSeek-V4: FP4).
+    expert_params: float = 0.0
 
     def __post_init__(self) -> None:
         for what, v in (("total", self.total_params), ("active", self.active_params)):
@@ -109,6 +112,8 @@ class ModelSpec:
                 raise ValueError(
                     f"{what} parameter count must be a positive finite number, got {v}"
                 )
+        if not 0 <= self.expert_params <= self.total_params:
+            raise ValueError("expert parameters must be between 0 and the total parameters")
         if self.active_params > self.total_params:
             raise ValueError("active parameters cannot exceed total parameters")
         if self.n_layers <= 0 or self.kv_elems_per_layer < 0:
@@ -132,6 +137,29 @@ def _deepseek(name: str) -> ModelSpec:
     )
 
 
+def _deepseek_v4(
+    name: str, total: float, active: float, layers: int, hidden: int, inter: int, experts: int
+) -> ModelSpec:
+    # Routed-expert parameters: layers x experts x 3 projections (w1, w2, w3)
+    # of hidden x moe_intermediate_size, every layer MoE.
+    expert = float(layers * experts * 3 * hidden * inter)
+    return ModelSpec(
+        name=name,
+        total_params=total,
+        active_params=active,
+        n_layers=layers,
+        # Assumption: the DeepSeek-V4 report gives its KV cache at 1M tokens as 10% of
+        # DeepSeek-V3.2's; taken here as 10% of V3.2's 576 MLA elements per token per layer.
+        kv_elems_per_layer=58,
+        kv_kind="assumed 58 elements (10% of V3.2's MLA 576)",
+        source=f"DeepSeek-V4 report (arXiv 2606.19348): {total / 1e9:g}B total, "
+        f"{active / 1e9:g}B activated; config.json: {layers} layers, hidden {hidden}, "
+        f"{experts} routed experts of moe_intermediate_size {inter}; routed experts "
+        f"{expert / 1e9:.1f}B (computed), the rest assumed = total - experts",
+        expert_params=expert,
+    )
+
+
 def _llama(name: str, params: float, layers: int) -> ModelSpec:
     return ModelSpec(
         name=name,
@@ -147,6 +175,8 @@ def _llama(name: str, params: float, layers: int) -> ModelSpec:
 MODELS: dict[str, ModelSpec] = {
     "deepseek-v3": _deepseek("DeepSeek-V3"),
     "deepseek-r1": _deepseek("DeepSeek-R1"),
+    "deepseek-v4-flash": _deepseek_v4("DeepSeek-V4-Flash", 284e9, 13e9, 43, 4096, 2048, 256),
+    "deepseek-v4-pro": _deepseek_v4("DeepSeek-V4-Pro", 1.6e12, 49e9, 61, 7168, 3072, 384),
     "llama-3.1-8b": _llama("Llama-3.1-8B", 8e9, 32),
     "llama-3.1-70b": _llama("Llama-3.1-70B", 70e9, 80),
     "llama-3.1-405b": _llama("Llama-3.1-405B", 405e9, 126),
@@ -194,6 +224,41 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
     "fp4": _scaled("fp4", "nvfp4", False, "NVFP4: FP4 E2M1 + E4M3 scale per 16"),
     "mxfp4": _scaled("mxfp4", "mxfp4", False, "MXFP4: FP4 E2M1 + E8M0 scale per 32"),
 }
+
+# Checkpoint layouts as published: (format of the non-expert weights, format
+# of the routed experts).  DeepSeek-V4 stores FP8 E4M3 with one E8M0 byte per
+# 128x128 block and routed experts in FP4 E2M1 with one E8M0 byte per 32
+# (MXFP4's bytes); its BF16 conversion is 2 bytes per parameter throughout.
+CHECKPOINT_LAYOUTS: dict[str, tuple[str, str]] = {
+    "bf16": ("bf16", "bf16"),
+    "deepseek-v3": ("fp8", "fp8"),
+    "deepseek-v4": ("fp8-e8m0", "mxfp4"),
+}
+
+
+def checkpoint_bytes(model: ModelSpec, layout: str) -> float:
+    """Bytes of ``model``'s weights, scales included, in a checkpoint layout.
+
+    Experts (``model.expert_params``) in the layout's expert format, the rest
+    in its other format; see :data:`CHECKPOINT_LAYOUTS`.
+    """
+    if layout not in CHECKPOINT_LAYOUTS:
+        raise ValueError(
+            f"unknown checkpoint layout {layout!r}; one of {sorted(CHECKPOINT_LAYOUTS)}"
+        )
+    dense, expert = (_layout_format(f) for f in CHECKPOINT_LAYOUTS[layout])
+    rest = model.total_params - model.expert_params
+    return rest * (dense.bytes_per_param + dense.scale_bytes_per_param) + model.expert_params * (
+        expert.bytes_per_param + expert.scale_bytes_per_param
+    )
+
+
+def _layout_format(name: str) -> WeightFormat:
+    if name == "fp8-e8m0":
+        # One E8M0 byte (not a float32) per 128x128 block.
+        return WeightFormat(name, 1.0, 1 / (BLOCK * BLOCK), True, "FP8 E4M3 + E8M0 per 128x128")
+    return WEIGHT_FORMATS[name]
+
 
 KV_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 
@@ -316,6 +381,13 @@ def plan(
         notes.append(note)
     else:
         exec_kind = ""
+
+    if model.expert_params:
+        notes.append(
+            f"{model.name}'s published checkpoint (FP4 experts, FP8 rest, E8M0 scales) is "
+            f"{checkpoint_bytes(model, 'deepseek-v4') / 1e9:,.1f} GB; this plan prices every "
+            f"parameter as {wf.describe} (planner.checkpoint_bytes gives each layout's bytes)."
+        )
 
     kv = kv_dtype.lower()
     if kv not in KV_BYTES:

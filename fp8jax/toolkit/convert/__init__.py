@@ -1,4 +1,7 @@
-"""Checkpoint conversion between FP8 (DeepSeek-V3 block-scaled layout) and BF16.
+"""Checkpoint conversion between FP8 / FP4 (DeepSeek-V3, V3.1 / V3.2, V4 layouts) and BF16.
+
+* :mod:`~fp8jax.toolkit.convert.layouts`: which layout a checkpoint is (from
+  its files), E2M1 / E8M0 decoding, scale checks, block sizes from scale grids;
 
 * :mod:`~fp8jax.toolkit.convert.safetensors_io`: a strict safetensors reader
   (plain reads of regular files; accepts what the reference library accepts) and a streaming

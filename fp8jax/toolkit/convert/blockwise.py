@@ -42,6 +42,7 @@ import numpy as np
 
 from fp8jax.formats import E4M3
 from fp8jax.quant import quantize
+from fp8jax.toolkit.convert.layouts import check_scale_values, grid_shape
 
 BLOCK = 128
 ROUNDINGS = ("deepseek", "exact")
@@ -117,52 +118,50 @@ def scale_shape(shape: tuple[int, int], block: int = BLOCK) -> tuple[int, int]:
     return (-(-r // block), -(-c // block))
 
 
-def check_scale(weight: str, w_shape: tuple[int, ...], scale_name: str, scale: np.ndarray) -> None:
+def check_scale(
+    weight: str,
+    w_shape: tuple[int, ...],
+    scale_name: str,
+    scale: np.ndarray,
+    block: tuple[int, int] = (BLOCK, BLOCK),
+    scale_fmt: str = "float32",
+) -> None:
     """Refuse a scale tensor that cannot dequantize ``weight``: ValueError with one line.
 
-    The scale must have exactly one value per 128x128 block of the (2-D)
-    weight (a larger one would be cropped silently, a smaller one broadcast),
-    a dtype float32 holds exactly, and every value finite and > 0 (a zero
-    scale zeroes its block, a negative one flips its signs).
+    The scale must have exactly one value per ``block`` (128x128 unless told)
+    of the (2-D) weight (a larger one would be cropped silently, a smaller one
+    broadcast), a dtype float32 holds exactly or E8M0, and every value must
+    pass :func:`fp8jax.toolkit.convert.layouts.check_scale_values` (finite,
+    > 0, not E8M0's NaN byte; a power of two under ``scale_fmt="ue8m0"``).
     """
     if len(w_shape) != 2:
         raise ValueError(f"FP8 tensor {weight!r} has shape {list(w_shape)}; expected 2-D")
-    want = scale_shape(tuple(w_shape))
+    want = grid_shape(tuple(w_shape), block)
     if tuple(scale.shape) != want:
         raise ValueError(
             f"wrong scale shape for {weight!r}: {scale_name!r} is {list(scale.shape)}, expected "
-            f"{list(want)} (one per {BLOCK}x{BLOCK} block of {list(w_shape)})"
+            f"{list(want)} (one per {block[0]}x{block[1]} block of {list(w_shape)})"
         )
-    if scale.dtype not in SCALE_DTYPES:
-        raise ValueError(f"scale tensor {scale_name!r} has dtype {scale.dtype}; expected float32")
-    s = np.asarray(scale).astype(np.float32)
-    bad = int((~np.isfinite(s)).sum())
-    if bad:
-        raise ValueError(f"non-finite scale: {scale_name!r} holds {bad} inf/NaN value(s)")
-    bad = int((s <= 0).sum())
-    if bad:
-        raise ValueError(
-            f"non-positive scale: {scale_name!r} holds {bad} value(s) <= 0 "
-            f"(smallest {float(s.min()):g}); a scale must be > 0"
-        )
+    check_scale_values(scale_name, scale, scale_fmt, SCALE_DTYPES)
 
 
-def _times_blocks(x: np.ndarray, s: np.ndarray, op) -> np.ndarray:
+def _times_blocks(x: np.ndarray, s: np.ndarray, op, block: tuple[int, int]) -> np.ndarray:
     """op(x, scale of x's block) in x's dtype, for a stripe of rows starting at a block edge.
 
-    Broadcasts the (rows, ceil(cols/BLOCK)) row-expanded scales over 128-column
-    groups instead of materialising a full-size scale array.
+    Broadcasts the (rows, ceil(cols/bc)) row-expanded scales over groups of
+    ``bc`` columns instead of materialising a full-size scale array.
     """
+    br, bc = block
     r, c = x.shape
-    srow = np.repeat(s, BLOCK, axis=0)[:r]
+    srow = np.repeat(s, br, axis=0)[:r]
     out = np.empty((r, c), x.dtype)
-    main = (c // BLOCK) * BLOCK
+    main = (c // bc) * bc
     if main:
-        nb = main // BLOCK
+        nb = main // bc
         op(
-            x[:, :main].reshape(r, nb, BLOCK),
+            x[:, :main].reshape(r, nb, bc),
             srow[:, :nb, None],
-            out=out[:, :main].reshape(r, nb, BLOCK),
+            out=out[:, :main].reshape(r, nb, bc),
         )
     if main < c:
         op(x[:, main:], srow[:, -1:], out=out[:, main:])
@@ -174,24 +173,33 @@ def dequant_rows(
     scale_rows: np.ndarray,
     out_dtype=ml_dtypes.bfloat16,
     rounding: str = "deepseek",
+    block: tuple[int, int] = (BLOCK, BLOCK),
 ) -> np.ndarray:
-    """Dequantize a stripe of rows of an FP8 weight to ``out_dtype``.
+    """Dequantize a stripe of rows of a block-scaled weight to ``out_dtype``.
 
-    ``w``: (r, cols) FP8 rows starting at a multiple of ``BLOCK``;
-    ``scale_rows``: the (ceil(r/BLOCK), ceil(cols/BLOCK)) scales of those rows.
+    ``w``: (r, cols) rows starting at a multiple of the block's rows, FP8
+    codes or values already decoded to float32 (FP4, exact there);
+    ``scale_rows``: the (ceil(r/br), ceil(cols/bc)) scales of those rows (any
+    dtype float32 holds exactly: F32, BF16, F16, E8M0).
     ``rounding="deepseek"``: ``out_dtype(float32(w) * float32(scale))``;
-    ``"exact"``: ``round_to(float64(w) * float64(scale), out_dtype)``.
+    ``"exact"``: ``round_to(float64(w) * float64(scale), out_dtype)``.  The two
+    agree wherever the float32 product is exact, which it is for every
+    power-of-two scale (see :mod:`fp8jax.toolkit.convert.layouts`).
     """
     if rounding == "deepseek":
         # DeepSeek's weight_dequant: both operands to float32 (exact for FP8 and
         # F32/BF16/F16 scales), one float32 product, then a store to BF16.  A
         # product past float32's range becomes inf, which callers report.
         with np.errstate(over="ignore"):
-            prod = _times_blocks(w.astype(np.float32), scale_rows.astype(np.float32), np.multiply)
+            prod = _times_blocks(
+                w.astype(np.float32), scale_rows.astype(np.float32), np.multiply, block
+            )
         return prod.astype(out_dtype)
     if rounding == "exact":
         # float64 holds every FP8 x float32 product exactly (4 + 24 significant bits).
-        prod = _times_blocks(w.astype(np.float64), scale_rows.astype(np.float64), np.multiply)
+        prod = _times_blocks(
+            w.astype(np.float64), scale_rows.astype(np.float64), np.multiply, block
+        )
         return round_to(prod, out_dtype)
     raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
 
@@ -201,17 +209,20 @@ _GROUP = 64
 
 
 @functools.cache
-def _block_quantizer():
+def _block_quantizer(pow2: bool):
     # fp8jax.quantize's "block" granularity on a stack of 128x128 blocks gives
     # each block its own scale, the same arithmetic as on the 2-D weight; one
     # fixed stack shape means one compilation for every tensor of a checkpoint.
-    return jax.jit(lambda x: quantize(x, E4M3, "block", tile=BLOCK))
+    return jax.jit(lambda x: quantize(x, E4M3, "block", tile=BLOCK, pow2=pow2))
 
 
-def quant_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def quant_rows(x: np.ndarray, pow2: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Quantize a stripe of rows to E4M3 with 128x128 block scales: (data, float32 scale_inv).
 
-    Exactly ``fp8jax.quantize(x, E4M3, "block")`` (see the module docstring);
+    Exactly ``fp8jax.quantize(x, E4M3, "block", pow2=pow2)`` (see the module
+    docstring).  ``pow2=True`` gives DeepSeek-V3.1's UE8M0 scales: amax / 448
+    rounded up to a power of two, ``2^ceil(log2(amax / 448))``, so that no
+    element saturates (still stored as float32);
     ``x`` (rows starting at a multiple of 128) must be finite.  The stripe is
     zero-padded to whole blocks (zeros never raise a block's amax, and
     fp8jax.quantize pads partial blocks with zeros itself) and quantized as a
@@ -228,7 +239,7 @@ def quant_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     total = -(-n // _GROUP) * _GROUP
     if total > n:
         blocks = np.concatenate([blocks, np.zeros((total - n, BLOCK, BLOCK), x.dtype)])
-    quant = _block_quantizer()
+    quant = _block_quantizer(pow2)
     data, scale = [], []
     for g in range(0, total, _GROUP):
         q = quant(blocks[g : g + _GROUP])

@@ -1,4 +1,9 @@
-"""Convert DeepSeek-V3-layout checkpoints between FP8 (128x128 block scales) and BF16.
+"""Convert DeepSeek checkpoints between FP8 / FP4 (block scales) and BF16.
+
+The layouts read (DeepSeek-V3; V3.1 / V3.2 with power-of-two "ue8m0" scales;
+V4 with E8M0 scales and packed FP4 routed experts) are described, with their
+sources, in :mod:`fp8jax.toolkit.convert.layouts`; FP4 tensors dequantize the
+same way as FP8 ones below, their E2M1 values decoded first.
 
 ``fp8_to_bf16(src, dst)``: every FP8 tensor ``x`` with its float32
 ``x_scale_inv`` becomes BF16 ``x * scale_inv`` (``rounding="deepseek"``, the
@@ -49,6 +54,7 @@ same name and, as in the input, not in the output index.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -76,12 +82,21 @@ from fp8jax.staging import (
 from fp8jax.toolkit.convert.blockwise import (
     BLOCK,
     ROUNDINGS,
+    SCALE_DTYPES,
     all_finite,
     check_scale,
     dequant_rows,
     describe_nonfinite,
     quant_rows,
     scale_shape,
+)
+from fp8jax.toolkit.convert.layouts import (
+    LAYOUT_NAMES,
+    QuantConfig,
+    check_scale_values,
+    decode_e2m1,
+    infer_block,
+    read_quant_config,
 )
 from fp8jax.toolkit.convert.safetensors_io import (
     DTYPES,
@@ -101,6 +116,14 @@ from fp8jax.toolkit.convert.safetensors_io import (
 
 INDEX_NAME = "model.safetensors.index.json"
 SCALE_SUFFIX = "_scale_inv"
+# DeepSeek-V4 names the scale of ``P.weight`` ``P.scale``.
+V4_SCALE_SUFFIX = ".scale"
+WEIGHT_SUFFIX = ".weight"
+# One-byte storage of packed FP4 (two E2M1 values per byte): DeepSeek-V4 writes I8.
+PACKED_FP4_DTYPES = ("I8", "U8")
+# A routed expert's weight in DeepSeek-V4's naming (config expert_dtype "fp4").
+_ROUTED_EXPERT = re.compile(r"(^|\.)experts\.\d+\.")
+SCALE_FMT_CHOICES = ("auto", "float32", "ue8m0")
 CHUNK_ELEMS = 1 << 22
 # Written into the hidden output directory while a conversion runs (and removed
 # before the rename): which process owns it, so a later run can tell a stale one.
@@ -345,6 +368,9 @@ class Action:
     name: str
     out: tuple[tuple[str, str, tuple[int, ...]], ...]  # (name, dtype, shape) written
     scale: str | None = None  # dequant: name of the scale tensor
+    fmt: str = "fp8"  # dequant: "fp8" (E4M3/E5M2 codes) or "fp4" (packed E2M1)
+    block: tuple[int, int] = (BLOCK, BLOCK)  # dequant: rows x cols per scale
+    scale_dtype: str = "F32"  # dequant: the scale tensor's dtype
 
 
 def compile_keep(patterns: Sequence[str]) -> list[re.Pattern]:
@@ -376,34 +402,109 @@ def _require_holdable(name: str, shard: str, dtype: str, shape: tuple[int, ...])
         )
 
 
-def _plan_fp8_to_bf16(source: Source) -> dict[str, list[Action]]:
+def _scale_names(name: str) -> list[str]:
+    """Where the scale of quantized tensor ``name`` may be: V3's ``_scale_inv``, V4's ``.scale``."""
+    out = [name + SCALE_SUFFIX]
+    if name.endswith(WEIGHT_SUFFIX):
+        out.append(name[: -len(WEIGHT_SUFFIX)] + V4_SCALE_SUFFIX)
+    return out
+
+
+def _weight_of_scale(name: str) -> str | None:
+    """The weight a scale-like name belongs to (None: not a scale name)."""
+    if name.endswith(SCALE_SUFFIX):
+        return name[: -len(SCALE_SUFFIX)]
+    if name.endswith(V4_SCALE_SUFFIX):
+        return name[: -len(V4_SCALE_SUFFIX)] + WEIGHT_SUFFIX
+    return None
+
+
+def _find_scale(source: Source, name: str, shard: str) -> tuple[str, SafetensorsFile] | None:
+    """(scale name, its file) for ``name``; refuses a weight with both namings."""
+    found = [(n, f) for n in _scale_names(name) if (f := source.locate(n, shard)) is not None]
+    if len(found) > 1:
+        raise ConversionError(
+            f"{name!r} ({shard}) has two scale tensors, {found[0][0]!r} and {found[1][0]!r}; "
+            "which one applies is ambiguous"
+        )
+    return found[0] if found else None
+
+
+def _is_quantized(source: Source, name: str, shard: str, dtype: str) -> bool:
+    """FP8 codes, or one-byte storage with a scale (packed FP4)."""
+    if dtype in FP8_DTYPES:
+        return True
+    return dtype in PACKED_FP4_DTYPES and _find_scale(source, name, shard) is not None
+
+
+def _plan_fp8_to_bf16(source: Source, qc: QuantConfig) -> dict[str, list[Action]]:
+    """The dequantization of every FP8 / packed FP4 tensor, with all scales checked.
+
+    ``qc`` is config.json's quantization (the FP8 block and the scale format,
+    ``"ue8m0"`` requiring power-of-two float scales); see
+    :mod:`fp8jax.toolkit.convert.layouts` for the layouts recognised.
+    """
     plan: dict[str, list[Action]] = {}
     for s in source.all_shards:
         f = source.file(s)
         acts = []
         for name in f.names():
             t = f.info(name)
-            if name.endswith(SCALE_SUFFIX):
-                base = name[: -len(SCALE_SUFFIX)]
+            base = _weight_of_scale(name)
+            if base is not None:
                 bf = source.locate(base, s)
-                if bf is None or bf.info(base).dtype not in FP8_DTYPES:
+                if bf is not None and _is_quantized(source, base, s, bf.info(base).dtype):
+                    continue  # consumed by its weight
+                if name.endswith(SCALE_SUFFIX) or bf is not None:
                     raise ConversionError(
                         f"scale tensor {name!r} ({s}) has no FP8 weight {base!r} to go with it"
                     )
-                continue  # consumed by its weight
+                # A ".scale" with no "<P>.weight" beside it is an ordinary tensor.
+            found = None
+            if t.dtype in FP8_DTYPES or t.dtype in PACKED_FP4_DTYPES:
+                found = _find_scale(source, name, s)
             if t.dtype in FP8_DTYPES:
-                sname = name + SCALE_SUFFIX
-                sf = source.locate(sname, s)
-                if sf is None:
+                if found is None:
                     raise ConversionError(
-                        f"missing scale tensor {sname!r} for FP8 tensor {name!r} ({s})"
+                        f"missing scale tensor {_scale_names(name)[0]!r} for FP8 tensor "
+                        f"{name!r} ({s})"
+                        + (
+                            f" (nor {_scale_names(name)[1]!r})"
+                            if name.endswith(WEIGHT_SUFFIX)
+                            else ""
+                        )
                     )
+                sname, sf = found
+                scale = sf.get(sname)
                 try:
-                    check_scale(name, t.shape, sname, sf.get(sname))
+                    check_scale(name, t.shape, sname, scale, qc.block, qc.scale_fmt)
                 except ValueError as e:
                     raise ConversionError(str(e)) from None
                 _require_holdable(name, s, "BF16", t.shape)
-                acts.append(Action("dequant", name, ((name, "BF16", t.shape),), sname))
+                acts.append(
+                    Action(
+                        "dequant",
+                        name,
+                        ((name, "BF16", t.shape),),
+                        sname,
+                        "fp8",
+                        qc.block,
+                        sf.info(sname).dtype,
+                    )
+                )
+            elif found is not None:
+                acts.append(_plan_fp4(name, s, t.shape, *found, qc))
+            elif (
+                t.dtype in PACKED_FP4_DTYPES
+                and qc.expert_dtype == "fp4"
+                and _ROUTED_EXPERT.search(name)
+                and name.endswith(WEIGHT_SUFFIX)
+            ):
+                raise ConversionError(
+                    f"missing scale tensor {_scale_names(name)[1]!r} for the routed expert weight "
+                    f"{name!r} ({s}, {t.dtype}), which config.json (expert_dtype 'fp4') says is "
+                    "packed FP4"
+                )
             else:
                 acts.append(Action("copy", name, ((name, t.dtype, t.shape),)))
         plan[s] = acts
@@ -413,6 +514,46 @@ def _plan_fp8_to_bf16(source: Source) -> dict[str, list[Action]]:
             "high-precision checkpoint; nothing to convert"
         )
     return plan
+
+
+def _plan_fp4(
+    name: str,
+    shard: str,
+    shape: tuple[int, ...],
+    sname: str,
+    sf: SafetensorsFile,
+    qc: QuantConfig,
+) -> Action:
+    """A packed FP4 tensor (two E2M1 values per byte, low nibble first) and its scale grid."""
+    if len(shape) != 2:
+        raise ConversionError(
+            f"packed FP4 tensor {name!r} ({shard}) has shape {list(shape)}; expected 2-D"
+        )
+    logical = (shape[0], 2 * shape[1])
+    scale = sf.get(sname)
+    block = infer_block(logical, tuple(scale.shape))
+    if block is None:
+        raise ConversionError(
+            f"packed FP4 tensor {name!r} ({shard}) stores {list(shape)} bytes = {list(logical)} "
+            f"values, but its scale {sname!r} is {list(scale.shape)}: no power-of-two block "
+            "gives that grid (DeepSeek-V4: one scale per 1x32 values); the shapes disagree"
+        )
+    try:
+        check_scale_values(sname, scale, qc.scale_fmt, SCALE_DTYPES)
+    except ValueError as e:
+        raise ConversionError(str(e)) from None
+    _require_holdable(name, shard, "BF16", logical)
+    return Action(
+        "dequant", name, ((name, "BF16", logical),), sname, "fp4", block, sf.info(sname).dtype
+    )
+
+
+def layout_of(plan: dict[str, list[Action]], qc: QuantConfig) -> str:
+    """The layout a dequantization plan read (a key of layouts.LAYOUT_NAMES)."""
+    deq = [a for acts in plan.values() for a in acts if a.kind == "dequant"]
+    if any(a.fmt == "fp4" or a.scale_dtype == "F8_E8M0" for a in deq):
+        return "deepseek-v4"
+    return "deepseek-v3.1" if qc.scale_fmt == "ue8m0" else "deepseek-v3"
 
 
 def _plan_bf16_to_fp8(source: Source, keep: Sequence[str]) -> dict[str, list[Action]]:
@@ -426,7 +567,12 @@ def _plan_bf16_to_fp8(source: Source, keep: Sequence[str]) -> dict[str, list[Act
         acts = []
         for name in f.names():
             t = f.info(name)
-            if t.dtype in FP8_DTYPES or name.endswith(SCALE_SUFFIX):
+            if (
+                t.dtype in FP8_DTYPES
+                or t.dtype == "F8_E8M0"
+                or name.endswith(SCALE_SUFFIX)
+                or _is_quantized(source, name, s, t.dtype)
+            ):
                 raise ConversionError(
                     f"{name!r} ({s}) is already FP8 / a scale: use fp8-to-bf16 first"
                 )
@@ -459,19 +605,36 @@ def _plan_bf16_to_fp8(source: Source, keep: Sequence[str]) -> dict[str, list[Act
     return plan
 
 
-def _converted_config(src: Path, direction: str) -> dict | None:
-    """config.json as it will be written (None: the source has none)."""
+def _read_config(src: Path) -> dict | None:
+    """config.json as a dict (None: the source has none)."""
     p = src / "config.json"
     if not p.exists() and not p.is_symlink():
         return None
     cfg = _read_json(p, "config", strict=False)
     if not isinstance(cfg, dict):
         raise ConversionError(f"unreadable config {p}: not a JSON object")
+    return cfg
+
+
+def _converted_config(cfg: dict | None, direction: str, scale_fmt: str) -> dict | None:
+    """config.json as it will be written (None: the source has none).
+
+    fp8-to-bf16 drops ``quantization_config`` and DeepSeek-V4's
+    ``expert_dtype`` (nothing is quantized any more); bf16-to-fp8 writes
+    DeepSeek-V3's ``quantization_config``, with ``scale_fmt: "ue8m0"`` for
+    power-of-two scales (DeepSeek-V3.1's).
+    """
+    if cfg is None:
+        return None
+    cfg = dict(cfg)
     if direction == "fp8-to-bf16":
         cfg.pop("quantization_config", None)
+        cfg.pop("expert_dtype", None)
         cfg["torch_dtype"] = "bfloat16"
     else:
         cfg["quantization_config"] = dict(FP8_QUANT_CONFIG)
+        if scale_fmt == "ue8m0":
+            cfg["quantization_config"]["scale_fmt"] = "ue8m0"
     return cfg
 
 
@@ -485,6 +648,7 @@ def _write_shard(
     out_path: Path,
     progress: Progress,
     rounding: str,
+    pow2: bool = False,
 ) -> None:
     f = source.file(shard)
     specs = [o for a in acts for o in a.out]
@@ -504,19 +668,28 @@ def _write_shard(
                     progress.update((r1 - r0) * row * t.np_dtype.itemsize, a.name)
             elif a.kind == "dequant":
                 scale = source.locate(a.scale, shard).get(a.scale)
+                out_shape = a.out[0][2]
                 if t.numel == 0:
                     # Written whole: the row count of an empty tensor must not
                     # drive the chunk loop.
-                    w.write(a.name, np.zeros(t.shape, DTYPES["BF16"]))
+                    w.write(a.name, np.zeros(out_shape, DTYPES["BF16"]))
                     continue
-                for r0, r1 in iter_row_chunks(t.shape[0], t.shape[1], BLOCK, CHUNK_ELEMS):
+                br = a.block[0]
+                # Stripes start at a block edge of the scale grid (blocks are powers of two).
+                align = max(br, BLOCK)
+                for r0, r1 in iter_row_chunks(t.shape[0], out_shape[1], align, CHUNK_ELEMS):
                     x = f.rows(a.name, r0, r1)
-                    if not all_finite(x):
+                    if a.fmt == "fp4":
+                        # Every E2M1 code is a finite value, exact in float32.
+                        x = decode_e2m1(x)
+                    elif not all_finite(x):
                         raise ConversionError(
                             f"FP8 tensor {a.name!r} ({shard}, rows {r0}..{r1}) holds "
                             f"{describe_nonfinite(x)}: NaN/Inf codes are not weights"
                         )
-                    out = dequant_rows(x, scale[r0 // BLOCK : -(-r1 // BLOCK)], rounding=rounding)
+                    out = dequant_rows(
+                        x, scale[r0 // br : -(-r1 // br)], rounding=rounding, block=a.block
+                    )
                     if not all_finite(out):
                         raise ConversionError(
                             f"dequantized {a.name!r} overflows BF16 (rows {r0}..{r1}): scale too large"
@@ -535,7 +708,7 @@ def _write_shard(
                             f"non-finite values in {a.name!r} (rows {r0}..{r1}) of {shard}: "
                             f"{describe_nonfinite(x)}"
                         )
-                    data, sc = quant_rows(x)
+                    data, sc = quant_rows(x, pow2=pow2)
                     w.write(a.name, data)
                     scales.append(sc)
                     progress.update((r1 - r0) * t.shape[1] * t.np_dtype.itemsize, a.name)
@@ -617,6 +790,12 @@ class Report:
     seconds: float
     rounding: str | None = None
     warnings: tuple[str, ...] = ()
+    layout: str | None = None  # fp8-to-bf16: the layout read (layouts.LAYOUT_NAMES)
+    scale_fmt: str | None = None  # the scale format read or written: "float32" / "ue8m0"
+
+    @property
+    def layout_name(self) -> str | None:
+        return None if self.layout is None else LAYOUT_NAMES[self.layout]
 
 
 def _check_paths(src_p: Path, dst_p: Path) -> None:
@@ -641,10 +820,17 @@ def convert_checkpoint(
     quiet: bool = False,
     rounding: str = "deepseek",
     warn: Callable[[str], None] | None = None,
+    scale_fmt: str = "auto",
 ) -> Report:
     """Convert ``src`` into a new directory ``dst`` ("fp8-to-bf16" or "bf16-to-fp8").
 
     ``rounding`` ("deepseek" or "exact") chooses fp8-to-bf16's arithmetic.
+    ``scale_fmt``: fp8-to-bf16 reads float scales as config.json's
+    ``quantization_config.scale_fmt`` says ("auto": ``"ue8m0"`` requires
+    powers of two, absent means any positive float32), or as told
+    ("float32" / "ue8m0"); bf16-to-fp8 writes float32 amax / 448 scales
+    ("auto" / "float32") or DeepSeek-V3.1's power-of-two ones ("ue8m0"), in
+    float32 ``_scale_inv`` tensors either way.
     ``warn`` receives one-line warnings (default: printed to stderr); they are
     also returned in the report.  Raises ConversionError (and leaves no
     ``dst``) on any problem, ConversionTerminated on SIGTERM / SIGHUP: while
@@ -655,6 +841,8 @@ def convert_checkpoint(
         raise ValueError(f"direction must be fp8-to-bf16 or bf16-to-fp8, got {direction!r}")
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    if scale_fmt not in SCALE_FMT_CHOICES:
+        raise ValueError(f"scale_fmt must be one of {SCALE_FMT_CHOICES}, got {scale_fmt!r}")
     t0 = time.monotonic()
     warnings: list[str] = []
     sink = warn or _stderr_warn
@@ -669,11 +857,21 @@ def convert_checkpoint(
     tmp: Path | None = None
     try:
         with TerminationSignals(ConversionTerminated):
+            src_config = _read_config(src_p)
+            layout = None
             if direction == "fp8-to-bf16":
-                plan = _plan_fp8_to_bf16(source)
+                try:
+                    qc = read_quant_config(src_config, f"config {src_p / 'config.json'}")
+                except ValueError as e:
+                    raise ConversionError(str(e)) from None
+                if scale_fmt != "auto":
+                    qc = dataclasses.replace(qc, scale_fmt=scale_fmt)
+                plan = _plan_fp8_to_bf16(source, qc)
+                layout, fmt_used = layout_of(plan, qc), qc.scale_fmt
             else:
                 plan = _plan_bf16_to_fp8(source, keep)
-            config = _converted_config(src_p, direction)
+                fmt_used = "ue8m0" if scale_fmt == "ue8m0" else "float32"
+            config = _converted_config(src_config, direction, fmt_used)
             shards = source.all_shards
             others = carried_files(src_p, set(shards))
             n_in = sum(len(source.file(s).names()) for s in shards)
@@ -694,7 +892,9 @@ def convert_checkpoint(
             bytes_out = 0
             n_out = 0
             for s in shards:
-                _write_shard(source, s, plan[s], tmp / s, progress, rounding)
+                _write_shard(
+                    source, s, plan[s], tmp / s, progress, rounding, pow2=fmt_used == "ue8m0"
+                )
                 nbytes = _verify_shard(tmp / s, plan[s])
                 n_out += sum(len(a.out) for a in plan[s])
                 if s in source.unlisted:
@@ -723,6 +923,8 @@ def convert_checkpoint(
             seconds=time.monotonic() - t0,
             rounding=rounding if direction == "fp8-to-bf16" else None,
             warnings=tuple(warnings),
+            layout=layout,
+            scale_fmt=fmt_used,
         )
     except SafetensorsError as e:
         raise ConversionError(str(e)) from None
@@ -735,12 +937,17 @@ def convert_checkpoint(
 
 
 def fp8_to_bf16(src, dst, rounding: str = "deepseek", **kw) -> Report:
-    """Dequantize an FP8 (DeepSeek-V3 layout) checkpoint into BF16."""
+    """Dequantize an FP8 / FP4 checkpoint (DeepSeek-V3, V3.1 / V3.2 or V4 layout) into BF16."""
     return convert_checkpoint("fp8-to-bf16", src, dst, rounding=rounding, **kw)
 
 
 def bf16_to_fp8(src, dst, keep: Sequence[str] = (), **kw) -> Report:
-    """Quantize a BF16 checkpoint's 2-D weights into FP8 E4M3 with 128x128 block scales."""
+    """Quantize a BF16 checkpoint's 2-D weights into FP8 E4M3 with 128x128 block scales.
+
+    ``scale_fmt="ue8m0"`` writes DeepSeek-V3.1's power-of-two scales (as
+    float32) and says so in config.json.  FP4 (DeepSeek-V4's routed experts)
+    is not written: this direction produces the V3 / V3.1 layout only.
+    """
     return convert_checkpoint("bf16-to-fp8", src, dst, keep=keep, **kw)
 
 
