@@ -126,6 +126,10 @@ def _check(lhs, rhs, group_sizes) -> None:
         )
     if lhs.shape[1] != rhs.shape[1]:
         raise ValueError(f"ragged_dot: contraction mismatch, lhs {lhs.shape} vs rhs {rhs.shape}")
+    for name, t in (("lhs", lhs), ("rhs", rhs)):
+        # A quantized operand carries FP8 codes: what counts is what it stands for.
+        if not is_quantized(t) and not jnp.issubdtype(t.dtype, jnp.floating):
+            raise TypeError(f"fp8jax.ragged_dot needs floating operands, got {name} {t.dtype}")
     if group_sizes.shape != (rhs.shape[0],):
         raise ValueError(
             f"ragged_dot: group_sizes must have shape ({rhs.shape[0]},), got {group_sizes.shape}"

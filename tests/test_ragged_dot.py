@@ -192,3 +192,15 @@ def test_bad_group_sizes_are_refused(bad):
     run = jax.jit(lambda g: fp8jax.ragged_dot(x, w, g, recipe=fp8jax.recipes.bf16()))
     assert np.all(np.isnan(np.asarray(run(gs))))
     assert np.all(np.isfinite(np.asarray(run(jnp.array([2, 3], jnp.int32)))))
+
+
+def test_integer_operands_are_refused():
+    # As dot_general and einsum refuse them: no silent float result of int inputs.
+    x = jnp.ones((4, 8), jnp.int32)
+    w = jnp.ones((2, 8, 3), jnp.float32)
+    gs = jnp.asarray([2, 2], jnp.int32)
+    for lhs, rhs in ((x, w), (x.astype(jnp.float32), w.astype(jnp.int32))):
+        with pytest.raises(TypeError, match="floating operands"):
+            fp8jax.ragged_dot(lhs, rhs, gs, recipe=fp8jax.recipes.bf16())
+        with pytest.raises(TypeError, match="floating operands"):
+            fp8jax.interop.ragged_dot("deepseek_v3")(lhs, rhs, gs)
