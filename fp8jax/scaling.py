@@ -264,8 +264,10 @@ def check_delayed_state(state: DelayedState, fmt=None, *, pow2: bool = False) ->
     scalar.  Where the values are concrete (not traced under ``jit``):
     ``scale`` finite and at least float32's smallest normal (0, NaN, Inf and
     subnormal scales give NaN outputs), and with ``fmt`` at most
-    :func:`scale_limit` (so that fmt_max * scale is finite).  Non-finite
-    history entries are allowed: :func:`history_amax` ignores them.
+    :func:`scale_limit` (so that fmt_max * scale is finite), and no history
+    entry negative (an amax is a magnitude: no update records one below 0).
+    NaN and +Inf history entries are allowed: an update records them from a
+    tensor holding NaN or Inf, and :func:`history_amax` ignores them.
     """
     hist, scale = state.amax_history, state.scale
     if np.ndim(hist) != 1 or np.shape(hist)[0] == 0:
@@ -277,6 +279,13 @@ def check_delayed_state(state: DelayedState, fmt=None, *, pow2: bool = False) ->
         raise ValueError(
             f"delayed-scaling state: scale must be a scalar, got shape {list(np.shape(scale))}"
         )
+    if not isinstance(hist, jax.core.Tracer):
+        h = np.asarray(hist, np.float32)
+        if (h < 0).any():
+            raise ValueError(
+                f"delayed-scaling state: amax_history holds {float(h[h < 0][0])!r}, but an amax "
+                "is a magnitude (>= 0); start from fp8jax.scaling.init_delayed_state or a saved state"
+            )
     if isinstance(scale, jax.core.Tracer):
         return
     value = float(np.asarray(scale, np.float32))
