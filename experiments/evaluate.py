@@ -11,6 +11,8 @@ fp8jax/train/evaluation.py); --step picks a kept checkpoint (default: the
 latest).  Mistakes print one line and exit 2.
 """
 
+import sys
+
 from absl import app, flags
 
 from fp8jax.train.checkpoint import CheckpointError
@@ -34,12 +36,18 @@ _CACHE = flags.DEFINE_string("jax_cache_dir", default_jax_cache_dir(), CACHE_HEL
 flags.mark_flags_as_required(["workdir"])
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def main(argv):
     if len(argv) > 1:
         usage_error(f"unexpected arguments {argv[1:]}: flags are --workdir=... [--file=...]")
     setup_runtime(_CACHE.value)
     try:
-        run, state, step = load_run(_WORKDIR.value, _STEP.value)
+        print(f"restoring {_WORKDIR.value} ...", file=sys.stderr, flush=True)
+        run, state, step = load_run(_WORKDIR.value, _STEP.value, say=_say)
+        print(f"step {step}: compiling and evaluating ...", file=sys.stderr, flush=True)
         result = evaluate(
             run, state, step, path=_FILE.value, batch_size=_BATCH.value, max_windows=_MAX.value
         )

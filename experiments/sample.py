@@ -8,6 +8,8 @@ sequences replaced).  --temperature 0 takes the most likely byte each time;
 checkpoint (default: the latest).  Mistakes print one line and exit 2.
 """
 
+import sys
+
 from absl import app, flags
 
 from fp8jax.train.checkpoint import CheckpointError
@@ -33,6 +35,16 @@ _CACHE = flags.DEFINE_string("jax_cache_dir", default_jax_cache_dir(), CACHE_HEL
 flags.mark_flags_as_required(["workdir"])
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _stream(b: bytes) -> None:
+    # Bytes as drawn; a multi-byte character may print as replacement marks.
+    sys.stdout.buffer.write(b)
+    sys.stdout.flush()
+
+
 def main(argv):
     if len(argv) > 1:
         usage_error(f"unexpected arguments {argv[1:]}: flags are --workdir=... [--prompt=...]")
@@ -41,7 +53,10 @@ def main(argv):
     try:
         # Settings first: a mistake costs no restore.
         check_sampling(_TEMPERATURE.value, _TOP_K.value, _LENGTH.value)
-        run, state, _ = load_run(_WORKDIR.value, _STEP.value)
+        print(f"restoring {_WORKDIR.value} ...", file=sys.stderr, flush=True)
+        run, state, step = load_run(_WORKDIR.value, _STEP.value, say=_say)
+        print(f"step {step}: compiling, then {_LENGTH.value} bytes", file=sys.stderr, flush=True)
+        sys.stdout.write(prompt.decode("utf-8", errors="replace"))
         out = sample(
             run,
             state,
@@ -50,12 +65,14 @@ def main(argv):
             temperature=_TEMPERATURE.value,
             top_k=_TOP_K.value,
             seed=_SEED.value,
+            emit=_stream,
         )
     except ConfigError as e:
         usage_error(str(e))
     except CheckpointError as e:
         usage_error(str(e), code=1)
-    print((prompt + out).decode("utf-8", errors="replace"))
+    del out  # streamed as it was drawn
+    sys.stdout.write("\n")
 
 
 if __name__ == "__main__":

@@ -67,3 +67,15 @@ def test_validation_split_and_a_file_against_a_float64_reference(tmp_path, recip
         evaluate(run, state, step, path=tmp_path / "missing.txt")
     with pytest.raises(ConfigError, match="positive multiple"):
         evaluate(run, state, step, batch_size=0)
+
+
+def test_negative_max_windows_and_a_non_finite_loss_are_refused(tmp_path):
+    from fp8jax.train.checkpoint import CheckpointError
+
+    untrained_run(tmp_path / "run", "bf16")
+    run, state, step = load_run(tmp_path / "run")
+    with pytest.raises(ConfigError, match="--max_windows must be >= 0"):
+        evaluate(run, state, step, batch_size=4, max_windows=-1)
+    bad = state._replace(params=jax.tree.map(lambda a: a * np.nan, state.params))
+    with pytest.raises(CheckpointError, match="does not give a usable model"):
+        evaluate(run, bad, step, batch_size=4, max_windows=4)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from test_train_loop import _fast
 
-from fp8jax.train.checkpoint import Checkpointer
+from fp8jax.train.checkpoint import CheckpointError, Checkpointer
 from fp8jax.train.defaults import ConfigError
 from fp8jax.train.loop import setup
 from fp8jax.train.restore import load_run
@@ -42,4 +42,38 @@ def test_load_run_refuses_what_is_not_a_trained_run(tmp_path):
         load_run(tmp_path)
     write_config(tmp_path, _fast(), {})
     with pytest.raises(ConfigError, match="holds no checkpoint: train the run first"):
+        load_run(tmp_path)
+
+
+def _save_nan_step(path, step):
+    """Add checkpoint ``step`` whose parameters hold a NaN (a damaged or diverged state)."""
+    c = _fast(recipe="bf16")
+    c.mesh.data = 1
+    run = setup(c, path)
+    params = jax.tree.map(lambda a: a * np.nan if np.issubdtype(a.dtype, np.floating) else a,
+                          run.state.params)
+    ckpt = Checkpointer(path, keep=3)
+    ckpt.save(run.state._replace(step=np.int32(step), params=params), force=True)
+    ckpt.close()
+
+
+def test_readers_pass_over_an_unusable_checkpoint_and_move_nothing(tmp_path):
+    untrained_run(tmp_path, "bf16", steps=(0,))
+    _save_nan_step(tmp_path, 7)
+    notes = []
+    _, state, step = load_run(tmp_path, say=notes.append)
+    # The newest usable one, said in one line; the damaged one stays where it is.
+    assert step == 0 and int(jax.device_get(state.step)) == 0
+    assert len(notes) == 1 and "step 7 is unusable (it holds non-finite values)" in notes[0]
+    assert Checkpointer.steps_in(tmp_path) == [0, 7]
+    with pytest.raises(CheckpointError, match="checkpoint step 7 .* is unusable"):
+        load_run(tmp_path, 7)
+
+
+def test_readers_refuse_an_empty_step_directory(tmp_path):
+    untrained_run(tmp_path, "bf16", steps=(0,))
+    ckpt_dir = tmp_path / "checkpoints" / "0"
+    for f in sorted(ckpt_dir.rglob("*"), reverse=True):
+        f.unlink() if f.is_file() else f.rmdir()
+    with pytest.raises((CheckpointError, ConfigError)):
         load_run(tmp_path)

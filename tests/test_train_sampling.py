@@ -47,3 +47,27 @@ def test_greedy_top1_and_seeded_samples(tmp_path):
 def test_bad_settings_are_one_line(temperature, top_k, length, match):
     with pytest.raises(ConfigError, match=match):
         check_sampling(temperature, top_k, length)
+
+
+def test_length_is_capped_and_output_streams(tmp_path):
+    from fp8jax.train.sampling import MAX_LENGTH
+
+    with pytest.raises(ConfigError, match="--length must be in"):
+        check_sampling(0.8, 0, MAX_LENGTH + 1)
+    untrained_run(tmp_path, "bf16")
+    run, state, _ = load_run(tmp_path)
+    got = []
+    out = sample(run, state, b"ab", length=4, temperature=0.0, emit=got.append)
+    assert b"".join(got) == out and len(got) == 4
+    jax.clear_caches()
+
+
+def test_a_model_with_non_finite_scores_is_an_error(tmp_path):
+    from fp8jax.train.checkpoint import CheckpointError
+
+    untrained_run(tmp_path, "bf16")
+    run, state, _ = load_run(tmp_path)
+    bad = state._replace(params=jax.tree.map(lambda a: a * np.nan, state.params))
+    with pytest.raises(CheckpointError, match="not finite after 0 bytes"):
+        sample(run, bad, b"ab", length=3, temperature=0.0)
+    jax.clear_caches()

@@ -172,11 +172,7 @@ class Checkpointer:
         if not steps:
             return None
         for step in reversed(steps):
-            try:
-                state = self.restore(template, step)
-                problem = None if all_finite(state) else "it holds non-finite values"
-            except Exception as e:  # orbax raises many types for damaged files
-                state, problem = None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            state, problem = self.try_restore(template, step)
             if problem is None:
                 return state
             moved = self._move_aside(step)
@@ -189,6 +185,42 @@ class Checkpointer:
             f"no usable checkpoint in {self.directory} (see the warnings above); start again "
             "with a new --workdir"
         )
+
+    def try_restore(self, template: TrainState, step: int) -> tuple[TrainState | None, str | None]:
+        """(state, None) when checkpoint ``step`` reads and is finite, else (None, why).
+
+        The integrity rule of training, for every reader of a run: a
+        checkpoint that orbax cannot read (truncated, empty, corrupt) or that
+        holds a non-finite value is unusable.
+        """
+        try:
+            state = self.restore(template, step)
+        except Exception as e:  # orbax raises many types for damaged files
+            return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        if not all_finite(state):
+            return None, "it holds non-finite values"
+        return state, None
+
+    def restore_for_reading(
+        self, template: TrainState, step: int | None, say: Callable[[str], None] = print
+    ) -> tuple[TrainState, int]:
+        """(state, step) for a program that reads a run (evaluate, sample); moves nothing.
+
+        ``step`` given: that checkpoint, or a :class:`CheckpointError` saying
+        why it is unusable.  None: the newest usable one, with a one-line note
+        through ``say`` for each newer one passed over.
+        """
+        steps = self.all_steps()
+        for candidate in reversed(steps if step is None else [step]):
+            state, problem = self.try_restore(template, candidate)
+            if problem is None:
+                return state, candidate
+            if step is not None:
+                raise CheckpointError(
+                    f"checkpoint step {step} in {self.directory} is unusable: {problem}"
+                )
+            say(f"note: checkpoint step {candidate} is unusable ({problem}); trying an earlier one")
+        raise CheckpointError(f"no usable checkpoint in {self.directory}: train the run again")
 
     def _move_aside(self, step: int) -> Path:
         dest_root = self.workdir / "checkpoints_unreadable"

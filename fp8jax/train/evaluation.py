@@ -21,6 +21,7 @@ import numpy as np
 
 from fp8jax.data import corpus as data_lib
 from fp8jax.parallel.mesh import put_batch
+from fp8jax.train.checkpoint import CheckpointError
 from fp8jax.train.defaults import ConfigError
 from fp8jax.train.loop import Run
 from fp8jax.train.state import TrainState
@@ -90,6 +91,8 @@ def evaluate(
     max_windows: int = 0,
 ) -> Evaluation:
     """The checkpoint's cross-entropy on ``path`` (default: the run's validation split)."""
+    if max_windows < 0:
+        raise ConfigError(f"--max_windows must be >= 0 (0: all windows), got {max_windows}")
     if batch_size < 1 or batch_size % run.mesh.size:
         raise ConfigError(
             f"--batch_size {batch_size} must be a positive multiple of the {run.mesh.size} devices"
@@ -110,6 +113,11 @@ def evaluate(
         )
     tokens = windows(stream, run.seq_len, batch_size, max_windows)
     loss = float(run.eval_fn(state, put_batch(tokens, run.mesh, batch_axis=1)))
+    if not np.isfinite(loss):
+        raise CheckpointError(
+            f"the loss on {source} is {loss}: the checkpoint of step {step} does not give a "
+            "usable model"
+        )
     n_windows = tokens.shape[0] * tokens.shape[1]
     return Evaluation(
         source=source,

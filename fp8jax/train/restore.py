@@ -11,6 +11,7 @@ checkpoint, a step that was not kept) raise a one-line
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import ml_collections
@@ -34,8 +35,15 @@ def run_config(run_dir: str | Path) -> ml_collections.ConfigDict:
         ) from None
 
 
-def load_run(run_dir: str | Path, step: int | None = None) -> tuple[Run, TrainState, int]:
-    """(run, restored state, its step) of the checkpoint ``step`` (default: the latest).
+def load_run(
+    run_dir: str | Path, step: int | None = None, say: Callable[[str], None] = print
+) -> tuple[Run, TrainState, int]:
+    """(run, restored state, its step) of the checkpoint ``step`` (default: the newest usable).
+
+    A checkpoint that does not read or holds non-finite values is unusable
+    (:meth:`~fp8jax.train.checkpoint.Checkpointer.restore_for_reading`):
+    a named step then raises CheckpointError; the default passes over it
+    with a note through ``say``.
 
     The run is set up on every device of this process (one process, the
     default mesh: only mesh fields change, the config check of a resume
@@ -58,8 +66,8 @@ def load_run(run_dir: str | Path, step: int | None = None) -> tuple[Run, TrainSt
             raise ConfigError(
                 f"{run_dir} keeps no checkpoint of step {step}; kept: {', '.join(map(str, kept))}"
             )
-        step = kept[-1] if step is None else int(step)
-        state = ckpt.restore(run.state, step)
+        # Training's integrity rule; a reader moves nothing aside.
+        state, step = ckpt.restore_for_reading(run.state, None if step is None else int(step), say)
     finally:
         ckpt.close()
     return run, state, step

@@ -13,6 +13,8 @@ this project trains on a CPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +25,9 @@ from fp8jax.train.defaults import ConfigError
 from fp8jax.train.loop import Run
 from fp8jax.train.state import TrainState
 
+#: The most bytes one sample.py call generates (one model call per byte).
+MAX_LENGTH = 100_000
+
 
 def check_sampling(temperature: float, top_k: int, length: int) -> None:
     """ConfigError (one line) for settings outside what sampling can do."""
@@ -30,8 +35,10 @@ def check_sampling(temperature: float, top_k: int, length: int) -> None:
         raise ConfigError(f"--temperature must be finite and >= 0, got {temperature}")
     if top_k < 0:
         raise ConfigError(f"--top_k must be >= 0 (0: every byte), got {top_k}")
-    if length < 0:
-        raise ConfigError(f"--length must be >= 0, got {length}")
+    if not 0 <= length <= MAX_LENGTH:
+        raise ConfigError(
+            f"--length must be in [0, {MAX_LENGTH:,}] (one model call per byte), got {length}"
+        )
 
 
 def sample(
@@ -43,8 +50,13 @@ def sample(
     temperature: float = 0.8,
     top_k: int = 0,
     seed: int = 0,
+    emit: Callable[[bytes], None] | None = None,
 ) -> bytes:
-    """``length`` bytes generated after ``prompt`` (the prompt is not repeated)."""
+    """``length`` bytes generated after ``prompt`` (the prompt is not repeated).
+
+    ``emit``: called with each byte as it is drawn (streamed output).  A
+    model whose scores are not finite raises CheckpointError.
+    """
     check_sampling(temperature, top_k, length)
     if run.corpus.unit != "bytes":
         raise ConfigError(
@@ -61,13 +73,15 @@ def sample(
         logits, _ = model(tokens_1xT)
         # Scores in float32 whatever the model's activation dtype; bytes only.
         lg = logits[0, last, :BYTES].astype(jnp.float32)
+        # A damaged or diverged model: no byte is drawn from NaN scores.
+        ok = jnp.all(jnp.isfinite(lg[:BYTES]))
         if temperature == 0:
-            return jnp.argmax(lg)
+            return jnp.where(ok, jnp.argmax(lg), -1)
         lg = lg / temperature
         if 0 < top_k < BYTES:
             kth = jnp.sort(lg)[-top_k]
             lg = jnp.where(lg >= kth, lg, -jnp.inf)
-        return jax.random.categorical(key, lg)
+        return jnp.where(ok, jax.random.categorical(key, lg), -1)
 
     text = list(prompt)
     key = jax.random.key(seed)
@@ -76,5 +90,13 @@ def sample(
         buf = np.zeros((1, n), np.int32)
         buf[0, : len(context)] = context
         key, sub = jax.random.split(key)
-        text.append(int(next_byte(state, buf, np.int32(len(context) - 1), sub)))
+        b = int(next_byte(state, buf, np.int32(len(context) - 1), sub))
+        if b < 0:
+            raise ValueError(
+                f"the model's next-byte scores are not finite after {len(text) - len(prompt)} "
+                "bytes: the checkpoint does not give a usable model"
+            )
+        text.append(b)
+        if emit is not None:
+            emit(bytes([b]))
     return bytes(text[len(prompt) :])
