@@ -26,6 +26,7 @@ subnormals (tiny scales, tiny tiles) stays exact on every backend.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -161,6 +162,74 @@ def fp8_codes(y: jnp.ndarray, fmt) -> jnp.ndarray:
     code = jnp.where(mag > _INF_BITS, nan_code, code)
     code = jnp.where(mag == _INF_BITS, inf_code, code) | sign
     return lax.bitcast_convert_type(code.astype(jnp.uint8), fmt)
+
+
+# --------------------------------------------------------------------------
+# UE8M0 scales: power-of-two float32 scales as E8M0 bytes, and back
+# --------------------------------------------------------------------------
+
+# E8M0 (OCP MX's scale type, DeepSeek's "UE8M0"): a bare biased exponent,
+# code c in 0..254 is 2^(c - 127), 255 is NaN.  Its bias is float32's, so a
+# normal power of two's exponent field is its code.  2^-127 (code 0) is a
+# float32 subnormal (bit 22 of the mantissa); smaller powers of two have no
+# code.
+E8M0_MIN_BITS = 0x00400000  # 2^-127 as float32 bits
+E8M0_NAN_CODE = 0xFF
+
+
+def _e8m0_codes(bits: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """(code, representable) of float32 bit patterns: a power of two in [2^-127, 2^127]."""
+    exp_field = bits >> 23
+    mant = bits & 0x7FFFFF
+    normal_pow2 = (bits > 0) & (mant == 0) & (exp_field >= 1) & (exp_field <= 254)
+    ok = normal_pow2 | (bits == E8M0_MIN_BITS)
+    return jnp.where(bits == E8M0_MIN_BITS, 0, exp_field), ok
+
+
+def encode_e8m0(scale: jnp.ndarray) -> jnp.ndarray:
+    """Power-of-two float32 scales -> E8M0 bytes (exact), never a rounding.
+
+    Every scale must be a power of two in [2^-127, 2^127]; anything else (a
+    scale that is not a power of two, 0, a negative, NaN / Inf, a power of
+    two below 2^-127) is refused: with concrete values a ``ValueError``;
+    under ``jit`` (traced values cannot raise) its code is E8M0's NaN, so
+    whatever is computed from it is NaN instead of silently off by up to 2x.
+    Works on the bit patterns (no float arithmetic: flush-to-zero on CPU
+    cannot touch 2^-127).
+    """
+    scale = jnp.asarray(scale)
+    if scale.dtype != jnp.float32:
+        raise ValueError(f"encode_e8m0 takes float32 scales, got {scale.dtype}")
+    bits = lax.bitcast_convert_type(scale, jnp.int32)
+    code, ok = _e8m0_codes(bits)
+    if not isinstance(scale, jax.core.Tracer):
+        bad = ~np.asarray(ok)
+        if bad.any():
+            first = np.asarray(scale).reshape(-1)[int(np.argmax(bad.reshape(-1)))]
+            raise ValueError(
+                f"UE8M0 scales must be powers of two in [2^-127, 2^127]: {int(bad.sum())} of "
+                f"{bad.size} are not (e.g. {float(first)!r}); quantize with pow2=True"
+            )
+    code = jnp.where(ok, code, E8M0_NAN_CODE)
+    return lax.bitcast_convert_type(code.astype(jnp.uint8), E8M0)
+
+
+def decode_e8m0(codes: jnp.ndarray) -> jnp.ndarray:
+    """E8M0 bytes -> float32 2^(c - 127) (exact; code 0 is the subnormal 2^-127; 255 NaN)."""
+    c = lax.bitcast_convert_type(codes, jnp.uint8).astype(jnp.int32)
+    bits = jnp.where(c == 0, E8M0_MIN_BITS, c << 23)
+    bits = jnp.where(c == E8M0_NAN_CODE, 0x7FC00000, bits)
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def floor_e8m0(scale: jnp.ndarray) -> jnp.ndarray:
+    """max(scale, 2^-127) on the bit patterns (positive float32 order as their bits).
+
+    Power-of-two scales below E8M0's smallest value (tiles whose amax is
+    below fmt_max * 2^-127) get 2^-127, the smallest scale a UE8M0 byte holds.
+    """
+    bits = lax.bitcast_convert_type(scale.astype(jnp.float32), jnp.int32)
+    return lax.bitcast_convert_type(jnp.maximum(bits, E8M0_MIN_BITS), jnp.float32)
 
 
 # --------------------------------------------------------------------------

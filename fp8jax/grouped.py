@@ -59,7 +59,7 @@ from fp8jax.operands import (
     take_operand,
     value_cotangent,
 )
-from fp8jax.quant import group_amax, is_quantized
+from fp8jax.quant import float32_scales, group_amax, is_quantized
 from fp8jax.recipes import QuantSpec, Recipe
 from fp8jax.telemetry import operand_stats
 
@@ -93,7 +93,8 @@ def _quantize_tokens(t_tiles, spec: QuantSpec, layout: GroupLayout, recipe: Reci
         seg = jnp.where(layout.tile_group >= 0, layout.tile_group, layout.num_tiles)
         expert_amax = jax.ops.segment_max(tile_amax, seg, num_segments=layout.num_tiles + 1)
         amax = jnp.maximum(expert_amax[seg], 0.0)
-        return schemes.quantize(t_tiles, spec, 1, amax=amax)
+        # The GEMM multiplies float32 scales (UE8M0 bytes decoded, exact).
+        return float32_scales(schemes.quantize(t_tiles, spec, 1, amax=amax))
     if spec.quantized and spec.scaling == "current" and spec.granularity == "block":
         raise ValueError(
             "grouped GEMM: Wgrad operands support 'tile', 'row' and 'tensor' granularity, "
@@ -101,7 +102,7 @@ def _quantize_tokens(t_tiles, spec: QuantSpec, layout: GroupLayout, recipe: Reci
         )
     if spec.quantized and spec.scaling == "delayed":
         # The same scale the forward / Dgrad used for this tensor this step.
-        return schemes.quantize(t_tiles, spec, 1, scale=dstate.scale)
+        return float32_scales(schemes.quantize(t_tiles, spec, 1, scale=dstate.scale))
     out, _ = quantize_operand(t_tiles, spec, 1, recipe)
     return out
 

@@ -5,6 +5,12 @@ GEMMs (Fprop, Dgrad, Wgrad) take their operands from here.  An operand is
 either a :class:`~fp8jax.quant.QTensor` (codes, scales and layout of any
 scheme, :mod:`fp8jax.schemes`) or a plain array in the recipe's compute
 dtype (an unquantized spec).
+
+UE8M0 scales (``QuantSpec.scale_fmt="ue8m0"``): an operand handed to a GEMM
+has float32 scales (the E8M0 bytes decoded, exact: the GEMM multiplies the
+same powers of two as with float32 scales); the cached activation for Wgrad
+keeps the bytes (:func:`cache_for_wgrad`) and is decoded where it is read
+back (:func:`after_gradient`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,14 @@ import jax.numpy as jnp
 
 from fp8jax import scaling, schemes
 from fp8jax.formats import as_format, e5m6_scale_exponent, ldexp_exact, round_to_e5m6
-from fp8jax.quant import QTensor, expand_scale, group_amax, is_quantized
+from fp8jax.quant import (
+    QTensor,
+    expand_scale,
+    float32_scales,
+    group_amax,
+    is_quantized,
+    ue8m0_scales,
+)
 from fp8jax.recipes import QuantSpec, Recipe
 
 
@@ -50,8 +63,9 @@ def quantize_operand(
         # previous steps; this step's amax only updates the state.
         q = schemes.quantize(t, spec, caxis, scale=dstate.scale)
         new = scaling.update_delayed_state(dstate, scaling.finite_amax(t), spec, recipe.delayed)
-        return q, new
-    return schemes.quantize(t, spec, caxis, seed=recipe.seed), None
+        return float32_scales(q), new
+    # The GEMM multiplies float32 scales (UE8M0 bytes decoded, exact).
+    return float32_scales(schemes.quantize(t, spec, caxis, seed=recipe.seed)), None
 
 
 def take_operand(
@@ -82,7 +96,11 @@ def take_operand(
             f"({spec.fmt} {spec.granularity} {spec.tile} along axis {caxis % len(t.shape)}, "
             f"{spec.scaling} scaling)"
         )
-    return t, None
+    if spec.scale_fmt == "ue8m0":
+        # A UE8M0 consumer: scales that are not powers of two are refused
+        # (ValueError, or NaN under jit), never rounded to one.
+        t = ue8m0_scales(t)
+    return float32_scales(t), None
 
 
 def value_cotangent(q: QTensor, g: jax.Array) -> QTensor:
@@ -104,11 +122,11 @@ def requantize(
     way).  A delayed spec re-uses this step's delayed scale of the tensor.
     """
     if is_quantized(cached) and spec == prev_spec and spec.granularity in ("tensor", "block"):
-        return cached
+        return float32_scales(cached)
     hp = materialize(cached, jnp.float32)
     if spec.quantized and spec.scaling == "delayed":
         # The same tensor was already quantized with this delayed scale this step.
-        return schemes.quantize(hp, spec, caxis, scale=dstate.scale)
+        return float32_scales(schemes.quantize(hp, spec, caxis, scale=dstate.scale))
     out, _ = quantize_operand(hp, spec, caxis, recipe)
     return out
 
@@ -153,8 +171,10 @@ def after_gradient(cached, qdy):
     saves.  OR-ing min(b, 0) of the bit pattern b of the gradient's first
     scale (0: scales are positive) into the cached scales' bit patterns makes
     the work wait for this layer's gradient without changing a bit.  Anything
-    else (an array, or scales that are not float32) passes through.
+    else (an array, or scales that are not float32) passes through.  A cache
+    with UE8M0 scales is read back as float32 scales (exact) first.
     """
+    cached = float32_scales(cached)
     f32 = jnp.dtype(jnp.float32)
     if not (
         is_quantized(cached)
@@ -210,8 +230,9 @@ def cache_for_wgrad(x: jax.Array, qx, recipe: Recipe):
     """What the forward pass keeps of x for Wgrad (the residual).
 
     By default (``recipe.x_cache`` None) the FP8 operand itself (codes +
-    scales, no high-precision copy).  ``"e5m6"`` (DeepSeek-V3's cache for
-    the input of the linear after attention): x in E5M6 with power-of-two
+    scales, no high-precision copy); a UE8M0 spec caches its scales as E8M0
+    bytes (one per tile instead of four).  ``"e5m6"`` (DeepSeek-V3's cache
+    for the input of the linear after attention): x in E5M6 with power-of-two
     scales per 1x128 tile along the contraction axis K (:func:`e5m6_tiles`),
     which Wgrad re-quantizes in 128x1 E4M3 tiles along the tokens.
     ``"e5m6_unscaled"`` (a named variant only): x rounded to E5M6 without
@@ -230,4 +251,7 @@ def cache_for_wgrad(x: jax.Array, qx, recipe: Recipe):
     if recipe.x_cache == "e5m6_unscaled" and recipe.wgrad.lhs.quantized:
         # The unscaled variant: E5M6's own range only, large values clip at 65024.
         return round_to_e5m6(x.astype(jnp.float32)).astype(jnp.bfloat16)
+    if recipe.fprop.lhs.scale_fmt == "ue8m0":
+        # Power-of-two scales as their exponent bytes: exact, a quarter of the bytes.
+        return ue8m0_scales(qx)
     return qx

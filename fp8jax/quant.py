@@ -36,6 +36,17 @@ Elsewhere the results differ on purpose:
 * a scale is capped so that ``448 * scale`` is finite: values within an ulp of
   float32's max saturate (see :mod:`fp8jax.scaling`).
 
+Scale formats (``scale_fmt``): "float32" stores each scale as a float32;
+"ue8m0" (DeepSeek-V3.1's name for OCP E8M0) stores power-of-two scales as
+one exponent byte each, ``float8_e8m0fnu`` (2^(c - 127)), bit-exact to the
+float32 power-of-two scales they replace: codes, values and every product
+with them are the same.  "ue8m0" needs ``pow2=True``; the one difference is
+below E8M0's range: a tile whose power-of-two scale would be under 2^-127
+(amax below 448 * 2^-127, about 2.6e-36) gets 2^-127.  A given scale that is
+not a power of two is refused (:func:`fp8jax.formats.encode_e8m0`), never
+rounded.  Whatever multiplies by the scales reads them as float32
+(:func:`scale_values`, :func:`float32_scales`: exact).
+
 Non-finite inputs propagate: NaN stays NaN and +-Inf becomes Inf or the NaN
 code (E4M3 has no Inf), so a GEMM on the result is non-finite as in bf16;
 finite values above the range saturate at +-fmt_max * scale.
@@ -53,9 +64,13 @@ import numpy as np
 from jax import lax
 
 from fp8jax.formats import (
+    E8M0,
     as_format,
+    decode_e8m0,
+    encode_e8m0,
     float32_from_parts,
     float32_parts,
+    floor_e8m0,
     ldexp_exact,
     saturating_cast,
 )
@@ -70,6 +85,7 @@ _FAST_MIN_AMAX_BITS = int(np.float32(2.0**-64).view(np.int32))
 # (|x| < 2^-126 and |x / scale| >= 2^-30): divide on the offset path.
 _OFFSET_SCALE_BITS = int(np.float32(2.0**-96).view(np.int32))
 _OFFSET = 64
+SCALE_FMTS = ("float32", "ue8m0")
 
 
 @dataclass(frozen=True)
@@ -85,7 +101,9 @@ class QTensor:
     scales and a tensor scale, the block formats of
     :mod:`fp8jax.microscaling`); :mod:`fp8jax.schemes` maps it to
     the family's quantizer, dequantizer and per-element scales.  The layout
-    fields and ``scheme`` are static metadata (not pytree leaves).
+    fields and ``scheme`` are static metadata (not pytree leaves).  An "fp8"
+    operand's scales are float32, or E8M0 bytes (``scale_fmt`` "ue8m0", one
+    byte per scale instead of four, the same power-of-two values).
     """
 
     data: jax.Array
@@ -109,6 +127,11 @@ class QTensor:
         return self.data.dtype
 
     @property
+    def scale_fmt(self) -> str:
+        """How the scales are stored: "ue8m0" (E8M0 bytes) or "float32" (scheme "fp8")."""
+        return "ue8m0" if self.scale.dtype == E8M0 else "float32"
+
+    @property
     def nbytes(self) -> int:
         """Storage in bytes: codes packed (E2M1: two per byte), scales, tensor scale."""
         bits = int(ml_dtypes.finfo(self.data.dtype).bits)
@@ -129,6 +152,51 @@ jax.tree_util.register_dataclass(
 def is_quantized(op: Any) -> bool:
     """True for a :class:`QTensor` (an operand of any scheme), False for a plain array."""
     return isinstance(op, QTensor)
+
+
+def scale_values(q: QTensor) -> jax.Array:
+    """The scales of an "fp8" operand as float32 values (E8M0 bytes decoded, exact)."""
+    if q.scale.dtype == E8M0:
+        return decode_e8m0(q.scale)
+    return q.scale.astype(jnp.float32)
+
+
+def float32_scales(op: Any) -> Any:
+    """``op`` with float32 scales: an "fp8" QTensor whose scales are E8M0 bytes decoded
+    (exact); anything else (arrays, float32 scales, the block formats' own scales) as is.
+
+    What a GEMM multiplies by: a UE8M0 operand's products are those of the
+    float32 power-of-two scales it stores, bit for bit.
+    """
+    if is_quantized(op) and op.scheme == "fp8" and op.scale.dtype == E8M0:
+        return QTensor(
+            op.data, decode_e8m0(op.scale), op.granularity, op.axis, op.tile, op.tensor_scale
+        )
+    return op
+
+
+def ue8m0_scales(op: Any) -> Any:
+    """``op`` with its float32 power-of-two scales stored as E8M0 bytes (exact).
+
+    Scales that are not powers of two in [2^-127, 2^127] are refused
+    (:func:`fp8jax.formats.encode_e8m0`: a ValueError, or NaN under jit),
+    never rounded.  Arrays and operands already in E8M0 pass through.
+    """
+    if not (is_quantized(op) and op.scale.dtype != E8M0):
+        return op
+    if op.scheme != "fp8":
+        raise ValueError(f"UE8M0 scales apply to scheme 'fp8' operands, got {op.scheme!r}")
+    return QTensor(
+        op.data, encode_e8m0(op.scale.astype(jnp.float32)), op.granularity, op.axis, op.tile
+    )
+
+
+def check_scale_fmt(scale_fmt: str, pow2: bool) -> None:
+    """One line for a scale format that is unknown or needs power-of-two scales."""
+    if scale_fmt not in SCALE_FMTS:
+        raise ValueError(f"scale_fmt must be one of {SCALE_FMTS}, got {scale_fmt!r}")
+    if scale_fmt == "ue8m0" and not pow2:
+        raise ValueError("scale_fmt='ue8m0' stores power-of-two scales (E8M0 bytes): set pow2=True")
 
 
 def _norm_axis(axis: int, ndim: int) -> int:
@@ -266,18 +334,31 @@ def quantize_with_scale(
     tile: int = 128,
     *,
     assume_finite: bool = False,
+    scale_fmt: str = "float32",
 ) -> QTensor:
     """Quantize with a given scale layout (delayed scaling passes its own).
 
     Scales must be positive and finite.  ``assume_finite`` promises that x
     holds no NaN / Inf and that no scale is below 2^-96 (then the division is
     one plain correctly rounded float32 division, the fast path).
+    ``scale_fmt="ue8m0"``: the scales (float32 or E8M0) are stored as E8M0
+    bytes; a float32 scale that is not a power of two in [2^-127, 2^127] is
+    refused (ValueError; under jit its code is NaN and so are its elements).
     """
     fmt = as_format(fmt)
     axis = _norm_axis(axis, x.ndim) if x.ndim else 0
     # Compute in float32 (bf16/f16 inputs are exact in it).
     xf = x.astype(jnp.float32)
-    scale = scale.astype(jnp.float32)
+    if scale_fmt not in SCALE_FMTS:
+        raise ValueError(f"scale_fmt must be one of {SCALE_FMTS}, got {scale_fmt!r}")
+    codes = None
+    if scale_fmt == "ue8m0":
+        # The bytes first: the division then uses exactly the values they hold
+        # (a refused scale decodes to NaN, so its elements are NaN, not rounded).
+        codes = scale if scale.dtype == E8M0 else encode_e8m0(scale.astype(jnp.float32))
+        scale = decode_e8m0(codes)
+    # E8M0 bytes given with scale_fmt="float32": their values, stored as float32.
+    scale = decode_e8m0(scale) if scale.dtype == E8M0 else scale.astype(jnp.float32)
     if granularity in ("tensor", "row"):
         y = _divide(xf, scale, assume_finite)
     elif granularity == "tile":
@@ -296,7 +377,7 @@ def quantize_with_scale(
         raise ValueError(f"unknown granularity {granularity!r}")
     # Saturate: values past the range clip to +-max instead of NaN/Inf.
     data = saturating_cast(y, fmt, assume_finite=assume_finite)
-    return QTensor(data, scale, granularity, axis, tile)
+    return QTensor(data, scale if codes is None else codes, granularity, axis, tile)
 
 
 def quantize(
@@ -308,8 +389,15 @@ def quantize(
     *,
     pow2: bool = False,
     amax_floor: float = 0.0,
+    scale_fmt: str = "float32",
 ) -> QTensor:
-    """Online-scaled quantization of ``x`` to ``fmt`` (see module docstring)."""
+    """Online-scaled quantization of ``x`` to ``fmt`` (see module docstring).
+
+    ``scale_fmt="ue8m0"`` (needs ``pow2``): the same codes, the scales as E8M0
+    bytes (floored at 2^-127, E8M0's smallest value).
+    """
+    check_scale_fmt(scale_fmt, pow2)
+    ue8m0 = scale_fmt == "ue8m0"
     if x.ndim == 0:
         raise ValueError("quantize needs at least a 1-d tensor")
     if tile <= 0:
@@ -336,16 +424,24 @@ def quantize(
         scale = lax.optimization_barrier(
             scale_from_amax(amax, fmt, pow2=pow2, amax_floor=amax_floor, normal=True)
         )
-        return quantize_with_scale(x, scale, fmt, granularity, axis, tile, assume_finite=True)
+        # amax >= 2^-64: the power-of-two scale is >= 2^-73, inside E8M0's range.
+        return quantize_with_scale(
+            x, scale, fmt, granularity, axis, tile, assume_finite=True, scale_fmt=scale_fmt
+        )
 
     def robust(x):
         scale = compute_scale(x, fmt, granularity, axis, tile, pow2=pow2, amax_floor=amax_floor)
+        if ue8m0:
+            # E8M0 holds no power of two below 2^-127: such tiles get 2^-127.
+            scale = floor_e8m0(scale)
 
         def plain(x):
-            return quantize_with_scale(x, scale, fmt, granularity, axis, tile, assume_finite=True)
+            return quantize_with_scale(
+                x, scale, fmt, granularity, axis, tile, assume_finite=True, scale_fmt=scale_fmt
+            )
 
         def careful(x):
-            return quantize_with_scale(x, scale, fmt, granularity, axis, tile)
+            return quantize_with_scale(x, scale, fmt, granularity, axis, tile, scale_fmt=scale_fmt)
 
         # All-zero groups alone (common: padding) need the exact amax but no
         # per-element care: finite values and no scale below 2^-96.
@@ -383,6 +479,8 @@ def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:
         raise ValueError(
             f"quant.dequantize takes scheme 'fp8', got {q.scheme!r}: use fp8jax.dequantize"
         )
+    # UE8M0 scales: their float32 values (exact), then the same products.
+    q = float32_scales(q)
     fmt = q.data.dtype
 
     def plain(data, scale):

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 
 from fp8jax.formats import BLOCK_FORMATS
+from fp8jax.quant import check_scale_fmt
 
 GRANULARITIES = ("tensor", "row", "tile", "block")
 SCALINGS = ("current", "delayed")
@@ -68,6 +69,11 @@ class QuantSpec:
         can put a block's top values above 448, where they clip) or "ceil"
         (the smallest power of two that keeps the amax at or below 448, as
         NVIDIA's MXFP8 recipe and Transformer Engine do: nothing clips).
+      scale_fmt: how the scales are stored and carried (FP8 formats):
+        "float32", or "ue8m0" (DeepSeek-V3.1's config name: one E8M0 byte,
+        2^(c - 127), per scale; needs ``pow2``).  Same codes, scale values and
+        GEMM results as "float32" with ``pow2`` (fp8jax.quant), a quarter of
+        the scale bytes in the FP8 cache and on the wire.
     """
 
     fmt: str | None = "e4m3"
@@ -79,6 +85,7 @@ class QuantSpec:
     hadamard: bool = False
     stochastic: bool = False
     scale_rounding: str = "floor"
+    scale_fmt: str = "float32"
 
     def __post_init__(self) -> None:
         if self.granularity not in GRANULARITIES:
@@ -114,6 +121,12 @@ class QuantSpec:
             )
         if self.scale_rounding != "floor" and self.fmt != "mxfp8":
             raise ValueError("scale_rounding applies to 'mxfp8' only (its E8M0 block scales)")
+        check_scale_fmt(self.scale_fmt, self.pow2)
+        if self.scale_fmt != "float32" and (self.fmt is None or self.fmt in BLOCK_FORMATS):
+            raise ValueError(
+                f"scale_fmt={self.scale_fmt!r} applies to the FP8 formats "
+                f"(e4m3, e5m2, ...), got fmt={self.fmt!r}"
+            )
 
     @property
     def quantized(self) -> bool:
@@ -494,6 +507,48 @@ def deepseek_v3_pow2x() -> Recipe:
     return dataclasses.replace(r, name="deepseek_v3_pow2x", down_grad_pow2=False)
 
 
+def with_ue8m0(recipe: Recipe) -> Recipe:
+    """``recipe`` with every power-of-two scale stored as UE8M0 (E8M0 bytes).
+
+    Specs with ``pow2`` get ``scale_fmt="ue8m0"``; the others (amax scales,
+    unquantized, block formats) are left as they are.  Codes, scale values
+    and every GEMM output and gradient are those of ``recipe`` bit for bit;
+    only the bytes of the stored and carried scales change (a quarter).
+    """
+
+    def ue8m0(spec: QuantSpec) -> QuantSpec:
+        return dataclasses.replace(spec, scale_fmt="ue8m0") if spec.pow2 else spec
+
+    gemms = {
+        kind: GemmSpec(ue8m0(g.lhs), ue8m0(g.rhs))
+        for kind, g in (("fprop", recipe.fprop), ("dgrad", recipe.dgrad), ("wgrad", recipe.wgrad))
+    }
+    return dataclasses.replace(recipe, **gemms)
+
+
+def deepseek_v3_1(accumulation: Accumulation | None = None) -> Recipe:
+    """DeepSeek-V3.1's FP8 recipe as far as it is public: :func:`deepseek_v3` with
+    power-of-two scales everywhere, stored as UE8M0 bytes.
+
+    Known: the DeepSeek-V3.1 model card says the model "is trained using the
+    UE8M0 FP8 scale data format to ensure compatibility with microscaling data
+    formats", and its checkpoint's config.json has ``"quantization_config":
+    {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+    "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}``: E4M3 weights in
+    128x128 blocks with power-of-two scales, activations quantized online
+    (its inference code rounds each 1x128 activation scale up to a power of
+    two when ``scale_fmt`` is set).
+    Assumed (not published): the training recipe is otherwise DeepSeek-V3's
+    (1x128 activation and gradient tiles, 128x128 weight blocks, E4M3 for
+    every operand forward and backward, the E5M6 cache at the attention
+    output, promotion every 128), with every scale, gradients included, a
+    power of two.  Each GEMM equals ``deepseek_v3(pow2=True)`` bit for bit;
+    the FP8 cache and the expert dispatch hold one byte per scale.
+    """
+    r = with_ue8m0(deepseek_v3(pow2=True, accumulation=accumulation))
+    return dataclasses.replace(r, name="deepseek_v3_1")
+
+
 def hybrid_delayed(history_len: int = 16, algo: str = "max", margin: int = 0) -> Recipe:
     """Transformer Engine / Flax default: per-tensor delayed scaling, E4M3 fwd, E5M2 grads."""
     fwd = QuantSpec("e4m3", "tensor", scaling="delayed")
@@ -593,6 +648,7 @@ def nvfp4(
 PRESETS = {
     "deepseek_v3": deepseek_v3,
     "deepseek_v3_pow2x": deepseek_v3_pow2x,
+    "deepseek_v3_1": deepseek_v3_1,
     "mxfp8": mxfp8,
     "mxfp8_ceil": mxfp8_ceil,
     "nvfp4": nvfp4,

@@ -5,7 +5,9 @@ layout).  What differs between format families sits here, in one table
 (:data:`SCHEMES`), keyed by ``QTensor.scheme``:
 
 * ``"fp8"``: E4M3 / E5M2 codes with float32 scales per tensor, row, 1 x tile
-  run or tile x tile block (:mod:`fp8jax.quant`), online or delayed;
+  run or tile x tile block (:mod:`fp8jax.quant`), online or delayed; with
+  ``QuantSpec.scale_fmt="ue8m0"`` the (power-of-two) scales are stored as
+  E8M0 bytes, the same values;
 * ``"mx"``: MXFP8, E4M3 codes with one E8M0 (power-of-two) scale per 32
   elements (:mod:`fp8jax.microscaling`);
 * ``"nvfp4"``: E2M1 codes, one E4M3 scale per 16 elements (or 16 x 16
@@ -33,6 +35,7 @@ import jax.numpy as jnp
 
 from fp8jax import hadamard, quant, scaling
 from fp8jax.blockscaled import operand_key, quantize_block_operand
+from fp8jax.formats import floor_e8m0
 from fp8jax.microscaling import dequantize_blocks, e8m0_exponent
 from fp8jax.quant import QTensor, expand_scale
 from fp8jax.rounding import pow2_int
@@ -69,8 +72,15 @@ def _quantize_fp8(t, spec, axis, scale, amax, seed) -> QTensor:
     if amax is not None:
         # The caller's amax per scale group (e.g. over an expert's tokens).
         scale = scaling.scale_from_amax(amax, spec.fmt, pow2=spec.pow2, amax_floor=spec.amax_floor)
+        if spec.scale_fmt == "ue8m0":
+            # As quant.quantize does: E8M0 holds no power of two below 2^-127.
+            scale = floor_e8m0(scale)
     if scale is not None:
-        return quant.quantize_with_scale(t, scale, spec.fmt, spec.granularity, axis, spec.tile)
+        # A given scale (a delayed state's) that is not a power of two is refused
+        # by a UE8M0 spec (quant.quantize_with_scale), never rounded.
+        return quant.quantize_with_scale(
+            t, scale, spec.fmt, spec.granularity, axis, spec.tile, scale_fmt=spec.scale_fmt
+        )
     if spec.scaling == "delayed":
         raise ValueError("a delayed spec quantizes with the scale of its state: pass scale=")
     return quant.quantize(
@@ -81,6 +91,7 @@ def _quantize_fp8(t, spec, axis, scale, amax, seed) -> QTensor:
         tile=spec.tile,
         pow2=spec.pow2,
         amax_floor=spec.amax_floor,
+        scale_fmt=spec.scale_fmt,
     )
 
 
@@ -106,7 +117,8 @@ def _quantize_block(t, spec, axis, scale, amax, seed) -> QTensor:
 
 
 def _fp8_element_scale(q: QTensor) -> jax.Array:
-    return expand_scale(q.scale.astype(jnp.float32), q.shape, q.granularity, q.axis, q.tile)
+    # float32 or E8M0 bytes (decoded exactly): the values divided by.
+    return expand_scale(quant.scale_values(q), q.shape, q.granularity, q.axis, q.tile)
 
 
 def _mx_element_scale(q: QTensor) -> jax.Array:

@@ -45,3 +45,12 @@ def test_fp8_layer_keeps_codes_not_activations():
     assert fp8["by_dtype"].get("float8_e4m3fn", 0) >= 512 * 256
     assert bf16["by_dtype"].get("bfloat16", 0) >= 512 * 256 * 2
     assert "float8_e4m3fn" not in bf16["by_dtype"]
+
+
+def test_ue8m0_cache_holds_one_byte_per_scale():
+    f32 = _dense_residuals(fp8jax.recipes.deepseek_v3(pow2=True))
+    e8 = _dense_residuals(fp8jax.recipes.deepseek_v3_1())
+    # Same FP8 codes; x's 512 x 2 tile scales as bytes instead of float32.
+    assert e8["by_dtype"]["float8_e4m3fn"] == f32["by_dtype"]["float8_e4m3fn"]
+    assert e8["by_dtype"]["float8_e8m0fnu"] == 512 * 2
+    assert f32["total_bytes"] - e8["total_bytes"] == 3 * 512 * 2

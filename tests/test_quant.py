@@ -288,3 +288,101 @@ def test_nan_is_never_dropped_from_a_group(gran, jit):
         # dequantize rounds the (exact) product once to float32.
         want = (data.astype(np.float64) * scale_el).astype(np.float32)
         np.testing.assert_array_equal(np.asarray(fp8jax.dequantize(q)), want)
+
+
+# --------------------------------------------------------------------------
+# UE8M0 scales: E8M0 bytes bit-exact to float32 power-of-two scales
+# --------------------------------------------------------------------------
+
+
+def test_e8m0_encode_decode_every_code_against_ml_dtypes():
+    from fp8jax.formats import decode_e8m0, encode_e8m0
+
+    codes = np.arange(255, dtype=np.uint8)  # 255 is NaN
+    want = codes.view(ml_dtypes.float8_e8m0fnu).astype(np.float64)
+    assert want[0] == 2.0**-127 and want[254] == 2.0**127
+    got = np.asarray(jax.jit(decode_e8m0)(jnp.asarray(codes.view(ml_dtypes.float8_e8m0fnu))))
+    np.testing.assert_array_equal(got.astype(np.float64), want)
+    back = encode_e8m0(jnp.asarray(want.astype(np.float32)))
+    np.testing.assert_array_equal(np.asarray(back).view(np.uint8), codes)
+    nan = np.array([255], np.uint8).view(ml_dtypes.float8_e8m0fnu)
+    assert np.isnan(np.asarray(decode_e8m0(jnp.asarray(nan)))[0])
+
+
+@pytest.mark.parametrize("bad", [3.0, 0.75, 2.0**-128, 0.0, -2.0, np.inf, np.nan])
+def test_e8m0_encode_refuses_non_pow2_eager_and_nans_under_jit(bad):
+    from fp8jax.formats import encode_e8m0
+
+    s = jnp.asarray([1.0, bad, 0.5], jnp.float32)
+    with pytest.raises(ValueError, match="powers of two"):
+        encode_e8m0(s)
+    codes = np.asarray(jax.jit(encode_e8m0)(s)).view(np.uint8)
+    # Under jit: the bad scale's code is E8M0's NaN, the others exact.
+    np.testing.assert_array_equal(codes, [127, 255, 126])
+
+
+@pytest.mark.parametrize(
+    "granularity,axis", [("tensor", -1), ("row", -1), ("tile", -1), ("tile", 0), ("block", -1)]
+)
+def test_quantize_ue8m0_equals_float32_pow2(granularity, axis):
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((200, 300)) * np.exp(rng.normal(0, 4, (200, 1))))
+    x = x.astype(jnp.float32)
+    a = fp8jax.quantize(x, fp8jax.E4M3, granularity, axis=axis, pow2=True)
+    b = fp8jax.quantize(x, fp8jax.E4M3, granularity, axis=axis, pow2=True, scale_fmt="ue8m0")
+    assert b.scale.dtype == jnp.dtype(ml_dtypes.float8_e8m0fnu) and b.scale_fmt == "ue8m0"
+    assert a.scale_fmt == "float32"
+    np.testing.assert_array_equal(
+        np.asarray(a.data).view(np.uint8), np.asarray(b.data).view(np.uint8)
+    )
+    # The bytes are the float32 scales' exponents (independent: ml_dtypes' cast).
+    want = np.asarray(a.scale).astype(ml_dtypes.float8_e8m0fnu)
+    np.testing.assert_array_equal(np.asarray(b.scale).view(np.uint8), want.view(np.uint8))
+    np.testing.assert_array_equal(
+        np.asarray(fp8jax.dequantize(a)), np.asarray(fp8jax.dequantize(b))
+    )
+    assert a.nbytes - b.nbytes == 3 * a.scale.size
+
+
+def test_quantize_ue8m0_needs_pow2_and_floors_tiny_tiles():
+    x = jnp.ones((4, 128), jnp.float32)
+    with pytest.raises(ValueError, match="pow2=True"):
+        fp8jax.quantize(x, fp8jax.E4M3, "tile", scale_fmt="ue8m0")
+    # amax 2^-130: the float32 power-of-two scale 2^-138 has no E8M0 code.
+    # Built in numpy: XLA on CPU would flush the float32 subnormal product to 0.
+    tiny = jnp.asarray(np.full((4, 128), 2.0**-130, np.float32))
+    q = fp8jax.quantize(tiny, fp8jax.E4M3, "tile", pow2=True, scale_fmt="ue8m0")
+    assert np.asarray(q.scale).view(np.uint8).tolist() == [[0]] * 4  # 2^-127
+    # The codes are x / 2^-127 = 2^-3 rounded to E4M3 (exact here).
+    np.testing.assert_array_equal(np.asarray(q.data, np.float64), 2.0**-3)
+
+
+def test_quantize_with_scale_ue8m0_refuses_non_pow2_scale():
+    from fp8jax.quant import quantize_with_scale
+
+    x = jnp.ones((2, 128), jnp.float32)
+    with pytest.raises(ValueError, match="powers of two"):
+        quantize_with_scale(x, jnp.float32(0.3), fp8jax.E4M3, "tensor", scale_fmt="ue8m0")
+
+    def f(s):
+        q = quantize_with_scale(x, s, fp8jax.E4M3, "tensor", scale_fmt="ue8m0")
+        return fp8jax.dequantize(q)
+
+    # Under jit the refused scale makes the values NaN, never a rounded scale.
+    assert np.isnan(np.asarray(jax.jit(f)(jnp.float32(0.3)))).all()
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(jnp.float32(0.25))), 1.0)
+
+
+def test_ue8m0_scales_refuses_non_pow2_operand_and_float32_scales_decodes():
+    from fp8jax.quant import float32_scales, ue8m0_scales
+
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((8, 256)), jnp.float32)
+    amax_q = fp8jax.quantize(x, fp8jax.E4M3, "tile")
+    with pytest.raises(ValueError, match="powers of two"):
+        ue8m0_scales(amax_q)
+    p = fp8jax.quantize(x, fp8jax.E4M3, "tile", pow2=True)
+    e = ue8m0_scales(p)
+    assert e.scale.dtype == jnp.dtype(ml_dtypes.float8_e8m0fnu)
+    back = float32_scales(e)
+    np.testing.assert_array_equal(np.asarray(back.scale), np.asarray(p.scale))
+    assert back.scale.dtype == jnp.float32

@@ -248,3 +248,89 @@ def test_one_registry_resolves_presets_and_variants_by_their_own_name():
     assert not set(recipes.PRESETS) & set(VARIANTS)
     with pytest.raises(ValueError, match="unknown recipe 'acc_tile'; did you mean 'acc_tiles'"):
         recipes.get("acc_tile")
+
+
+# --------------------------------------------------------------------------
+# UE8M0 scale format and DeepSeek-V3.1
+# --------------------------------------------------------------------------
+
+
+def test_quantspec_scale_fmt_validation():
+    with pytest.raises(ValueError, match="pow2=True"):
+        recipes.QuantSpec("e4m3", "tile", scale_fmt="ue8m0")
+    with pytest.raises(ValueError, match="scale_fmt must be one of"):
+        recipes.QuantSpec("e4m3", "tile", pow2=True, scale_fmt="e8m0")
+    with pytest.raises(ValueError, match="FP8 formats"):
+        recipes.QuantSpec(None, scale_fmt="ue8m0", pow2=True)
+    assert recipes.QuantSpec("e4m3", pow2=True, scale_fmt="ue8m0").scale_fmt == "ue8m0"
+
+
+def test_deepseek_v3_1_is_pow2_ue8m0_everywhere_and_v3_unchanged():
+    r = recipes.get("deepseek_v3_1")
+    assert r.name == "deepseek_v3_1"
+    assert all(s.pow2 and s.scale_fmt == "ue8m0" for s in r.specs().values())
+    assert all(s.scale_fmt == "float32" for s in recipes.deepseek_v3().specs().values())
+    base = dataclasses.replace(recipes.deepseek_v3(pow2=True), name="deepseek_v3_1")
+    assert recipes.with_ue8m0(base) == r
+
+
+def _loss_and_grads(r, granularity=None):
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(rng.standard_normal((160, 300)) * 4, jnp.float32)
+    w = jnp.asarray(rng.standard_normal((300, 200)) * 0.05, jnp.float32)
+
+    def f(x, w):
+        y = fp8jax.dot_general(x, w, (((1,), (0,)), ((), ())), recipe=r)
+        return jnp.sum(jnp.tanh(y) ** 2), y
+
+    (l, y), g = jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(x, w)
+    return [np.asarray(t) for t in (l, y, *g)]
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "row", "tile", "block"])
+def test_ue8m0_gemm_outputs_and_grads_bit_identical_to_float32_pow2(granularity):
+    spec = recipes.QuantSpec("e4m3", granularity, 128, pow2=True)
+    r32 = recipes.Recipe(
+        name="pow2",
+        fprop=recipes.GemmSpec(spec, spec),
+        dgrad=recipes.GemmSpec(spec, spec),
+        wgrad=recipes.GemmSpec(spec, spec),
+    )
+    r8 = recipes.with_ue8m0(r32)
+    assert all(s.scale_fmt == "ue8m0" for s in r8.specs().values())
+    for a, b in zip(_loss_and_grads(r32), _loss_and_grads(r8)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_deepseek_v3_1_equals_deepseek_v3_pow2_and_pow2x_ue8m0_equals_pow2x():
+    for a, b in zip(
+        _loss_and_grads(recipes.deepseek_v3(pow2=True)), _loss_and_grads(recipes.deepseek_v3_1())
+    ):
+        np.testing.assert_array_equal(a, b)
+    px = recipes.deepseek_v3_pow2x()
+    for a, b in zip(_loss_and_grads(px), _loss_and_grads(recipes.with_ue8m0(px))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_deepseek_v3_1_expert_gemm_bit_identical():
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((256, 256)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((2, 256, 128)) * 0.05, jnp.float32)
+    gs = jnp.asarray([90, 166], jnp.int32)
+
+    def run(r):
+        f = lambda x, w: jnp.sum(jnp.tanh(fp8jax.ragged_dot(x, w, gs, recipe=r)) ** 2)
+        return [np.asarray(t) for t in jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(x, w)[1]]
+
+    for a, b in zip(run(recipes.deepseek_v3(pow2=True)), run(recipes.deepseek_v3_1())):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_ue8m0_consumer_refuses_pre_quantized_non_pow2_operand():
+    from fp8jax.quant import quantize
+
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((128, 256)), jnp.float32)
+    w = jnp.ones((256, 128), jnp.float32)
+    qx = quantize(x, fp8jax.E4M3, "tile", axis=-1)  # amax scales, not powers of two
+    with pytest.raises(ValueError, match="powers of two"):
+        fp8jax.dot_general(qx, w, (((1,), (0,)), ((), ())), recipe=recipes.deepseek_v3_1())

@@ -105,3 +105,20 @@ def test_fp8_element_scale_and_bad_spec():
     np.testing.assert_array_equal(np.repeat(np.asarray(q.scale, np.float64), 128, axis=1), s)
     with pytest.raises(ValueError, match="quantized spec"):
         schemes.quantize(jnp.asarray(x), QuantSpec(None, "tensor"), 1)
+
+
+def test_fp8_ue8m0_spec_quantizes_with_e8m0_bytes_and_same_element_scales():
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((64, 256)) * 10, jnp.float32)
+    f32 = QuantSpec("e4m3", "tile", 128, pow2=True)
+    e8 = QuantSpec("e4m3", "tile", 128, pow2=True, scale_fmt="ue8m0")
+    a, b = schemes.quantize(x, f32, 1), schemes.quantize(x, e8, 1)
+    assert b.scale.dtype == jnp.dtype(ml_dtypes.float8_e8m0fnu)
+    np.testing.assert_array_equal(
+        np.asarray(schemes.element_scale(a)), np.asarray(schemes.element_scale(b))
+    )
+    # The caller's amax path (an expert's tokens) stores bytes as well.
+    amax = jnp.full((64, 2), 3.0, jnp.float32)
+    c = schemes.quantize(x, e8, 1, amax=amax)
+    assert np.asarray(c.scale).view(np.uint8).tolist() == [[127 - 7] * 2] * 64  # 2^-7 >= 3/448
+    with pytest.raises(ValueError, match="powers of two"):
+        schemes.quantize(x, e8, 1, scale=jnp.float32(0.1))
