@@ -239,3 +239,29 @@ def test_comparison_entry_point_runs_at_a_tiny_setting():
     assert "lax.dot_general" not in " ".join(table["deepseek_v3"]["gemm_paths"].values())
     text = markdown(out)
     assert "| deepseek_v3 |" in text and out["provenance"]["git"]["commit"][:10] in text
+
+
+class _MatmulOnParam(nnx.Module):
+    """An NNX model whose GEMM is ``@`` on a parameter (jnp.matmul, itself jitted)."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.w = nnx.Param(jax.random.normal(rngs.params(), (256, 128), jnp.float32))
+
+    def __call__(self, x):
+        return x @ self.w[...]
+
+
+@pytest.mark.parametrize("quantized_first", [True, False])
+def test_matmul_trace_cache_does_not_leak_between_models(quantized_first):
+    x = jax.random.normal(jax.random.key(1), (8, 256), jnp.float32)
+    plain = _MatmulOnParam(nnx.Rngs(0))
+    want_plain = np.asarray(x) @ np.asarray(plain.w[...])
+    provider = interop.QwixProvider([interop.Rule(module_path=".*", recipe=R)])
+    quant = qwix.quantize_model(_MatmulOnParam(nnx.Rngs(0)), provider, x)
+    want_fp8 = fp8jax.dot_general(x, plain.w[...], (((1,), (0,)), ((), ())), recipe=R)
+    calls = [(quant, want_fp8), (plain, want_plain)]
+    for model, want in calls if quantized_first else calls[::-1]:
+        np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(want))
+    # And back again, both ways.
+    np.testing.assert_array_equal(np.asarray(plain(x)), np.asarray(plain(x)))
+    np.testing.assert_array_equal(np.asarray(quant(x)), np.asarray(want_fp8))

@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import qwix
 from flax import linen, nnx
 from qwix._src.utils import flax_util
@@ -102,6 +103,18 @@ class QwixProvider(qwix.QuantizationProvider):
             "jax.numpy.einsum": self.einsum,
             "jax.lax.ragged_dot": self.ragged_dot,
         }
+
+    def process_model_inputs(self, model, model_args, model_kwargs):
+        # jnp.matmul (and so ``@``) is itself jitted: a trace cached outside
+        # interception would run a quantized model's matmuls unquantized, and
+        # one cached inside would run a plain model's in FP8.  Dropping the
+        # cache on entering and on leaving keeps each side's own traces.
+        jnp.matmul.clear_cache()
+        return super().process_model_inputs(model, model_args, model_kwargs)
+
+    def process_model_output(self, method_name, model_output):
+        jnp.matmul.clear_cache()
+        return super().process_model_output(method_name, model_output)
 
     def _recipe(self, op_name: str) -> tuple[Recipe | None, str]:
         rule, op_id = self._get_current_rule_and_op_id(op_name)
