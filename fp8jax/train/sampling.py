@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 
 from fp8jax.data.corpus import VOCAB_SIZE as BYTES
+from fp8jax.train.checkpoint import CheckpointError
 from fp8jax.train.defaults import ConfigError
 from fp8jax.train.loop import Run
 from fp8jax.train.state import TrainState
@@ -92,7 +93,7 @@ def sample(
         key, sub = jax.random.split(key)
         b = int(next_byte(state, buf, np.int32(len(context) - 1), sub))
         if b < 0:
-            raise ValueError(
+            raise CheckpointError(
                 f"the model's next-byte scores are not finite after {len(text) - len(prompt)} "
                 "bytes: the checkpoint does not give a usable model"
             )
