@@ -157,7 +157,7 @@ def test_gpu_grouped_kernel_matches_float64(layout):
     assert_grouped_close(got, a, sa, b, sb, gs, jnp.bfloat16, tensor_core=True)
 
 
-def test_grouped_triton_ir_uses_fp8_dot(monkeypatch, capsys):
+def test_grouped_triton_ir_uses_fp8_dot():
     from test_kernels_block_gemm import check_fp8_mma_ir, triton_ir
 
     f8 = jnp.float8_e4m3fn
@@ -169,6 +169,6 @@ def test_grouped_triton_ir_uses_fp8_dot(monkeypatch, capsys):
         jax.ShapeDtypeStruct((3,), jnp.int32),
     )
     fn = lambda *x: gg.grouped_block_scaled_matmul(*x, interpret=False)
-    text = triton_ir(monkeypatch, capsys, gg, fn, args)
+    text = triton_ir(fn, args)
     check_fp8_mma_ir(text)
     assert "scf.if" in text  # padding tiles skip the MMA loop

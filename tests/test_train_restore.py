@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from test_train_loop import _fast
 
-from fp8jax.train.checkpoint import CheckpointError, Checkpointer
+from fp8jax.train.checkpoint import Checkpointer, CheckpointError
 from fp8jax.train.defaults import ConfigError
 from fp8jax.train.loop import setup
 from fp8jax.train.restore import load_run
@@ -50,8 +50,9 @@ def _save_nan_step(path, step):
     c = _fast(recipe="bf16")
     c.mesh.data = 1
     run = setup(c, path)
-    params = jax.tree.map(lambda a: a * np.nan if np.issubdtype(a.dtype, np.floating) else a,
-                          run.state.params)
+    params = jax.tree.map(
+        lambda a: a * np.nan if np.issubdtype(a.dtype, np.floating) else a, run.state.params
+    )
     ckpt = Checkpointer(path, keep=3)
     ckpt.save(run.state._replace(step=np.int32(step), params=params), force=True)
     ckpt.close()

@@ -98,7 +98,13 @@ def sample_operands(dist: str, m: int, k: int, n: int, seed: int | tuple[int, ..
             signed_log_uniform((k, n)).astype(np.float32),
         )
     if dist == "llm":
-        x, w, _ = make_gemm_inputs("outlier_channels", m, k, n, seed)
+        # make_gemm_inputs takes one integer seed: a (seed, K) pair maps to one.
+        flat = (
+            seed
+            if isinstance(seed, int)
+            else int(np.random.SeedSequence(list(seed)).generate_state(1)[0])
+        )
+        x, w, _ = make_gemm_inputs("outlier_channels", m, k, n, flat)
         return x, w
     raise ValueError(f"unknown distribution {dist!r}; choose from {sorted(DISTRIBUTIONS)}")
 
