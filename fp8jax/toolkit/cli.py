@@ -355,8 +355,12 @@ def _cmd_runs(args) -> int:
     keys = tuple(k for k in args.keys.split(",") if k)
     if not keys:
         raise UsageError("--keys names no metric")
+
+    def note(line: str) -> None:
+        print(f"fp8jax runs plot: {line}", file=sys.stderr)
+
     try:
-        out = plot_runs(args.dirs, args.out, keys)
+        out = plot_runs(args.dirs, args.out, keys, say=note)
     except ConfigError as e:
         raise UsageError(str(e)) from None
     print(f"wrote {out}: {', '.join(keys)} of {len(args.dirs)} path(s)")
