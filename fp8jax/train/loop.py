@@ -243,15 +243,27 @@ def check_resumable(workdir: Path, config: ml_collections.ConfigDict) -> dict[st
 
 
 def check_data_fingerprint(workdir: Path, corpus) -> None:
-    """Refuse (ConfigError) a workdir whose run was trained on other data than ``corpus``."""
+    """Refuse (ConfigError) a workdir whose run was trained on other data than ``corpus``.
+
+    The run's data is recorded in config.json (``corpus.sha256``).  A workdir
+    that holds checkpoints but no such record is refused too: its data cannot
+    be checked, and resuming might train on other data without a word.
+    """
     path = workdir / "config.json"
     if not path.exists():
         return
     try:
         old = json.loads(path.read_text())["corpus"]["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, TypeError):
         return  # an unreadable config.json is refused by check_resumable
-    if old != corpus.sha256:
+    except KeyError:
+        if not ckpt_lib.Checkpointer.steps_in(workdir):
+            return  # nothing trained yet: the record is written at the start
+        raise ConfigError(
+            f"{path} holds no record of the data the run was trained on (its corpus.sha256), "
+            "so resuming cannot check it: restore that config.json, or use a new --workdir"
+        ) from None
+    if not isinstance(old, str) or old != corpus.sha256:
         raise ConfigError(
             f"workdir {str(workdir)!r} holds a run trained on other data (corpus "
             f"{corpus.name!r} now has fingerprint {corpus.sha256[:12]}, the run's was "
