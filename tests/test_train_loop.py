@@ -261,6 +261,55 @@ def test_an_unwritable_workdir_is_one_line_and_keeps_every_checkpoint(tmp_path, 
     assert out.getvalue().startswith("resuming from step 4") and s["steps"] == c.steps
 
 
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_run_resumes_from_the_last_good_one(
+    tmp_path, monkeypatch
+):
+    from fp8jax.train import checkpoint as ckpt_lib
+
+    c = _fast(checkpoint_every=2)
+    whole = train(c, tmp_path / "a", stream=io.StringIO(), steps=STEPS)
+    real = ckpt_lib.free_bytes
+
+    def free_bytes(path):
+        # The disk fills up once step 4's checkpoint is written.
+        return 1000 if (tmp_path / "b" / "checkpoints" / "4").is_dir() else real(path)
+
+    monkeypatch.setattr(ckpt_lib, "free_bytes", free_bytes)
+    with pytest.raises(CheckpointError) as e:
+        train(c, tmp_path / "b", stream=io.StringIO(), steps=STEPS)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith(
+        f"cannot write to workdir {str(tmp_path / 'b')!r}: {os.strerror(errno.ENOSPC)} "
+        f"({tmp_path / 'b' / 'checkpoints' / '6'}): the checkpoint needs about "
+    )
+    size = sum(f.stat().st_size for f in (tmp_path / "b/checkpoints/4").rglob("*") if f.is_file())
+    assert f"needs about {size / 1e6:.1f} MB, 0.0 MB free" in msg
+    assert "checkpoints of steps 2, 4 are kept" in msg
+    assert sorted(os.listdir(tmp_path / "b" / "checkpoints")) == ["2", "4"]
+    monkeypatch.undo()
+    out = io.StringIO()
+    resumed = train(c, tmp_path / "b", stream=out, steps=STEPS)
+    assert out.getvalue().startswith("resuming from step 4")
+    assert resumed["train_curve"] == whole["train_curve"]
+
+
+def test_the_disks_error_is_recognized_through_orbax():
+    from fp8jax.train.checkpoint import is_disk_full
+
+    # What orbax raises when tensorstore's write fails for lack of space.
+    orbax = ValueError(
+        'RESOURCE_EXHAUSTED: Error writing local file "/w/checkpoints/6.orbax-checkpoint-tmp/'
+        'default.orbax-checkpoint-tmp/_sharding": Failed to write 18239 bytes to file 17: No '
+        "space left on device [os_error_code='28']"
+    )
+    assert is_disk_full(orbax) and is_disk_full(OSError(errno.ENOSPC, "full"))
+    assert is_disk_full(OSError(errno.EDQUOT, "quota"))
+    assert not is_disk_full(ValueError("OUT_OF_RANGE: Error reading")) and not is_disk_full(
+        OSError(errno.EROFS, os.strerror(errno.EROFS))
+    )
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only folders")
 def test_a_read_only_workdir_is_one_line(tmp_path):
     c = _fast()

@@ -18,7 +18,7 @@ def untrained_run(path, recipe="deepseek_v3", steps=(0,)):
     c = _fast(recipe=recipe)
     c.mesh.data = 1
     run = setup(c, path)
-    write_config(path, c, {})
+    write_config(path, c, {"corpus": run.corpus.summary()})
     ckpt = Checkpointer(path, keep=len(steps))
     for step in steps:
         ckpt.save(run.state._replace(step=np.int32(step)), force=True)

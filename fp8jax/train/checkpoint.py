@@ -14,6 +14,13 @@ the latest cannot be read or holds non-finite values, moving the bad one to
 ``<workdir>/checkpoints_unreadable/`` (kept for inspection, out of the way of
 the next save at that step).
 
+A full disk: :meth:`Checkpointer.save` checks the free space against the
+size of the newest kept checkpoint (the next one is as large; with none, half
+the parameters' bytes) before writing anything, and turns the error of a save that still runs out of space into a
+:class:`DiskFull` naming the path and the space needed, after removing the
+partial checkpoint; the kept ones stay, so the run resumes from the last good
+checkpoint once there is room.
+
 :func:`run_lock` keeps two processes from training the same run directory at
 once (they would interleave their metrics and overwrite each other's
 checkpoints): a lock file per JAX process holds the owner's host and pid.
@@ -21,6 +28,7 @@ checkpoints): a lock file per JAX process holds the owner's host and pid.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
@@ -42,6 +50,43 @@ class CheckpointError(RuntimeError):
 
 class RunInUse(CheckpointError):
     """Another live process is training the same run directory."""
+
+
+class DiskFull(OSError):
+    """No room for a checkpoint: ``filename`` is where it goes, ``needed`` / ``free`` in bytes."""
+
+    def __init__(self, path: Path, needed: int, free: int | None):
+        super().__init__(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        self.needed = int(needed)
+        self.free = free
+
+
+def free_bytes(path: str | Path) -> int:
+    """Bytes free for this user on the filesystem that holds ``path`` (the disk's own answer)."""
+    return shutil.disk_usage(path).free
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (0 when it does not exist)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether ``e`` says the disk is full: an ENOSPC / EDQUOT OSError, or the same errno in
+    the message of tensorstore's error (orbax raises it as ``ValueError: RESOURCE_EXHAUSTED:
+    ... No space left on device [os_error_code='28']``)."""
+    codes = (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(e, OSError) and e.errno in codes:
+        return True
+    text = str(e)
+    return any(f"os_error_code='{c}'" in text for c in codes) or os.strerror(errno.ENOSPC) in text
 
 
 @contextmanager
@@ -142,14 +187,46 @@ class Checkpointer:
         return self.every > 0 and step % self.every == 0
 
     def save(self, state: TrainState, *, force: bool = False) -> bool:
+        """Save ``state`` at its step (when due or forced); :class:`DiskFull` when it cannot fit."""
         step = int(jax.device_get(state.step))
         if not force and not self.due(step):
             return False
         if step in self.manager.all_steps():
             return False
-        self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
-        self.manager.wait_until_finished()
+        dest = self.directory / str(step)
+        kept = self.all_steps()
+        # The next checkpoint is as large as the newest one (same state, same shapes).  With
+        # none kept, half the parameters' bytes: a lower bound (float weights do not
+        # compress 2:1), so a save that could fit is never refused.
+        needed = (
+            tree_bytes(self.directory / str(kept[-1]))
+            if kept
+            else sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(state.params)) // 2
+        )
+        free = free_bytes(self.directory)
+        if needed > free:
+            raise DiskFull(dest, needed, free)
+        try:
+            self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+            self.manager.wait_until_finished()
+        except Exception as e:  # orbax wraps the disk's error in its own types
+            if not is_disk_full(e):
+                raise
+            self._remove_partial(step)
+            state_bytes = sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(state))
+            raise DiskFull(dest, max(needed, state_bytes), free_bytes(self.directory)) from None
         return True
+
+    def _remove_partial(self, step: int) -> None:
+        """Remove what a failed save of ``step`` wrote (orbax's temporary folder); rebuild the
+        manager, whose view of the folder is stale."""
+        try:
+            self.manager.close()
+        except Exception:  # its pending writes failed already
+            pass
+        for p in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+            shutil.rmtree(p, ignore_errors=True)
+        self.manager = self._manager()
 
     def restore(self, template: TrainState, step: int | None = None) -> TrainState:
         """Restore ``step`` (default: the latest) into the structure, shapes and dtypes of ``template``."""

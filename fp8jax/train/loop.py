@@ -666,6 +666,9 @@ def unwritable(workdir: Path, e: OSError) -> str:
     """The one-line message for a workdir that could not be written (read-only, disk full)."""
     what = e.strerror or type(e).__name__
     where = f" ({e.filename})" if e.filename else ""
+    if isinstance(e, ckpt_lib.DiskFull):
+        free = "" if e.free is None else f", {_mb(e.free)} free"
+        where += f": the checkpoint needs about {_mb(e.needed)}{free}"
     kept = ckpt_lib.Checkpointer.steps_in(workdir)
     saved = (
         f"checkpoints of steps {', '.join(map(str, kept))} are kept" if kept else "no checkpoint"
@@ -674,6 +677,10 @@ def unwritable(workdir: Path, e: OSError) -> str:
         f"cannot write to workdir {str(workdir)!r}: {what}{where}; {saved}: free space or make "
         "the workdir writable, then run the same command again to resume"
     )
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
 
 
 def _train_locked(run, config, say, stop_at, stream) -> dict:
