@@ -29,11 +29,15 @@ checkpoints): a lock file per JAX process holds the owner's host and pid.
 from __future__ import annotations
 
 import errno
+import gc
+import io
+import logging
 import os
 import shutil
 import socket
+import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 
 import jax
@@ -145,6 +149,95 @@ def all_finite(tree) -> bool:
         if not np.all(np.isfinite(a.astype(np.float32))):
             return False
     return True
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of the innermost cause of ``e`` (the reader's own words), shortened."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    text = (str(e).splitlines() or [""])[0]
+    # tensorstore appends its whole spec to the message: not for a one-line report.
+    text = text.split(" See full TensorStore details")[0]
+    return f"{type(e).__name__}: {text[:200]}"
+
+
+_ORBAX_DIR = os.path.dirname(ocp.__file__)
+_LOOP_CLOSED = "Event loop is closed"
+
+
+def _from_orbax_reads(exc: BaseException | None, obj: object = None) -> bool:
+    """Whether an error printed by a thread is the echo of a failed checkpoint read.
+
+    Pending reads of a damaged checkpoint fail after the restore has raised:
+    their coroutines (orbax's) are dropped with the error, and their
+    callbacks find orbax's event loop closed.
+    """
+    code = getattr(obj, "cr_code", None)
+    if code is not None and code.co_filename.startswith(_ORBAX_DIR):
+        return True
+    return isinstance(exc, RuntimeError) and str(exc) == _LOOP_CLOSED
+
+
+class _DropOrbaxTasks(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" for orbax's read tasks."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "asyncio" and _ORBAX_DIR in record.getMessage())
+
+
+_echoes_dropped = False
+
+
+def _drop_echoes_of_failed_reads() -> None:
+    """Keep the echoes of failed checkpoint reads (:func:`_from_orbax_reads`) off stderr.
+
+    Installed once, for the rest of the process: they arrive from orbax's
+    threads at any time after the restore failed.  Every other error still
+    reaches the hooks that were there before.
+    """
+    global _echoes_dropped
+    if _echoes_dropped:
+        return
+    _echoes_dropped = True
+    unraisable, excepthook = sys.unraisablehook, sys.excepthook
+
+    def on_unraisable(u) -> None:
+        if not _from_orbax_reads(u.exc_value, u.object):
+            unraisable(u)
+
+    def on_exception(kind, value, tb) -> None:
+        if not _from_orbax_reads(value):
+            excepthook(kind, value, tb)
+
+    sys.unraisablehook, sys.excepthook = on_unraisable, on_exception
+    logging.getLogger("asyncio").addFilter(_DropOrbaxTasks())
+
+
+@contextmanager
+def _quiet_reader_threads() -> Iterator[None]:
+    """Keep what orbax's reader threads print about a damaged file off stderr.
+
+    A truncated or corrupt checkpoint makes every pending read fail; orbax
+    and asyncio then print hundreds of lines (tasks never retrieved,
+    coroutines ignored, a closed event loop) besides raising one exception,
+    which the caller reports in one line.  While the restore runs, stderr
+    and orbax's logger are muted; the echoes that come later are dropped by
+    :func:`_drop_echoes_of_failed_reads`.
+    """
+    _drop_echoes_of_failed_reads()
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.CRITICAL)
+    try:
+        with redirect_stderr(io.StringIO()):
+            try:
+                yield
+            finally:
+                # Failed reads are collected here, not after stderr is back: the caller
+                # lets go of the exception (and the reads its traceback holds) inside.
+                gc.collect()
+    finally:
+        absl_logger.setLevel(level)
 
 
 class Checkpointer:
@@ -268,12 +361,23 @@ class Checkpointer:
 
         The integrity rule of training, for every reader of a run: a
         checkpoint that orbax cannot read (truncated, empty, corrupt) or that
-        holds a non-finite value is unusable.
+        holds a non-finite value is unusable.  ``why`` is one line; what
+        orbax's reader threads print about the damage is kept off stderr.
         """
-        try:
-            state = self.restore(template, step)
-        except Exception as e:  # orbax raises many types for damaged files
-            return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        folder = self.directory / str(step)
+        if folder.is_dir() and not any(p.is_file() for p in folder.rglob("*")):
+            return None, "its folder holds no file"
+        with _quiet_reader_threads():
+            try:
+                state, problem = self.restore(template, step), None
+            except Exception as e:  # orbax raises many types for damaged files
+                state, problem = None, f"it does not read: {_first_line(e)}"
+                # A failed restore can leave the manager's view of the step stale.
+                self.manager.close()
+                self.manager = self._manager()
+            # Leaving the context collects the failed reads (the exception is gone by then).
+        if problem is not None:
+            return None, problem
         if not all_finite(state):
             return None, "it holds non-finite values"
         return state, None
