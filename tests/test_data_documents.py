@@ -66,6 +66,27 @@ def test_bad_documents_are_one_line(tmp_path, name, content, match):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("size", [1000, 70_000])
+def test_a_garbage_array_record_file_is_one_line_naming_it(tmp_path, size):
+    pytest.importorskip("array_record.python.array_record_module")
+    f = tmp_path / "a.array_record"
+    f.write_bytes(np.random.default_rng(0).integers(0, 256, size, np.uint8).tobytes())
+    with pytest.raises(DataError) as e:
+        list(docs.documents(f))
+    msg = str(e.value)
+    assert msg.startswith(f"{f} is not a readable ArrayRecord file") and "\n" not in msg
+    # Stopping early (the consumer gone) lets the reader go without an error.
+    good = tmp_path / "b.array_record"
+    ar = pytest.importorskip("array_record.python.array_record_module")
+    w = ar.ArrayRecordWriter(str(good), "group_size:1")
+    for t in _texts():
+        w.write(t.encode())
+    w.close()
+    it = docs.documents(good)
+    assert next(it) == _texts()[0]
+    it.close()
+
+
 def test_text_source_refuses_token_files_and_binary_files(tmp_path):
     root = random_tokens(tmp_path / "tok")
     for path in (root, root / "train-00000.bin", root / "tokens.json"):

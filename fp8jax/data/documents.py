@@ -138,11 +138,18 @@ def _array_record(path: Path, field: str) -> Iterator[str]:
     try:
         reader = ArrayRecordReader(str(path))
     except Exception as e:  # the C++ reader raises RuntimeError / ValueError variants
-        raise DataError(f"{path} is not a readable ArrayRecord file ({type(e).__name__})") from None
+        raise DataError(_unreadable_array_record(path, e)) from None
     try:
-        n = reader.num_records()
+        try:
+            n = reader.num_records()
+        except Exception as e:  # garbage is found when the records are counted
+            raise DataError(_unreadable_array_record(path, e)) from None
         for start in range(0, n, 1024):
-            for j, rec in enumerate(reader.read(list(range(start, min(start + 1024, n))))):
+            try:
+                recs = reader.read(list(range(start, min(start + 1024, n))))
+            except Exception as e:
+                raise DataError(_unreadable_array_record(path, e, start)) from None
+            for j, rec in enumerate(recs):
                 where = f"{path} record {start + j}"
                 text = _decode(rec, where)
                 if text.lstrip().startswith("{"):
@@ -151,8 +158,25 @@ def _array_record(path: Path, field: str) -> Iterator[str]:
                     except json.JSONDecodeError:
                         pass  # a text record that happens to start with a brace
                 yield text
-    finally:
+    except BaseException:
+        # Stopped early (an error above, the consumer gone): the reader is let go quietly.
+        try:
+            reader.close()
+        except Exception:
+            pass
+        raise
+    # Some damage is found only when the reader closes (a file under 64 KB counts no
+    # records and fails there): said here, not from a ``finally``.
+    try:
         reader.close()
+    except Exception as e:
+        raise DataError(_unreadable_array_record(path, e)) from None
+
+
+def _unreadable_array_record(path: Path, e: Exception, record: int | None = None) -> str:
+    at = "" if record is None else f" at record {record}"
+    why = (str(e).splitlines() or [type(e).__name__])[0][:120]
+    return f"{path} is not a readable ArrayRecord file{at} ({why}); remove it or fix it"
 
 
 def _pieces(path: Path) -> Iterator[str]:
