@@ -48,6 +48,19 @@ def test_a_text_file_comes_in_pieces_cut_after_newlines(tmp_path, monkeypatch):
         list(docs.documents(f))
 
 
+def test_a_line_longer_than_the_largest_piece_is_cut_between_characters(tmp_path, monkeypatch):
+    monkeypatch.setattr(docs, "PIECE_BYTES", 10)
+    monkeypatch.setattr(docs, "MAX_PIECE_BYTES", 32)
+    f = tmp_path / "a.txt"
+    # One line of 2-byte characters with a 3-byte one among them, then short lines.
+    text = "é" * 30 + "€" + "é" * 30 + "\nshort\n" + "x" * 5 + "\nend"
+    f.write_text(text)
+    pieces = list(docs.documents(f))
+    assert "".join(pieces) == text
+    assert all(len(p.encode()) <= 32 + 3 for p in pieces) and len(pieces) > 3
+    assert pieces[-1].endswith("end")
+
+
 @pytest.mark.parametrize(
     "name, content, match",
     [

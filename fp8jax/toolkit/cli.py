@@ -514,7 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("dst", help="new output directory (must not exist, or be empty)")
     how = q.add_mutually_exclusive_group(required=True)
     how.add_argument(
-        "--vocab", type=_number(int, 256, True), help="train a byte-level BPE of N entries (>= 257)"
+        "--vocab",
+        type=_number(int, 256, True),
+        help="train a byte-level BPE of N entries (257 to 1,048,576)",
     )
     how.add_argument("--tokenizer", metavar="PATH", help="reuse this tokenizer.json")
     q.add_argument(
