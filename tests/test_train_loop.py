@@ -171,6 +171,36 @@ def test_summary_keys_do_not_depend_on_the_window_and_old_keys_still_read():
     assert train_loss_key({"steps": 5, "train_loss_last3_mean": 4.0}) == "train_loss_last3_mean"
 
 
+def test_a_complete_run_answers_from_its_records_before_building_anything(tmp_path, monkeypatch):
+    from fp8jax.train import loop
+
+    c = _fast(checkpoint_every=2)
+    first = train(c, tmp_path, stream=io.StringIO(), steps=STEPS)
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the model and data were built")
+
+    monkeypatch.setattr(loop, "setup", no_build)
+    out = io.StringIO()
+    again = train(c, tmp_path, stream=out, steps=STEPS)
+    assert (
+        out.getvalue().startswith("already complete: {") and len(out.getvalue().splitlines()) == 1
+    )
+    assert again["already_complete"] is True and again["train_curve"] == first["train_curve"]
+    # Another config is refused as before, without building anything either.
+    with pytest.raises(ConfigError, match="holds a run with another config"):
+        train(_fast(checkpoint_every=2, lr=1e-3), tmp_path, stream=io.StringIO(), steps=STEPS)
+    # A damaged newest checkpoint is not taken on trust: training falls back and redoes it.
+    monkeypatch.undo()
+    for f in (tmp_path / "checkpoints" / "6").rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"")
+    out = io.StringIO()
+    redone = train(c, tmp_path, stream=out, steps=STEPS)
+    assert out.getvalue().splitlines()[0].startswith("warning: checkpoint step 6 is unusable")
+    assert redone["already_complete"] is False and redone["train_curve"] == first["train_curve"]
+
+
 def test_resume_refuses_another_config_and_allows_more_steps(tmp_path):
     c = _fast()
     train(c, tmp_path, stop_at=2, stream=io.StringIO(), steps=STEPS)

@@ -382,6 +382,25 @@ class Checkpointer:
             return None, "it holds non-finite values"
         return state, None
 
+    def holds_usable(self, step: int) -> bool:
+        """Whether checkpoint ``step`` reads and is finite, read as saved (no model needed).
+
+        The same integrity rule as :meth:`try_restore`, for a caller that has
+        no template state (it restores the arrays as orbax recorded them).
+        """
+        folder = self.directory / str(step)
+        if not folder.is_dir() or not any(p.is_file() for p in folder.rglob("*")):
+            return False
+        with _quiet_reader_threads():
+            try:
+                tree = self.manager.restore(step, args=ocp.args.StandardRestore())
+                ok = int(np.asarray(tree["step"])) == step and all_finite(tree)
+            except Exception:  # orbax raises many types for damaged files
+                ok = False
+                self.manager.close()
+                self.manager = self._manager()
+        return ok
+
     def restore_for_reading(
         self, template: TrainState, step: int | None, say: Callable[[str], None] = print
     ) -> tuple[TrainState, int]:

@@ -9,9 +9,11 @@ The config is an ``ml_collections.ConfigDict`` (every field, with its meaning:
 2. refuses a workdir whose ``config.json`` holds another config (only the
    ``RESUMABLE_FIELDS`` of :mod:`fp8jax.train.defaults` may change; ``steps``
    may only grow), so a workdir never mixes two runs;
-3. restores the latest readable, finite checkpoint in ``<workdir>/checkpoints``
-   if there is one ("resuming from step N"; batches depend only on the step),
-   or reports "already complete: <summary>" when it has all the steps;
+3. reports "already complete: <summary>" when the run's records show all the
+   steps done (:func:`completed_run`: its config, a usable newest checkpoint of
+   ``steps``, its metrics), before building model, data or step; otherwise
+   restores the latest readable, finite checkpoint in ``<workdir>/checkpoints``
+   if there is one ("resuming from step N"; batches depend only on the step);
 4. runs the jitted step, logging train metrics every ``log_every`` steps and
    validation cross-entropy every ``eval_every`` steps and at the end, one
    progress line per logged step;
@@ -634,6 +636,13 @@ def train(
         if jax.process_index() == 0:
             print(line, file=stream, flush=True)
 
+    try:
+        done = completed_run(config, workdir)
+    except run_log.DamagedLog as e:
+        raise ConfigError(f"{e} (checkpoints are untouched)") from None
+    if done is not None:
+        say(f"already complete: {summary_line(done)}")
+        return done
     run = setup(config, workdir, steps=steps)
     try:
         with removed_unless_checkpointed(
@@ -651,6 +660,41 @@ def train(
         raise ConfigError(out_of_memory(config)) from None
     except OSError as e:
         raise ckpt_lib.CheckpointError(unwritable(run.workdir, e)) from None
+
+
+def completed_run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict | None:
+    """The summary of the run in ``workdir`` if its records show it complete, else None.
+
+    Read from the run's records alone (config.json, the checkpoint folders,
+    metrics.jsonl), before any model, data or compiled step is built: the
+    config must be the run's (:func:`check_resumable` refuses another), and
+    its newest checkpoint must hold ``config.steps`` or more and be usable
+    (read as saved, finite).  Anything else (no run, fewer steps, a damaged
+    newest checkpoint) is None: training decides, falling back as it does.
+    """
+    validate(config)
+    path = check_workdir(workdir)
+    if not (path / "config.json").exists():
+        return None
+    check_resumable(path, config)
+    kept = ckpt_lib.Checkpointer.steps_in(path)
+    if not kept or kept[-1] < int(config.steps):
+        return None
+    # Several processes: before anything touches a device.
+    maybe_initialize_distributed(config.mesh)
+    ckpt = ckpt_lib.Checkpointer(path)
+    try:
+        if not ckpt.holds_usable(kept[-1]):
+            return None
+    finally:
+        ckpt.close()
+    summary = summarize(run_log.read_jsonl(path / "metrics.jsonl"), int(config.final_window))
+    summary.update(
+        recipe=recipes.get(str(config.recipe)).name,
+        seed=int(config.seed),
+        already_complete=True,
+    )
+    return summary
 
 
 def out_of_memory(config: ml_collections.ConfigDict) -> str:
