@@ -201,6 +201,36 @@ def test_a_complete_run_answers_from_its_records_before_building_anything(tmp_pa
     assert redone["already_complete"] is False and redone["train_curve"] == first["train_curve"]
 
 
+def test_wall_s_counts_the_start_up_and_the_last_line_names_the_outputs(tmp_path, monkeypatch):
+    import time
+
+    from fp8jax.train import loop
+    from fp8jax.train.workdir import outputs_line
+
+    took = {}
+
+    def timed(name, real):
+        def run(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                took[name] = time.perf_counter() - t
+
+        return run
+
+    # The real functions, timed: start-up (data, model, tracing) and the steps.
+    monkeypatch.setattr(loop, "setup", timed("setup", loop.setup))
+    monkeypatch.setattr(loop, "run_loop", timed("loop", loop.run_loop))
+    s = train(_fast(steps=2), tmp_path, stream=io.StringIO(), steps=STEPS)
+    assert s["wall_s"] >= took["setup"] + took["loop"]
+    line = outputs_line(tmp_path)
+    assert line == (
+        f"outputs in {tmp_path}: checkpoints/ (step 2), metrics.jsonl, config.json; "
+        f"evaluate: python experiments/evaluate.py --workdir={tmp_path}"
+    )
+
+
 def test_resume_refuses_another_config_and_allows_more_steps(tmp_path):
     c = _fast()
     train(c, tmp_path, stop_at=2, stream=io.StringIO(), steps=STEPS)

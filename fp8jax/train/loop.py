@@ -622,7 +622,8 @@ def train(
     ("mesh ...", "compiling ...", "resuming from step N", "already complete:
     <summary>", warnings) and progress lines go to ``stream`` (default
     stdout), from JAX process 0 only.  The summary's ``already_complete`` is
-    True when the workdir already held every step.  ``steps``: compiled
+    True when the workdir already held every step; its ``wall_s`` counts the
+    seconds from this call to the end (start-up, compilation and steps).  ``steps``: compiled
     functions shared with other runs of this process (a comparison passes one).
 
     A run that fails before its first checkpoint removes what it created in
@@ -631,6 +632,8 @@ def train(
     raises :class:`~fp8jax.train.checkpoint.CheckpointError`, one line each,
     keeping every checkpoint.
     """
+
+    t_start = time.perf_counter()
 
     def say(line: str) -> None:
         if jax.process_index() == 0:
@@ -649,7 +652,7 @@ def train(
             run.workdir, keep_on=(TrainingDiverged, ckpt_lib.RunInUse)
         ):
             with ckpt_lib.run_lock(run.workdir, jax.process_index()):
-                return _train_locked(run, config, say, stop_at, stream)
+                return _train_locked(run, config, say, stop_at, stream, t_start)
     except run_log.DamagedLog as e:
         raise ConfigError(f"{e} (checkpoints are untouched)") from None
     except MemoryError:
@@ -727,8 +730,13 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
-def _train_locked(run, config, say, stop_at, stream) -> dict:
-    """The body of :func:`train`, run while holding the run directory's lock."""
+def _train_locked(run, config, say, stop_at, stream, t_start: float) -> dict:
+    """The body of :func:`train`, run while holding the run directory's lock.
+
+    ``t_start``: when :func:`train` was called (``time.perf_counter``); the
+    summary's ``wall_s`` counts from there, so it includes the start-up
+    (data, model, tracing, restore) and the compilation, not only the steps.
+    """
     total = int(config.steps)
     final_window = int(config.final_window)
     ckpt = ckpt_lib.Checkpointer(
@@ -763,7 +771,6 @@ def _train_locked(run, config, say, stop_at, stream) -> dict:
             primary=primary,
         )
         end = total if stop_at is None else min(int(stop_at), total)
-        t_start = time.perf_counter()
         try:
             run_loop(run, ckpt, writer, start, end, say)
         finally:
