@@ -1,9 +1,10 @@
 r"""Train one run: python experiments/train.py --config=configs/tiny.py --workdir=DIR.
 
 Resumes from the latest checkpoint in DIR ("resuming from step N"); a finished
-run prints "already complete: <summary>". Any config field can be overridden,
-e.g. --config.steps=200; a resume may change only the resumable fields
-(docs/training.md). Mistakes print one line and exit 2; a diverged run exits 1
+run prints "already complete: <summary>".  The last line names DIR and what the
+run keeps there (checkpoints, metrics.jsonl, config.json, tb/).  Any config
+field can be overridden, e.g. --config.steps=200; a resume may change only the
+resumable fields (docs/training.md). Mistakes print one line and exit 2; a diverged run exits 1
 naming the first non-finite step; Ctrl-C / SIGTERM save a checkpoint and exit
 130 / 143 with the command that resumes.
 """
@@ -23,6 +24,7 @@ from fp8jax.train.runtime import (
     setup_runtime,
     usage_error,
 )
+from fp8jax.train.workdir import outputs_line
 
 # --help prints this docstring: it ends with every config field and its default.
 __doc__ += (
@@ -55,6 +57,8 @@ def main(argv):
         usage_error("interrupted before the first step; nothing was saved", code=130)
     if not s["already_complete"]:
         print("summary:", summary_line(s))
+    # The last line: where the run's outputs are.
+    print(outputs_line(_WORKDIR.value))
 
 
 if __name__ == "__main__":

@@ -48,6 +48,19 @@ def test_a_text_file_comes_in_pieces_cut_after_newlines(tmp_path, monkeypatch):
         list(docs.documents(f))
 
 
+def test_a_line_longer_than_the_largest_piece_is_cut_between_characters(tmp_path, monkeypatch):
+    monkeypatch.setattr(docs, "PIECE_BYTES", 10)
+    monkeypatch.setattr(docs, "MAX_PIECE_BYTES", 32)
+    f = tmp_path / "a.txt"
+    # One line of 2-byte characters with a 3-byte one among them, then short lines.
+    text = "é" * 30 + "€" + "é" * 30 + "\nshort\n" + "x" * 5 + "\nend"
+    f.write_text(text)
+    pieces = list(docs.documents(f))
+    assert "".join(pieces) == text
+    assert all(len(p.encode()) <= 32 + 3 for p in pieces) and len(pieces) > 3
+    assert pieces[-1].endswith("end")
+
+
 @pytest.mark.parametrize(
     "name, content, match",
     [
@@ -64,6 +77,27 @@ def test_bad_documents_are_one_line(tmp_path, name, content, match):
     with pytest.raises(DataError, match=match) as e:
         list(docs.documents(f))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("size", [1000, 70_000])
+def test_a_garbage_array_record_file_is_one_line_naming_it(tmp_path, size):
+    pytest.importorskip("array_record.python.array_record_module")
+    f = tmp_path / "a.array_record"
+    f.write_bytes(np.random.default_rng(0).integers(0, 256, size, np.uint8).tobytes())
+    with pytest.raises(DataError) as e:
+        list(docs.documents(f))
+    msg = str(e.value)
+    assert msg.startswith(f"{f} is not a readable ArrayRecord file") and "\n" not in msg
+    # Stopping early (the consumer gone) lets the reader go without an error.
+    good = tmp_path / "b.array_record"
+    ar = pytest.importorskip("array_record.python.array_record_module")
+    w = ar.ArrayRecordWriter(str(good), "group_size:1")
+    for t in _texts():
+        w.write(t.encode())
+    w.close()
+    it = docs.documents(good)
+    assert next(it) == _texts()[0]
+    it.close()
 
 
 def test_text_source_refuses_token_files_and_binary_files(tmp_path):

@@ -91,7 +91,9 @@ def test_a_reused_tokenizer_gives_the_same_ids_and_jsonl_reads_like_text(tmp_pat
     [
         (dict(vocab=100), "below 257"),
         (dict(vocab=300, tokenizer="x"), "either --vocab"),
-        (dict(vocab=300, val_fraction=0.01), "too few to split"),
+        (dict(vocab=300, val_fraction=0.01), "holds one back for validation only from 100 "),
+        (dict(vocab=10**9), "above the largest accepted, 1,048,576"),
+        (dict(vocab=10**20), "above the largest accepted, 1,048,576"),
         (dict(tokenizer="/nonexistent/tok.json"), "is unreadable"),
     ],
 )
@@ -101,6 +103,51 @@ def test_mistakes_are_one_line_and_leave_nothing(tmp_path, kwargs, match):
         prep.prepare(tmp_path / "src", tmp_path / "out", quiet=True, **kwargs)
     assert "\n" not in str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_vocab_beyond_what_the_text_gives_and_empty_text_are_refused_before_training(
+    tmp_path, monkeypatch
+):
+    def never(*args):
+        raise AssertionError("the tokenizer was trained")
+
+    monkeypatch.setattr(prep, "train_tokenizer", never)
+    (tmp_path / "a.txt").write_text("hi\n")
+    with pytest.raises(DataError, match=r"needs 743 merges, more than the 3 bytes .*--vocab 260"):
+        prep.prepare(tmp_path / "a.txt", tmp_path / "out", vocab=1000, quiet=True)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "e.txt").write_text("")
+    for kwargs in (dict(vocab=300), dict(tokenizer="unused.json")):
+        with pytest.raises(DataError, match="holds no text: its 1 file"):
+            prep.prepare(tmp_path / "empty", tmp_path / "out", quiet=True, **kwargs)
+    monkeypatch.undo()
+    with pytest.raises(DataError, match="one document cannot be split"):
+        prep.prepare(tmp_path / "a.txt", tmp_path / "out", vocab=260, quiet=True)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_over_long_word_is_cut_so_training_stays_linear(tmp_path, capsys):
+    from tokenizers import Tokenizer
+
+    # One "word" of 300 KB: letters without a space (quadratic BPE time uncut).
+    rng = np.random.default_rng(0)
+    word = "".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), 300_000))
+    pieces = prep.pre_tokenizer().pre_tokenize_str("a short line\n" + word + " " * 500)
+    assert max(len(p) for p, _ in pieces) == prep.MAX_WORD_BYTES
+    # Ordinary words are not touched: the pre-tokens of GPT-2's byte-level step.
+    assert [p for p, _ in pieces[:4]] == ["a", "Ġshort", "Ġline", "Ċ"]
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(20):
+        (src / f"{i:02d}.txt").write_text(word[i * 15_000 : (i + 1) * 15_000])
+    rep = prep.prepare(src, tmp_path / "out", vocab=400, progress_stream=sys.stdout)
+    tok = Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    assert max(len(t) for t in tok.get_vocab()) <= prep.MAX_WORD_BYTES
+    ids = np.fromfile(load_tokens(tmp_path / "out").train_shards[0].path, np.uint16)
+    first = ids[: list(ids).index(tok.token_to_id(prep.EOT))]
+    assert tok.decode(first.tolist()) == word[:15_000] and rep.documents == 20
+    # The merges are announced once the text is read (they take a while on a large corpus).
+    assert "train BPE: 20 documents read; computing 143 merges ..." in capsys.readouterr().out
 
 
 def test_destination_inside_source_or_not_empty_is_refused(tmp_path):

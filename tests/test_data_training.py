@@ -88,6 +88,23 @@ def test_resume_refuses_changed_data(tmp_path):
         train(b, tmp_path / "bytes", stream=io.StringIO())
 
 
+def test_resume_refuses_a_run_whose_data_record_is_missing(tmp_path):
+    data = random_tokens(tmp_path / "tok", vocab=300)
+    c = _config(data)
+    train(c, tmp_path / "run", stop_at=2, stream=io.StringIO())
+    cfg_path = tmp_path / "run" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    del cfg["corpus"]
+    cfg_path.write_text(json.dumps(cfg))
+    # Other data in place of the run's: without the record nothing could tell.
+    ids = np.fromfile(data / "train-00000.bin", np.uint16)
+    ((ids + 1) % 300).astype(np.uint16).tofile(data / "train-00000.bin")
+    with pytest.raises(ConfigError, match="holds no record of the data") as e:
+        train(c, tmp_path / "run", stream=io.StringIO())
+    assert "\n" not in str(e.value) and str(cfg_path) in str(e.value)
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["2"]
+
+
 def test_a_shard_unreadable_mid_run_stops_with_its_name_and_keeps_the_checkpoint(
     tmp_path, monkeypatch
 ):

@@ -63,6 +63,16 @@ def _mistakes(tmp: Path) -> dict[str, tuple[list[str], str]]:
             "are available; make the sizes multiply to 8",
         ),
         "batch_split": (["--config.batch_size=6"], "batch_size 6 does not split over the 8"),
+        "both_batches_split": (
+            [],
+            "batch_size 8 and eval_batch_size 8 do not split over the 3 devices of mesh "
+            "data=3 x fsdp=1 x expert=1: use multiples of 3, e.g. --config.batch_size=6 "
+            "--config.eval_batch_size=6",
+        ),
+        "synonym": (
+            ["--config.learning_rate=1e-3"],
+            "unknown config field --config.learning_rate; did you mean --config.lr?",
+        ),
         "absurd_batch": (["--config.batch_size=1000000000000"], "lower --config.batch_size"),
         "training_config": (
             ["--config=configs/tiny.py"],
@@ -88,6 +98,8 @@ MISTAKE_NAMES = [
     "seq_len",
     "mesh",
     "batch_split",
+    "both_batches_split",
+    "synonym",
     "absurd_batch",
     "comparison_config",
 ]
@@ -100,7 +112,8 @@ def test_train_mistake_prints_one_line_and_creates_no_workdir(tmp_path, name):
     argv = ["--config=configs/tiny.py", f"--workdir={workdir}", *args]
     # A later flag wins: the mistake replaces the default config or workdir.
     # Eight simulated devices: the mesh and the batch split are checked against them.
-    p = _run("train.py", *argv, devices=8 if name in ("mesh", "batch_split") else 1)
+    devices = {"mesh": 8, "batch_split": 8, "both_batches_split": 3}.get(name, 1)
+    p = _run("train.py", *argv, devices=devices)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("train.py: error: "), p.stderr

@@ -171,6 +171,66 @@ def test_summary_keys_do_not_depend_on_the_window_and_old_keys_still_read():
     assert train_loss_key({"steps": 5, "train_loss_last3_mean": 4.0}) == "train_loss_last3_mean"
 
 
+def test_a_complete_run_answers_from_its_records_before_building_anything(tmp_path, monkeypatch):
+    from fp8jax.train import loop
+
+    c = _fast(checkpoint_every=2)
+    first = train(c, tmp_path, stream=io.StringIO(), steps=STEPS)
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the model and data were built")
+
+    monkeypatch.setattr(loop, "setup", no_build)
+    out = io.StringIO()
+    again = train(c, tmp_path, stream=out, steps=STEPS)
+    assert (
+        out.getvalue().startswith("already complete: {") and len(out.getvalue().splitlines()) == 1
+    )
+    assert again["already_complete"] is True and again["train_curve"] == first["train_curve"]
+    # Another config is refused as before, without building anything either.
+    with pytest.raises(ConfigError, match="holds a run with another config"):
+        train(_fast(checkpoint_every=2, lr=1e-3), tmp_path, stream=io.StringIO(), steps=STEPS)
+    # A damaged newest checkpoint is not taken on trust: training falls back and redoes it.
+    monkeypatch.undo()
+    for f in (tmp_path / "checkpoints" / "6").rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"")
+    out = io.StringIO()
+    redone = train(c, tmp_path, stream=out, steps=STEPS)
+    assert out.getvalue().splitlines()[0].startswith("warning: checkpoint step 6 is unusable")
+    assert redone["already_complete"] is False and redone["train_curve"] == first["train_curve"]
+
+
+def test_wall_s_counts_the_start_up_and_the_last_line_names_the_outputs(tmp_path, monkeypatch):
+    import time
+
+    from fp8jax.train import loop
+    from fp8jax.train.workdir import outputs_line
+
+    took = {}
+
+    def timed(name, real):
+        def run(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                took[name] = time.perf_counter() - t
+
+        return run
+
+    # The real functions, timed: start-up (data, model, tracing) and the steps.
+    monkeypatch.setattr(loop, "setup", timed("setup", loop.setup))
+    monkeypatch.setattr(loop, "run_loop", timed("loop", loop.run_loop))
+    s = train(_fast(steps=2), tmp_path, stream=io.StringIO(), steps=STEPS)
+    assert s["wall_s"] >= took["setup"] + took["loop"]
+    line = outputs_line(tmp_path)
+    assert line == (
+        f"outputs in {tmp_path}: checkpoints/ (step 2), metrics.jsonl, config.json; "
+        f"evaluate: python experiments/evaluate.py --workdir={tmp_path}"
+    )
+
+
 def test_resume_refuses_another_config_and_allows_more_steps(tmp_path):
     c = _fast()
     train(c, tmp_path, stop_at=2, stream=io.StringIO(), steps=STEPS)
@@ -259,6 +319,55 @@ def test_an_unwritable_workdir_is_one_line_and_keeps_every_checkpoint(tmp_path, 
     out = io.StringIO()
     s = train(c, tmp_path, stream=out, steps=STEPS)
     assert out.getvalue().startswith("resuming from step 4") and s["steps"] == c.steps
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_run_resumes_from_the_last_good_one(
+    tmp_path, monkeypatch
+):
+    from fp8jax.train import checkpoint as ckpt_lib
+
+    c = _fast(checkpoint_every=2)
+    whole = train(c, tmp_path / "a", stream=io.StringIO(), steps=STEPS)
+    real = ckpt_lib.free_bytes
+
+    def free_bytes(path):
+        # The disk fills up once step 4's checkpoint is written.
+        return 1000 if (tmp_path / "b" / "checkpoints" / "4").is_dir() else real(path)
+
+    monkeypatch.setattr(ckpt_lib, "free_bytes", free_bytes)
+    with pytest.raises(CheckpointError) as e:
+        train(c, tmp_path / "b", stream=io.StringIO(), steps=STEPS)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith(
+        f"cannot write to workdir {str(tmp_path / 'b')!r}: {os.strerror(errno.ENOSPC)} "
+        f"({tmp_path / 'b' / 'checkpoints' / '6'}): the checkpoint needs about "
+    )
+    size = sum(f.stat().st_size for f in (tmp_path / "b/checkpoints/4").rglob("*") if f.is_file())
+    assert f"needs about {size / 1e6:.1f} MB, 0.0 MB free" in msg
+    assert "checkpoints of steps 2, 4 are kept" in msg
+    assert sorted(os.listdir(tmp_path / "b" / "checkpoints")) == ["2", "4"]
+    monkeypatch.undo()
+    out = io.StringIO()
+    resumed = train(c, tmp_path / "b", stream=out, steps=STEPS)
+    assert out.getvalue().startswith("resuming from step 4")
+    assert resumed["train_curve"] == whole["train_curve"]
+
+
+def test_the_disks_error_is_recognized_through_orbax():
+    from fp8jax.train.checkpoint import is_disk_full
+
+    # What orbax raises when tensorstore's write fails for lack of space.
+    orbax = ValueError(
+        'RESOURCE_EXHAUSTED: Error writing local file "/w/checkpoints/6.orbax-checkpoint-tmp/'
+        'default.orbax-checkpoint-tmp/_sharding": Failed to write 18239 bytes to file 17: No '
+        "space left on device [os_error_code='28']"
+    )
+    assert is_disk_full(orbax) and is_disk_full(OSError(errno.ENOSPC, "full"))
+    assert is_disk_full(OSError(errno.EDQUOT, "quota"))
+    assert not is_disk_full(ValueError("OUT_OF_RANGE: Error reading")) and not is_disk_full(
+        OSError(errno.EROFS, os.strerror(errno.EROFS))
+    )
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only folders")

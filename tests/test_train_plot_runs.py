@@ -75,3 +75,40 @@ def test_cli_writes_the_png_and_refuses_mistakes_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fp8jax runs: error: ")
     assert main(["runs", "plot", str(tmp_path / "a"), "--keys", "nope", "--out", str(out)]) == 2
+
+
+def test_malformed_rows_are_left_out_with_one_line_and_a_fifo_is_refused(tmp_path, capsys):
+    import os
+
+    _run(tmp_path / "a", 2.0)
+    log = tmp_path / "a" / "metrics.jsonl"
+    good = log.read_text()
+    log.write_text(
+        good + '{"loss": 1.0}\n{"step": 1e400, "loss": 1.0}\n{"step": 11, "loss": [1]}\n'
+        '{"step": 12, "loss": 1.5}\n'
+    )
+    out = tmp_path / "runs.png"
+    assert main(["runs", "plot", str(tmp_path / "a"), "--out", str(out)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fp8jax runs plot: {log}: skipped line 13: ")
+    assert 'no integer "step"' in err[0] and "line 14" in err[0] and "line 15" in err[0]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "f").mkdir()
+    os.mkfifo(tmp_path / "f" / "metrics.jsonl")  # nobody writes it: a plain open would block
+    assert main(["runs", "plot", str(tmp_path / "f"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a regular file" in err[0]
+
+
+def test_out_is_the_path_written_and_a_directory_is_refused(tmp_path, capsys):
+    _run(tmp_path / "a", 2.0)
+    out = tmp_path / "plot_without_suffix"
+    assert main(["runs", "plot", str(tmp_path / "a"), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {out}: ")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "plot_without_suffix.png").exists()
+    (tmp_path / "somedir").mkdir()
+    assert main(["runs", "plot", str(tmp_path / "a"), "--out", str(tmp_path / "somedir")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a directory: give a file" in err[0]
+    assert list((tmp_path / "somedir").iterdir()) == []

@@ -40,8 +40,14 @@ def test_batches_must_split_over_the_mesh():
     c.batch_size, c.eval_batch_size = 16, 12
     with pytest.raises(ConfigError, match=r"--config.eval_batch_size=8"):
         preflight.check_batches(c, sizes)
+    # Both wrong: one message names both, so the first fix is not refused for the other.
+    c.batch_size, c.eval_batch_size = 6, 12
+    with pytest.raises(ConfigError) as e:
+        preflight.check_batches(c, sizes)
+    assert str(e.value).startswith("batch_size 6 and eval_batch_size 12 do not split over the 8")
+    assert str(e.value).endswith("--config.batch_size=8 --config.eval_batch_size=8")
     # Without evaluation the evaluation batch is never built.
-    c.eval_batches = 0
+    c.eval_batches, c.batch_size = 0, 16
     preflight.check_batches(c, sizes)
 
 

@@ -18,7 +18,7 @@ def untrained_run(path, recipe="deepseek_v3", steps=(0,)):
     c = _fast(recipe=recipe)
     c.mesh.data = 1
     run = setup(c, path)
-    write_config(path, c, {})
+    write_config(path, c, {"corpus": run.corpus.summary()})
     ckpt = Checkpointer(path, keep=len(steps))
     for step in steps:
         ckpt.save(run.state._replace(step=np.int32(step)), force=True)
@@ -78,3 +78,35 @@ def test_readers_refuse_an_empty_step_directory(tmp_path):
         f.unlink() if f.is_file() else f.rmdir()
     with pytest.raises((CheckpointError, ConfigError)):
         load_run(tmp_path)
+
+
+def _largest_file(folder):
+    return max((f for f in folder.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "emptied folder"])
+def test_readers_pass_over_a_damaged_latest_checkpoint_in_one_line(tmp_path, capfd, damage):
+    untrained_run(tmp_path, "bf16", steps=(0, 5))
+    latest = tmp_path / "checkpoints" / "5"
+    if damage == "truncated":
+        f = _largest_file(latest)
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+        why = "it does not read: "
+    else:
+        for f in sorted(latest.rglob("*"), reverse=True):
+            f.unlink() if f.is_file() else f.rmdir()
+        why = "its folder holds no file"
+    capfd.readouterr()
+    notes = []
+    _, state, step = load_run(tmp_path, say=notes.append)
+    # The earlier checkpoint still reads after the damaged one failed.
+    assert step == 0 and int(jax.device_get(state.step)) == 0
+    assert len(notes) == 1 and notes[0].startswith(f"note: checkpoint step 5 is unusable ({why}")
+    assert "\n" not in notes[0] and "TensorStore" not in notes[0]
+    with pytest.raises(CheckpointError) as e:
+        load_run(tmp_path, 5)
+    assert f"checkpoint step 5 in {tmp_path / 'checkpoints'} is unusable: {why}" in str(e.value)
+    assert "\n" not in str(e.value)
+    # Nothing from orbax's reader threads reaches the terminal.
+    assert "Traceback" not in capfd.readouterr().err
+    assert Checkpointer.steps_in(tmp_path) == [0, 5]

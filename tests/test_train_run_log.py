@@ -87,6 +87,69 @@ def test_torn_last_line_is_skipped_and_a_bad_middle_line_is_an_error(tmp_path):
         run_log.read_jsonl(p)
 
 
+@pytest.mark.parametrize(
+    "line, why",
+    [
+        ('{"loss": 2.0}', 'no integer "step"'),
+        ('{"step": 1e400, "loss": 2.0}', '"step" is inf, not an integer'),
+        ('{"step": 2.5}', '"step" is 2.5, not an integer'),
+        ('{"step": true}', '"step" is True, not an integer'),
+        ('{"step": -1}', '"step" -1 is outside'),
+        ('{"step": 4294967296}', '"step" 4294967296 is outside'),
+        ('{"step": 2, "loss": [1, 2]}', "'loss' is list, not a number"),
+        ('{"step": 2, "loss": "2.0"}', "'loss' is str, not a number"),
+        ('{"step": 2, "loss": ' + "9" * 400 + "}", "'loss' is an integer beyond float64"),
+        ("[" * 100_000 + "]" * 100_000, "not a JSON object"),
+        ("[1, 2]", "not a JSON object"),
+    ],
+)
+def test_a_malformed_row_is_refused_or_skipped_in_one_line_naming_file_and_line(
+    tmp_path, line, why
+):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text('{"step": 1, "loss": 3.0}\n' + line + '\n{"step": 3, "loss": 1.0}\n')
+    # Training's own reader and the summaries refuse it ...
+    with pytest.raises(run_log.DamagedLog) as e:
+        run_log.read_jsonl(p)
+    assert f"{p} line 2 is damaged" in str(e.value) and why in str(e.value)
+    assert "\n" not in str(e.value)
+    with pytest.raises(run_log.DamagedLog, match="line 2 is damaged"):
+        run_log.MetricsWriter(tmp_path, total_steps=3, tokens_per_step=1, start_step=3)
+    # ... a plot leaves it out, said in one line.
+    said = []
+    rows = run_log.read_jsonl(p, said.append, skip_malformed=True)
+    assert [r["step"] for r in rows] == [1, 3]
+    assert len(said) == 1 and said[0].startswith(f"{p}: skipped line 2: ") and why in said[0]
+    # The same row last is malformed, not torn: it is still named.
+    p.write_text('{"step": 1, "loss": 3.0}\n' + line + "\n")
+    if line.startswith("["):
+        return  # valid JSON that is not an object: named above
+    with pytest.raises(run_log.DamagedLog, match="line 2 is damaged"):
+        run_log.read_jsonl(p)
+
+
+def test_a_log_that_is_not_a_regular_file_or_too_large_is_refused_unread(tmp_path, monkeypatch):
+    import os
+
+    fifo = tmp_path / "fifo" / "metrics.jsonl"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)  # nobody writes it: opening it for reading the usual way would block
+    with pytest.raises(run_log.DamagedLog, match="is not a regular file"):
+        run_log.read_jsonl(fifo)
+    dev = tmp_path / "dev" / "metrics.jsonl"
+    dev.parent.mkdir()
+    dev.symlink_to("/dev/zero")  # endless: reading it would fill memory
+    with pytest.raises(run_log.DamagedLog, match="is not a regular file"):
+        run_log.read_jsonl(dev)
+    with pytest.raises(run_log.DamagedLog, match="is not a regular file"):
+        run_log.MetricsWriter(dev.parent, total_steps=3, tokens_per_step=1, start_step=1)
+    big = tmp_path / "metrics.jsonl"
+    big.write_text('{"step": 1, "loss": 3.0}\n' * 10)
+    monkeypatch.setattr(run_log, "MAX_LOG_BYTES", 100)
+    with pytest.raises(run_log.DamagedLog, match="is larger than the"):
+        run_log.read_jsonl(big)
+
+
 def test_checkpoint_round_trip_keeps_fp8_state_bias_and_bf16_moments(tmp_path):
     recipe = fp8jax.recipes.hybrid_delayed()
     fp8 = init_delayed_gemm_state(recipe)

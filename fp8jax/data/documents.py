@@ -11,7 +11,8 @@ and ``fp8jax data prepare``.  A file's format comes from its name:
   text or a JSON object holding ``field`` (needs ``array_record``);
 * anything else: a UTF-8 text file.  A plain file is one document; it is
   handed out in pieces of about ``PIECE_BYTES`` cut after a newline so that
-  a single large file can still be split into train and validation parts.
+  a single large file can still be split into train and validation parts (a
+  line longer than ``MAX_PIECE_BYTES`` is cut between two characters).
 
 Binary files are refused (a NUL byte, or bytes that are not UTF-8), and so is
 a token file or a token directory given as text, each with one line naming
@@ -28,6 +29,9 @@ from pathlib import Path
 from fp8jax.data.shards import DataError
 
 PIECE_BYTES = 1 << 16
+# A line longer than this is cut (at a character boundary) into pieces of at most so many
+# bytes: one line of hundreds of MB is not held, or searched, as one piece.
+MAX_PIECE_BYTES = 1 << 20
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
 ARRAY_RECORD_SUFFIXES = (".array_record", ".arrayrecord")
@@ -138,11 +142,18 @@ def _array_record(path: Path, field: str) -> Iterator[str]:
     try:
         reader = ArrayRecordReader(str(path))
     except Exception as e:  # the C++ reader raises RuntimeError / ValueError variants
-        raise DataError(f"{path} is not a readable ArrayRecord file ({type(e).__name__})") from None
+        raise DataError(_unreadable_array_record(path, e)) from None
     try:
-        n = reader.num_records()
+        try:
+            n = reader.num_records()
+        except Exception as e:  # garbage is found when the records are counted
+            raise DataError(_unreadable_array_record(path, e)) from None
         for start in range(0, n, 1024):
-            for j, rec in enumerate(reader.read(list(range(start, min(start + 1024, n))))):
+            try:
+                recs = reader.read(list(range(start, min(start + 1024, n))))
+            except Exception as e:
+                raise DataError(_unreadable_array_record(path, e, start)) from None
+            for j, rec in enumerate(recs):
                 where = f"{path} record {start + j}"
                 text = _decode(rec, where)
                 if text.lstrip().startswith("{"):
@@ -151,24 +162,60 @@ def _array_record(path: Path, field: str) -> Iterator[str]:
                     except json.JSONDecodeError:
                         pass  # a text record that happens to start with a brace
                 yield text
-    finally:
+    except BaseException:
+        # Stopped early (an error above, the consumer gone): the reader is let go quietly.
+        try:
+            reader.close()
+        except Exception:
+            pass
+        raise
+    # Some damage is found only when the reader closes (a file under 64 KB counts no
+    # records and fails there): said here, not from a ``finally``.
+    try:
         reader.close()
+    except Exception as e:
+        raise DataError(_unreadable_array_record(path, e)) from None
+
+
+def _unreadable_array_record(path: Path, e: Exception, record: int | None = None) -> str:
+    at = "" if record is None else f" at record {record}"
+    why = (str(e).splitlines() or [type(e).__name__])[0][:120]
+    return f"{path} is not a readable ArrayRecord file{at} ({why}); remove it or fix it"
+
+
+def _utf8_cut(blob: bytes, at: int) -> int:
+    """The largest index <= ``at`` that starts a UTF-8 character of ``blob`` (> 0)."""
+    cut = at
+    # Continuation bytes are 0b10xxxxxx; a character is at most 4 bytes long.
+    while cut > at - 3 and blob[cut] & 0xC0 == 0x80:
+        cut -= 1
+    return cut
 
 
 def _pieces(path: Path) -> Iterator[str]:
     """A text file in pieces, read as it goes: each ends at the first newline at or past
-    ``PIECE_BYTES`` from its start (so no line and no UTF-8 character is split)."""
+    ``PIECE_BYTES`` from its start (so no line and no UTF-8 character is split), or, in a
+    line longer than ``MAX_PIECE_BYTES``, at the last character that fits in that many bytes
+    (memory and time stay linear in the file whatever its lines)."""
     refuse_token_data(path)
     offset = 0
     buf = b""
     with open(path, "rb") as f:
         while True:
             blob = f.read(PIECE_BYTES)
+            # Bytes before ``scan`` were searched for a newline already.
+            scan = max(PIECE_BYTES, len(buf))
             buf += blob
-            while len(buf) > PIECE_BYTES and (cut := buf.find(b"\n", PIECE_BYTES)) >= 0:
-                yield _decode(buf[: cut + 1], str(path), offset)
-                offset += cut + 1
-                buf = buf[cut + 1 :]
+            while len(buf) > PIECE_BYTES:
+                cut = buf.find(b"\n", scan, MAX_PIECE_BYTES) + 1
+                if not cut:
+                    if len(buf) < MAX_PIECE_BYTES + 4:
+                        break
+                    cut = _utf8_cut(buf, MAX_PIECE_BYTES)
+                yield _decode(buf[:cut], str(path), offset)
+                offset += cut
+                buf = buf[cut:]
+                scan = PIECE_BYTES
             if not blob:
                 if buf:
                     yield _decode(buf, str(path), offset)

@@ -3,9 +3,12 @@
 1. Every file under ``SRC`` (sorted; text, JSONL, Parquet or ArrayRecord,
    :mod:`fp8jax.data.documents`) is read as a stream of documents.
 2. A byte-level BPE tokenizer with ``vocab`` entries (the 256 byte symbols,
-   the merges, and ``<|endoftext|>``) is trained on them with Hugging Face
-   ``tokenizers`` (nothing is downloaded), or ``tokenizer`` (a
-   ``tokenizer.json``) is reused as is.
+   the merges, and ``<|endoftext|>``; ``vocab`` at most ``MAX_VOCAB`` and at
+   most what the text can give, checked before anything is allocated) is
+   trained on them with Hugging Face ``tokenizers`` (nothing is downloaded),
+   or ``tokenizer`` (a ``tokenizer.json``) is reused as is.  Pre-tokens are
+   GPT-2's, cut into runs of at most ``MAX_WORD_BYTES`` bytes, so the time
+   grows linearly with the text whatever its longest "word".
 3. A second pass tokenizes the documents in batches, appends the
    end-of-document token to each, and writes them to ``train-NNNNN.bin`` /
    ``val-NNNNN.bin`` (``uint16`` when the vocabulary fits, else ``uint32``),
@@ -18,7 +21,7 @@ Split: document ``k`` (counted over all files in order) goes to validation
 when ``floor((k + 1) f) > floor(k f)`` for ``f = val_fraction``: exactly
 ``floor(n f)`` of ``n`` documents, spread evenly, the same every time.  A
 plain text file is cut into pieces of about 64 KiB that count as documents
-for the split (no end-of-document token between pieces).
+for the split (each ends with the end-of-document token, as every document does).
 
 Output appears complete or not at all (:mod:`fp8jax.staging`): ``DST`` holds
 ``tokens.json`` (:mod:`fp8jax.data.tokens`, with every shard's token count
@@ -43,6 +46,8 @@ from typing import TextIO
 import numpy as np
 
 from fp8jax.data.documents import (
+    JSONL_SUFFIXES,
+    PIECE_BYTES,
     TOKENS_META,
     documents,
     files_under,
@@ -58,6 +63,13 @@ TOKENIZER_FILE = "tokenizer.json"
 PARTIAL_MARKER = ".fp8jax-prepare.json"
 # 256 byte symbols + the end-of-document token: the smallest byte-level BPE.
 MIN_VOCAB = 257
+#: The largest --vocab accepted: 4x the largest vocabularies in use (about 256k
+#: entries); the tokenizer library allocates for the vocabulary asked for, so a
+#: larger one fails in an allocation, not in a message.
+MAX_VOCAB = 1 << 20
+#: The longest pre-token (bytes) the tokenizer trains on and encodes: a longer run
+#: of letters, digits, punctuation or spaces is cut into runs of this many bytes.
+MAX_WORD_BYTES = 64
 DEFAULT_SHARD_TOKENS = 1 << 27
 # Documents per encode_batch call: large enough for the tokenizer's threads.
 _ENCODE_BATCH = 512
@@ -97,13 +109,47 @@ def _documents(files: list[Path], field: str, progress: Progress) -> Iterator[st
             progress.update(size - done, path.name)
 
 
+def _counted(items: Iterator[str], count: list[int]) -> Iterator[str]:
+    """``items``, counting them in ``count[0]``."""
+    for item in items:
+        count[0] += 1
+        yield item
+
+
+def _then(items: Iterator[str], done: Callable[[], object]) -> Iterator[str]:
+    """``items``, then a call of ``done`` once they are exhausted."""
+    yield from items
+    done()
+
+
+def pre_tokenizer():
+    """GPT-2's byte-level pre-tokenization, then every piece cut into runs of at most
+    ``MAX_WORD_BYTES`` bytes.
+
+    BPE training time grows with the square of a word's length: one 256 KB
+    "word" (a line of letters, a run of spaces) took 45 s where 64 KB took 3 s.
+    With words bounded it grows linearly with the text.  Pieces of at most
+    that length pass unchanged, so ordinary text is pre-tokenized as before.
+    """
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+            # After the byte-level mapping one character is one byte; "(?m)" lets "."
+            # match every character (Oniguruma's dot-all).
+            pre_tokenizers.Split(Regex(f"(?m).{{1,{MAX_WORD_BYTES}}}"), behavior="isolated"),
+        ]
+    )
+
+
 def train_tokenizer(texts: Iterator[str], vocab: int):
     """A byte-level BPE ``tokenizers.Tokenizer`` of at most ``vocab`` entries, EOT included."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     # Byte-level: every byte string has an encoding, so no unknown token exists.
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizer()
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab,
@@ -195,6 +241,58 @@ def _check_paths(src: Path, dst: Path) -> None:
         raise DataError(f"parent of the destination, {dst.parent}, does not exist")
 
 
+def _no_text(src: Path, files: list[Path]) -> str:
+    return (
+        f"{src} holds no text: its {len(files)} file(s) give no document (empty files?); "
+        "give a file or folder with text"
+    )
+
+
+def check_split(n_docs: int, val_fraction: float, src: Path, files: list[Path]) -> None:
+    """DataError unless ``n_docs`` documents give both splits at ``val_fraction``.
+
+    Validation gets floor(n_docs * val_fraction) documents (see the module
+    docstring) and training the rest, so the least that works is the
+    smallest n with n * val_fraction >= 1.
+    """
+    if not n_docs:
+        raise DataError(_no_text(src, files))
+    if math.floor(n_docs * val_fraction) >= 1:
+        return
+    need = math.ceil(1 / val_fraction)
+    while math.floor(need * val_fraction) < 1:
+        need += 1
+    given = (
+        f"{src} gives {n_docs} document(s) (a plain text file gives one per "
+        f"{PIECE_BYTES // 1024} KiB of its lines)"
+    )
+    if n_docs == 1:
+        raise DataError(
+            f"{given}: one document cannot be split into training and validation; give more text"
+        )
+    raise DataError(
+        f"{given}, and --val-fraction {val_fraction} holds one back for validation only from "
+        f"{need} documents on: give more text, or --val-fraction {1 / n_docs:.3g} or more"
+    )
+
+
+def check_vocab_against_corpus(vocab: int, files: list[Path], total: int, src: Path) -> None:
+    """DataError when the text under ``src`` cannot give ``vocab`` entries.
+
+    Each merge joins two adjacent symbols of some word, so a text of B bytes
+    gives at most B merges.  The bound is exact for plain text and JSONL (the
+    text is no longer than the file); Parquet and ArrayRecord files may be
+    compressed, so only their count of files is checked there.
+    """
+    if all(is_plain_text(f) or f.name.lower().endswith(JSONL_SUFFIXES) for f in files):
+        if vocab - MIN_VOCAB > total:
+            raise DataError(
+                f"--vocab {vocab} needs {vocab - MIN_VOCAB:,} merges, more than the {total:,} "
+                f"bytes of text under {src} can give (at most one per byte): use --vocab "
+                f"{MIN_VOCAB + total} or less, or give more text"
+            )
+
+
 def prepare(
     src: str | Path,
     dst: str | Path,
@@ -221,6 +319,8 @@ def prepare(
         raise DataError("give either --vocab N (train a tokenizer) or --tokenizer PATH")
     if vocab is not None and vocab < MIN_VOCAB:
         raise DataError(f"--vocab {vocab} is below {MIN_VOCAB} (256 bytes + end-of-document)")
+    if vocab is not None and vocab > MAX_VOCAB:
+        raise DataError(f"--vocab {vocab} is above the largest accepted, {MAX_VOCAB:,}")
     if not 0.0 < val_fraction < 1.0:
         raise DataError(f"--val-fraction must be in (0, 1), got {val_fraction}")
     if shard_tokens < 1:
@@ -234,6 +334,10 @@ def prepare(
         only = f" ending in {', '.join(suffixes)}" if suffixes else ""
         raise DataError(f"no files{only} under {src_p}; give a text file or a folder of text")
     total = sum(f.stat().st_size for f in files)
+    if not total:
+        raise DataError(_no_text(src_p, files))
+    if vocab is not None:
+        check_vocab_against_corpus(int(vocab), files, total, src_p)
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     tmp: Path | None = None
     try:
@@ -242,7 +346,22 @@ def prepare(
             tmp = make_partial_dir(dst_p, PARTIAL_MARKER, {"src": str(src_p), "dst": str(dst_p)})
             if tok is None:
                 bar = Progress(total, "train BPE", progress_stream, quiet=quiet)
-                tok = train_tokenizer(_documents(files, field, bar), int(vocab))
+                read = [0]
+
+                def text_read() -> None:
+                    # Refused before the merges and the second pass, not after them.
+                    check_split(read[0], val_fraction, src_p, files)
+                    # The merges are computed once the text is read: a silent while otherwise.
+                    if not quiet:
+                        print(
+                            f"train BPE: {read[0]:,} documents read; computing "
+                            f"{int(vocab) - MIN_VOCAB:,} merges ...",
+                            file=progress_stream or sys.stderr,
+                            flush=True,
+                        )
+
+                texts = _then(_counted(_documents(files, field, bar), read), text_read)
+                tok = train_tokenizer(texts, int(vocab))
             tok.save(str(tmp / TOKENIZER_FILE))
             n_vocab = tok.get_vocab_size()
             eot = tok.token_to_id(EOT)
@@ -269,11 +388,7 @@ def prepare(
             counts = {
                 s: sum(x["n_tokens"] for x in shards if x["split"] == s) for s in ("train", "val")
             }
-            if not counts["val"] or not counts["train"]:
-                raise DataError(
-                    f"{src_p} gives {n_docs} documents, too few to split at val_fraction "
-                    f"{val_fraction}: give more text or a larger --val-fraction"
-                )
+            check_split(n_docs, val_fraction, src_p, files)
             meta = {
                 "format": "fp8jax-tokens",
                 "version": 1,

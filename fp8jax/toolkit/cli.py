@@ -355,8 +355,12 @@ def _cmd_runs(args) -> int:
     keys = tuple(k for k in args.keys.split(",") if k)
     if not keys:
         raise UsageError("--keys names no metric")
+
+    def note(line: str) -> None:
+        print(f"fp8jax runs plot: {line}", file=sys.stderr)
+
     try:
-        out = plot_runs(args.dirs, args.out, keys)
+        out = plot_runs(args.dirs, args.out, keys, say=note)
     except ConfigError as e:
         raise UsageError(str(e)) from None
     print(f"wrote {out}: {', '.join(keys)} of {len(args.dirs)} path(s)")
@@ -510,7 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("dst", help="new output directory (must not exist, or be empty)")
     how = q.add_mutually_exclusive_group(required=True)
     how.add_argument(
-        "--vocab", type=_number(int, 256, True), help="train a byte-level BPE of N entries (>= 257)"
+        "--vocab",
+        type=_number(int, 256, True),
+        help="train a byte-level BPE of N entries (257 to 1,048,576)",
     )
     how.add_argument("--tokenizer", metavar="PATH", help="reuse this tokenizer.json")
     q.add_argument(

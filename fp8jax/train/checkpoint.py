@@ -14,6 +14,13 @@ the latest cannot be read or holds non-finite values, moving the bad one to
 ``<workdir>/checkpoints_unreadable/`` (kept for inspection, out of the way of
 the next save at that step).
 
+A full disk: :meth:`Checkpointer.save` checks the free space against the
+size of the newest kept checkpoint (the next one is as large; with none, half
+the parameters' bytes) before writing anything, and turns the error of a save that still runs out of space into a
+:class:`DiskFull` naming the path and the space needed, after removing the
+partial checkpoint; the kept ones stay, so the run resumes from the last good
+checkpoint once there is room.
+
 :func:`run_lock` keeps two processes from training the same run directory at
 once (they would interleave their metrics and overwrite each other's
 checkpoints): a lock file per JAX process holds the owner's host and pid.
@@ -21,11 +28,16 @@ checkpoints): a lock file per JAX process holds the owner's host and pid.
 
 from __future__ import annotations
 
+import errno
+import gc
+import io
+import logging
 import os
 import shutil
 import socket
+import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 
 import jax
@@ -42,6 +54,43 @@ class CheckpointError(RuntimeError):
 
 class RunInUse(CheckpointError):
     """Another live process is training the same run directory."""
+
+
+class DiskFull(OSError):
+    """No room for a checkpoint: ``filename`` is where it goes, ``needed`` / ``free`` in bytes."""
+
+    def __init__(self, path: Path, needed: int, free: int | None):
+        super().__init__(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        self.needed = int(needed)
+        self.free = free
+
+
+def free_bytes(path: str | Path) -> int:
+    """Bytes free for this user on the filesystem that holds ``path`` (the disk's own answer)."""
+    return shutil.disk_usage(path).free
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (0 when it does not exist)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether ``e`` says the disk is full: an ENOSPC / EDQUOT OSError, or the same errno in
+    the message of tensorstore's error (orbax raises it as ``ValueError: RESOURCE_EXHAUSTED:
+    ... No space left on device [os_error_code='28']``)."""
+    codes = (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(e, OSError) and e.errno in codes:
+        return True
+    text = str(e)
+    return any(f"os_error_code='{c}'" in text for c in codes) or os.strerror(errno.ENOSPC) in text
 
 
 @contextmanager
@@ -102,6 +151,95 @@ def all_finite(tree) -> bool:
     return True
 
 
+def _first_line(e: BaseException) -> str:
+    """The first line of the innermost cause of ``e`` (the reader's own words), shortened."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    text = (str(e).splitlines() or [""])[0]
+    # tensorstore appends its whole spec to the message: not for a one-line report.
+    text = text.split(" See full TensorStore details")[0]
+    return f"{type(e).__name__}: {text[:200]}"
+
+
+_ORBAX_DIR = os.path.dirname(ocp.__file__)
+_LOOP_CLOSED = "Event loop is closed"
+
+
+def _from_orbax_reads(exc: BaseException | None, obj: object = None) -> bool:
+    """Whether an error printed by a thread is the echo of a failed checkpoint read.
+
+    Pending reads of a damaged checkpoint fail after the restore has raised:
+    their coroutines (orbax's) are dropped with the error, and their
+    callbacks find orbax's event loop closed.
+    """
+    code = getattr(obj, "cr_code", None)
+    if code is not None and code.co_filename.startswith(_ORBAX_DIR):
+        return True
+    return isinstance(exc, RuntimeError) and str(exc) == _LOOP_CLOSED
+
+
+class _DropOrbaxTasks(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" for orbax's read tasks."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "asyncio" and _ORBAX_DIR in record.getMessage())
+
+
+_echoes_dropped = False
+
+
+def _drop_echoes_of_failed_reads() -> None:
+    """Keep the echoes of failed checkpoint reads (:func:`_from_orbax_reads`) off stderr.
+
+    Installed once, for the rest of the process: they arrive from orbax's
+    threads at any time after the restore failed.  Every other error still
+    reaches the hooks that were there before.
+    """
+    global _echoes_dropped
+    if _echoes_dropped:
+        return
+    _echoes_dropped = True
+    unraisable, excepthook = sys.unraisablehook, sys.excepthook
+
+    def on_unraisable(u) -> None:
+        if not _from_orbax_reads(u.exc_value, u.object):
+            unraisable(u)
+
+    def on_exception(kind, value, tb) -> None:
+        if not _from_orbax_reads(value):
+            excepthook(kind, value, tb)
+
+    sys.unraisablehook, sys.excepthook = on_unraisable, on_exception
+    logging.getLogger("asyncio").addFilter(_DropOrbaxTasks())
+
+
+@contextmanager
+def _quiet_reader_threads() -> Iterator[None]:
+    """Keep what orbax's reader threads print about a damaged file off stderr.
+
+    A truncated or corrupt checkpoint makes every pending read fail; orbax
+    and asyncio then print hundreds of lines (tasks never retrieved,
+    coroutines ignored, a closed event loop) besides raising one exception,
+    which the caller reports in one line.  While the restore runs, stderr
+    and orbax's logger are muted; the echoes that come later are dropped by
+    :func:`_drop_echoes_of_failed_reads`.
+    """
+    _drop_echoes_of_failed_reads()
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.CRITICAL)
+    try:
+        with redirect_stderr(io.StringIO()):
+            try:
+                yield
+            finally:
+                # Failed reads are collected here, not after stderr is back: the caller
+                # lets go of the exception (and the reads its traceback holds) inside.
+                gc.collect()
+    finally:
+        absl_logger.setLevel(level)
+
+
 class Checkpointer:
     """Thin wrapper: save every ``every`` steps, keep ``keep``, restore the latest readable."""
 
@@ -142,14 +280,46 @@ class Checkpointer:
         return self.every > 0 and step % self.every == 0
 
     def save(self, state: TrainState, *, force: bool = False) -> bool:
+        """Save ``state`` at its step (when due or forced); :class:`DiskFull` when it cannot fit."""
         step = int(jax.device_get(state.step))
         if not force and not self.due(step):
             return False
         if step in self.manager.all_steps():
             return False
-        self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
-        self.manager.wait_until_finished()
+        dest = self.directory / str(step)
+        kept = self.all_steps()
+        # The next checkpoint is as large as the newest one (same state, same shapes).  With
+        # none kept, half the parameters' bytes: a lower bound (float weights do not
+        # compress 2:1), so a save that could fit is never refused.
+        needed = (
+            tree_bytes(self.directory / str(kept[-1]))
+            if kept
+            else sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(state.params)) // 2
+        )
+        free = free_bytes(self.directory)
+        if needed > free:
+            raise DiskFull(dest, needed, free)
+        try:
+            self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+            self.manager.wait_until_finished()
+        except Exception as e:  # orbax wraps the disk's error in its own types
+            if not is_disk_full(e):
+                raise
+            self._remove_partial(step)
+            state_bytes = sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(state))
+            raise DiskFull(dest, max(needed, state_bytes), free_bytes(self.directory)) from None
         return True
+
+    def _remove_partial(self, step: int) -> None:
+        """Remove what a failed save of ``step`` wrote (orbax's temporary folder); rebuild the
+        manager, whose view of the folder is stale."""
+        try:
+            self.manager.close()
+        except Exception:  # its pending writes failed already
+            pass
+        for p in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+            shutil.rmtree(p, ignore_errors=True)
+        self.manager = self._manager()
 
     def restore(self, template: TrainState, step: int | None = None) -> TrainState:
         """Restore ``step`` (default: the latest) into the structure, shapes and dtypes of ``template``."""
@@ -191,15 +361,45 @@ class Checkpointer:
 
         The integrity rule of training, for every reader of a run: a
         checkpoint that orbax cannot read (truncated, empty, corrupt) or that
-        holds a non-finite value is unusable.
+        holds a non-finite value is unusable.  ``why`` is one line; what
+        orbax's reader threads print about the damage is kept off stderr.
         """
-        try:
-            state = self.restore(template, step)
-        except Exception as e:  # orbax raises many types for damaged files
-            return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        folder = self.directory / str(step)
+        if folder.is_dir() and not any(p.is_file() for p in folder.rglob("*")):
+            return None, "its folder holds no file"
+        with _quiet_reader_threads():
+            try:
+                state, problem = self.restore(template, step), None
+            except Exception as e:  # orbax raises many types for damaged files
+                state, problem = None, f"it does not read: {_first_line(e)}"
+                # A failed restore can leave the manager's view of the step stale.
+                self.manager.close()
+                self.manager = self._manager()
+            # Leaving the context collects the failed reads (the exception is gone by then).
+        if problem is not None:
+            return None, problem
         if not all_finite(state):
             return None, "it holds non-finite values"
         return state, None
+
+    def holds_usable(self, step: int) -> bool:
+        """Whether checkpoint ``step`` reads and is finite, read as saved (no model needed).
+
+        The same integrity rule as :meth:`try_restore`, for a caller that has
+        no template state (it restores the arrays as orbax recorded them).
+        """
+        folder = self.directory / str(step)
+        if not folder.is_dir() or not any(p.is_file() for p in folder.rglob("*")):
+            return False
+        with _quiet_reader_threads():
+            try:
+                tree = self.manager.restore(step, args=ocp.args.StandardRestore())
+                ok = int(np.asarray(tree["step"])) == step and all_finite(tree)
+            except Exception:  # orbax raises many types for damaged files
+                ok = False
+                self.manager.close()
+                self.manager = self._manager()
+        return ok
 
     def restore_for_reading(
         self, template: TrainState, step: int | None, say: Callable[[str], None] = print

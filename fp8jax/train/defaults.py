@@ -262,6 +262,58 @@ def fields_help(config: ml_collections.ConfigDict | None = None) -> str:
 OPTIONAL_BLOCKS = {"inject": injection.inject_block}
 
 
+# Names other trainers use for a field of this schema: an unknown field that is one of
+# these gets the schema's name as its suggestion (difflib finds typos, not synonyms).
+FIELD_ALIASES = {
+    "learning_rate": "lr",
+    "peak_lr": "lr",
+    "num_steps": "steps",
+    "train_steps": "steps",
+    "total_steps": "steps",
+    "max_steps": "steps",
+    "warmup": "warmup_steps",
+    "lr_warmup_steps": "warmup_steps",
+    "num_warmup_steps": "warmup_steps",
+    "global_batch_size": "batch_size",
+    "per_device_batch_size": "batch_size",
+    "seq_length": "seq_len",
+    "sequence_length": "seq_len",
+    "max_seq_len": "seq_len",
+    "beta1": "b1",
+    "beta2": "b2",
+    "adam_beta1": "b1",
+    "adam_beta2": "b2",
+    "epsilon": "eps",
+    "adam_eps": "eps",
+    "adam_epsilon": "eps",
+    "wd": "weight_decay",
+    "grad_clip": "clip_norm",
+    "max_grad_norm": "clip_norm",
+    "grad_clip_norm": "clip_norm",
+    "save_every": "checkpoint_every",
+    "checkpoint_steps": "checkpoint_every",
+    "log_steps": "log_every",
+    "eval_steps": "eval_every",
+}
+
+
+def suggest_field(name: str) -> str | None:
+    """The schema field an unknown config field ``name`` most likely means, or None.
+
+    A known synonym (``learning_rate`` -> ``lr``, :data:`FIELD_ALIASES`), in a
+    block or not, else the closest name (difflib: typos).
+    """
+    schema = list(_fields(base_config()))
+    head, _, last = name.rpartition(".")
+    alias = FIELD_ALIASES.get(last)
+    if alias is not None:
+        for candidate in (f"{head}.{alias}" if head else alias, alias):
+            if candidate in schema:
+                return candidate
+    close = difflib.get_close_matches(name, schema, n=1)
+    return close[0] if close else None
+
+
 def _check_known_fields(config: ml_collections.ConfigDict, extra: tuple[str, ...]) -> None:
     if "compare" in config and "compare" not in extra:
         raise ConfigError(
@@ -273,8 +325,8 @@ def _check_known_fields(config: ml_collections.ConfigDict, extra: tuple[str, ...
     for name in have:
         if name in schema or name.split(".")[0] in (*extra, *OPTIONAL_BLOCKS):
             continue
-        close = difflib.get_close_matches(name, list(schema), n=1)
-        hint = f"; did you mean --config.{close[0]}?" if close else ""
+        close = suggest_field(name)
+        hint = f"; did you mean --config.{close}?" if close else ""
         raise ConfigError(f"unknown config field --config.{name}{hint}")
     missing = [name for name in schema if name not in have]
     if missing:

@@ -9,9 +9,11 @@ The config is an ``ml_collections.ConfigDict`` (every field, with its meaning:
 2. refuses a workdir whose ``config.json`` holds another config (only the
    ``RESUMABLE_FIELDS`` of :mod:`fp8jax.train.defaults` may change; ``steps``
    may only grow), so a workdir never mixes two runs;
-3. restores the latest readable, finite checkpoint in ``<workdir>/checkpoints``
-   if there is one ("resuming from step N"; batches depend only on the step),
-   or reports "already complete: <summary>" when it has all the steps;
+3. reports "already complete: <summary>" when the run's records show all the
+   steps done (:func:`completed_run`: its config, a usable newest checkpoint of
+   ``steps``, its metrics), before building model, data or step; otherwise
+   restores the latest readable, finite checkpoint in ``<workdir>/checkpoints``
+   if there is one ("resuming from step N"; batches depend only on the step);
 4. runs the jitted step, logging train metrics every ``log_every`` steps and
    validation cross-entropy every ``eval_every`` steps and at the end, one
    progress line per logged step;
@@ -243,15 +245,27 @@ def check_resumable(workdir: Path, config: ml_collections.ConfigDict) -> dict[st
 
 
 def check_data_fingerprint(workdir: Path, corpus) -> None:
-    """Refuse (ConfigError) a workdir whose run was trained on other data than ``corpus``."""
+    """Refuse (ConfigError) a workdir whose run was trained on other data than ``corpus``.
+
+    The run's data is recorded in config.json (``corpus.sha256``).  A workdir
+    that holds checkpoints but no such record is refused too: its data cannot
+    be checked, and resuming might train on other data without a word.
+    """
     path = workdir / "config.json"
     if not path.exists():
         return
     try:
         old = json.loads(path.read_text())["corpus"]["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, TypeError):
         return  # an unreadable config.json is refused by check_resumable
-    if old != corpus.sha256:
+    except KeyError:
+        if not ckpt_lib.Checkpointer.steps_in(workdir):
+            return  # nothing trained yet: the record is written at the start
+        raise ConfigError(
+            f"{path} holds no record of the data the run was trained on (its corpus.sha256), "
+            "so resuming cannot check it: restore that config.json, or use a new --workdir"
+        ) from None
+    if not isinstance(old, str) or old != corpus.sha256:
         raise ConfigError(
             f"workdir {str(workdir)!r} holds a run trained on other data (corpus "
             f"{corpus.name!r} now has fingerprint {corpus.sha256[:12]}, the run's was "
@@ -608,7 +622,8 @@ def train(
     ("mesh ...", "compiling ...", "resuming from step N", "already complete:
     <summary>", warnings) and progress lines go to ``stream`` (default
     stdout), from JAX process 0 only.  The summary's ``already_complete`` is
-    True when the workdir already held every step.  ``steps``: compiled
+    True when the workdir already held every step; its ``wall_s`` counts the
+    seconds from this call to the end (start-up, compilation and steps).  ``steps``: compiled
     functions shared with other runs of this process (a comparison passes one).
 
     A run that fails before its first checkpoint removes what it created in
@@ -618,17 +633,26 @@ def train(
     keeping every checkpoint.
     """
 
+    t_start = time.perf_counter()
+
     def say(line: str) -> None:
         if jax.process_index() == 0:
             print(line, file=stream, flush=True)
 
+    try:
+        done = completed_run(config, workdir)
+    except run_log.DamagedLog as e:
+        raise ConfigError(f"{e} (checkpoints are untouched)") from None
+    if done is not None:
+        say(f"already complete: {summary_line(done)}")
+        return done
     run = setup(config, workdir, steps=steps)
     try:
         with removed_unless_checkpointed(
             run.workdir, keep_on=(TrainingDiverged, ckpt_lib.RunInUse)
         ):
             with ckpt_lib.run_lock(run.workdir, jax.process_index()):
-                return _train_locked(run, config, say, stop_at, stream)
+                return _train_locked(run, config, say, stop_at, stream, t_start)
     except run_log.DamagedLog as e:
         raise ConfigError(f"{e} (checkpoints are untouched)") from None
     except MemoryError:
@@ -639,6 +663,41 @@ def train(
         raise ConfigError(out_of_memory(config)) from None
     except OSError as e:
         raise ckpt_lib.CheckpointError(unwritable(run.workdir, e)) from None
+
+
+def completed_run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict | None:
+    """The summary of the run in ``workdir`` if its records show it complete, else None.
+
+    Read from the run's records alone (config.json, the checkpoint folders,
+    metrics.jsonl), before any model, data or compiled step is built: the
+    config must be the run's (:func:`check_resumable` refuses another), and
+    its newest checkpoint must hold ``config.steps`` or more and be usable
+    (read as saved, finite).  Anything else (no run, fewer steps, a damaged
+    newest checkpoint) is None: training decides, falling back as it does.
+    """
+    validate(config)
+    path = check_workdir(workdir)
+    if not (path / "config.json").exists():
+        return None
+    check_resumable(path, config)
+    kept = ckpt_lib.Checkpointer.steps_in(path)
+    if not kept or kept[-1] < int(config.steps):
+        return None
+    # Several processes: before anything touches a device.
+    maybe_initialize_distributed(config.mesh)
+    ckpt = ckpt_lib.Checkpointer(path)
+    try:
+        if not ckpt.holds_usable(kept[-1]):
+            return None
+    finally:
+        ckpt.close()
+    summary = summarize(run_log.read_jsonl(path / "metrics.jsonl"), int(config.final_window))
+    summary.update(
+        recipe=recipes.get(str(config.recipe)).name,
+        seed=int(config.seed),
+        already_complete=True,
+    )
+    return summary
 
 
 def out_of_memory(config: ml_collections.ConfigDict) -> str:
@@ -654,6 +713,9 @@ def unwritable(workdir: Path, e: OSError) -> str:
     """The one-line message for a workdir that could not be written (read-only, disk full)."""
     what = e.strerror or type(e).__name__
     where = f" ({e.filename})" if e.filename else ""
+    if isinstance(e, ckpt_lib.DiskFull):
+        free = "" if e.free is None else f", {_mb(e.free)} free"
+        where += f": the checkpoint needs about {_mb(e.needed)}{free}"
     kept = ckpt_lib.Checkpointer.steps_in(workdir)
     saved = (
         f"checkpoints of steps {', '.join(map(str, kept))} are kept" if kept else "no checkpoint"
@@ -664,8 +726,17 @@ def unwritable(workdir: Path, e: OSError) -> str:
     )
 
 
-def _train_locked(run, config, say, stop_at, stream) -> dict:
-    """The body of :func:`train`, run while holding the run directory's lock."""
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def _train_locked(run, config, say, stop_at, stream, t_start: float) -> dict:
+    """The body of :func:`train`, run while holding the run directory's lock.
+
+    ``t_start``: when :func:`train` was called (``time.perf_counter``); the
+    summary's ``wall_s`` counts from there, so it includes the start-up
+    (data, model, tracing, restore) and the compilation, not only the steps.
+    """
     total = int(config.steps)
     final_window = int(config.final_window)
     ckpt = ckpt_lib.Checkpointer(
@@ -700,7 +771,6 @@ def _train_locked(run, config, say, stop_at, stream) -> dict:
             primary=primary,
         )
         end = total if stop_at is None else min(int(stop_at), total)
-        t_start = time.perf_counter()
         try:
             run_loop(run, ckpt, writer, start, end, say)
         finally:

@@ -6,17 +6,23 @@ labelled by its path.  One panel per metric (default: training loss and
 validation loss against the step); a run keeps one colour and one line style
 in every panel (colour and line style both change from one run to the next),
 so curves stay told apart in print and in grey.
+
+Logs are read by :func:`fp8jax.train.run_log.read_jsonl`: a malformed row is
+left out of the picture with one line naming its file and line, a log that
+is not a regular file (a FIFO, a device) or is too large is refused.  The
+PNG is written to exactly the path given (no suffix added).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from fp8jax.train.defaults import ConfigError
-from fp8jax.train.run_log import as_float, read_jsonl
+from fp8jax.train.run_log import DamagedLog, as_float, read_jsonl
 
 DEFAULT_KEYS = ("loss", "val_loss")
 _STYLES = ("-", "--", ":", "-.")
@@ -86,15 +92,33 @@ def figure(rows: dict[str, list[dict]], keys: tuple[str, ...] = DEFAULT_KEYS):
 
 
 def plot_runs(
-    paths: list[str | Path], out: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS
+    paths: list[str | Path],
+    out: str | Path,
+    keys: tuple[str, ...] = DEFAULT_KEYS,
+    say: Callable[[str], None] | None = None,
 ) -> Path:
-    """Write :func:`figure` of the runs under ``paths`` as a PNG; returns its path."""
+    """Write :func:`figure` of the runs under ``paths`` as a PNG at ``out``; returns ``out``.
+
+    ``say`` gets one line per log with rows left out (default: a warning).
+    ConfigError (one line) for an ``out`` that is a directory and for a log
+    that cannot be read.
+    """
     import matplotlib.pyplot as plt
 
-    rows = {label: read_jsonl(path) for label, path in find_runs(paths)}
-    fig = figure(rows, keys)
     out = Path(out)
+    if out.is_dir():
+        raise ConfigError(
+            f"--out {str(out)!r} is a directory: give a file, e.g. {out / 'runs.png'}"
+        )
+    try:
+        rows = {
+            label: read_jsonl(path, say, skip_malformed=True) for label, path in find_runs(paths)
+        }
+    except DamagedLog as e:
+        raise ConfigError(str(e)) from None
+    fig = figure(rows, keys)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    # format given: matplotlib would otherwise add ".png" to a name without a suffix.
+    fig.savefig(out, dpi=110, format="png")
     plt.close(fig)
     return out

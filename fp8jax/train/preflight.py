@@ -61,17 +61,22 @@ def resolve_mesh(config: ml_collections.ConfigDict, n_devices: int | None = None
 
 
 def check_batches(config: ml_collections.ConfigDict, sizes: dict[str, int]) -> None:
-    """ConfigError unless batch_size (and eval_batch_size, when evaluating) split over the mesh."""
+    """ConfigError unless batch_size (and eval_batch_size, when evaluating) split over the mesh.
+
+    One message names every batch field that does not split, each with a fix.
+    """
     n = math.prod(sizes.values())
     names = ["batch_size"] + (["eval_batch_size"] if int(config.eval_batches) > 0 else [])
-    for name in names:
-        b = int(config[name])
-        if b % n:
-            fix = max(n, b // n * n)
-            raise ConfigError(
-                f"{name} {b} does not split over the {n} devices of mesh {_mesh_text(sizes)}: "
-                f"use a multiple of {n}, e.g. --config.{name}={fix}"
-            )
+    bad = [(name, int(config[name])) for name in names if int(config[name]) % n]
+    if not bad:
+        return
+    what = " and ".join(f"{name} {b}" for name, b in bad)
+    verb = "does" if len(bad) == 1 else "do"
+    fixes = " ".join(f"--config.{name}={max(n, b // n * n)}" for name, b in bad)
+    raise ConfigError(
+        f"{what} {verb} not split over the {n} devices of mesh {_mesh_text(sizes)}: use "
+        f"{'a multiple' if len(bad) == 1 else 'multiples'} of {n}, e.g. {fixes}"
+    )
 
 
 def available_memory() -> int | None:

@@ -9,7 +9,11 @@
   resume, rows beyond the restored step are dropped first, so the file reads
   like the log of one uninterrupted run; a torn last line (a run killed while
   writing it) is dropped with a warning; a damaged line before the last one
-  raises :class:`DamagedLog` (one line naming it), and nothing is rewritten.
+  (not JSON, or a row without an integer ``"step"`` or with a value that is
+  not a number: :func:`row_problem`) raises :class:`DamagedLog` (one line
+  naming the file and the line), and nothing is rewritten.  Every reader goes
+  through :func:`read_jsonl`, which opens regular files only (a FIFO or a
+  device is refused, not waited on) and reads at most ``MAX_LOG_BYTES``.
   Training rows carry, besides the global FP8 aggregates (``fp8/...``), every
   per-site statistic the model sows (``layers/<site>/<stat>``, e.g.
   ``layers/layer1/moe/experts_w13/x/saturated``, ``layers/layer0/ffn/swiglu/
@@ -28,9 +32,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,43 +83,126 @@ def format_duration(seconds: float) -> str:
 
 
 class DamagedLog(ValueError):
-    """A line of metrics.jsonl other than the last is not a JSON object."""
+    """metrics.jsonl cannot be read as a run's log: a damaged line, not a regular file, too big."""
 
 
-def _parse_jsonl(path: Path) -> tuple[list[dict], int | None]:
-    """(rows, byte length of the complete lines if the last line is torn, else None)."""
-    if not path.exists():
-        return [], None
-    blob = path.read_bytes()
+#: The largest metrics.jsonl any reader loads (bytes): a row of the tiny model is
+#: about 5 KB, so this holds some 400,000 logged steps and never exhausts memory.
+MAX_LOG_BYTES = 2 << 30
+
+#: The largest step a row may name: steps are counted in int32 (the train state's step).
+MAX_STEP = 2**31 - 1
+
+
+def row_problem(row: Any) -> str | None:
+    """Why ``row`` (a parsed line) is not a metrics row, or None when it is one.
+
+    A row is a JSON object with an integer ``"step"`` in [0, MAX_STEP] and
+    numbers (or null, a NaN or Inf written by the writer) as every other value.
+    """
+    if not isinstance(row, dict):
+        return "not a JSON object"
+    step = row.get("step")
+    if isinstance(step, bool) or not isinstance(step, int):
+        return 'no integer "step"' if step is None else f'"step" is {step!r}, not an integer'
+    if not 0 <= step <= MAX_STEP:
+        return f'"step" {step} is outside [0, {MAX_STEP}]'
+    for k, v in row.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+            return f"{k!r} is {type(v).__name__}, not a number"
+        # An integer beyond float64's range would overflow where it is read as a float.
+        if isinstance(v, int) and abs(v) > sys.float_info.max:
+            return f"{k!r} is an integer beyond float64's range"
+    return None
+
+
+def _read_log_bytes(path: Path) -> bytes | None:
+    """The bytes of ``path`` (None when it does not exist), refusing what is not a log file.
+
+    Opened without blocking and checked before reading: a FIFO or a device
+    (a symlink to /dev/zero) is refused instead of hanging or filling memory,
+    and no more than MAX_LOG_BYTES are read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise DamagedLog(f"{path} is not a regular file: give the run's own metrics.jsonl")
+        blob = f.read(MAX_LOG_BYTES + 1)
+    if len(blob) > MAX_LOG_BYTES:
+        raise DamagedLog(
+            f"{path} is larger than the {MAX_LOG_BYTES:,} bytes a metrics log may hold: not a "
+            "run's log"
+        )
+    return blob
+
+
+def _parse_jsonl(path: Path, strict: bool = True) -> tuple[list[dict], int | None, list[str]]:
+    """(rows, byte length of the complete lines if the last line is torn, else None, skipped).
+
+    A last line that is not JSON is torn (a kill during a write).  Any other
+    malformed line raises :class:`DamagedLog` when ``strict``; otherwise it
+    is left out and described in ``skipped`` ("line N: why").
+    """
+    blob = _read_log_bytes(path)
+    if blob is None:
+        return [], None, []
     lines = blob.split(b"\n")
     rows: list[dict] = []
+    skipped: list[str] = []
     offset = 0
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     for i, line in enumerate(lines):
-        last = i == len(lines) - 1
         if line.strip():
             try:
                 row = json.loads(line)
-                if not isinstance(row, dict):
-                    raise ValueError("not a JSON object")
-            except ValueError as e:
+            # RecursionError: a line nested deeper than the parser goes.
+            except (ValueError, RecursionError) as e:
                 # Only the last line can be torn by a kill during a write.
-                if last or all(not rest.strip() for rest in lines[i + 1 :]):
-                    return rows, offset
+                if i == last:
+                    return rows, offset, skipped
+                row, problem = None, f"not a JSON object: {e}"
+            else:
+                problem = row_problem(row)
+            if problem is None:
+                rows.append(row)
+            elif strict:
                 raise DamagedLog(
-                    f"{path} line {i + 1} is damaged (not a JSON object: {e}); repair or delete "
-                    "that line, then run the command again"
-                ) from None
-            rows.append(row)
+                    f"{path} line {i + 1} is damaged ({problem}); repair or delete that line, "
+                    "then run the command again"
+                )
+            else:
+                skipped.append(f"line {i + 1}: {problem}")
         offset += len(line) + 1
-    return rows, None
+    return rows, None, skipped
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Rows of a metrics.jsonl; a torn last line is skipped with a warning."""
+def read_jsonl(
+    path: str | Path, say: Callable[[str], None] | None = None, *, skip_malformed: bool = False
+) -> list[dict]:
+    """Rows of a metrics.jsonl for a reader (summaries, comparisons, plots).
+
+    A torn last line (a kill during a write) is left out.  A malformed line
+    before it (see :func:`row_problem`) raises :class:`DamagedLog` naming the
+    file and the line, or with ``skip_malformed`` is left out.  What was left
+    out is said in one line through ``say`` (default: a warning).  A file
+    that is not a regular file, or is larger than MAX_LOG_BYTES, raises
+    DamagedLog without being read.
+    """
     p = Path(path)
-    rows, torn_at = _parse_jsonl(p)
+    rows, torn_at, skipped = _parse_jsonl(p, strict=not skip_malformed)
     if torn_at is not None:
-        warnings.warn(f"{p}: skipped a torn last line", stacklevel=2)
+        skipped.append("a torn last line")
+    if skipped:
+        more = f" (+{len(skipped) - 3} more)" if len(skipped) > 3 else ""
+        line = f"{p}: skipped {'; '.join(skipped[:3])}{more}"
+        if say is None:
+            warnings.warn(line, stacklevel=2)
+        else:
+            say(line)
     return rows
 
 
@@ -160,7 +250,7 @@ class MetricsWriter:
 
     def _truncate_after(self, step: int) -> None:
         """Keep rows up to ``step`` (none for a fresh run); drop a torn last line, saying so."""
-        rows, torn_at = _parse_jsonl(self.path)
+        rows, torn_at, _ = _parse_jsonl(self.path)
         keep = [r for r in rows if 0 < step and r.get("step", 0) <= step]
         self.rows = [dict(r) for r in keep]
         for r in keep:

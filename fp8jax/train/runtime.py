@@ -82,6 +82,14 @@ def _flag_error_line(e: BaseException, argv: Sequence[str]) -> str:
         )
         if typo:
             return f"unknown config field {arg}; did you mean {arg[: -len(bad)]}{typo.group(1)}?"
+        # A synonym (--config.learning_rate for lr) is no typo: the schema knows it.
+        from fp8jax.train.defaults import suggest_field
+
+        close = (
+            suggest_field(arg.removeprefix("--config.")) if arg.startswith("--config.") else None
+        )
+        if close:
+            return f"unknown config field {arg}; did you mean --config.{close}?"
         return f"unknown config field {arg} (fields: fp8jax/train/defaults.py)"
     if "Failed loading config file" in text:
         arg = next((a for a in reversed(argv) if a.startswith("--config=")), "--config=?")

@@ -1,4 +1,5 @@
-"""A run's workdir: what a run that fails before its first checkpoint leaves behind.
+"""A run's workdir: what a run that fails before its first checkpoint leaves behind,
+and the line that tells a user what a run left (:func:`outputs_line`).
 
 A run that stops before it saved any checkpoint (a crash, an allocation that
 fails, Ctrl-C during compilation) has nothing to resume, yet its
@@ -67,3 +68,23 @@ def _remove_new(path: Path, before: set[str]) -> None:
                 p.unlink()
             except OSError:
                 pass
+
+
+def outputs_line(workdir: str | Path) -> str:
+    """One line naming ``workdir`` and what a run keeps there, with the next command.
+
+    e.g. ``outputs in /tmp/run: checkpoints/ (steps 40, 60), metrics.jsonl, config.json,
+    tb/ (TensorBoard); evaluate: python experiments/evaluate.py --workdir=/tmp/run``
+    """
+    path = Path(workdir)
+    parts = []
+    steps = Checkpointer.steps_in(path)
+    if steps:
+        parts.append(
+            f"checkpoints/ (step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))})"
+        )
+    parts += [name for name in ("metrics.jsonl", "config.json") if (path / name).is_file()]
+    if (path / "tb").is_dir():
+        parts.append("tb/ (TensorBoard)")
+    held = ", ".join(parts) if parts else "nothing yet"
+    return f"outputs in {path}: {held}; evaluate: python experiments/evaluate.py --workdir={path}"
