@@ -9,6 +9,7 @@ from fp8jax import accumulate, formats, platforms, recipes, scaling, schemes
 from fp8jax.dot_general import dot_general, dot_general_with_stats
 from fp8jax.formats import E4M3, E4M3FNUZ, E5M2, E5M2FNUZ, E8M0, saturating_cast
 from fp8jax.grouped import grouped_dot, grouped_dot_with_stats
+from fp8jax.layout import Layout
 from fp8jax.quant import QTensor, quantize
 from fp8jax.ragged_dot import ragged_dot, ragged_dot_with_stats
 from fp8jax.recipes import Accumulation, DelayedConfig, GemmSpec, QuantSpec, Recipe, needs_state
@@ -28,6 +29,7 @@ __all__ = [
     "ragged_dot",
     "ragged_dot_with_stats",
     "needs_state",
+    "Layout",
     "QTensor",
     "quantize",
     "dequantize",

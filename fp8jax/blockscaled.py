@@ -39,6 +39,7 @@ from jax import lax
 
 from fp8jax import hadamard, microscaling, platforms
 from fp8jax.formats import BLOCK_FORMATS
+from fp8jax.layout import Layout
 from fp8jax.quant import QTensor
 
 
@@ -89,7 +90,7 @@ def quantize_block_operand(
     """
     if not is_block_format(fmt):
         raise ValueError(f"unknown block format {fmt!r}; known: {sorted(BLOCK_FORMATS)}")
-    two_d = granularity == "block"
+    two_d = Layout(granularity, caxis, BLOCK_FORMATS[fmt]).blocked
     if two_d and caxis % t.ndim < t.ndim - 2:
         raise ValueError("2-d blocks must cover the contraction axis (one of the last two axes)")
     if fmt == "mxfp8":
@@ -153,7 +154,7 @@ def _row_scales(q: QTensor) -> jax.Array:
     2-d 16x16 block scales (..., R/16, K/16) are repeated over the 16 rows of
     each block (cropped to the operand's rows).
     """
-    if q.granularity != "block":
+    if not q.layout.blocked:
         return q.scale
     s = jnp.repeat(q.scale, q.tile, axis=-2)
     return s[..., : q.data.shape[-2], :]
@@ -169,7 +170,7 @@ def scaled_matmul_args(qa: QTensor, qb: QTensor) -> tuple[Any, ...]:
     ``alpha`` is the product of the two float32 tensor scales (1 for MX).
     """
     for q in (qa, qb):
-        if q.data.ndim != 3 or (q.granularity != "block" and q.axis != 2):
+        if q.data.ndim != 3 or not (q.layout.blocked or q.layout.runs_along(2)):
             raise ValueError("scaled_matmul operands must be (B, rows, K) blocked along K")
     blk = qa.tile
     k_scales = -(-qa.data.shape[-1] // blk)

@@ -38,7 +38,6 @@ its cotangent is the updated state (see that class).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from functools import partial
@@ -50,6 +49,7 @@ from jax import lax
 
 from fp8jax import resolved, scaling
 from fp8jax.gemm import gemm, with_dot_algorithm
+from fp8jax.layout import Layout
 from fp8jax.operands import (
     after_gradient,
     cache_for_wgrad,
@@ -118,7 +118,7 @@ def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
         recipe.fprop.lhs,
         state_part(state, "x"),
     )
-    if recipe.wgrad.rhs == recipe.dgrad.lhs and recipe.wgrad.rhs.granularity == "tensor":
+    if recipe.wgrad.rhs == recipe.dgrad.lhs and Layout.of(recipe.wgrad.rhs).per_tensor:
         # One tensor scale does not depend on the contraction axis: reuse Dgrad's dy.
         qdy_w = qdy_d
     else:
@@ -270,10 +270,7 @@ def _canonical_q(q: QTensor, perm: tuple[int, ...], shape: tuple[int, int, int])
             "a pre-quantized dot_general operand must be (K, N) / (M, K), or (B, ., .) with "
             f"its batch axis first, in the order the GEMM reads it; got axes {perm} of {q.shape}"
         )
-    if len(q.shape) == 3:
-        return q
-    scale = q.scale if q.granularity == "tensor" else q.scale[None]
-    return dataclasses.replace(q, data=q.data.reshape(shape), scale=scale, axis=q.axis + 1)
+    return q if len(q.shape) == 3 else q.batched(shape)
 
 
 def _high_precision(lhs, rhs, dimension_numbers, recipe: Recipe, out_dtype) -> jax.Array:

@@ -49,6 +49,7 @@ from fp8jax.kernels.block_gemm import (
     block_scaled_matmul_tn,
 )
 from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligned
+from fp8jax.layout import Layout, repeat_crop
 from fp8jax.operands import materialize
 from fp8jax.quant import QTensor, is_quantized
 from fp8jax.recipes import Recipe
@@ -183,21 +184,25 @@ def unsupported(impl: str, platform: str) -> str | None:
 def _kernel_layout_fits(a, b, kind: str) -> bool:
     """Both operands have the Pallas kernel's layouts (128-wide tiles/blocks, E4M3/E5M2)."""
 
-    def q(op, granularity, axis):
+    def q(op, fits_layout):
         return (
             is_quantized(op)
             and op.scheme == "fp8"
-            and op.granularity == granularity
-            and op.tile == CHUNK
-            and (axis is None or op.axis == axis)
+            and fits_layout(op.layout)
             and jnp.dtype(op.data.dtype) in _FP8_KERNEL_DTYPES
             and op.data.ndim == 3
         )
 
+    def tiles_along(axis):
+        return lambda lay: lay == Layout("tile", axis, CHUNK)
+
+    def blocks(lay):
+        return lay.blocked and lay.tile == CHUNK
+
     if kind in ("fprop", "dgrad"):
-        fits = q(a, "tile", 2) and q(b, "block", None)
+        fits = q(a, tiles_along(2)) and q(b, blocks)
     else:
-        fits = q(a, "tile", 1) and q(b, "tile", 1)
+        fits = q(a, tiles_along(1)) and q(b, tiles_along(1))
     return fits and a.data.dtype == b.data.dtype
 
 
@@ -428,11 +433,7 @@ def _run(decision: tuple[str, str], a, b, kind: str, recipe: Recipe, b_index) ->
 
 def _swap12(op):
     """Swap axes 1 and 2 of a 3-d operand, scales and layout metadata included."""
-    if not is_quantized(op):
-        return jnp.swapaxes(op, 1, 2)
-    scale = op.scale if op.granularity == "tensor" else jnp.swapaxes(op.scale, 1, 2)
-    axis = {1: 2, 2: 1}.get(op.axis, op.axis) if op.granularity in ("row", "tile") else op.axis
-    return dataclasses.replace(op, data=jnp.swapaxes(op.data, 1, 2), scale=scale, axis=axis)
+    return op.swapaxes(1, 2) if is_quantized(op) else jnp.swapaxes(op, 1, 2)
 
 
 def _orient(a, b, kind: str):
@@ -444,27 +445,14 @@ def _orient(a, b, kind: str):
     return _swap12(a), b
 
 
-def _repeat_crop(s: jax.Array, axis: int, times: int, size: int) -> jax.Array:
-    return lax.slice_in_dim(jnp.repeat(s, times, axis=axis), 0, size, axis=axis)
-
-
 def _k_runs(q: QTensor, k_axis: int):
     """(codes, scales, run length g) of a 3-d operand contracted along ``k_axis`` (1 or 2).
 
     The scales come out with ``k_axis`` of size ceil(K / g) and the other
     axes at full size: each scale covers g consecutive elements along K.
     """
-    other = 3 - k_axis
-    k = q.data.shape[k_axis]
-    if q.granularity == "tensor":
-        shape = list(q.data.shape)
-        shape[k_axis] = 1
-        return q.data, jnp.broadcast_to(q.scale, tuple(shape)), k
-    if q.granularity in ("row", "tile") and q.axis == k_axis:
-        return q.data, q.scale, k if q.granularity == "row" else q.tile
-    if q.granularity == "block":
-        return q.data, _repeat_crop(q.scale, other, q.tile, q.data.shape[other]), q.tile
-    raise ValueError(f"scales of granularity {q.granularity!r} along axis {q.axis} vary within K")
+    scales, g = q.layout.k_runs(q.scale, q.data.shape, k_axis)
+    return q.data, scales, g
 
 
 def _common_groups(k: int, ga: int, a_s, gb: int, b_s):
@@ -479,7 +467,7 @@ def _common_groups(k: int, ga: int, a_s, gb: int, b_s):
         return ga, a_s, jnp.repeat(b_s, a_s.shape[2], axis=1)
     g = math.gcd(ga, gb)
     runs = -(-k // g)
-    return g, _repeat_crop(a_s, 2, ga // g, runs), _repeat_crop(b_s, 1, gb // g, runs)
+    return g, repeat_crop(a_s, 2, ga // g, runs), repeat_crop(b_s, 1, gb // g, runs)
 
 
 def _chunked(
@@ -578,21 +566,14 @@ def tile_rows(op, layout: GroupLayout):
     """
     if not is_quantized(op):
         return to_tiles(op, layout)
-    if op.granularity == "tensor":
-        scale = op.scale
-    elif op.granularity in ("tile", "row") and op.axis == 1:
-        scale = to_tiles(op.scale, layout, fill=1)
-    else:
-        raise ValueError(f"cannot tile rows of a {op.granularity!r} operand along axis {op.axis}")
-    return dataclasses.replace(op, data=to_tiles(op.data, layout), scale=scale, axis=op.axis + 1)
+    # Padding rows get unit scales.
+    lay, scale = op.layout.split_rows(op.scale, lambda s: to_tiles(s, layout, fill=1))
+    return dataclasses.replace(op, data=to_tiles(op.data, layout), scale=scale, layout=lay)
 
 
 def take_batch(op, index: jax.Array):
     """Batch elements ``index`` of a (E, ., .) operand (quantized or array)."""
-    if not is_quantized(op):
-        return op[index]
-    scale = op.scale if op.granularity == "tensor" else op.scale[index]
-    return dataclasses.replace(op, data=op.data[index], scale=scale)
+    return op.take(index) if is_quantized(op) else op[index]
 
 
 def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_groups: int):

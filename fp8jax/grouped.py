@@ -49,6 +49,7 @@ from fp8jax.groups import (
     group_sizes_valid,
     to_tiles,
 )
+from fp8jax.layout import Layout
 from fp8jax.operands import (
     after_gradient,
     cache_for_wgrad,
@@ -69,7 +70,7 @@ TILE_ROWS = 128
 def _layout_tile(recipe: Recipe) -> int:
     """Rows per expert-aligned tile: the Wgrad token-tile length (128 in DeepSeek-V3)."""
     specs = (recipe.wgrad.lhs, recipe.wgrad.rhs)
-    tiles = {s.tile for s in specs if s.quantized and s.granularity == "tile"}
+    tiles = {s.tile for s in specs if s.quantized and Layout.of(s).tiled}
     if len(tiles) > 1:
         raise ValueError(f"grouped GEMM: the two Wgrad operands need one token tile, got {tiles}")
     return tiles.pop() if tiles else TILE_ROWS
@@ -77,7 +78,7 @@ def _layout_tile(recipe: Recipe) -> int:
 
 def _quantize_rows(t, spec: QuantSpec, recipe: Recipe, dstate):
     """Quantize a token-major (M, C) Fprop/Dgrad operand along C (row-local scale groups)."""
-    if spec.quantized and spec.scaling != "delayed" and spec.granularity == "block":
+    if spec.quantized and spec.scaling != "delayed" and Layout.of(spec).blocked:
         raise ValueError(
             "grouped GEMM: 'block' granularity on a token-major activation would mix "
             "experts' tokens in one block; use 'tile', 'row' or 'tensor'"
@@ -87,7 +88,7 @@ def _quantize_rows(t, spec: QuantSpec, recipe: Recipe, dstate):
 
 def _quantize_tokens(t_tiles, spec: QuantSpec, layout: GroupLayout, recipe: Recipe, dstate):
     """Quantize a Wgrad operand in tiles (T, tile, C) along the token axis, within experts."""
-    if spec.quantized and spec.scaling == "current" and spec.granularity == "row":
+    if spec.quantized and spec.scaling == "current" and Layout.of(spec).per_row:
         # One scale per (expert, column): the max over the expert's tiles.
         tile_amax = group_amax(t_tiles, "row", axis=1)  # (T, 1, C)
         seg = jnp.where(layout.tile_group >= 0, layout.tile_group, layout.num_tiles)
@@ -95,7 +96,7 @@ def _quantize_tokens(t_tiles, spec: QuantSpec, layout: GroupLayout, recipe: Reci
         amax = jnp.maximum(expert_amax[seg], 0.0)
         # The GEMM multiplies float32 scales (UE8M0 bytes decoded, exact).
         return float32_scales(schemes.quantize(t_tiles, spec, 1, amax=amax))
-    if spec.quantized and spec.scaling == "current" and spec.granularity == "block":
+    if spec.quantized and spec.scaling == "current" and Layout.of(spec).blocked:
         raise ValueError(
             "grouped GEMM: Wgrad operands support 'tile', 'row' and 'tensor' granularity, "
             f"got {spec.granularity!r}"
@@ -139,7 +140,7 @@ def _grouped_bwd(recipe, dtypes, with_stats, res, g):
     num_groups = qw.shape[0]
     layout = group_layout(group_sizes, dy.shape[0], _layout_tile(recipe))
     # Dgrad: dx = dy @ w^T, contraction over N: dy in 1x128 tiles along N.
-    if recipe.dgrad.lhs.quantized and recipe.dgrad.lhs.granularity == "block":
+    if recipe.dgrad.lhs.quantized and Layout.of(recipe.dgrad.lhs).blocked:
         # 128x128 blocks of dy within each expert's tiles (never across experts).
         qdy, new_dy = quantize_operand(
             to_tiles(dy, layout), recipe.dgrad.lhs, 2, recipe, state_part(state, "dy")
@@ -151,12 +152,16 @@ def _grouped_bwd(recipe, dtypes, with_stats, res, g):
     x_cached = after_gradient(x_cached, qdy)
     # Wgrad: dw[e] = x_e^T dy_e over expert-aligned tiles of tokens; x from its cache.
     if is_quantized(x_cached) and recipe.wgrad.lhs == recipe.fprop.lhs:
-        reuse = x_cached.granularity == "tensor"
+        reuse = x_cached.layout.per_tensor
     else:
         reuse = False
     if reuse:
         # One tensor scale does not depend on the contraction axis: keep the codes.
-        x_w = dataclasses.replace(x_cached, data=to_tiles(x_cached.data, layout), axis=0)
+        x_w = dataclasses.replace(
+            x_cached,
+            data=to_tiles(x_cached.data, layout),
+            layout=dataclasses.replace(x_cached.layout, axis=0),
+        )
     else:
         x_t = to_tiles(materialize(x_cached, jnp.float32), layout)
         x_w = _quantize_tokens(x_t, recipe.wgrad.lhs, layout, recipe, state_part(state, "x"))
@@ -176,7 +181,7 @@ _grouped_core.defvjp(_grouped_fwd, _grouped_bwd)
 
 
 def _check(x, w, group_sizes, preferred_element_type):
-    if is_quantized(x) and (x.granularity != "tile" or x.axis != 1):
+    if is_quantized(x) and not (x.layout.tiled and x.layout.runs_along(1)):
         raise ValueError("grouped_dot: a pre-quantized x must be in 1 x tile tiles along K")
     if len(x.shape) != 2 or len(w.shape) != 3:
         raise ValueError(f"grouped_dot wants x (M, K) and w (E, K, N), got {x.shape}, {w.shape}")

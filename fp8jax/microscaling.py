@@ -78,7 +78,8 @@ import numpy as np
 from jax import lax
 
 from fp8jax.formats import BLOCK_FORMATS, E2M1, E4M3, E8M0, as_format, saturating_cast
-from fp8jax.quant import QTensor, expand_scale, group_amax
+from fp8jax.layout import Layout
+from fp8jax.quant import QTensor, group_amax, layout_amax
 from fp8jax.rounding import floor_log2, flush_subnormals, pow2_int, round_to_format
 from fp8jax.scaling import exact_div
 
@@ -105,18 +106,19 @@ def _finite(xf: jnp.ndarray) -> jnp.ndarray:
     return jnp.clip(xf, -_F32_MAX, _F32_MAX)
 
 
-def _layout(axis: int, block: int, two_d: bool) -> tuple[str, int, int]:
-    # The fp8jax.quant scale layout that holds these blocks.
-    return ("block", -1, block) if two_d else ("tile", axis, block)
+def _layout(axis: int, block: int, two_d: bool) -> Layout:
+    # The fp8jax.quant scale layout that holds these blocks (``axis``
+    # normalized; 2-d blocks cover the last two axes whatever it is).
+    return Layout("block" if two_d else "tile", axis, block)
 
 
-def _nan_blocks(xf: jnp.ndarray, gran: str, axis: int, tile: int) -> jnp.ndarray:
+def _nan_blocks(xf: jnp.ndarray, layout: Layout) -> jnp.ndarray:
     """True for the blocks that hold a NaN.
 
     Counted on an isnan mask, not read off a NaN-propagating max: XLA on CPU
     can drop a NaN from a max-reduction over a zero-padded block.
     """
-    return group_amax(jnp.isnan(xf).astype(jnp.float32), gran, axis, tile) > 0
+    return layout_amax(jnp.isnan(xf).astype(jnp.float32), layout) > 0
 
 
 def element_emax(fmt) -> int:
@@ -192,20 +194,20 @@ def quantize_mx(
     _check(x, block, two_d)
     elem_fmt = as_format(elem_fmt)
     axis = axis % x.ndim
-    gran, gaxis, tile = _layout(axis, block, two_d)
+    layout = _layout(axis, block, two_d)
     xf = flush_subnormals(x)
-    amax = group_amax(xf, gran, gaxis, tile, finite_only=True)
+    amax = layout_amax(xf, layout)
     shared = mx_shared_exponent(amax, elem_fmt, scale_rounding)
     scale = _e8m0(shared)
     if not _has_nan(elem_fmt):
-        scale = jnp.where(_nan_blocks(xf, gran, gaxis, tile), jnp.array(jnp.nan, E8M0), scale)
+        scale = jnp.where(_nan_blocks(xf, layout), jnp.array(jnp.nan, E8M0), scale)
     # V / X = V * 2^-shared_exp, exact; 2^-shared_exp is a normal float32
     # because shared_exp <= 127 - emax_elem for finite float32 input.
-    inv = expand_scale(pow2_int(-shared), x.shape, gran, gaxis, tile)
+    inv = layout.expand(pow2_int(-shared), x.shape)
     y = _finite(xf) * inv
     y = jnp.where(jnp.isnan(y), jnp.zeros_like(y), y) if not _has_nan(elem_fmt) else y
     data = round_to_format(y, elem_fmt, key)
-    return QTensor(data, scale, gran, axis, block, jnp.ones((), jnp.float32), "mx")
+    return QTensor(data, scale, layout, jnp.ones((), jnp.float32), "mx")
 
 
 def nvfp4_tensor_scales(amax: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -230,10 +232,10 @@ def quantize_nvfp4(
     """NVFP4 quantization: E2M1 data, E4M3 block scales, float32 tensor scale."""
     _check(x, block, two_d)
     axis = axis % x.ndim
-    gran, gaxis, tile = _layout(axis, block, two_d)
+    layout = _layout(axis, block, two_d)
     xf = flush_subnormals(x)
     s_enc, s_dec = nvfp4_tensor_scales(group_amax(xf, "tensor", finite_only=True))
-    bamax = group_amax(xf, gran, gaxis, tile, finite_only=True)
+    bamax = layout_amax(xf, layout)
     # Block decode scale amax_b / 6, mapped by s_enc into E4M3's range and
     # rounded to nearest (saturating: rounding may push it past 448).
     scale = saturating_cast(exact_div(bamax, jnp.float32(6.0)) * s_enc, E4M3)
@@ -242,12 +244,12 @@ def quantize_nvfp4(
     # enc_b = 1 / (scale_b * s_dec); a zero (or flushed) decode scale means an
     # all-zero or negligible block, whose elements quantize to zero.
     enc = jnp.where(dec > 0, exact_div(jnp.float32(1.0), jnp.where(dec > 0, dec, 1.0)), 0.0)
-    scale = jnp.where(_nan_blocks(xf, gran, gaxis, tile), jnp.array(jnp.nan, E4M3), scale)
-    y = _finite(xf) * expand_scale(enc, x.shape, gran, gaxis, tile)
+    scale = jnp.where(_nan_blocks(xf, layout), jnp.array(jnp.nan, E4M3), scale)
+    y = _finite(xf) * layout.expand(enc, x.shape)
     # E2M1 has no NaN: the element becomes 0 and its block scale carries the NaN.
     y = jnp.where(jnp.isnan(y), jnp.zeros_like(y), y)
     data = round_to_format(y, E2M1, key)
-    return QTensor(data, scale, gran, axis, block, s_dec, "nvfp4")
+    return QTensor(data, scale, layout, s_dec, "nvfp4")
 
 
 def quantize_mxfp8(
@@ -272,18 +274,17 @@ def dequantize_blocks(q: QTensor, dtype: Any = jnp.float32) -> jnp.ndarray:
     normal range rounds, to a signed zero.  NVFP4: ``(data * scale) *
     tensor_scale``, the first product exact.
     """
-    gran, gaxis, tile = _layout(q.axis, q.tile, q.granularity == "block")
     d = q.data.astype(jnp.float32)
     if q.scale.dtype == E8M0:
         e = e8m0_exponent(q.scale)
         nan = e == 128
         e = jnp.where(nan, 0, e)
-        hi = expand_scale(pow2_int(e - e // 2), q.shape, gran, gaxis, tile)
-        lo = expand_scale(pow2_int(e // 2), q.shape, gran, gaxis, tile)
+        hi = q.layout.expand(pow2_int(e - e // 2), q.shape)
+        lo = q.layout.expand(pow2_int(e // 2), q.shape)
         out = flush_subnormals(d * hi * lo)
-        out = jnp.where(expand_scale(nan, q.shape, gran, gaxis, tile), jnp.nan, out)
+        out = jnp.where(q.layout.expand(nan, q.shape), jnp.nan, out)
     else:
-        s = expand_scale(q.scale.astype(jnp.float32), q.shape, gran, gaxis, tile)
+        s = q.layout.expand(q.scale.astype(jnp.float32), q.shape)
         out = flush_subnormals(d * s * q.tensor_scale)
     return out.astype(dtype)
 

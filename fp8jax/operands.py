@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from fp8jax import scaling, schemes
 from fp8jax.formats import as_format, e5m6_scale_exponent, ldexp_exact, round_to_e5m6
+from fp8jax.layout import Layout
 from fp8jax.quant import (
     QTensor,
     expand_scale,
@@ -82,12 +83,11 @@ def take_operand(
     """
     if not is_quantized(t):
         return quantize_operand(t, spec, caxis, recipe, dstate)
-    want = (schemes.scheme_of(spec.fmt), spec.granularity, spec.tile) if spec.quantized else None
-    along = spec.granularity not in ("tile", "row") or t.axis == caxis % len(t.shape)
     if (
-        want != (t.scheme, t.granularity, t.tile)
+        not spec.quantized
+        or schemes.scheme_of(spec.fmt) != t.scheme
+        or not t.layout.matches(Layout.of(spec, caxis % len(t.shape)))
         or spec.scaling == "delayed"
-        or not along
         or (t.scheme == "fp8" and t.dtype != as_format(spec.fmt))
     ):
         raise ValueError(
@@ -121,7 +121,7 @@ def requantize(
     (DeepSeek-V3 turns its cached 1x128 activation tiles into 128x1 tiles this
     way).  A delayed spec re-uses this step's delayed scale of the tensor.
     """
-    if is_quantized(cached) and spec == prev_spec and spec.granularity in ("tensor", "block"):
+    if is_quantized(cached) and spec == prev_spec and not Layout.of(spec).along_axis:
         return float32_scales(cached)
     hp = materialize(cached, jnp.float32)
     if spec.quantized and spec.scaling == "delayed":

@@ -54,7 +54,7 @@ finite values above the range saturate at +-fmt_max * scale.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -74,6 +74,7 @@ from fp8jax.formats import (
     ldexp_exact,
     saturating_cast,
 )
+from fp8jax.layout import Layout
 from fp8jax.scaling import exact_div, finite_amax, scale_from_amax
 
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -93,26 +94,39 @@ class QTensor:
     """A quantized operand of any format: codes, scales and their layout.
 
     ``data`` holds the codes (the element format, x's shape), ``scale`` the
-    scales in the layout ``granularity`` / ``axis`` / ``tile`` describes
-    (module docstring; the block formats use "tile" for 1 x block runs and
-    "block" for block x block squares), ``tensor_scale`` a second-level
+    scales in the :class:`fp8jax.layout.Layout` ``layout`` describes
+    (granularity, axis, tile; the block formats use "tile" for 1 x block runs
+    and "block" for block x block squares), ``tensor_scale`` a second-level
     float32 scale or None.  ``scheme`` names the format family whose rules
     made the codes ("fp8": float32 scales; "mx": E8M0 scales, "nvfp4": E4M3
     scales and a tensor scale, the block formats of
     :mod:`fp8jax.microscaling`); :mod:`fp8jax.schemes` maps it to
-    the family's quantizer, dequantizer and per-element scales.  The layout
-    fields and ``scheme`` are static metadata (not pytree leaves).  An "fp8"
+    the family's quantizer, dequantizer and per-element scales.  ``layout``
+    and ``scheme`` are static metadata (not pytree leaves).  An "fp8"
     operand's scales are float32, or E8M0 bytes (``scale_fmt`` "ue8m0", one
     byte per scale instead of four, the same power-of-two values).
+
+    How the scales follow the data when it moves: :meth:`swapaxes`,
+    :meth:`take`, :meth:`batched` (each asks the layout).
     """
 
     data: jax.Array
     scale: jax.Array
-    granularity: str = "tensor"
-    axis: int = 0
-    tile: int = 128
+    layout: Layout = Layout()
     tensor_scale: jax.Array | None = None
     scheme: str = "fp8"
+
+    @property
+    def granularity(self) -> str:
+        return self.layout.granularity
+
+    @property
+    def axis(self) -> int:
+        return self.layout.axis
+
+    @property
+    def tile(self) -> int:
+        return self.layout.tile
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -140,12 +154,26 @@ class QTensor:
             -(-self.data.size * bits // 8) + self.scale.size * self.scale.dtype.itemsize + extra
         )
 
+    def swapaxes(self, i: int, j: int) -> QTensor:
+        """Data axes ``i`` and ``j`` (non-negative) swapped, scales and layout with them."""
+        layout, scale = self.layout.swap(self.scale, i, j)
+        return replace(self, data=jnp.swapaxes(self.data, i, j), scale=scale, layout=layout)
+
+    def take(self, index: jax.Array) -> QTensor:
+        """Batch elements ``index`` (an index array into the leading axis), scales with them."""
+        return replace(self, data=self.data[index], scale=self.layout.take(self.scale, index))
+
+    def batched(self, shape: tuple[int, ...]) -> QTensor:
+        """A leading batch axis of size 1: data reshaped to ``shape``, scales and layout with it."""
+        layout, scale = self.layout.batched(self.scale)
+        return replace(self, data=self.data.reshape(shape), scale=scale, layout=layout)
+
 
 # Static fields are not leaves of the pytree.
 jax.tree_util.register_dataclass(
     QTensor,
     data_fields=["data", "scale", "tensor_scale"],
-    meta_fields=["granularity", "axis", "tile", "scheme"],
+    meta_fields=["layout", "scheme"],
 )
 
 
@@ -169,9 +197,7 @@ def float32_scales(op: Any) -> Any:
     float32 power-of-two scales it stores, bit for bit.
     """
     if is_quantized(op) and op.scheme == "fp8" and op.scale.dtype == E8M0:
-        return QTensor(
-            op.data, decode_e8m0(op.scale), op.granularity, op.axis, op.tile, op.tensor_scale
-        )
+        return QTensor(op.data, decode_e8m0(op.scale), op.layout, op.tensor_scale)
     return op
 
 
@@ -186,9 +212,7 @@ def ue8m0_scales(op: Any) -> Any:
         return op
     if op.scheme != "fp8":
         raise ValueError(f"UE8M0 scales apply to scheme 'fp8' operands, got {op.scheme!r}")
-    return QTensor(
-        op.data, encode_e8m0(op.scale.astype(jnp.float32)), op.granularity, op.axis, op.tile
-    )
+    return QTensor(op.data, encode_e8m0(op.scale.astype(jnp.float32)), op.layout)
 
 
 def check_scale_fmt(scale_fmt: str, pow2: bool) -> None:
@@ -203,23 +227,6 @@ def _norm_axis(axis: int, ndim: int) -> int:
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis {axis} out of range for a {ndim}-d tensor")
     return axis % ndim
-
-
-def _pad_axis(x: jnp.ndarray, axis: int, multiple: int) -> jnp.ndarray:
-    n = x.shape[axis]
-    pad = (-n) % multiple
-    if pad == 0:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, pad)
-    return jnp.pad(x, widths)
-
-
-def _split_axis(x: jnp.ndarray, axis: int, tile: int) -> jnp.ndarray:
-    """(..., n, ...) -> (..., ceil(n/tile), tile, ...), zero padded."""
-    xp = _pad_axis(x, axis, tile)
-    shape = xp.shape[:axis] + (xp.shape[axis] // tile, tile) + xp.shape[axis + 1 :]
-    return xp.reshape(shape)
 
 
 def _bits(x: jnp.ndarray) -> jnp.ndarray:
@@ -251,15 +258,7 @@ def _divide(x: jnp.ndarray, scale: jnp.ndarray, assume_finite: bool) -> jnp.ndar
 
 def expand_scale(scale: jnp.ndarray, shape, granularity: str, axis: int, tile: int):
     """Broadcast a scale layout back to ``shape`` (repeat tiles, crop edges)."""
-    if granularity in ("tensor", "row"):
-        return scale
-    if granularity == "tile":
-        s = jnp.repeat(scale, tile, axis=axis)
-        return jax.lax.slice_in_dim(s, 0, shape[axis], axis=axis)
-    if granularity == "block":
-        s = jnp.repeat(jnp.repeat(scale, tile, axis=-2), tile, axis=-1)
-        return s[..., : shape[-2], : shape[-1]]
-    raise ValueError(f"unknown granularity {granularity!r}")
+    return Layout(granularity, axis, tile).expand(scale, shape)
 
 
 def compute_scale(
@@ -308,21 +307,13 @@ def group_amax(
     (bit patterns); without it a non-finite element makes its group's amax
     non-finite and subnormals may read as 0 (cheaper: plain float reductions).
     """
-    red = finite_amax if finite_only else _plain_amax
     axis = _norm_axis(axis, x.ndim) if x.ndim else 0
-    if granularity == "tensor":
-        return red(x)
-    if granularity == "row":
-        return red(x, axis=axis, keepdims=True)
-    if granularity == "tile":
-        return red(_split_axis(x, axis, tile), axis=axis + 1)
-    if granularity == "block":
-        if x.ndim < 2:
-            raise ValueError("block granularity needs at least 2 dimensions")
-        xb = _split_axis(_split_axis(x, x.ndim - 1, tile), x.ndim - 2, tile)
-        # xb: (..., R/t, t, C/t, t)
-        return red(xb, axis=(-3, -1))
-    raise ValueError(f"unknown granularity {granularity!r}")
+    return layout_amax(x, Layout(granularity, axis, tile), finite_only=finite_only)
+
+
+def layout_amax(x: jnp.ndarray, layout: Layout, *, finite_only: bool = True) -> jnp.ndarray:
+    """max |x| per scale group of ``layout`` (axis normalized), float32: :func:`group_amax`."""
+    return layout.reduce_groups(x, finite_amax if finite_only else _plain_amax)
 
 
 def quantize_with_scale(
@@ -359,25 +350,11 @@ def quantize_with_scale(
         scale = decode_e8m0(codes)
     # E8M0 bytes given with scale_fmt="float32": their values, stored as float32.
     scale = decode_e8m0(scale) if scale.dtype == E8M0 else scale.astype(jnp.float32)
-    if granularity in ("tensor", "row"):
-        y = _divide(xf, scale, assume_finite)
-    elif granularity == "tile":
-        xt = _split_axis(xf, axis, tile)
-        y = _divide(xt, jnp.expand_dims(scale, axis + 1), assume_finite)
-        # Explicit sizes: a -1 cannot be inferred for zero-size arrays.
-        y = y.reshape(y.shape[:axis] + (y.shape[axis] * tile,) + y.shape[axis + 2 :])
-        y = jax.lax.slice_in_dim(y, 0, x.shape[axis], axis=axis)
-    elif granularity == "block":
-        nd = x.ndim
-        xb = _split_axis(_split_axis(xf, nd - 1, tile), nd - 2, tile)
-        y = _divide(xb, scale[..., :, None, :, None], assume_finite)
-        y = y.reshape(y.shape[:-4] + (y.shape[-4] * tile, y.shape[-2] * tile))
-        y = y[..., : x.shape[-2], : x.shape[-1]]
-    else:
-        raise ValueError(f"unknown granularity {granularity!r}")
+    layout = Layout(granularity, axis, tile)
+    y = layout.map_groups(xf, scale, lambda xg, sg: _divide(xg, sg, assume_finite))
     # Saturate: values past the range clip to +-max instead of NaN/Inf.
     data = saturating_cast(y, fmt, assume_finite=assume_finite)
-    return QTensor(data, scale if codes is None else codes, granularity, axis, tile)
+    return QTensor(data, scale if codes is None else codes, layout)
 
 
 def quantize(
@@ -402,8 +379,8 @@ def quantize(
         raise ValueError("quantize needs at least a 1-d tensor")
     if tile <= 0:
         raise ValueError("tile must be positive")
-    if granularity not in ("tensor", "row", "tile", "block"):
-        raise ValueError(f"unknown granularity {granularity!r}")
+    # An unknown granularity is refused here, before any tracing.
+    Layout(granularity, axis, tile)
     # Fast path for the common tensor (all finite, no tiny or all-zero group):
     # a plain float amax, no per-element isfinite select, one plain division.
     # Otherwise the robust path recomputes the amax over the finite elements
@@ -484,12 +461,12 @@ def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:
     fmt = q.data.dtype
 
     def plain(data, scale):
-        s = expand_scale(scale, data.shape, q.granularity, q.axis, q.tile)
+        s = q.layout.expand(scale, data.shape)
         # FP8 -> float32 is exact; the product is rounded once to float32.
         return (data.astype(jnp.float32) * s.astype(jnp.float32)).astype(dtype)
 
     def exact(data, scale):
-        s = expand_scale(scale, data.shape, q.granularity, q.axis, q.tile)
+        s = q.layout.expand(scale, data.shape)
         return _exact_product(data.astype(jnp.float32), s.astype(jnp.float32), fmt).astype(dtype)
 
     if int(ml_dtypes.finfo(fmt).nmant) > 6:

@@ -37,7 +37,7 @@ from fp8jax import hadamard, quant, scaling
 from fp8jax.blockscaled import operand_key, quantize_block_operand
 from fp8jax.formats import floor_e8m0
 from fp8jax.microscaling import dequantize_blocks, e8m0_exponent
-from fp8jax.quant import QTensor, expand_scale
+from fp8jax.quant import QTensor
 from fp8jax.rounding import pow2_int
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ def _quantize_block(t, spec, axis, scale, amax, seed) -> QTensor:
 
 def _fp8_element_scale(q: QTensor) -> jax.Array:
     # float32 or E8M0 bytes (decoded exactly): the values divided by.
-    return expand_scale(quant.scale_values(q), q.shape, q.granularity, q.axis, q.tile)
+    return q.layout.expand(quant.scale_values(q), q.shape)
 
 
 def _mx_element_scale(q: QTensor) -> jax.Array:
@@ -126,12 +126,12 @@ def _mx_element_scale(q: QTensor) -> jax.Array:
     # float32's normal range give 0 (no positive float32 scale).
     e = e8m0_exponent(q.scale)
     s = jnp.where(e == 128, jnp.nan, jnp.where(e < -126, 0.0, pow2_int(jnp.maximum(e, -126))))
-    return expand_scale(s.astype(jnp.float32), q.shape, q.granularity, q.axis, q.tile)
+    return q.layout.expand(s.astype(jnp.float32), q.shape)
 
 
 def _nvfp4_element_scale(q: QTensor) -> jax.Array:
     s = q.scale.astype(jnp.float32) * q.tensor_scale
-    return expand_scale(s, q.shape, q.granularity, q.axis, q.tile)
+    return q.layout.expand(s, q.shape)
 
 
 SCHEMES: dict[str, Scheme] = {

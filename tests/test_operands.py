@@ -25,7 +25,7 @@ def test_after_gradient_keeps_codes_and_scales(use_jit):
     np.testing.assert_array_equal(np.asarray(tied.data), np.asarray(x.data))
     # Scales bit for bit (float32 patterns), a subnormal one included.
     scale = x.scale.at[0, 0].set(jnp.float32(1e-40))
-    tied = f(fp8jax.QTensor(x.data, scale, x.granularity, x.axis, x.tile), dy)
+    tied = f(fp8jax.QTensor(x.data, scale, x.layout), dy)
     np.testing.assert_array_equal(
         np.asarray(tied.scale).view(np.uint32), np.asarray(scale).view(np.uint32)
     )

@@ -29,6 +29,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import fp8jax  # noqa: E402
 from fp8jax.grouped import grouped_dot  # noqa: E402
+from fp8jax.layout import Layout  # noqa: E402
 from fp8jax.operands import materialize  # noqa: E402
 from fp8jax.parallel import dispatch as dsp  # noqa: E402
 from fp8jax.parallel import fsdp, placement  # noqa: E402
@@ -188,7 +189,7 @@ def _value(q):
 
 _value.defvjp(
     lambda q: (fp8jax.dequantize(q), q.scale),
-    lambda s, g: (QTensor(g, jnp.zeros_like(s), "tile", 1, 128),),
+    lambda s, g: (QTensor(g, jnp.zeros_like(s), Layout("tile", 1, 128)),),
 )
 
 

@@ -36,6 +36,7 @@ from fp8jax.bench.gemm_cases import GroupedShape, Shape, dequantized_dot
 from fp8jax.bench.hlo import summarize_hlo
 from fp8jax.bench.timing import time_calls
 from fp8jax.kernels.block_gemm import CHUNK, cdiv
+from fp8jax.layout import Layout
 from fp8jax.quant import QTensor
 
 DENSE_IMPLS = (
@@ -92,8 +93,8 @@ def _fp8_tensor_dot(a, sa, b, sb):
 
 def _fp8_runs(a, sa, b, sb):
     # The operands as the GEMM core's tile / block QTensors, impl "fp8".
-    qa = QTensor(a[None], sa[None], granularity="tile", axis=2, tile=CHUNK)
-    qb = QTensor(b[None], sb[None], granularity="block", axis=1, tile=CHUNK)
+    qa = QTensor(a[None], sa[None], Layout("tile", 2, CHUNK))
+    qb = QTensor(b[None], sb[None], Layout("block", 1, CHUNK))
     recipe = dataclasses.replace(recipes.deepseek_v3(), impl="fp8")
     return gemm.gemm(qa, qb, "fprop", recipe)[0].astype(jnp.bfloat16)
 

@@ -52,6 +52,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp8jax import schemes
+from fp8jax.layout import Layout
 from fp8jax.quant import QTensor, dequantize
 from fp8jax.recipes import QuantSpec, Recipe
 from fp8jax.telemetry import operand_stats
@@ -251,7 +252,7 @@ def fp8_dispatch_spec(recipe: Recipe) -> tuple[QuantSpec, QuantSpec] | None:
         fx.quantized
         and dy.quantized
         and schemes.scheme_of(fx.fmt) == schemes.scheme_of(dy.fmt) == "fp8"
-        and fx.granularity == "tile"
+        and Layout.of(fx).tiled
         and fx.scaling == "current"
         and dy.scaling == "current"
     )

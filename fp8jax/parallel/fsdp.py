@@ -47,6 +47,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from fp8jax import schemes
+from fp8jax.layout import Layout
 from fp8jax.nn.dense import Dense
 from fp8jax.parallel.dispatch import from_wire, to_wire
 from fp8jax.parallel.placement import is_routed_expert_keys, param_spec
@@ -172,7 +173,7 @@ def is_block_fp8(spec: QuantSpec) -> bool:
         spec.quantized
         and schemes.scheme_of(spec.fmt) == "fp8"
         and spec.scaling == "current"
-        and spec.granularity == "block"
+        and Layout.of(spec).blocked
     )
 
 
