@@ -21,7 +21,7 @@ from ml_collections import config_flags
 
 from fp8jax.train.compare import run_comparison, run_config, run_dir
 from fp8jax.train.defaults import ConfigError
-from fp8jax.train.run_log import read_jsonl
+from fp8jax.train.run_log import find_log, read_jsonl
 from fp8jax.train.stress import lead_table
 from fp8jax.train.telemetry_plot import plot_telemetry
 
@@ -43,8 +43,9 @@ def analyze(config, workdir: Path) -> str:
     for seed in config.compare.seeds:
         for label in config.compare.labels:
             rdir = run_dir(workdir / "runs", run_config(config, label, int(seed)), int(seed))
-            if (rdir / "metrics.jsonl").is_file():
-                runs[f"{label} seed {seed}"] = read_jsonl(rdir / "metrics.jsonl")
+            log = find_log(rdir)
+            if log is not None:
+                runs[f"{label} seed {seed}"] = read_jsonl(log)
                 if int(seed) == int(config.compare.seeds[0]):
                     seed0[label] = rdir
     if not runs:
