@@ -150,3 +150,32 @@ def test_the_stress_monitor_table_recomputes_from_its_committed_values():
     assert format_lead_table(kept["runs"]) == table
     res = json.loads((folder / "results.json").read_text())
     assert len(kept["runs"]) == res["provenance"]["n_runs"]
+
+
+def test_packing_a_run_keeps_its_run_level_columns_and_a_second_pass_changes_nothing(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pack", ROOT / "scripts" / "pack_results.py")
+    pack = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pack)
+    run = tmp_path / "cmp" / "runs" / "bf16-0123" / "seed0"
+    run.mkdir(parents=True)
+    rows = [
+        {"step": 1, "loss": 3.0, "fp8/amax_max": 9.5, "layers/layer0/ffn/w2/x/amax": 4.0},
+        {"step": 1, "val_loss": None},
+        {"step": 2, "layers/layer0/ffn/w2/x/amax": 5.0},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "config.json").write_text(
+        json.dumps({"provenance": {"git": {"commit": "abc"}}}, indent=2)
+    )
+    pack.pack(tmp_path / "cmp")
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "metrics.jsonl.gz"]
+    assert read_jsonl(run / "metrics.jsonl") == [
+        {"step": 1, "loss": 3.0, "fp8/amax_max": 9.5},
+        {"step": 1, "val_loss": None},
+    ]
+    assert json.loads((run / "config.json").read_text())["provenance"]["git"]["commit"] == "abc"
+    packed = {p: p.read_bytes() for p in run.iterdir()}
+    pack.pack(tmp_path / "cmp")
+    assert {p: p.read_bytes() for p in run.iterdir()} == packed
