@@ -243,7 +243,8 @@ def read_jsonl(
 
     ``path`` names the log; a ``metrics.jsonl`` that does not exist is read
     from its gzipped copy ``metrics.jsonl.gz`` beside it when there is one
-    (the committed results keep their logs gzipped).  A torn last line (a kill during a write) is left out.  A malformed line
+    (the committed results keep their logs gzipped).  A torn last line (a
+    kill during a write) is left out.  A malformed line
     before it (see :func:`row_problem`) raises :class:`DamagedLog` naming the
     file and the line, or with ``skip_malformed`` is left out.  What was left
     out is said in one line through ``say`` (default: a warning).  A file
