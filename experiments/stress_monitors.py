@@ -3,7 +3,8 @@ r"""The late-failure stress comparison and its monitors (configs/compare/stress.
 Trains every run of the comparison (``fp8jax.train.compare.run_comparison``:
 results.md, results.json, plots), then writes ``monitors.md`` (per run and
 seed: loss event, each monitor's first threshold crossing, lead in steps,
-extreme value; ``fp8jax.train.stress``; the loss event is the first logged
+extreme value; ``fp8jax.train.stress``; the same values as data in
+``monitors.json``; the loss event is the first logged
 step where the run's training loss, averaged over 10 logged steps, is 5%
 above the baseline run's at the same seed) and ``monitors.png`` (loss and the
 per-site monitors against steps, one colour per run; seed 0).
@@ -13,6 +14,7 @@ with one line for a bad config or workdir.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -21,8 +23,8 @@ from ml_collections import config_flags
 
 from fp8jax.train.compare import run_comparison, run_config, run_dir
 from fp8jax.train.defaults import ConfigError
-from fp8jax.train.run_log import read_jsonl
-from fp8jax.train.stress import lead_table
+from fp8jax.train.run_log import find_log, read_jsonl, to_jsonable
+from fp8jax.train.stress import LOSS_WINDOW, format_lead_table, lead_records
 from fp8jax.train.telemetry_plot import plot_telemetry
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a comparison config", lock_config=False)
@@ -43,8 +45,9 @@ def analyze(config, workdir: Path) -> str:
     for seed in config.compare.seeds:
         for label in config.compare.labels:
             rdir = run_dir(workdir / "runs", run_config(config, label, int(seed)), int(seed))
-            if (rdir / "metrics.jsonl").is_file():
-                runs[f"{label} seed {seed}"] = read_jsonl(rdir / "metrics.jsonl")
+            log = find_log(rdir)
+            if log is not None:
+                runs[f"{label} seed {seed}"] = read_jsonl(log)
                 if int(seed) == int(config.compare.seeds[0]):
                     seed0[label] = rdir
     if not runs:
@@ -57,8 +60,13 @@ def analyze(config, workdir: Path) -> str:
         for seed in config.compare.seeds
         for label in config.compare.labels
     }
-    table = lead_table(runs, spike=LOSS_SPIKE, baselines=baselines)
+    records = lead_records(runs, spike=LOSS_SPIKE, baselines=baselines)
+    table = format_lead_table(records)
     (workdir / "monitors.md").write_text(table + "\n")
+    # The same values as data: monitors.md recomputes from them once the
+    # per-site columns of the logs are no longer committed.
+    kept = {"spike": LOSS_SPIKE, "window": LOSS_WINDOW, "runs": records}
+    (workdir / "monitors.json").write_text(json.dumps(to_jsonable(kept), indent=1) + "\n")
     plot_telemetry(
         list(seed0.values()),
         workdir / "monitors.png",

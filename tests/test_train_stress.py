@@ -1,6 +1,7 @@
 """Lead times of the monitors over the loss, and the stress comparison at a handful of steps."""
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -99,6 +100,25 @@ def test_lead_table_without_the_runs_baseline_says_so():
     )
 
 
+def test_lead_records_read_back_from_json_give_the_same_table():
+    from fp8jax.train.run_log import to_jsonable
+
+    rows = [{"step": 10 * (i + 1), "loss": 2.0 + 0.1 * i} for i in range(7)]
+    runs = {"run a": _rows(), "b": rows}
+    records = stress.lead_records(runs, window=1, baselines={"run a": _rows()})
+    assert records[0]["monitors"]["outlier_ratio"] == {
+        "step": 20,
+        "site": "layer0/ffn/swiglu",
+        "extreme": 6e4,
+        "lead": None,  # against its own rows as the baseline, no loss event
+    }
+    assert records[1]["loss_event"] == "no baseline"
+    # NaN extremes are written as null and read back as NaN.
+    back = json.loads(json.dumps(to_jsonable(records)))
+    expected = stress.lead_table(runs, window=1, baselines={"run a": _rows()})
+    assert stress.format_lead_table(back) == expected
+
+
 @pytest.mark.slow
 def test_stress_comparison_smoke(tmp_path):
     path = ROOT / "configs/compare/stress.py"
@@ -114,6 +134,8 @@ def test_stress_comparison_smoke(tmp_path):
     assert set(res["run_dirs"]) == {"bf16", "bf16_smooth"}
     table = main.analyze(config, tmp_path)
     assert (tmp_path / "monitors.png").stat().st_size > 0
+    kept = json.loads((tmp_path / "monitors.json").read_text())
+    assert stress.format_lead_table(kept["runs"]) == table
     assert "| bf16_smooth seed 0 | 3 |" in table
     # The long config holds the eight arms over three seeds.
     full = config_file(path)

@@ -1,7 +1,8 @@
 """Several runs' curves in one figure: ``fp8jax runs plot DIR... --out FILE``.
 
-Each DIR is a run directory (it holds ``metrics.jsonl``) or a folder of runs
-(every ``metrics.jsonl`` below it, e.g. a comparison's ``runs/``); a run is
+Each DIR is a run directory (it holds ``metrics.jsonl``, or ``metrics.jsonl.gz``
+as the committed results do) or a folder of runs (every such log below it,
+e.g. a comparison's ``runs/``); a run is
 labelled by its path.  One panel per metric (default: training loss and
 validation loss against the step); a run keeps one colour and one line style
 in every panel (colour and line style both change from one run to the next),
@@ -22,26 +23,30 @@ from pathlib import Path
 import numpy as np
 
 from fp8jax.train.defaults import ConfigError
-from fp8jax.train.run_log import DamagedLog, as_float, read_jsonl
+from fp8jax.train.run_log import LOG_NAMES, DamagedLog, as_float, find_log, read_jsonl
 
 DEFAULT_KEYS = ("loss", "val_loss")
 _STYLES = ("-", "--", ":", "-.")
 
 
 def find_runs(paths: list[str | Path]) -> list[tuple[str, Path]]:
-    """(label, metrics.jsonl) of every run under ``paths``, in the order given (then sorted)."""
+    """(label, log) of every run under ``paths``, in the order given (then sorted).
+
+    A run's log is its metrics.jsonl, else its metrics.jsonl.gz (:func:`find_log`).
+    """
     found: list[tuple[str, Path]] = []
     for raw in paths:
         p = Path(raw)
-        if (p / "metrics.jsonl").is_file():
-            found.append((str(p), p / "metrics.jsonl"))
+        log = find_log(p)
+        if log is not None and log.is_file():
+            found.append((str(p), log))
             continue
         if not p.is_dir():
             raise ConfigError(f"{str(raw)!r} is not a run directory or a folder of runs")
-        inner = sorted(p.rglob("metrics.jsonl"))
-        if not inner:
+        runs = sorted({m.parent for name in LOG_NAMES for m in p.rglob(name)})
+        if not runs:
             raise ConfigError(f"no metrics.jsonl under {str(raw)!r}: give run directories")
-        found += [(os.path.join(str(p), str(m.parent.relative_to(p))), m) for m in inner]
+        found += [(os.path.join(str(p), str(r.relative_to(p))), find_log(r)) for r in runs]
     return found
 
 

@@ -121,6 +121,63 @@ def first_crossings(
 LOSS_WINDOW = 10
 
 
+def lead_records(
+    runs: dict[str, Sequence[dict]],
+    spike: float = 0.1,
+    window: int = LOSS_WINDOW,
+    baselines: dict[str, Sequence[dict]] | None = None,
+) -> list[dict]:
+    """Per run: its last step, loss event and each monitor's crossing, lead and extreme.
+
+    One dict per run, in the order of ``runs``: ``run``, ``last_step``,
+    ``loss_event`` (a step, None for none, or "no baseline") and
+    ``monitors``: monitor -> {"step", "site", "extreme", "lead"} (lead: the
+    loss event's step minus the crossing's, None when either is missing).
+    The loss event is :func:`loss_event` with ``spike``, ``window`` and the
+    run's entry of ``baselines`` (if any).  With ``baselines``, a run whose
+    baseline is missing gets no event ("no baseline") rather than an event
+    by the other rule.
+    """
+    records = []
+    for label, rows in runs.items():
+        steps = [int(r["step"]) for r in rows if "loss" in r]
+        base = None if baselines is None else baselines.get(label)
+        missing = baselines is not None and base is None
+        event = None if missing else loss_event(rows, spike, window, base)
+        monitors = {}
+        for m, c in first_crossings(rows).items():
+            lead = None if c["step"] is None or event is None else event - c["step"]
+            monitors[m] = {**c, "lead": lead}
+        records.append(
+            {
+                "run": label,
+                "last_step": steps[-1] if steps else 0,
+                "loss_event": "no baseline" if missing else event,
+                "monitors": monitors,
+            }
+        )
+    return records
+
+
+def format_lead_table(records: Sequence[dict]) -> str:
+    """Markdown of :func:`lead_records` (also as read back from JSON: null extremes are NaN)."""
+    monitors = list(THRESHOLDS)
+    head = "| run | last step | loss event | " + " | ".join(
+        f"{m} ({THRESHOLDS[m][0]} {THRESHOLDS[m][1]:.4g}): step / lead / extreme" for m in monitors
+    )
+    lines = [head + " |", "|" + "---|" * (3 + len(monitors))]
+    for rec in records:
+        cells = []
+        for m in monitors:
+            c = rec["monitors"][m]
+            step = "-" if c["step"] is None else str(c["step"])
+            lead = "-" if c["lead"] is None else str(c["lead"])
+            cells.append(f"{step} / {lead} / {as_float(c['extreme']):.3g}")
+        event = "-" if rec["loss_event"] is None else rec["loss_event"]
+        lines.append(f"| {rec['run']} | {rec['last_step']} | {event} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def lead_table(
     runs: dict[str, Sequence[dict]],
     spike: float = 0.1,
@@ -129,32 +186,6 @@ def lead_table(
 ) -> str:
     """Markdown: per run, the loss event step and each monitor's crossing, lead and extreme.
 
-    The loss event is :func:`loss_event` with ``spike``, ``window`` and the
-    run's entry of ``baselines`` (if any).  With ``baselines``, a run whose
-    baseline is missing gets no event ("no baseline") rather than an event
-    by the other rule.
+    :func:`format_lead_table` of :func:`lead_records` (same arguments).
     """
-    monitors = list(THRESHOLDS)
-    head = "| run | last step | loss event | " + " | ".join(
-        f"{m} ({THRESHOLDS[m][0]} {THRESHOLDS[m][1]:.4g}): step / lead / extreme" for m in monitors
-    )
-    lines = [head + " |", "|" + "---|" * (3 + len(monitors))]
-    for label, rows in runs.items():
-        steps = [int(r["step"]) for r in rows if "loss" in r]
-        base = None if baselines is None else baselines.get(label)
-        missing = baselines is not None and base is None
-        event = None if missing else loss_event(rows, spike, window, base)
-        cross = first_crossings(rows)
-        cells = []
-        for m in monitors:
-            c = cross[m]
-            lead = "-" if c["step"] is None or event is None else str(event - c["step"])
-            step = "-" if c["step"] is None else str(c["step"])
-            cells.append(f"{step} / {lead} / {c['extreme']:.3g}")
-        last = steps[-1] if steps else 0
-        lines.append(
-            f"| {label} | {last} | {'no baseline' if missing else '-' if event is None else event} | "
-            + " | ".join(cells)
-            + " |"
-        )
-    return "\n".join(lines)
+    return format_lead_table(lead_records(runs, spike, window, baselines))

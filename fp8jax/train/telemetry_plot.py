@@ -1,6 +1,6 @@
 """Per-site telemetry of one or several runs, against steps, in one figure.
 
-Reads the ``layers/<site>/<stat>`` columns of each run's metrics.jsonl
+Reads the ``layers/<site>/<stat>`` columns of each run's metrics.jsonl (or .gz)
 (:mod:`fp8jax.train.run_log`) and draws one panel per statistic.  Every run
 has one colour in every panel; within a run, each site has its own line
 style and marker, the same in every panel, so lines stay distinguishable in
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from fp8jax.train.run_log import as_float, read_jsonl
+from fp8jax.train.run_log import as_float, find_log, read_jsonl
 
 DEFAULT_STATS = (
     "loss",
@@ -50,8 +50,8 @@ def split_key(key: str) -> tuple[str, str] | None:
 
 def load_series(run_dir: str | Path) -> dict[tuple[str, str], tuple[list[int], list[float]]]:
     """(site, stat) -> (steps, values) of one run's per-site columns (null -> NaN)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
+    path = find_log(run_dir)
+    if path is None:
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (not a training run directory)")
     series: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
     for row in read_jsonl(path):
