@@ -1,8 +1,11 @@
 """Drop-in replacements for ``lax.dot_general``, ``jnp.einsum`` and ``lax.ragged_dot``.
 
-``dot_general(recipe)`` returns a function with ``lax.dot_general``'s
-signature that runs fp8jax's differentiable GEMM with the recipe, for the
-hooks Flax layers offer::
+``make_dot_general(recipe)`` makes a function with ``lax.dot_general``'s
+signature that runs fp8jax's differentiable GEMM with the recipe
+(``make_einsum`` and ``make_ragged_dot`` likewise), for the hooks Flax layers
+offer.  ``dot_general``, ``einsum`` and ``ragged_dot`` are the same factories
+under the names the hooks take (``fp8jax.interop.dot_general(r)`` reads as
+"the dot_general for r")::
 
     nnx.Linear(d, f, dot_general=fp8jax.interop.dot_general("deepseek_v3"), rngs=...)
     nnx.Einsum("btd,dnh->btnh", (d, n, h), einsum_op=fp8jax.interop.einsum("deepseek_v3"), ...)
@@ -45,8 +48,8 @@ def _no_sharding(out_sharding) -> None:
         raise NotImplementedError("fp8jax drop-in ops do not take out_sharding")
 
 
-def dot_general(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
-    """A ``lax.dot_general`` whose GEMMs (and gradients) follow ``recipe``; None: lax itself."""
+def make_dot_general(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
+    """Make a ``lax.dot_general`` whose GEMMs (and gradients) follow ``recipe``; None: lax itself."""
     r = _stateless(recipe, "dot_general")
     if r is None:
         return lax.dot_general
@@ -71,8 +74,8 @@ def dot_general(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
     return fp8_dot_general
 
 
-def einsum(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
-    """A two-operand ``jnp.einsum`` whose contraction follows ``recipe``; None: jnp itself."""
+def make_einsum(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
+    """Make a two-operand ``jnp.einsum`` whose contraction follows ``recipe``; None: jnp itself."""
     r = _stateless(recipe, "einsum")
     if r is None:
         return jnp.einsum
@@ -94,8 +97,8 @@ def einsum(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
     return fp8_einsum
 
 
-def ragged_dot(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
-    """A ``lax.ragged_dot`` whose expert GEMMs follow ``recipe``; None: lax itself."""
+def make_ragged_dot(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
+    """Make a ``lax.ragged_dot`` whose expert GEMMs follow ``recipe``; None: lax itself."""
     r = _stateless(recipe, "ragged_dot")
     if r is None:
         return lax.ragged_dot
@@ -119,3 +122,9 @@ def ragged_dot(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
         return y
 
     return fp8_ragged_dot
+
+
+# The names of the hooks they fill: ``nnx.Linear(dot_general=interop.dot_general(r))``.
+dot_general = make_dot_general
+einsum = make_einsum
+ragged_dot = make_ragged_dot
