@@ -16,6 +16,14 @@ first and the kernel second).  These callables hold no state: a
 delayed-scaling recipe needs its amax history carried between steps, which
 the Qwix provider (:class:`fp8jax.interop.QwixProvider`) or fp8jax's own
 layers (:mod:`fp8jax.nn`) keep; here it raises ValueError.
+
+Non-finite operands: E4M3 (float8_e4m3fn) has no Inf code, so with an E4M3
+recipe (deepseek_v3, current_tensor, rowwise, ...) an +-Inf element
+quantizes to NaN and every output whose sum has a product with it (its row
+of the output for an activation element, its column for a weight element;
+Wgrad and Dgrad likewise) is NaN where ``lax`` gives +-Inf.  Scales are taken
+from the finite elements, so all other outputs are bit for bit those of the
+same op with that element set to 0.  bf16 / fp32 keep ``lax``'s Inf.
 """
 
 from __future__ import annotations
