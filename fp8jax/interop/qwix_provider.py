@@ -7,19 +7,26 @@
     model = qwix.quantize_model(model, QwixProvider(rules), *example_inputs)
 
 ``qwix.quantize_model`` makes the model's calls of ``jax.lax.dot_general``,
-``jax.numpy.einsum`` (two operands) and ``jax.lax.ragged_dot`` come here,
-with the path of the Flax module (NNX or Linen) that made them.  The first
+``jax.numpy.einsum`` (two operands), ``jax.lax.ragged_dot`` and
+``jnp.matmul`` / ``@`` come here, with the path of the Flax module (NNX or
+Linen) that made them (a Linen submodule applied at the root inside another
+module, a tied head, gets its caller's path plus its name).  The first
 :class:`~fp8jax.interop.rules.Rule` that matches the path and op name
-decides:
+decides (``@`` is a dot_general for the rules):
 
 * recipe None, or no rule matches: the original op, bit for bit.
 * a recipe: the op runs as :mod:`fp8jax.interop.ops` says, i.e. through
   ``fp8jax.dot_general`` / ``fp8jax.ragged_dot`` (Fprop, Dgrad and Wgrad as
   the recipe says, the same numbers as calling those functions).  Which
-  operand is the weight is found from the calling module's parameters
-  (Qwix's ``find_param``); a dot_general or einsum with no parameter operand
-  (the attention core, softmax(QK^T)V) stays as the model wrote it, as
-  DeepSeek-V3 keeps it in high precision.
+  operand is the weight is found among the calling module's parameters
+  (:mod:`fp8jax.interop.weights`: followed back through casts and
+  transposes under jit, grad and eagerly); a dot_general or einsum with no
+  parameter operand (the attention core, softmax(QK^T)V) stays as the model
+  wrote it, as DeepSeek-V3 keeps it in high precision.
+
+Every decision is recorded in ``provider.coverage``
+(:mod:`fp8jax.interop.coverage`: per op, forward and under grad, the recipe
+or why none), which warns once when a GEMM a rule names runs unquantized.
 
 Delayed-scaling recipes keep one :class:`~fp8jax.nn.FP8State` per op in the
 calling module, in the variable collection ``"fp8_state"`` (NNX attribute /
