@@ -61,13 +61,17 @@ class ParityError(ValueError):
 
 
 def check_recipes(names: Sequence[str]) -> list[str]:
-    """The recipe names, each known (reference first); ParityError in one line otherwise."""
+    """The recipe names, each known, none compared twice (the reference first, and it may be
+    compared with itself); ParityError in one line otherwise."""
     names = [str(n).strip() for n in names]
     if len(names) < 2 or any(not n for n in names):
         raise ParityError(
             f"--recipes needs a reference and at least one other, e.g. bf16,deepseek_v3; got "
             f"{','.join(names)!r}"
         )
+    twice = sorted({n for n in names[1:] if names[1:].count(n) > 1})
+    if twice:
+        raise ParityError(f"--recipes names {', '.join(twice)} twice: compare each recipe once")
     for n in names:
         try:
             recipes.get(n)
@@ -412,7 +416,10 @@ def from_workdir(
     if max_windows < 0:
         raise ConfigError(f"--max-windows must be >= 0 (0: all windows), got {max_windows}")
     if not Path(workdir).is_dir():
-        raise ConfigError(f"--workdir {str(workdir)!r} is not a directory: give a trained run's")
+        raise ConfigError(
+            f"--workdir {str(workdir)!r} is not a directory: give the workdir of a run "
+            "trained with experiments/train.py"
+        )
     run, state, step = load_run(workdir, step, say=say)
     if batch_size < 1 or batch_size % run.mesh.size:
         raise ConfigError(
