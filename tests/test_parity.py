@@ -223,3 +223,16 @@ def test_cli_errors(tmp_path, capsys, tiny_run):
         )
     assert e.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_committed_table_recomputes_from_its_per_window_values():
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "experiments" / "results" / "parity"
+    results = parity.load(folder)
+    table = parity.table(results)
+    assert table in (folder / "README.md").read_text()
+    # Every pair scored the same windows; the JSON holds one value per window and metric.
+    for pair in results["pairs"].values():
+        assert {len(v) for v in pair["windows"].values()} == {512}
+    assert results["provenance"]["git"]["dirty"] == []
