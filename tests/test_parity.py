@@ -193,6 +193,16 @@ def test_cli_errors(tmp_path, capsys, tiny_run):
     _error(capsys, ["parity", "--recipes", "bf16,deepseek_v3"], "give --workdir RUN")
     _error(
         capsys,
+        ["parity", "--workdir", str(tiny_run), "--example", "llama", "--recipes", "bf16,mxfp8"],
+        "one of them",
+    )
+    _error(
+        capsys,
+        ["parity", "--example", "llama", "--recipes", "bf16,mxfp8", "--step", "3"],
+        "--step applies to --workdir",
+    )
+    _error(
+        capsys,
         ["parity", "--workdir", str(tiny_run), "--recipes", "bf16,mxfp8,mxfp8"],
         "names mxfp8 twice",
     )
@@ -236,3 +246,18 @@ def test_committed_table_recomputes_from_its_per_window_values():
     for pair in results["pairs"].values():
         assert {len(v) for v in pair["windows"].values()} == {512}
     assert results["provenance"]["git"]["dirty"] == []
+
+
+@pytest.mark.slow
+def test_cli_on_the_qwix_example_writes_its_results(tmp_path, capsys):
+    pytest.importorskip("qwix")
+    text = tmp_path / "t.txt"
+    text.write_bytes(bytes(range(32, 127)) * 3)  # 285 bytes: 8 windows of 32, 2 batches of 4
+    argv = ["parity", "--example", "llama", "--recipes", "bf16,deepseek_v3", "--file", str(text)]
+    argv += ["--seq-len", "32", "--batch-size", "4", "--out", str(tmp_path / "out"), "--quiet"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    saved = parity.load(tmp_path / "out")
+    assert saved["model"]["kind"] == "qwix" and saved["source"] == str(text)
+    assert parity.table(saved) in out and "| deepseek_v3 |" in out
+    assert len(saved["pairs"]["deepseek_v3"]["windows"]["kl_mean"]) == 8
