@@ -6,6 +6,7 @@ long run)."""
 import ast
 import importlib
 import importlib.util
+import re
 import types
 from pathlib import Path
 
@@ -65,3 +66,80 @@ def test_fp8jax_names_resolve(path):
             assert hasattr(mod, node.attr) or _submodule(mod, node.attr), (
                 f"{where}:{node.lineno}: {mod.__name__} has no {node.attr}"
             )
+
+
+# --- experiments as configs ------------------------------------------------------------
+
+CONFIGS = sorted((ROOT / "configs").rglob("*.py"))
+# Flags an entry point may define: the config and what a config cannot hold (paths).
+PATH_FLAGS = {"config", "workdir", "out_dir", "run", "jax_cache_dir"}
+# Flags beyond paths, per script, that remain: tools on one trained run's checkpoint
+# (which step, which text, which prompt: per call, not an experiment) and the
+# comparison scripts' switches.
+OTHER_FLAGS = {
+    "evaluate.py": {"file", "step", "batch_size", "max_windows"},
+    "sample.py": {"prompt", "length", "temperature", "top_k", "seed", "step"},
+    "compare_recipes.py": {"allow_mixed_code"},
+    "compare_interop.py": {"allow_mixed_code"},
+    "stress_monitors.py": {"analyze_only"},
+    "outlier_sweep.py": {"magnitudes", "labels", "seeds"},
+}
+_COMMAND = re.compile(r"python experiments/(\w+\.py)((?:\s+(?:\\\n\s*)?--[\w.]+(?:=\S+)?)*)")
+
+
+def _defined_flags(path: Path) -> list[str]:
+    """Names of the absl flags a script defines (flags.DEFINE_* / config_flags.DEFINE_*)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr.startswith("DEFINE_")
+        ):
+            names.append(node.args[0].value)
+    return names
+
+
+def _accepts(script: str, config) -> bool:
+    """Whether the entry point ``script`` runs ``config`` (what each one checks first)."""
+    from fp8jax.bench.experiments import BENCHMARKS
+    from fp8jax.numerics.studies import STUDIES
+
+    has = set(config.keys())
+    kinds = {
+        "train.py": not has & {"compare", "benchmark", "study", "labels"},
+        "compare_recipes.py": "compare" in has,
+        "stress_monitors.py": "compare" in has,
+        "compare_interop.py": {"labels", "seeds", "model"} <= has and "compare" not in has,
+        "bench.py": config.get("benchmark") in BENCHMARKS,
+        "study.py": config.get("study") in STUDIES,
+    }
+    return kinds.get(script, False)
+
+
+def test_experiment_scripts_define_only_path_flags():
+    total = 0
+    for path in sorted(ROOT.glob("experiments/*.py")):
+        names = _defined_flags(path)
+        total += len(names)
+        extra = set(names) - PATH_FLAGS - OTHER_FLAGS.get(path.name, set())
+        assert not extra, f"{path.name} defines {sorted(extra)}: put them in its config"
+    # The entry points' flags all together (105 before experiments became configs).
+    assert total <= 40, total
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_config_loads_and_its_docstring_gives_a_command_that_runs_it(path):
+    from fp8jax.train.defaults import config_file
+
+    rel = str(path.relative_to(ROOT))
+    config = config_file(path)
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    commands = _COMMAND.findall(doc)
+    for script, _ in commands:
+        assert (ROOT / "experiments" / script).is_file(), f"{rel} names experiments/{script}"
+    own = [s for s, args in commands if re.search(rf"--config={re.escape(rel)}(?::\S+)?\b", args)]
+    assert own, f"{rel}: its docstring has no command with --config={rel}"
+    for script in own:
+        assert _accepts(script, config), f"{rel}: experiments/{script} does not run this config"
+    assert "print" in doc or "writes" in doc.lower(), f"{rel}: say what the command prints"
