@@ -1,8 +1,8 @@
 r"""Run one numerics study: python experiments/study.py --config=configs/study/NAME.py [--run=DIR] [--out_dir=DIR].
 
 The config names the study (``config.study``: accumulation, block_rules,
-captured_gemm_error, dgrad_blocks, gemm_error, plot_telemetry, scale_sites or
-site_errors) and holds its settings; its docstring gives the command and what
+captured_gemm_error, dgrad_blocks, gemm_error, plot_telemetry, scale_sites,
+site_errors or stress_monitors) and holds its settings; its docstring gives the command and what
 it prints.  Override any field, e.g. --config.m=512.  --run names the trained
 runs a study reads (comma-separated directories of experiments/train.py);
 --out_dir is where it writes its tables and plots.  Logic:

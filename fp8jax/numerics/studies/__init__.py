@@ -22,6 +22,7 @@ STUDIES = (
     "plot_telemetry",
     "scale_sites",
     "site_errors",
+    "stress_monitors",
 )
 
 
