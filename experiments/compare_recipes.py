@@ -54,16 +54,16 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def sweep(config, workdir: Path, command: str) -> str:
-    """One comparison per value of ``config.sweep.values``; returns sweep.md's text."""
+    """One comparison per value of ``config.sweep.points``; returns sweep.md's text."""
     s = config.sweep
     labels = [x.strip() for x in str(s.labels).split(",") if x.strip()]
     configs = {}
-    for value in (x.strip() for x in str(s.values).split(",") if x.strip()):
+    for value in (x.strip() for x in str(s.points).split(",") if x.strip()):
         try:
             c = config_file(CONFIGS / s.config, value)
             float(value)
         except ValueError as e:
-            raise ConfigError(f"config.sweep.values: {value!r}: {e}") from None
+            raise ConfigError(f"config.sweep.points: {value!r}: {e}") from None
         unknown = [lab for lab in labels if lab not in c.compare.runs]
         if unknown:
             raise ConfigError(f"config.sweep.labels: {unknown} not in {list(c.compare.runs)}")

@@ -6,7 +6,10 @@ long run)."""
 import ast
 import importlib
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -143,3 +146,60 @@ def test_config_loads_and_its_docstring_gives_a_command_that_runs_it(path):
     for script in own:
         assert _accepts(script, config), f"{rel}: experiments/{script} does not run this config"
     assert "print" in doc or "writes" in doc.lower(), f"{rel}: say what the command prints"
+
+
+def test_every_study_resolves_to_a_run_function():
+    from fp8jax.numerics.studies import STUDIES, StudyConfigError, runner
+
+    for name in STUDIES:
+        assert callable(runner(name)), name
+    with pytest.raises(StudyConfigError, match="give one of"):
+        runner("nope")
+
+
+def _entry(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, f"experiments/{script}", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"},
+    )
+
+
+def test_study_entry_point_runs_a_config_and_writes_its_table(tmp_path):
+    p = _entry(
+        "study.py",
+        "--config=configs/study/gemm_error.py",
+        "--config.m=128",
+        "--config.k=128",
+        "--config.n=128",
+        "--config.recipes=bf16,deepseek_v3,current_tensor",
+        f"--out_dir={tmp_path}",
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "per-token median y error: current_tensor / deepseek_v3" in p.stdout
+    table = (tmp_path / "table.md").read_text()
+    assert "| massive | deepseek_v3 |" in table
+
+
+@pytest.mark.parametrize(
+    "script,args,message",
+    [
+        ("study.py", ["--config=configs/bench/core.py"], "config.study = None: give one of"),
+        ("bench.py", ["--config=configs/study/gemm_error.py"], "config.benchmark = None"),
+        ("study.py", ["--config=configs/study/block_rules.py"], "block_rules reads one trained"),
+        ("bench.py", ["--config=configs/bench/sweep.py:cpu"], "give --out_dir=DIR"),
+        (
+            "compare_recipes.py",
+            ["--config=configs/sweep/outliers.py", "--config.sweep.labels=nope", "--workdir=/x"],
+            "config.sweep.labels: ['nope'] not in",
+        ),
+    ],
+)
+def test_entry_point_mistakes_print_one_line_and_exit_2(script, args, message):
+    p = _entry(script, *args)
+    assert p.returncode == 2, p.stderr[-2000:]
+    line = p.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"{script}: error:") and message in line, line

@@ -24,7 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
         dict(
             # The comparison config (under configs/) whose argument is swept.
             config="compare/outlier_sweep.py",
-            values="1e2,1e3,1e4,1e5",  # its arguments: x median |h|, comma-separated
+            points="1e2,1e3,1e4,1e5",  # its arguments: x median |h|, comma-separated
             labels="",  # runs of that config, comma-separated ("": all)
             seeds="0,1",  # seeds of every run (fp8jax.train.defaults.parse_seeds)
             value_name="magnitude (x median |h|)",  # column of sweep.md
