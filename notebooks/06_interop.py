@@ -161,7 +161,7 @@ print(interop_compare.markdown(results))
 # %% [markdown]
 # With a handful of seeds the interval is wide: "cannot resolve" is the
 # honest verdict.  The committed comparison
-# (`configs/compare/interop_llama.py`, `experiments/compare_interop.py`):
+# (`configs/compare/interop_llama.py`, `experiments/compare_recipes.py`):
 
 # %%
 committed = REPO / "experiments/results/interop_llama/results.json"

@@ -1,6 +1,5 @@
 """Lead times of the monitors over the loss, and the stress comparison at a handful of steps."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -123,16 +122,12 @@ def test_lead_records_read_back_from_json_give_the_same_table():
 def test_stress_comparison_smoke(tmp_path):
     path = ROOT / "configs/compare/stress.py"
     config = config_file(path, "smoke")
-    spec = importlib.util.spec_from_file_location(
-        "stress_main", ROOT / "experiments/stress_monitors.py"
-    )
-    main = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(main)
+    from fp8jax.numerics.studies.stress_monitors import analyze
     from fp8jax.train.compare import run_comparison
 
     res = run_comparison(config, tmp_path)
     assert set(res["run_dirs"]) == {"bf16", "bf16_smooth"}
-    table = main.analyze(config, tmp_path)
+    table = analyze(config, tmp_path)
     assert (tmp_path / "monitors.png").stat().st_size > 0
     kept = json.loads((tmp_path / "monitors.json").read_text())
     assert stress.format_lead_table(kept["runs"]) == table

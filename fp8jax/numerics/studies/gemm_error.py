@@ -1,39 +1,31 @@
 """GEMM error of each recipe on Gaussian and LLM-like inputs, against float64.
 
-    python experiments/gemm_error.py                       # M=K=N=1024
-    python experiments/gemm_error.py --m=512 --k=512 --n=512 --out=/tmp/gemm_error.md
-
 Prints, per input kind and preset, the relative error of y, dx and dW over the
 whole tensor (*_rel) and the median over tokens of each token's relative error
 (*_tok), then the massive-activation check: deepseek_v3's per-token median
 forward error versus current_tensor's and hybrid_delayed's (goal: >= 2x lower).
+Settings: configs/study/gemm_error.py; with an output directory, writes the
+Markdown table to ``table.md`` there.
 """
 
-from absl import app, flags
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_collections
 
 from fp8jax import recipes
+from fp8jax.bench.experiments import items
 from fp8jax.numerics.gemm_error import format_table, gemm_errors
 from fp8jax.numerics.inputs import KINDS, make_gemm_inputs
 
-FLAGS = flags.FLAGS
-flags.DEFINE_integer("m", 1024, "tokens")
-flags.DEFINE_integer("k", 1024, "input features")
-flags.DEFINE_integer("n", 1024, "output features")
-flags.DEFINE_integer("seed", 0, "random seed")
-flags.DEFINE_list(
-    "recipes",
-    ["bf16", "deepseek_v3", "current_tensor", "rowwise", "hybrid_delayed", "mxfp8", "nvfp4"],
-    "presets",
-)
-flags.DEFINE_string("out", None, "optional path for the Markdown table")
 
-
-def main(argv):
-    del argv
+def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:
+    del runs
     rows = []
     for kind in KINDS:
-        x, w, dy = make_gemm_inputs(kind, FLAGS.m, FLAGS.k, FLAGS.n, FLAGS.seed)
-        for name in FLAGS.recipes:
+        x, w, dy = make_gemm_inputs(kind, int(c.m), int(c.k), int(c.n), int(c.seed))
+        for name in items(c.recipes):
             errs = gemm_errors(recipes.get(name), x, w, dy)
             rows.append({"inputs": kind, "recipe": name, **errs})
             print(f"{kind:17s} {name:15s} " + " ".join(f"{k}={v:.3e}" for k, v in errs.items()))
@@ -54,10 +46,6 @@ def main(argv):
                     f"massive activations, per-token median y error: {other} / deepseek_v3 = "
                     f"{ratio:.2f}x ({verdict}, goal >= 2x)"
                 )
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            f.write(table + "\n")
-
-
-if __name__ == "__main__":
-    app.run(main)
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "table.md").write_text(table + "\n")

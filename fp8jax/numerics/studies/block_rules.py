@@ -1,10 +1,6 @@
 r"""Block-format rules on a trained model's tensors: saturated / flushed fractions and GEMM error.
 
-Commands (train the tiny model in BF16, then measure on its tensors):
-  python experiments/train.py --config=configs/tiny.py --config.recipe=bf16 --config.steps=120 --workdir=/tmp/fp8jax_tiny_bf16
-  python experiments/block_rules.py --run=/tmp/fp8jax_tiny_bf16 --out=experiments/results/block_rules/table.md
-
-What it prints: per GEMM site of the captured forward and backward pass
+Per GEMM site of the captured forward and backward pass
 (``fp8jax.numerics.captured``: dense projections ``denseI`` in trace order,
 routed experts ``expertI`` on the expert with the most tokens) and per rule,
 the saturated and flushed fractions of the Fprop operands x and w and of the
@@ -13,8 +9,10 @@ report) and the relative error of y, dx and dW against float64 on the same
 unquantized operands, then the same numbers averaged over the sites.  Rules:
 ``mxfp8`` (E8M0 scales rounded down, the OCP rule), ``mxfp8_ceil`` (rounded
 up), ``nvfp4_all_layers`` (NVFP4 on every GEMM); ``nvfp4`` differs from it
-only in running its last blocks' GEMMs as ``bf16`` (the sites listed by
-``--last_block_sites``, whose rows it takes from ``bf16``).
+only in running its last blocks' GEMMs as ``bf16`` (the sites listed in
+``last_block_sites``, whose rows it takes from ``bf16``).  Settings:
+configs/study/block_rules.py; with an output directory, the tables go to
+``table.md`` there.
 """
 
 from __future__ import annotations
@@ -23,28 +21,15 @@ import dataclasses
 from pathlib import Path
 
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
-from absl import app, flags
 
+from fp8jax.bench.experiments import items
 from fp8jax.dot_general import dot_general_with_stats
 from fp8jax.numerics.captured import trained_run_operands
 from fp8jax.numerics.gemm_error import gemm_errors
+from fp8jax.numerics.studies import StudyConfigError, one_run
 from fp8jax.recipes import get as get_recipe
-
-_RUN = flags.DEFINE_string("run", None, "workdir of a finished training run")
-_BATCH = flags.DEFINE_integer("batch", 16, "held-out sequences captured")
-_SEED = flags.DEFINE_integer("seed", 0, "which held-out windows")
-_RULES = flags.DEFINE_list(
-    "rules", ["bf16", "mxfp8", "mxfp8_ceil", "nvfp4_all_layers"], "recipes measured per site"
-)
-_LAST = flags.DEFINE_list(
-    "last_block_sites",
-    ["dense4", "dense5", "dense6", "dense7", "expert0", "expert1"],
-    "sites of the blocks the nvfp4 preset keeps in BF16 (tiny model: its second and last "
-    "block: attention in / out, routed experts up / down, shared expert up / down)",
-)
-_OUT = flags.DEFINE_string("out", None, "optional path for the Markdown table")
-flags.mark_flag_as_required("run")
 
 COLS = ("x_sat", "w_sat", "dy_sat", "x_flush", "w_flush", "dy_flush", "y_rel", "dx_rel", "dw_rel")
 DN = (((1,), (0,)), ((), ()))
@@ -110,23 +95,20 @@ def means(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv):
-    del argv
-    sites, cfg = trained_run_operands(_RUN.value, batch_size=_BATCH.value, seed=_SEED.value)
-    missing = [s for s in _LAST.value if s not in sites]
+def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:
+    run_dir = one_run(runs, "block_rules")
+    sites, cfg = trained_run_operands(run_dir, batch_size=int(c.batch), seed=int(c.seed))
+    last = items(c.last_block_sites)
+    missing = [s for s in last if s not in sites]
     if missing:
-        raise app.UsageError(f"no site {missing}; this model has {', '.join(sites)}")
-    rows = with_nvfp4_default(measure(sites, list(sites), _RULES.value), _LAST.value)
+        raise StudyConfigError(f"no site {missing}; this model has {', '.join(sites)}")
+    rows = with_nvfp4_default(measure(sites, list(sites), items(c.rules)), last)
     text = (
-        f"Run {_RUN.value} (recipe {cfg.recipe}, {cfg.steps} steps, model {cfg.model}); "
-        f"{_BATCH.value} held-out sequences of {cfg.seq_len} bytes.  Fractions of elements; "
+        f"Run {run_dir} (recipe {cfg.recipe}, {cfg.steps} steps, model {cfg.model}); "
+        f"{int(c.batch)} held-out sequences of {cfg.seq_len} bytes.  Fractions of elements; "
         "errors relative to float64.\n\n" + means(rows) + "\n\n" + table(rows)
     )
     print(text)
-    if _OUT.value:
-        Path(_OUT.value).parent.mkdir(parents=True, exist_ok=True)
-        Path(_OUT.value).write_text(text + "\n")
-
-
-if __name__ == "__main__":
-    app.run(main)
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "table.md").write_text(text + "\n")

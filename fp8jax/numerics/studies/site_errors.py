@@ -1,8 +1,5 @@
 r"""GEMM error of deepseek_v3 at each of its scale sites, its power-of-two variant and DeepSeek's act_quant.
 
-    python experiments/site_errors.py --out=experiments/results/recipe_sites/table.md
-    python experiments/site_errors.py --run_dir=RUN   # adds a trained run's captured tensors
-
 Heavy-tailed inputs (M, K, N = 384, 1024, 512 by default): "massive3" (N(0, 1)
 with 3 massive activations of 1e4-1e5) and "lognormal" (random signs times a
 log-normal magnitude with sigma 2); x and the gradient dy are drawn from the
@@ -12,31 +9,28 @@ dW, for deepseek_v3 at a general linear and at each site of
 ``fp8jax.recipes.for_site``, for ``deepseek_v3_pow2x``, and for the numpy
 reference of DeepSeek's quantization (``fp8jax.numerics.act_quant_reference``);
 also the variant ``attn_out_e5m6_unscaled`` at attn_out (its Wgrad cache in
-E5M6 without scales).  Each draw (``--seeds``, one numpy generator per seed
+E5M6 without scales).  Each draw (``seeds``, one numpy generator per seed
 for both input kinds) gives one value per cell, listed in seed order; the
 ratio columns give each row's Fprop and Wgrad error over the reference's of
-the same draw, per draw, then their range.  ``--out`` writes the Markdown
-table and, beside it, ``results.json`` with every value.
+the same draw, per draw, then their range.  With an output directory: the
+Markdown table in ``table.md`` and ``results.json`` with every value.  A
+trained run's captured tensors are added as one more fixed draw.  Settings:
+configs/study/site_errors.py.
 """
 
-import json
-import os
+from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import ml_collections
 import numpy as np
-from absl import app, flags
 
 from fp8jax import recipes, variants
+from fp8jax.bench.experiments import items
 from fp8jax.numerics.act_quant_reference import reference_linear
 from fp8jax.numerics.gemm_error import linear_outputs
 from fp8jax.numerics.metrics import relative_error
-
-FLAGS = flags.FLAGS
-flags.DEFINE_integer("m", 384, "tokens (a multiple of 128)")
-flags.DEFINE_integer("k", 1024, "input features (a multiple of 128)")
-flags.DEFINE_integer("n", 512, "output features (a multiple of 128)")
-flags.DEFINE_list("seeds", ["0", "1", "2"], "random seeds of the synthetic inputs, one draw each")
-flags.DEFINE_string("run_dir", None, "a trained run whose captured GEMM operands are added")
-flags.DEFINE_string("out", None, "optional path for the Markdown table")
 
 
 def heavy_tailed(kind: str, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
@@ -127,25 +121,25 @@ def synthetic_inputs(seed: int, m: int, k: int, n: int) -> dict[str, tuple]:
     return inputs
 
 
-def main(argv):
-    del argv
-    m, k, n = FLAGS.m, FLAGS.k, FLAGS.n
-    seeds = [int(s) for s in FLAGS.seeds]
+def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:
+    m, k, n = int(c.m), int(c.k), int(c.n)
+    seeds = [int(s) for s in items(c.seeds)]
     results: dict[str, list] = {}
     for seed in seeds:
         for name, (x, w, dy) in synthetic_inputs(seed, m, k, n).items():
             results.setdefault(name, []).append(errors(x, w, dy))
             print(f"{name}, seed {seed}: done", flush=True)
-    if FLAGS.run_dir:
+    for run_dir in runs:
         # Captured tensors are one fixed draw.
-        for name, (x, w, dy) in captured_inputs(FLAGS.run_dir).items():
+        for name, (x, w, dy) in captured_inputs(run_dir).items():
             results[name] = [errors(x, w, dy)]
             print(f"{name}: done", flush=True)
     text = table(results)
     print(text)
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            f.write(text)
+    if out_dir:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "table.md").write_text(text)
         record = {
             "seeds": seeds,
             "shape": [m, k, n],
@@ -155,11 +149,4 @@ def main(argv):
                 for inputs, draws in results.items()
             },
         }
-        path = os.path.join(os.path.dirname(FLAGS.out) or ".", "results.json")
-        with open(path, "w") as f:
-            json.dump(record, f, indent=1)
-            f.write("\n")
-
-
-if __name__ == "__main__":
-    app.run(main)
+        (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -11,14 +11,10 @@ the error gets depends on the input distribution, so every number here comes
 with the distribution it was measured on.  Also times the emulator against a
 float32 matmul of the same shape.
 
-  python experiments/accumulation.py                      # results in a new temporary directory
-  python experiments/accumulation.py --out_dir=/tmp/acc --ks=256,1024,4096
-
 Writes error_vs_k.json (rows, timings, settings), error_vs_k.png and table.txt
-to --out_dir.  Each K's inputs are drawn from (--seed, K), so ``--ks=4096`` alone
-gives the K = 4096 row of the full table.  (Before this, K was seeded by its
-position in --ks; tables made that way, such as the README's from commit 7806fae,
-are not reproduced by a rerun's draws.)
+to the output directory (a new temporary one when none is given).  Each K's
+inputs are drawn from (seed, K), so ks="4096" alone gives the K = 4096 row of
+the full table.  Settings: configs/study/accumulation.py.
 """
 
 from __future__ import annotations
@@ -31,18 +27,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from absl import app, flags  # noqa: E402
+import ml_collections  # noqa: E402
 
+from fp8jax.bench.experiments import items  # noqa: E402
 from fp8jax.numerics import accumulation_study as study  # noqa: E402
-
-FLAGS = flags.FLAGS
-flags.DEFINE_string("out_dir", "", "Where the JSON, PNG and table go (default: a new temp dir).")
-flags.DEFINE_integer("m", 32, "Rows of x (tokens).")
-flags.DEFINE_integer("n", 32, "Columns of w (output features).")
-flags.DEFINE_list("distributions", list(study.DISTRIBUTIONS), "Input distributions.")
-flags.DEFINE_list("ks", [str(2**i) for i in range(8, 15)], "Contraction lengths K.")
-flags.DEFINE_integer("seed", 0, "Seed of the inputs (each K draws from (seed, K)).")
-flags.DEFINE_list("time_shapes", ["256x1024x256", "64x256x64"], "MxKxN shapes to time ('' skips).")
+from fp8jax.numerics.studies import StudyConfigError  # noqa: E402
 
 
 def _legend() -> str:
@@ -57,33 +46,40 @@ def _legend() -> str:
     return "\n".join(lines)
 
 
-def main(argv):
-    del argv
-    out_dir = FLAGS.out_dir or tempfile.mkdtemp(prefix="fp8jax_accumulation_")
+def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:
+    del runs
+    out_dir = out_dir or tempfile.mkdtemp(prefix="fp8jax_accumulation_")
     os.makedirs(out_dir, exist_ok=True)
-    ks = [int(k) for k in FLAGS.ks]
+    m, n, seed = int(c.m), int(c.n), int(c.seed)
+    ks = [int(k) for k in items(c.ks)]
+    distributions = items(c.distributions) or list(study.DISTRIBUTIONS)
+    unknown = [d for d in distributions if d not in study.DISTRIBUTIONS]
+    if unknown:
+        raise StudyConfigError(
+            f"config.distributions: {unknown} not in {', '.join(study.DISTRIBUTIONS)}"
+        )
     rows = []
-    for dist in FLAGS.distributions:
-        rows += study.error_vs_k(dist, ks, m=FLAGS.m, n=FLAGS.n, seed=FLAGS.seed)
+    for dist in distributions:
+        rows += study.error_vs_k(dist, ks, m=m, n=n, seed=seed)
     timings = []
-    for text in filter(None, FLAGS.time_shapes):
-        m, k, n = (int(v) for v in text.lower().split("x"))
-        timings.append(study.time_vs_f32(m, k, n))
+    for text in items(c.time_shapes):
+        tm, tk, tn = (int(v) for v in text.lower().split("x"))
+        timings.append(study.time_vs_f32(tm, tk, tn))
     speed = "\n".join(
         f"speed (M,K,N)={t['shape']}: emulated {t['emulated_s'] * 1e3:.2f} ms, f32 matmul "
         f"{t['f32_s'] * 1e3:.3f} ms (medians, jitted), ratio {t['slowdown']:.0f}x"
         for t in timings
     )
     text = (
-        f"E4M3 GEMM, M={FLAGS.m}, N={FLAGS.n}, Accumulation(block=32, frac_bits=13)\n"
+        f"E4M3 GEMM, M={m}, N={n}, Accumulation(block=32, frac_bits=13)\n"
         f"{_legend()}\n\n{study.format_table(rows)}\n{speed}"
     )
     print(text)
     with open(os.path.join(out_dir, "table.txt"), "w") as f:
         f.write(text + "\n")
     record = {
-        "settings": {"m": FLAGS.m, "n": FLAGS.n, "ks": ks, "seed": FLAGS.seed, "fmt": "e4m3"},
-        "distributions": {d: study.DISTRIBUTIONS[d] for d in FLAGS.distributions},
+        "settings": {"m": m, "n": n, "ks": ks, "seed": seed, "fmt": "e4m3"},
+        "distributions": {d: study.DISTRIBUTIONS[d] for d in distributions},
         "accumulations": study.ACCUMULATIONS,
         "rows": rows,
         "timings": timings,
@@ -93,7 +89,3 @@ def main(argv):
     png = os.path.join(out_dir, "error_vs_k.png")
     study.plot_error_vs_k(rows, png, "E4M3 GEMM under 13-bit tensor-core accumulation")
     print(f"wrote {out_dir}/table.txt, error_vs_k.json, error_vs_k.png")
-
-
-if __name__ == "__main__":
-    app.run(main)

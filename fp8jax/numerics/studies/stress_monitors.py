@@ -1,46 +1,50 @@
-r"""The late-failure stress comparison and its monitors (configs/compare/stress.py has the commands).
+r"""The late-failure stress comparison's monitors: when each fires against when the loss notices.
 
-Trains every run of the comparison (``fp8jax.train.compare.run_comparison``:
-results.md, results.json, plots), then writes ``monitors.md`` (per run and
+Reads the finished runs of a comparison (configs/compare/stress.py, trained
+by experiments/compare_recipes.py) and writes ``monitors.md`` (per run and
 seed: loss event, each monitor's first threshold crossing, lead in steps,
 extreme value; ``fp8jax.train.stress``; the same values as data in
 ``monitors.json``; the loss event is the first logged
-step where the run's training loss, averaged over 10 logged steps, is 5%
-above the baseline run's at the same seed) and ``monitors.png`` (loss and the
-per-site monitors against steps, one colour per run; seed 0).
-``--analyze_only`` skips training and reads the finished runs.  Exit code 2
-with one line for a bad config or workdir.
+step where the run's training loss, averaged over 10 logged steps, is
+``loss_spike`` above the baseline run's at the same seed) and ``monitors.png``
+(loss and the per-site monitors against steps, one colour per run; the first
+seed).  Settings: configs/study/stress_monitors.py.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-from absl import app, flags
-from ml_collections import config_flags
+import ml_collections
 
-from fp8jax.train.compare import run_comparison, run_config, run_dir
-from fp8jax.train.defaults import ConfigError
+from fp8jax.bench.experiments import items
+from fp8jax.numerics.studies import StudyConfigError, one_run
+from fp8jax.train.compare import run_config, run_dir
+from fp8jax.train.defaults import ConfigError, config_file
 from fp8jax.train.run_log import find_log, read_jsonl, to_jsonable
 from fp8jax.train.stress import LOSS_WINDOW, format_lead_table, lead_records
 from fp8jax.train.telemetry_plot import plot_telemetry
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "a comparison config", lock_config=False)
-_WORKDIR = flags.DEFINE_string("workdir", None, "comparison directory (runs under DIR/runs)")
-_ANALYZE = flags.DEFINE_bool("analyze_only", False, "only tabulate and plot finished runs")
-flags.mark_flags_as_required(["config", "workdir"])
 
 # How far (relative) above the baseline's loss a run's averaged training
 # loss must go to count as the loss noticing.
 LOSS_SPIKE = 0.05
 
 PLOT_STATS = ("loss", "outlier_ratio", "align_max", "amax_growth", "saturated", "noise_ratio")
+# FFN sites: the down-projections' inputs and the SwiGLU monitors.
+PLOT_SITES = r"^model$|swiglu|w2/x|w2/dy"
 
 
-def analyze(config, workdir: Path) -> str:
+def analyze(
+    config: ml_collections.ConfigDict,
+    workdir: Path,
+    *,
+    loss_spike: float = LOSS_SPIKE,
+    stats=PLOT_STATS,
+    sites: str = PLOT_SITES,
+) -> str:
     """Write monitors.md and monitors.png from the runs under ``workdir/runs``; returns the table."""
+    workdir = Path(workdir)
     runs, seed0 = {}, {}
     for seed in config.compare.seeds:
         for label in config.compare.labels:
@@ -60,37 +64,38 @@ def analyze(config, workdir: Path) -> str:
         for seed in config.compare.seeds
         for label in config.compare.labels
     }
-    records = lead_records(runs, spike=LOSS_SPIKE, baselines=baselines)
+    records = lead_records(runs, spike=loss_spike, baselines=baselines)
     table = format_lead_table(records)
     (workdir / "monitors.md").write_text(table + "\n")
     # The same values as data: monitors.md recomputes from them once the
     # per-site columns of the logs are no longer committed.
-    kept = {"spike": LOSS_SPIKE, "window": LOSS_WINDOW, "runs": records}
+    kept = {"spike": loss_spike, "window": LOSS_WINDOW, "runs": records}
     (workdir / "monitors.json").write_text(json.dumps(to_jsonable(kept), indent=1) + "\n")
     plot_telemetry(
         list(seed0.values()),
         workdir / "monitors.png",
-        stats=PLOT_STATS,
-        # FFN sites: the down-projections' inputs and the SwiGLU monitors.
-        sites=r"^model$|swiglu|w2/x|w2/dy",
+        stats=stats,
+        sites=sites,
         labels=list(seed0),
     )
     return table
 
 
-def main(argv):
-    del argv
-    config, workdir = _CONFIG.value, Path(_WORKDIR.value)
+def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:
+    workdir = Path(one_run(runs, "stress_monitors"))
+    if out_dir:
+        raise StudyConfigError("stress_monitors writes into the comparison's directory (--run)")
+    root = Path(__file__).resolve().parents[3] / "configs"
     try:
-        if not _ANALYZE.value:
-            res = run_comparison(config, workdir, command=" ".join(sys.argv))
-            print(res["markdown"])
-        print(analyze(config, workdir))
+        comparison = config_file(root / c.comparison, *([c.arg] if c.arg else []))
+        print(
+            analyze(
+                comparison,
+                workdir,
+                loss_spike=float(c.loss_spike),
+                stats=items(c.stats),
+                sites=c.sites,
+            )
+        )
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+        raise StudyConfigError(str(e)) from None

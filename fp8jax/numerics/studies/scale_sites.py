@@ -1,13 +1,9 @@
 r"""Scale rules at DeepSeek-V3's sites: amax floors on gradients, power-of-two re-quantization.
 
-Command:
-  python experiments/scale_sites.py            (about 8 minutes on a shared 2-core CPU)
-  python experiments/scale_sites.py --steps=0  (at init only)
-
-What it prints:
+Settings: configs/study/scale_sites.py.  What it prints:
 
 1. Dgrad dy of the small config (configs/small.py model, deepseek_v3, one
-   forward+backward at init and after ``--steps`` training steps): per GEMM
+   forward+backward at init and after ``steps`` training steps): per GEMM
    kind (dense / routed expert), the share of 1x128 tiles with amax below
    1e-4 and the fraction of nonzero elements flushed to zero by E4M3
    quantization, with DeepSeek's amax floor of 1e-4 and without it; the same
@@ -29,9 +25,9 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
-from absl import app, flags
 from flax import nnx
 
 import fp8jax
@@ -41,10 +37,6 @@ from fp8jax.numerics.captured import GemmSite, tap_gemms
 from fp8jax.operands import e5m6_tiles
 from fp8jax.train import loop
 from fp8jax.train.defaults import config_file, model_config, seq_len
-
-FLAGS = flags.FLAGS
-flags.DEFINE_integer("steps", 20, "training steps before the second capture (0: init only)")
-flags.DEFINE_integer("seed", 0, "seed of model and data")
 
 FLOOR = 1e-4
 
@@ -158,15 +150,16 @@ def _report_wgrad(label: str, x: np.ndarray) -> None:
         print(f"{k:<32} {d:>6.2%}   {r:>6.2%}")
 
 
-def main(argv):
-    del argv
-    config = config_file(Path(__file__).resolve().parents[1] / "configs" / "small.py")
+def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:
+    del runs, out_dir
+    steps, seed = int(c.steps), int(c.seed)
+    config = config_file(Path(fp8jax.__file__).resolve().parents[1] / "configs" / "small.py")
     config.recipe = "deepseek_v3"
-    config.seed = FLAGS.seed
+    config.seed = seed
     mcfg = model_config(config)
     corpus = loop.load_data(config, seq_len(config, mcfg))
-    tokens = jnp.asarray(data_lib.train_batch(corpus, 0, 8, 128, FLAGS.seed))
-    model = MoETransformer(mcfg, fp8jax.recipes.deepseek_v3(), rngs=nnx.Rngs(FLAGS.seed))
+    tokens = jnp.asarray(data_lib.train_batch(corpus, 0, 8, 128, seed))
+    model = MoETransformer(mcfg, fp8jax.recipes.deepseek_v3(), rngs=nnx.Rngs(seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     # Traced inside the tap: every later call of grad_fn records into ``sites``.
     with tap_gemms() as sites:
@@ -176,27 +169,21 @@ def main(argv):
     x_init = np.concatenate(
         [a for a in _by_width(_by_operand(sites)["dense/x"]) if len(a) % 128 == 0]
     )
-    if FLAGS.steps > 0:
+    if steps > 0:
         # A few Adam steps at the small config's peak learning rate; the
         # captures of these steps are discarded.
         tx = optax.adam(config.lr)
         opt = tx.init(params)
-        for step in range(FLAGS.steps):
-            batch = jnp.asarray(data_lib.train_batch(corpus, step + 1, 8, 128, FLAGS.seed))
+        for step in range(steps):
+            batch = jnp.asarray(data_lib.train_batch(corpus, step + 1, 8, 128, seed))
             loss, grads = grad_fn(params, batch)
             updates, opt = tx.update(grads, opt, params)
             params = optax.apply_updates(params, updates)
-        print(f"\nloss after {FLAGS.steps} steps: {float(loss):.3f}")
+        print(f"\nloss after {steps} steps: {float(loss):.3f}")
         _capture(grad_fn, params, tokens)
-        _report_capture(
-            f"small config after {FLAGS.steps} Adam steps (same batch as at init)", sites
-        )
+        _report_capture(f"small config after {steps} Adam steps (same batch as at init)", sites)
     _synthetic_dy()
     _report_wgrad("small config Fprop inputs at init, 128-feature slices", x_init)
     g = np.random.default_rng(1)
     gx = (g.standard_normal((1024, 512)) * np.exp(g.standard_normal((1024, 1)))).astype(np.float32)
     _report_wgrad("Gaussian tokens, log-normal token magnitudes", gx)
-
-
-if __name__ == "__main__":
-    app.run(main)

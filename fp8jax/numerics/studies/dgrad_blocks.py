@@ -1,14 +1,10 @@
 r"""128x128 blocks for Dgrad's activation gradient: what they cost each token, on a trained model.
 
-Commands (train the small model in BF16, then measure on its gradients):
-  python experiments/train.py --config=configs/small.py --config.recipe=bf16 --workdir=/tmp/fp8jax_small_bf16
-  python experiments/dgrad_blocks.py --run=/tmp/fp8jax_small_bf16 --out_dir=/tmp/dgrad_blocks
-
 DeepSeek-V3 (appendix B.2) reports that quantizing the activation gradient
 (Dgrad's dy) in 128x128 blocks instead of 1x128 tiles makes a 16B model
 diverge.  This measures why, on the gradients a trained model produces:
 per GEMM site (dense projections ``denseI``; routed experts ``expertI`` on
-the expert with the most tokens), dy of ``--batch`` held-out sequences is
+the expert with the most tokens), dy of ``batch`` held-out sequences is
 quantized to E4M3 in 1x128 tiles (one token per scale) and in 128x128
 blocks (128 tokens share a scale).  Printed per site and granularity:
 
@@ -20,9 +16,9 @@ blocks (128 tokens share a scale).  Printed per site and granularity:
 * the error that reaches Dgrad's output dx = dy W^T (deepseek_v3 vs the
   same recipe with 128x128 Dgrad blocks), whole tensor and median per token.
 
-Writes ``OUT_DIR/dgrad_blocks.md`` and ``OUT_DIR/dgrad_blocks.png`` (per-token
-error of dy against the token's amax relative to its scale group's, for the
-site where blocks cost most).
+Writes ``dgrad_blocks.md`` and ``dgrad_blocks.png`` (per-token error of dy
+against the token's amax relative to its scale group's, for the site where
+blocks cost most) to the output directory.  Settings: configs/study/dgrad_blocks.py.
 """
 
 from __future__ import annotations
@@ -33,30 +29,27 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
 
 from fp8jax.numerics.captured import trained_run_operands  # noqa: E402
 from fp8jax.numerics.gemm_error import gemm_errors  # noqa: E402
+from fp8jax.numerics.studies import StudyConfigError, one_run  # noqa: E402
 from fp8jax.numerics.token_error import token_quant_errors  # noqa: E402
 from fp8jax.recipes import get as get_recipe  # noqa: E402
 
-_RUN = flags.DEFINE_string("run", None, "workdir of a finished training run")
-_BATCH = flags.DEFINE_integer("batch", 16, "held-out sequences captured")
-_SEED = flags.DEFINE_integer("seed", 0, "which held-out windows")
-_OUT = flags.DEFINE_string("out_dir", None, "directory for dgrad_blocks.md / .png")
-flags.mark_flags_as_required(["run", "out_dir"])
 
-
-def main(argv):
-    del argv
-    out = Path(_OUT.value)
+def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:
+    run_dir = one_run(runs, "dgrad_blocks")
+    if not out_dir:
+        raise StudyConfigError("dgrad_blocks writes dgrad_blocks.md / .png: give --out_dir=DIR")
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    sites, cfg = trained_run_operands(_RUN.value, batch_size=_BATCH.value, seed=_SEED.value)
+    sites, cfg = trained_run_operands(run_dir, batch_size=int(c.batch), seed=int(c.seed))
     tile_r, block_r = get_recipe("deepseek_v3"), get_recipe("dgrad_blocks")
     lines = [
-        f"Run {_RUN.value} (recipe {cfg.recipe}, {cfg.steps} steps, model {cfg.model}); dy of "
-        f"{_BATCH.value} held-out sequences of {cfg.seq_len} bytes, E4M3.\n",
+        f"Run {run_dir} (recipe {cfg.recipe}, {cfg.steps} steps, model {cfg.model}); dy of "
+        f"{int(c.batch)} held-out sequences of {cfg.seq_len} bytes, E4M3.\n",
         "| site | dy shape | granularity | dy rel err | per-token err median / p90 / p99 "
         "| flushed | token amax / group amax: median, < 2^-6, < 2^-12 | dx rel err | dx token "
         "median |",
@@ -127,7 +120,3 @@ def main(argv):
     fig.tight_layout()
     fig.savefig(out / "dgrad_blocks.png", dpi=120)
     print(text)
-
-
-if __name__ == "__main__":
-    app.run(main)
