@@ -21,7 +21,7 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
-from fp8jax import recipes
+from fp8jax import registry
 from fp8jax.bench.parallel import ParallelBench, bench_model, build_step
 from fp8jax.bench.residuals import residual_summary, saved_residuals
 from fp8jax.bench.timing import memory_stats
@@ -48,7 +48,7 @@ def main(argv):
     print(f"model {model}, batch {_BATCH.value} x {_SEQ.value}, one device")
     rows = {}
     for name in _RECIPES.value:
-        m = MoETransformer(cfg, recipes.get(name), rngs=nnx.Rngs(0), telemetry=False)
+        m = MoETransformer(cfg, registry.get(name), rngs=nnx.Rngs(0), telemetry=False)
         graph, params, rest = nnx.split(m, nnx.Param, ...)
         s = residual_summary(
             saved_residuals(
@@ -59,7 +59,7 @@ def main(argv):
         if _COMPILE.value:
             bench = ParallelBench(model=model, batch=_BATCH.value, seq=_SEQ.value, mesh=(1, 1, 1))
             mesh = make_mesh(bench.mesh)
-            _, step, state, batch = build_step(recipes.get(name), bench, mesh)
+            _, step, state, batch = build_step(registry.get(name), bench, mesh)
             with jax.set_mesh(mesh):
                 s.update(memory_stats(step.lower(state, batch).compile()))
         rows[name] = s

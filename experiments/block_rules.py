@@ -29,7 +29,7 @@ from absl import app, flags
 from fp8jax.dot_general import dot_general_with_stats
 from fp8jax.numerics.captured import trained_run_operands
 from fp8jax.numerics.gemm_error import gemm_errors
-from fp8jax.recipes import get as get_recipe
+from fp8jax.registry import get as get_recipe
 
 _RUN = flags.DEFINE_string("run", None, "workdir of a finished training run")
 _BATCH = flags.DEFINE_integer("batch", 16, "held-out sequences captured")

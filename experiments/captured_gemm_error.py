@@ -28,7 +28,7 @@ from absl import app, flags
 from fp8jax.numerics.captured import trained_run_operands
 from fp8jax.numerics.gemm_error import format_table, gemm_errors, linear_outputs
 from fp8jax.numerics.metrics import relative_error
-from fp8jax.recipes import get as get_recipe
+from fp8jax.registry import get as get_recipe
 
 _RUN = flags.DEFINE_string("run", None, "workdir of a finished training run")
 _BATCH = flags.DEFINE_integer("batch", 16, "held-out sequences captured (Wgrad's K / seq_len)")
@@ -53,7 +53,7 @@ _RECIPES = flags.DEFINE_list(
         "acc_promote128",
         "acc_tiles",
     ],
-    "recipes (fp8jax.recipes.get names)",
+    "recipes (fp8jax.registry.get names)",
 )
 # Each accumulation arm and the recipe with the same quantization and exact
 # (float32) accumulation: their difference is the accumulation error alone.

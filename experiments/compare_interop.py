@@ -7,7 +7,7 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
-from fp8jax.interop.qwix_comparison import markdown, run
+from fp8jax.lab.qwix_comparison import markdown, run
 from fp8jax.train.defaults import ConfigError
 from fp8jax.train.run_log import to_jsonable
 

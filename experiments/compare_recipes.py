@@ -14,8 +14,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from fp8jax.lab.compare import run_comparison
 from fp8jax.train.checkpoint import CheckpointError
-from fp8jax.train.compare import run_comparison
 from fp8jax.train.defaults import ConfigError
 from fp8jax.train.loop import TrainingDiverged, TrainingInterrupted
 from fp8jax.train.runtime import (

@@ -39,7 +39,7 @@ from absl import app, flags  # noqa: E402
 from fp8jax.numerics.captured import trained_run_operands  # noqa: E402
 from fp8jax.numerics.gemm_error import gemm_errors  # noqa: E402
 from fp8jax.numerics.token_error import token_quant_errors  # noqa: E402
-from fp8jax.recipes import get as get_recipe  # noqa: E402
+from fp8jax.registry import get as get_recipe  # noqa: E402
 
 _RUN = flags.DEFINE_string("run", None, "workdir of a finished training run")
 _BATCH = flags.DEFINE_integer("batch", 16, "held-out sequences captured")

@@ -11,7 +11,7 @@ forward error versus current_tensor's and hybrid_delayed's (goal: >= 2x lower).
 
 from absl import app, flags
 
-from fp8jax import recipes
+from fp8jax import recipes, registry
 from fp8jax.numerics.gemm_error import format_table, gemm_errors
 from fp8jax.numerics.inputs import KINDS, make_gemm_inputs
 
@@ -34,7 +34,7 @@ def main(argv):
     for kind in KINDS:
         x, w, dy = make_gemm_inputs(kind, FLAGS.m, FLAGS.k, FLAGS.n, FLAGS.seed)
         for name in FLAGS.recipes:
-            errs = gemm_errors(recipes.get(name), x, w, dy)
+            errs = gemm_errors(registry.get(name), x, w, dy)
             rows.append({"inputs": kind, "recipe": name, **errs})
             print(f"{kind:17s} {name:15s} " + " ".join(f"{k}={v:.3e}" for k, v in errs.items()))
         if kind == "massive":

@@ -24,8 +24,8 @@ from pathlib import Path
 from absl import app, flags
 
 import fp8jax
-from fp8jax.train.compare import run_comparison
-from fp8jax.train.compare_sweep import plot_sweep, sweep_markdown, sweep_rows
+from fp8jax.lab.compare import run_comparison
+from fp8jax.lab.compare_sweep import plot_sweep, sweep_markdown, sweep_rows
 from fp8jax.train.defaults import ConfigError, config_file
 from fp8jax.train.runtime import CACHE_HELP, default_jax_cache_dir, setup_runtime, usage_error
 

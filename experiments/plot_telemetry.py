@@ -7,7 +7,7 @@ What it writes: a PNG with one panel per statistic (saturated and flushed
 fractions, amax growth, SwiGLU outlier ratio and alignment, gradient-noise
 ratio, tokens per expert; those the runs logged), every run in one colour in
 every panel, every site in one line style and marker
-(:func:`fp8jax.train.telemetry_plot.plot_telemetry`).  Exit code 2 with one
+(:func:`fp8jax.lab.telemetry_plot.plot_telemetry`).  Exit code 2 with one
 line when a directory holds no metrics.jsonl or nothing matches.
 """
 
@@ -17,7 +17,7 @@ import sys
 
 from absl import app, flags
 
-from fp8jax.train.telemetry_plot import DEFAULT_STATS, plot_telemetry
+from fp8jax.lab.telemetry_plot import DEFAULT_STATS, plot_telemetry
 
 _OUT = flags.DEFINE_string("out", "telemetry.png", "PNG to write")
 _STATS = flags.DEFINE_list("stats", list(DEFAULT_STATS), "statistics, one panel each")

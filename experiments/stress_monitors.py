@@ -1,9 +1,9 @@
 r"""The late-failure stress comparison and its monitors (configs/compare/stress.py has the commands).
 
-Trains every run of the comparison (``fp8jax.train.compare.run_comparison``:
+Trains every run of the comparison (``fp8jax.lab.compare.run_comparison``:
 results.md, results.json, plots), then writes ``monitors.md`` (per run and
 seed: loss event, each monitor's first threshold crossing, lead in steps,
-extreme value; ``fp8jax.train.stress``; the loss event is the first logged
+extreme value; ``fp8jax.lab.stress``; the loss event is the first logged
 step where the run's training loss, averaged over 10 logged steps, is 5%
 above the baseline run's at the same seed) and ``monitors.png`` (loss and the
 per-site monitors against steps, one colour per run; seed 0).
@@ -19,11 +19,11 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
-from fp8jax.train.compare import run_comparison, run_config, run_dir
+from fp8jax.lab.compare import run_comparison, run_config, run_dir
+from fp8jax.lab.stress import lead_table
+from fp8jax.lab.telemetry_plot import plot_telemetry
 from fp8jax.train.defaults import ConfigError
 from fp8jax.train.run_log import read_jsonl
-from fp8jax.train.stress import lead_table
-from fp8jax.train.telemetry_plot import plot_telemetry
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a comparison config", lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "comparison directory (runs under DIR/runs)")

@@ -25,7 +25,6 @@ two operands.  Granularities are *relative to that GEMM's contraction axis*:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -659,23 +658,3 @@ PRESETS = {
     "bf16": bf16,
     "fp32": fp32,
 }
-
-
-def get(name: str) -> Recipe:
-    """A recipe by name: a preset (PRESETS) or a study variant (``fp8jax.variants.VARIANTS``).
-
-    The one registry configs, comparisons and interop rules resolve names in.
-    """
-    # Variants are built from the presets above, so their module imports this
-    # one; looking them up at call time keeps the import graph one-way.
-    from fp8jax.variants import VARIANTS
-
-    known = {**PRESETS, **VARIANTS}
-    try:
-        return known[name]()
-    except KeyError:
-        close = difflib.get_close_matches(name, list(known), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ValueError(
-            f"unknown recipe {name!r}; {hint}known: {', '.join(sorted(known))}"
-        ) from None

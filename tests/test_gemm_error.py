@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fp8jax import recipes
+from fp8jax import recipes, registry
 from fp8jax.numerics.gemm_error import gemm_errors, median_token_relative_error
 from fp8jax.numerics.inputs import KINDS, make_activations, make_gemm_inputs
 
@@ -53,7 +53,7 @@ def test_median_token_relative_error_matches_a_loop():
 
 def test_gemm_errors_fp32_exact_and_fine_grained_wins_on_massive():
     x, w, dy = make_gemm_inputs("massive", 256, 256, 128)
-    exact = gemm_errors(recipes.get("fp32"), x, w, dy)
+    exact = gemm_errors(registry.get("fp32"), x, w, dy)
     assert max(exact.values()) < 1e-5  # float32 GEMMs against float64
     ds = gemm_errors(recipes.deepseek_v3(), x, w, dy)
     ct = gemm_errors(recipes.current_tensor(), x, w, dy)

@@ -21,7 +21,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 import fp8jax
-from fp8jax import recipes, resolved, scaling
+from fp8jax import recipes, registry, resolved, scaling
 
 pytest.importorskip("libtpu")
 from jax.experimental import topologies  # noqa: E402
@@ -73,7 +73,7 @@ def test_deepseek_v3_compiles_for_v6e():
 @pytest.mark.parametrize("chip", list(TOPOLOGIES))
 @pytest.mark.parametrize("name", PRESETS)
 def test_presets_compile_on_auto(chip, name):
-    _, paths = _compile(recipes.get(name), chip)
+    _, paths = _compile(registry.get(name), chip)
     if name == "bf16":
         assert all(v.startswith("lax.dot_general") for v in paths.values())
     elif name in ("mxfp8", "nvfp4"):

@@ -534,7 +534,7 @@ def test_meshes_match_one_device():
     tokens = np.random.default_rng(0).integers(0, 256, (8, 32)).astype(np.int32)
     ref = {}
     for name in ("fp32", "bf16", "deepseek_v3"):
-        recipe = fp8jax.recipes.get(name)
+        recipe = fp8jax.registry.get(name)
         l1, g1 = ref[name] = _loss_and_grads(recipe, (1, 1, 1), tokens)
         if name == "fp32":
             bounds = [1e-5] * len(g1)
@@ -625,7 +625,7 @@ def test_expert_parallel_telemetry_merges_to_the_one_device_values():
     match one device (the mesh changes the activations by reduction order only)."""
     tokens = np.random.default_rng(1).integers(0, 256, (8, 32)).astype(np.int32)
     for name in ("deepseek_v3", "mxfp8"):
-        _check_merged_telemetry(fp8jax.recipes.get(name), tokens)
+        _check_merged_telemetry(fp8jax.registry.get(name), tokens)
 
 
 def _check_merged_telemetry(recipe, tokens):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fp8jax.train import stress
+from fp8jax.lab import stress
 from fp8jax.train.defaults import config_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ def test_stress_comparison_smoke(tmp_path):
     )
     main = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(main)
-    from fp8jax.train.compare import run_comparison
+    from fp8jax.lab.compare import run_comparison
 
     res = run_comparison(config, tmp_path)
     assert set(res["run_dirs"]) == {"bf16", "bf16_smooth"}

@@ -12,7 +12,7 @@ comparisons refuse to tabulate runs whose records disagree on the code
   dot instructions "auto" also resolves another GEMM path, which the record
   names), so a rerun reproduces a comparison when its per-seed paired gaps
   fall inside the committed distribution
-  (``fp8jax.train.compare.reproduction_check``).
+  (``fp8jax.lab.compare.reproduction_check``).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ rules (embedding, head and router in high precision; the rest in the
 label's recipe), trains it with AdamW for ``steps`` steps on the corpus and
 records the validation loss.  The table is the project's: per label the
 paired relative gap of the final validation loss to bf16, per seed, with the
-mean and 95% t-interval over seeds (:func:`fp8jax.train.compare.mean_interval`,
-:func:`~fp8jax.train.compare.verdict`).
+mean and 95% t-interval over seeds (:func:`fp8jax.lab.stats.mean_interval`,
+:func:`~fp8jax.lab.stats.verdict`).
 
 As every comparison here, it runs from one commit and a clean tree (or says
 it did not) and records the machine and the path each label's GEMMs resolved
@@ -30,8 +30,8 @@ from fp8jax import resolved
 from fp8jax.data.corpus import load_corpus, train_batch, val_batches
 from fp8jax.interop.examples.llama import Llama, LlamaConfig, next_token_loss
 from fp8jax.interop.rules import Rule
+from fp8jax.lab.stats import interval_text, mean_interval, verdict
 from fp8jax.train import provenance
-from fp8jax.train.compare import interval_text, mean_interval, verdict
 from fp8jax.train.defaults import ConfigError
 
 HIGH_PRECISION = r".*(embed|head|router).*"
