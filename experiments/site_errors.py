@@ -55,7 +55,7 @@ def heavy_tailed(kind: str, shape: tuple[int, int], rng: np.random.Generator) ->
 def arms() -> dict[str, recipes.Recipe]:
     r = recipes.deepseek_v3()
     out = {"deepseek_v3 (general linear)": r}
-    for site in recipes.SITES:
+    for site in recipes.GEMM_SITES:
         out[f"deepseek_v3 at {site}"] = recipes.for_site(r, site)
     out["deepseek_v3_pow2x (general linear)"] = recipes.deepseek_v3_pow2x()
     out["attn_out_e5m6_unscaled at attn_out"] = recipes.for_site(

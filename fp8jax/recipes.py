@@ -38,7 +38,9 @@ GRANULARITIES = ("tensor", "row", "tile", "block")
 SCALINGS = ("current", "delayed")
 IMPLS = ("auto", "xla", "chunked", "fp8", "fp8_fast", "pallas")
 CACHE_FORMATS = (None, "e5m6", "e5m6_unscaled")
-SITES = ("attn_out", "dispatch", "expert_down")
+# The GEMM sites a recipe treats apart (:func:`for_site`); the activation sites a
+# study may change are fp8jax.nn.taps.ACTIVATION_SITES.
+GEMM_SITES = ("attn_out", "dispatch", "expert_down")
 PROMOTE_ROUNDINGS = ("fma", "separate")
 SCALE_ROUNDINGS = ("floor", "ceil")
 
@@ -383,8 +385,8 @@ def for_site(recipe: Recipe, site: str) -> Recipe:
     tilings (1x128 where it is produced, 128x1 for Wgrad), which is why the
     paper gives them to the tensors that are re-tiled or sent in FP8.
     """
-    if site not in SITES:
-        raise ValueError(f"unknown site {site!r}; sites: {SITES}")
+    if site not in GEMM_SITES:
+        raise ValueError(f"unknown site {site!r}; sites: {GEMM_SITES}")
     if site == "attn_out":
         r = _pow2_specs(recipe, "fprop_x", "wgrad_x") if recipe.attn_out_pow2 else recipe
         if recipe.attn_out_cache is not None:

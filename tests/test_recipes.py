@@ -41,7 +41,7 @@ def test_deepseek_v3_variants():
     assert pow2x.name == "deepseek_v3_pow2x"
     assert {k for k, s in pow2x.specs().items() if s.pow2} == {"fprop_x", "wgrad_x"}
     # No site adds anything beyond x; the experts' dy keeps amax scales.
-    for site in recipes.SITES:
+    for site in recipes.GEMM_SITES:
         assert recipes.for_site(pow2x, site).specs() == pow2x.specs()
     assert not recipes.for_site(pow2x, "expert_down").dgrad.lhs.pow2
     assert all(s.pow2 for s in recipes.deepseek_v3(pow2=True).specs().values())
@@ -50,7 +50,7 @@ def test_deepseek_v3_variants():
     off = dataclasses.replace(
         r, attn_out_pow2=False, attn_out_cache=None, dispatch_pow2=False, down_grad_pow2=False
     )
-    for site in recipes.SITES:
+    for site in recipes.GEMM_SITES:
         assert recipes.for_site(off, site) == off
 
 

@@ -20,7 +20,7 @@ Activation sites are the places an experiment may change an activation (the
 outlier-injection experiments add massive activations there): the model
 passes each through :func:`site`, which is the identity unless a hook for
 that site is open (:func:`injecting`).  :data:`ACTIVATION_SITES` names them
-(the GEMM sites a recipe treats apart are :data:`fp8jax.recipes.SITES`):
+(the GEMM sites a recipe treats apart are :data:`fp8jax.recipes.GEMM_SITES`):
 
 * ``"residual"``: the residual stream after the embedding, (B*T, D);
 * ``"ffn_hidden"``: the input of every FFN down projection (dense, shared
