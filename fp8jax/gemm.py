@@ -4,7 +4,8 @@ Every quantized GEMM of the project (the three GEMMs of ``fp8jax.dot_general``
 and of the grouped expert GEMM, in every format) runs through :func:`gemm`
 (dense) or :func:`grouped_gemm` (which lays the expert groups out as tiles
 and calls :func:`gemm`), and :func:`select_impl` decides in one place how it
-runs, from one table (:data:`IMPLS`, :data:`AUTO`) over formats and backends.
+runs, from one table (:data:`fp8jax.recipes.IMPLS`, :data:`AUTO`) over formats and
+backends.
 
 Canonical dense layouts (B = batch; the custom VJPs bring every GEMM here)::
 
@@ -51,7 +52,7 @@ from fp8jax.kernels.block_gemm import (
 from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligned
 from fp8jax.operands import materialize
 from fp8jax.quant import QTensor, is_quantized
-from fp8jax.recipes import Recipe
+from fp8jax.recipes import IMPLS, Recipe
 
 KINDS = ("fprop", "dgrad", "wgrad")
 DIMS = {
@@ -69,9 +70,9 @@ _ALG = lax.DotAlgorithmPreset
 
 
 # The one table of implementations: for each scheme of the two operands,
-# the implementations a recipe may name, and what "auto" runs on each
-# platform a program is lowered for (the first entry that is available
-# there).  On a CUDA GPU: "pallas" where the operands have the Pallas
+# the implementations a recipe may name (``fp8jax.recipes.IMPLS``, where a
+# Recipe checks its ``impl``), and what "auto" runs on each platform a
+# program is lowered for (the first entry that is available there).  On a CUDA GPU: "pallas" where the operands have the Pallas
 # kernel's layouts and the target is a Hopper or later GPU, else "chunked";
 # the block formats take "scaled_matmul" on a Blackwell target (>= 10.0).
 # Hardware FP8 dots ("fp8", "fp8_fast") are named, never chosen: their
@@ -89,11 +90,6 @@ _ALG = lax.DotAlgorithmPreset
 # run "xla" off the native GEMM (their dequantized values are exact in
 # float32).  Measured ratios: ``experiments/bench_core.py`` and
 # docs/benchmarks.md.
-IMPLS: dict[str, tuple[str, ...]] = {
-    "fp8": ("xla", "chunked", "fp8", "fp8_fast", "pallas"),
-    "mx": ("xla",),
-    "nvfp4": ("xla",),
-}
 AUTO: dict[tuple[str, str], tuple[str, ...]] = {
     ("fp8", "cuda"): ("pallas", "chunked"),
     ("fp8", "rocm"): ("chunked",),

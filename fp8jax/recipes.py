@@ -36,7 +36,14 @@ from fp8jax.quant import check_scale_fmt
 
 GRANULARITIES = ("tensor", "row", "tile", "block")
 SCALINGS = ("current", "delayed")
-IMPLS = ("auto", "xla", "chunked", "fp8", "fp8_fast", "pallas")
+# The implementations a recipe may name, per scheme of its operands
+# (fp8jax.schemes); "auto" lets the GEMM core choose among them per platform
+# (fp8jax.gemm.AUTO), and the core refuses a name its operands' scheme lacks.
+IMPLS: dict[str, tuple[str, ...]] = {
+    "fp8": ("xla", "chunked", "fp8", "fp8_fast", "pallas"),
+    "mx": ("xla",),
+    "nvfp4": ("xla",),
+}
 CACHE_FORMATS = (None, "e5m6", "e5m6_unscaled")
 # The GEMM sites a recipe treats apart (:func:`for_site`); the activation sites a
 # study may change are fp8jax.nn.taps.ACTIVATION_SITES.
@@ -295,8 +302,9 @@ class Recipe:
     high_precision_last: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
+        names = ("auto", *dict.fromkeys(i for impls in IMPLS.values() for i in impls))
+        if self.impl not in names:
+            raise ValueError(f"impl must be one of {names}, got {self.impl!r}")
         if self.dequant_dtype not in ("float32", "bfloat16"):
             raise ValueError("dequant_dtype must be 'float32' or 'bfloat16'")
         if not 0.0 <= self.high_precision_last <= 1.0:

@@ -334,3 +334,19 @@ def test_ue8m0_consumer_refuses_pre_quantized_non_pow2_operand():
     qx = quantize(x, fp8jax.E4M3, "tile", axis=-1)  # amax scales, not powers of two
     with pytest.raises(ValueError, match="powers of two"):
         fp8jax.dot_general(qx, w, (((1,), (0,)), ((), ())), recipe=recipes.deepseek_v3_1())
+
+
+def test_a_recipe_names_an_impl_of_the_one_table():
+    # recipes.IMPLS is the table the GEMM core chooses from; a recipe may name any
+    # of its entries or "auto", never an impl only "auto" reaches (scaled_matmul).
+    r = recipes.deepseek_v3()
+    for scheme, impls in recipes.IMPLS.items():
+        for impl in impls:
+            assert dataclasses.replace(r, impl=impl).impl == impl, scheme
+    assert dataclasses.replace(r, impl="auto").impl == "auto"
+    for bad in ("scaled_matmul", "nope"):
+        with pytest.raises(ValueError, match="impl must be one of"):
+            dataclasses.replace(r, impl=bad)
+    from fp8jax import gemm
+
+    assert gemm.IMPLS is recipes.IMPLS  # the core reads the same table
