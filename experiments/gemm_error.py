@@ -3,7 +3,7 @@
     python experiments/gemm_error.py                       # M=K=N=1024
     python experiments/gemm_error.py --m=512 --k=512 --n=512 --out=/tmp/gemm_error.md
 
-Prints, per input kind and preset, the relative error of y, dx and dW over the
+Prints, per input distribution and preset, the relative error of y, dx and dW over the
 whole tensor (*_rel) and the median over tokens of each token's relative error
 (*_tok), then the massive-activation check: deepseek_v3's per-token median
 forward error versus current_tensor's and hybrid_delayed's (goal: >= 2x lower).
@@ -13,7 +13,7 @@ from absl import app, flags
 
 from fp8jax import recipes, registry
 from fp8jax.numerics.gemm_error import format_table, gemm_errors
-from fp8jax.numerics.inputs import KINDS, make_gemm_inputs
+from fp8jax.numerics.inputs import DISTRIBUTIONS, make_gemm_inputs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("m", 1024, "tokens")
@@ -31,15 +31,20 @@ flags.DEFINE_string("out", None, "optional path for the Markdown table")
 def main(argv):
     del argv
     rows = []
-    for kind in KINDS:
-        x, w, dy = make_gemm_inputs(kind, FLAGS.m, FLAGS.k, FLAGS.n, FLAGS.seed)
+    for distribution in DISTRIBUTIONS:
+        x, w, dy = make_gemm_inputs(distribution, FLAGS.m, FLAGS.k, FLAGS.n, FLAGS.seed)
         for name in FLAGS.recipes:
             errs = gemm_errors(registry.get(name), x, w, dy)
-            rows.append({"inputs": kind, "recipe": name, **errs})
-            print(f"{kind:17s} {name:15s} " + " ".join(f"{k}={v:.3e}" for k, v in errs.items()))
-        if kind == "massive":
+            rows.append({"inputs": distribution, "recipe": name, **errs})
+            print(
+                f"{distribution:17s} {name:15s} "
+                + " ".join(f"{k}={v:.3e}" for k, v in errs.items())
+            )
+        if distribution == "massive":
             x_fresh = gemm_errors(recipes.hybrid_delayed(), x, w, dy, warm_state=False)
-            rows.append({"inputs": kind, "recipe": "hybrid_delayed (fresh state)", **x_fresh})
+            rows.append(
+                {"inputs": distribution, "recipe": "hybrid_delayed (fresh state)", **x_fresh}
+            )
     table = format_table(rows)
     print()
     print(table)
