@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp8jax import accumulate, blockscaled, host_cpu, platforms, resolved
+from fp8jax import accumulate, blockscaled, host_cpu, path_record, platforms
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
 from fp8jax.kernels.availability import kernel_available
 from fp8jax.kernels.block_gemm import (
@@ -370,7 +370,9 @@ def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> j
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     # One decision per platform; the lowering keeps the one it lowers for.
     decisions = {p: _decision(recipe, a, b, kind, p) for p in platforms.PLATFORMS}
-    resolved.note(kind, {p: describe_path(i, recipe, a, b, h) for p, (i, h) in decisions.items()})
+    path_record.note(
+        kind, {p: describe_path(i, recipe, a, b, h) for p, (i, h) in decisions.items()}
+    )
     return platforms.choose(
         decisions.__getitem__, lambda d: lambda: _run(d, a, b, kind, recipe, b_index)
     )
@@ -600,7 +602,7 @@ def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_group
     Rows in no group give 0.  Runs as a batched :func:`gemm` over the tiles
     of ``layout`` (or the grouped Pallas kernel, which reads that layout).
     """
-    with resolved.scope("expert"):
+    with path_record.scope("expert"):
         if kind == "wgrad":
             # Each token tile's result is complete (scaled, promoted) before the
             # tiles of a group are added in float32; under the accumulation
@@ -618,7 +620,7 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
     kernel = {p: d for p, d in decisions.items() if d[0] == "pallas"}
     others = tuple(p for p in platforms.PLATFORMS if p not in kernel)
     if kernel:
-        resolved.note(
+        path_record.note(
             kind,
             {
                 p: "pallas grouped" + (" interpret" if how == "interpret" else "")
@@ -633,7 +635,7 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
         def dense_tiles():
             # Each tile's expert (padding tiles take expert 0).
             tile_expert = jnp.maximum(layout.tile_group, 0)
-            with resolved.only(others):
+            with path_record.only(others):
                 y = gemm(a_t, b, kind, recipe, b_index=tile_expert)
             return from_tiles(y, layout)
 

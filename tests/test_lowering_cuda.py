@@ -19,7 +19,7 @@ import pytest
 from jax import export
 
 import fp8jax
-from fp8jax import platforms, recipes, registry, resolved, scaling
+from fp8jax import path_record, platforms, recipes, registry, scaling
 
 DIMS = (((1,), (0,)), ((), ()))
 M, K, N = 256, 384, 256
@@ -45,9 +45,9 @@ def _fwd_bwd(recipe):
 
 
 def _lower(recipe, platform="cuda", capability="9.0"):
-    with platforms.lowering_for_cuda(capability), resolved.recording(platform) as paths:
+    with platforms.lowering_for_cuda(capability), path_record.recording(platform) as paths:
         text = _fwd_bwd(recipe).trace(*_args()).lower(lowering_platforms=(platform,)).as_text()
-    return text, resolved.as_table(paths)
+    return text, path_record.as_table(paths)
 
 
 def _fp8_dots(text):

@@ -13,7 +13,7 @@ hook sees each once, with one shard's operands.
 
 A hook is ``hook(scope, call, x, w, dims_or_groups, **kwargs)`` with ``scope``
 "dense" (``dims_or_groups`` = dot_general dimension numbers) or "expert"
-(``dims_or_groups`` = rows per expert), the scopes of :mod:`fp8jax.resolved`; it
+(``dims_or_groups`` = rows per expert), the scopes of :mod:`fp8jax.path_record`; it
 must return ``call(x, w, dims_or_groups, **kwargs)``'s value (y, stats),
 possibly with y wrapped.
 

@@ -72,13 +72,13 @@ from typing import TextIO
 
 import numpy as np
 
-from fp8jax.progress import Progress
-from fp8jax.staging import (
+from fp8jax.atomic_output import (
     TerminationSignals,
     make_partial_dir,
     publish,
     remove_stale_partials,
 )
+from fp8jax.progress import Progress
 from fp8jax.toolkit.convert.blockwise import (
     BLOCK,
     ROUNDINGS,
