@@ -23,9 +23,9 @@ from pathlib import Path
 from absl import app, flags
 from ml_collections import config_flags
 
+from fp8jax.lab.compare import run_comparison
+from fp8jax.lab.compare_sweep import plot_sweep, sweep_markdown, sweep_rows
 from fp8jax.train.checkpoint import CheckpointError
-from fp8jax.train.compare import run_comparison
-from fp8jax.train.compare_sweep import plot_sweep, sweep_markdown, sweep_rows
 from fp8jax.train.defaults import ConfigError, config_file, parse_seeds
 from fp8jax.train.loop import TrainingDiverged, TrainingInterrupted
 from fp8jax.train.run_log import to_jsonable
@@ -90,7 +90,7 @@ def sweep(config, workdir: Path, command: str) -> str:
 
 def interop(config, workdir: Path, command: str) -> str:
     """A comparison through fp8jax.interop (the Qwix provider); returns results.md's text."""
-    from fp8jax.interop.qwix_comparison import markdown, run
+    from fp8jax.lab.qwix_comparison import markdown, run
 
     results = run(config, allow_mixed_code=_MIXED.value)
     workdir.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 from test_train_restore import untrained_run
 
-from fp8jax import recipes
+from fp8jax import registry
 from fp8jax.models.transformer import MoETransformer
 from fp8jax.toolkit import cli, parity
 from fp8jax.train.state import split_model
@@ -77,7 +77,7 @@ def test_summary_is_the_t_interval_over_windows():
 
 def _logits_of(run, state, name, tokens):
     """The logits of the checkpoint's weights under recipe ``name``, built here on its own."""
-    model = MoETransformer(run.mcfg, recipes.get(name), rngs=nnx.Rngs(1), telemetry=False)
+    model = MoETransformer(run.mcfg, registry.get(name), rngs=nnx.Rngs(1), telemetry=False)
     graphdef, _, fp8, _, _ = split_model(model)
 
     @jax.jit
@@ -129,8 +129,8 @@ def test_a_model_quantized_through_qwix(monkeypatch):
     import qwix
 
     from fp8jax.interop.examples.llama import Llama, LlamaConfig
-    from fp8jax.interop.qwix_comparison import rules_for
     from fp8jax.interop.qwix_provider import QwixProvider
+    from fp8jax.lab.qwix_comparison import rules_for
 
     cfg = LlamaConfig(d_model=32, n_heads=2, d_ff=64, n_layers=1)
     model = Llama(cfg, rngs=nnx.Rngs(0))
@@ -258,6 +258,6 @@ def test_cli_on_the_qwix_example_writes_its_results(tmp_path, capsys):
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     saved = parity.load(tmp_path / "out")
-    assert saved["model"]["kind"] == "qwix" and saved["source"] == str(text)
+    assert saved["model"]["origin"] == "qwix" and saved["source"] == str(text)
     assert parity.table(saved) in out and "| deepseek_v3 |" in out
     assert len(saved["pairs"]["deepseek_v3"]["windows"]["kl_mean"]) == 8

@@ -142,7 +142,7 @@ def test_committed_logs_are_gzipped_and_results_stay_under_5_mib():
 
 def test_the_stress_monitor_table_recomputes_from_its_committed_values():
     # The logs keep no per-site columns: monitors.json holds what monitors.md shows.
-    from fp8jax.train.stress import format_lead_table
+    from fp8jax.lab.stress import format_lead_table
 
     folder = RESULTS / "stress"
     kept = json.loads((folder / "monitors.json").read_text())

@@ -10,9 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
+from fp8jax.lab.plot_runs import figure, find_runs, run_styles  # noqa: E402
 from fp8jax.toolkit.cli import main  # noqa: E402
 from fp8jax.train.defaults import ConfigError  # noqa: E402
-from fp8jax.train.plot_runs import figure, find_runs, run_styles  # noqa: E402
 
 
 def _run(path, final):

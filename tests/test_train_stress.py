@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fp8jax.train import stress
+from fp8jax.lab import stress
 from fp8jax.train.defaults import config_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,8 +122,8 @@ def test_lead_records_read_back_from_json_give_the_same_table():
 def test_stress_comparison_smoke(tmp_path):
     path = ROOT / "configs/compare/stress.py"
     config = config_file(path, "smoke")
+    from fp8jax.lab.compare import run_comparison
     from fp8jax.numerics.studies.stress_monitors import analyze
-    from fp8jax.train.compare import run_comparison
 
     res = run_comparison(config, tmp_path)
     assert set(res["run_dirs"]) == {"bf16", "bf16_smooth"}

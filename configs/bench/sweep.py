@@ -54,7 +54,7 @@ def get_config(size: str = "gpu") -> ml_collections.ConfigDict:
     # M of the moe expert shapes (0: m_tokens).
     c.expert_m = 0
     # --- what runs on each shape ---
-    # Recipe names of fp8jax.recipes.get ("": every preset).
+    # Recipe names of fp8jax.registry.get ("": every preset).
     c.recipes = ""
     # GEMM implementations: xla, chunked, fp8, fp8_fast, pallas, reference ("": every one offered).
     c.impls = ""

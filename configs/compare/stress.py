@@ -17,7 +17,7 @@ What they print / write: the comparison's results.md (gap to bf16 per seed,
 intervals) and, in the workdir, monitors.md: per run and seed the first
 logged step where the loss notices (the training loss, averaged over 100
 steps, 5% above bf16's at the same seed and steps, or non-finite), the first step each monitor crosses its threshold
-(fp8jax.train.stress), the lead in steps and the extreme value reached; and
+(fp8jax.lab.stress), the lead in steps and the extreme value reached; and
 monitors.png: loss and monitors against steps, one colour per run.
 
 Smoke check (3 steps, two runs, one seed; the test suite runs the same):

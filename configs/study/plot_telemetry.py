@@ -20,7 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.study = "plot_telemetry"  # fp8jax.numerics.studies.plot_telemetry
     c.png = "telemetry.png"  # file name of the plot in --out_dir
-    # Statistics, one panel each, comma-separated ("": fp8jax.train.telemetry_plot.DEFAULT_STATS).
+    # Statistics, one panel each, comma-separated ("": fp8jax.lab.telemetry_plot.DEFAULT_STATS).
     c.stats = ""
     c.sites = ""  # regular expression the site names must match ("": every site)
     c.labels = ""  # legend names of the runs, comma-separated ("": the directory names)

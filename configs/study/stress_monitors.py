@@ -9,7 +9,7 @@ comparison still in progress.  What it prints: the table of monitors.md, per
 run and seed the first logged step where the loss notices (the training loss,
 averaged over 10 logged steps, ``loss_spike`` above bf16's at the same seed and
 steps, or non-finite), the first step each monitor crosses its threshold
-(fp8jax.train.stress), the lead in steps and the extreme value reached.
+(fp8jax.lab.stress), the lead in steps and the extreme value reached.
 Writes monitors.md and monitors.png (loss and monitors against steps, one
 colour per run, the first seed) into the comparison's directory.  Logic:
 fp8jax.numerics.studies.stress_monitors.

@@ -148,7 +148,7 @@ def memory(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
     import numpy as np
     from flax import nnx
 
-    from fp8jax import recipes
+    from fp8jax import registry
     from fp8jax.bench.parallel import ParallelBench, bench_model, build_step
     from fp8jax.bench.residuals import residual_summary, saved_residuals
     from fp8jax.bench.timing import memory_stats
@@ -165,7 +165,7 @@ def memory(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
     print(f"model {model}, batch {batch} x {seq}, one device")
     rows = {}
     for name in names:
-        m = MoETransformer(cfg, recipes.get(name), rngs=nnx.Rngs(0), telemetry=False)
+        m = MoETransformer(cfg, registry.get(name), rngs=nnx.Rngs(0), telemetry=False)
         graph, params, rest = nnx.split(m, nnx.Param, ...)
         s = residual_summary(
             saved_residuals(
@@ -176,7 +176,7 @@ def memory(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
         if c.compile:
             bench = ParallelBench(model=model, batch=batch, seq=seq, mesh=(1, 1, 1))
             mesh = make_mesh(bench.mesh)
-            _, step, state, batch_ = build_step(recipes.get(name), bench, mesh)
+            _, step, state, batch_ = build_step(registry.get(name), bench, mesh)
             with jax.set_mesh(mesh):
                 s.update(memory_stats(step.lower(state, batch_).compile()))
         rows[name] = s

@@ -86,10 +86,10 @@ class Coverage:
                 f"{_status(self.seen.get(('grad', s.path, s.op)))})",
             )
 
-    def _warn(self, kind: str, s: Seen, message: str) -> None:
-        if (kind, s.path, s.op) in self._warned:
+    def _warn(self, reason: str, s: Seen, message: str) -> None:
+        if (reason, s.path, s.op) in self._warned:
             return
-        self._warned.add((kind, s.path, s.op))
+        self._warned.add((reason, s.path, s.op))
         warnings.warn(message, CoverageWarning, stacklevel=4)
 
     def rows(self) -> list[dict]:

@@ -351,8 +351,8 @@ def _cmd_data(args) -> int:
 
 
 def _cmd_runs(args) -> int:
+    from fp8jax.lab.plot_runs import plot_runs
     from fp8jax.train.defaults import ConfigError
-    from fp8jax.train.plot_runs import plot_runs
 
     keys = tuple(k for k in args.keys.split(",") if k)
     if not keys:

@@ -45,9 +45,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp8jax import recipes, resolved
+from fp8jax import path_record, recipes, registry
+from fp8jax.lab.stats import mean_interval
 from fp8jax.progress import Progress
-from fp8jax.train.compare import mean_interval
 
 LogitsFn = Callable[[np.ndarray], jax.Array]
 
@@ -74,7 +74,7 @@ def check_recipes(names: Sequence[str]) -> list[str]:
         raise ParityError(f"--recipes names {', '.join(twice)} twice: compare each recipe once")
     for n in names:
         try:
-            recipes.get(n)
+            registry.get(n)
         except ValueError as e:
             raise ParityError(str(e)) from None
     return names
@@ -192,7 +192,7 @@ def run_logits_fns(run: Any, state: Any, names: Sequence[str]) -> dict[str, Logi
 
     fns: dict[str, LogitsFn] = {}
     for name in dict.fromkeys(names):
-        recipe = recipes.get(name)
+        recipe = registry.get(name)
         model = MoETransformer(run.mcfg, recipe, rngs=nnx.Rngs(0), telemetry=False)
         graphdef, params, fp8, _, _ = split_model(model)
         del model
@@ -235,7 +235,7 @@ def qwix_logits_fns(
     from fp8jax.interop.qwix_provider import QwixProvider
 
     if rules_for is None:
-        from fp8jax.interop.qwix_comparison import rules_for
+        from fp8jax.lab.qwix_comparison import rules_for
     fns: dict[str, LogitsFn] = {}
     for name in dict.fromkeys(names):
         q = qwix.quantize_model(
@@ -280,10 +280,10 @@ def measure(
 
     def logits(name: str, i: int) -> jax.Array:
         # The first call traces: the GEMM core reports the paths it resolved then.
-        with resolved.recording() as seen:
+        with path_record.recording() as seen:
             out = logits_fns[name](batches[i])
         if name not in paths:
-            paths[name] = resolved.as_table(seen)
+            paths[name] = path_record.as_table(seen)
         return out
 
     for i in range(n_b):
@@ -428,7 +428,7 @@ def from_workdir(
     stream, source = text_stream(run, path)
     batches = windows(stream, run.seq_len, batch_size, max_windows)
     info = {
-        "kind": "run",
+        "origin": "run",
         "workdir": str(workdir),
         "step": int(step),
         "trained_recipe": run.recipe.name,
@@ -469,5 +469,5 @@ def from_qwix_example(
     batches = windows(stream, seq_len, batch_size, max_windows)
     model = Llama(LlamaConfig(), rngs=nnx.Rngs(seed))
     fns = qwix_logits_fns(model, names, batches[0])
-    info = {"kind": "qwix", "model": "interop.examples.llama", "seed": seed, "source": source}
+    info = {"origin": "qwix", "model": "interop.examples.llama", "seed": seed, "source": source}
     return fns, batches, info

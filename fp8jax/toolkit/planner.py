@@ -451,7 +451,7 @@ def plan(
         )
         wf = WEIGHT_FORMATS["bf16"]
     if wf.needs_fp8:
-        exec_kind = "native"
+        exec_mode = "native"
         if not accel.supports("fp8_e4m3"):
             # FNUZ-only cards (MI300 series): E4M3FN codes above 240 do not exist
             # in e4m3fnuz, so the re-encode halves the codes and doubles the scales.
@@ -460,10 +460,10 @@ def plan(
                 "re-encoded (values halved, scales doubled), same 3 mantissa bits."
             )
     elif wf.group is not None:
-        exec_kind, note = execution(wf, accel)
+        exec_mode, note = execution(wf, accel)
         notes.append(note)
     else:
-        exec_kind = ""
+        exec_mode = ""
     if wf.expert_format is not None and wf.expert_format.group is not None:
         # The experts' format runs as the card allows (FP4: Blackwell multiplies it).
         expert_exec, note = execution(wf.expert_format, accel)
@@ -557,7 +557,7 @@ def plan(
         tokens_per_s_all_cards=all_,
         batch_tokens_per_s=batch_tps,
         notes=tuple(notes),
-        execution=exec_kind,
+        execution=exec_mode,
         expert_execution=expert_exec,
     )
 
@@ -566,9 +566,9 @@ _ELEMENT_LABELS = {"fp4_e2m1": "FP4 (E2M1)", "fp8_e4m3": "FP8 E4M3"}
 
 
 def execution(wf: WeightFormat, accel: Accelerator) -> tuple[str, str]:
-    """What the card does with a scaled weight format, as (kind, note).
+    """What the card does with a scaled weight format, as (mode, note).
 
-    kind is "native" (its matrix units multiply the stored elements),
+    mode is "native" (its matrix units multiply the stored elements),
     "dequantized" (weights widened to BF16/FP16 inside the GEMM) or "unknown"
     (the card's formats are not known).
     """

@@ -29,7 +29,7 @@ from fp8jax.dot_general import dot_general_with_stats
 from fp8jax.numerics.captured import trained_run_operands
 from fp8jax.numerics.gemm_error import gemm_errors
 from fp8jax.numerics.studies import StudyConfigError, one_run
-from fp8jax.recipes import get as get_recipe
+from fp8jax.registry import get as get_recipe
 
 COLS = ("x_sat", "w_sat", "dy_sat", "x_flush", "w_flush", "dy_flush", "y_rel", "dx_rel", "dw_rel")
 DN = (((1,), (0,)), ((), ()))

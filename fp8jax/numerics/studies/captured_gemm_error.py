@@ -26,7 +26,7 @@ from fp8jax.numerics.captured import trained_run_operands
 from fp8jax.numerics.gemm_error import format_table, gemm_errors, linear_outputs
 from fp8jax.numerics.metrics import relative_error
 from fp8jax.numerics.studies import StudyConfigError, one_run
-from fp8jax.recipes import get as get_recipe
+from fp8jax.registry import get as get_recipe
 
 # Each accumulation arm and the recipe with the same quantization and exact
 # (float32) accumulation: their difference is the accumulation error alone.

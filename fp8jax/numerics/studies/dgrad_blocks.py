@@ -36,7 +36,7 @@ from fp8jax.numerics.captured import trained_run_operands  # noqa: E402
 from fp8jax.numerics.gemm_error import gemm_errors  # noqa: E402
 from fp8jax.numerics.studies import StudyConfigError, one_run  # noqa: E402
 from fp8jax.numerics.token_error import token_quant_errors  # noqa: E402
-from fp8jax.recipes import get as get_recipe  # noqa: E402
+from fp8jax.registry import get as get_recipe  # noqa: E402
 
 
 def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:

@@ -1,6 +1,6 @@
 """GEMM error of each recipe on Gaussian and LLM-like inputs, against float64.
 
-Prints, per input kind and preset, the relative error of y, dx and dW over the
+Prints, per input distribution and preset, the relative error of y, dx and dW over the
 whole tensor (*_rel) and the median over tokens of each token's relative error
 (*_tok), then the massive-activation check: deepseek_v3's per-token median
 forward error versus current_tensor's and hybrid_delayed's (goal: >= 2x lower).
@@ -14,24 +14,29 @@ from pathlib import Path
 
 import ml_collections
 
-from fp8jax import recipes
+from fp8jax import recipes, registry
 from fp8jax.bench.experiments import items
 from fp8jax.numerics.gemm_error import format_table, gemm_errors
-from fp8jax.numerics.inputs import KINDS, make_gemm_inputs
+from fp8jax.numerics.inputs import DISTRIBUTIONS, make_gemm_inputs
 
 
 def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:
     del runs
     rows = []
-    for kind in KINDS:
-        x, w, dy = make_gemm_inputs(kind, int(c.m), int(c.k), int(c.n), int(c.seed))
+    for distribution in DISTRIBUTIONS:
+        x, w, dy = make_gemm_inputs(distribution, int(c.m), int(c.k), int(c.n), int(c.seed))
         for name in items(c.recipes):
-            errs = gemm_errors(recipes.get(name), x, w, dy)
-            rows.append({"inputs": kind, "recipe": name, **errs})
-            print(f"{kind:17s} {name:15s} " + " ".join(f"{k}={v:.3e}" for k, v in errs.items()))
-        if kind == "massive":
+            errs = gemm_errors(registry.get(name), x, w, dy)
+            rows.append({"inputs": distribution, "recipe": name, **errs})
+            print(
+                f"{distribution:17s} {name:15s} "
+                + " ".join(f"{k}={v:.3e}" for k, v in errs.items())
+            )
+        if distribution == "massive":
             x_fresh = gemm_errors(recipes.hybrid_delayed(), x, w, dy, warm_state=False)
-            rows.append({"inputs": kind, "recipe": "hybrid_delayed (fresh state)", **x_fresh})
+            rows.append(
+                {"inputs": distribution, "recipe": "hybrid_delayed (fresh state)", **x_fresh}
+            )
     table = format_table(rows)
     print()
     print(table)

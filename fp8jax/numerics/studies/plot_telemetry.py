@@ -4,7 +4,7 @@ Writes a PNG (``config.png`` in the output directory) with one panel per
 statistic (saturated and flushed fractions, amax growth, SwiGLU outlier ratio
 and alignment, gradient-noise ratio, tokens per expert; those the runs logged),
 every run in one colour in every panel, every site in one line style and
-marker (:func:`fp8jax.train.telemetry_plot.plot_telemetry`).  A directory
+marker (:func:`fp8jax.lab.telemetry_plot.plot_telemetry`).  A directory
 without metrics.jsonl, or nothing matching, raises StudyConfigError.
 Settings: configs/study/plot_telemetry.py.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 import ml_collections
 
 from fp8jax.bench.experiments import items
+from fp8jax.lab.telemetry_plot import DEFAULT_STATS, plot_telemetry
 from fp8jax.numerics.studies import StudyConfigError
-from fp8jax.train.telemetry_plot import DEFAULT_STATS, plot_telemetry
 
 
 def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:

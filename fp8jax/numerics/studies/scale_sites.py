@@ -46,9 +46,9 @@ def _by_operand(sites: dict[str, GemmSite]) -> dict[str, list[np.ndarray]]:
     out: dict[str, list[np.ndarray]] = defaultdict(list)
     for s in sites.values():
         n = s.w.shape[-1]
-        out[f"{s.kind}/x"].append(s.x)
-        out[f"{s.kind}/w"].append(s.w.reshape(-1, n))
-        out[f"{s.kind}/dy"].append(s.dy)
+        out[f"{s.scope}/x"].append(s.x)
+        out[f"{s.scope}/w"].append(s.w.reshape(-1, n))
+        out[f"{s.scope}/dy"].append(s.dy)
     return out
 
 

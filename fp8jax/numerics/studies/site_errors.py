@@ -3,14 +3,14 @@ r"""GEMM error of deepseek_v3 at each of its scale sites, its power-of-two varia
 Heavy-tailed inputs (M, K, N = 384, 1024, 512 by default): "massive3" (N(0, 1)
 with 3 massive activations of 1e4-1e5) and "lognormal" (random signs times a
 log-normal magnitude with sigma 2); x and the gradient dy are drawn from the
-same kind, w ~ N(0, 1/K).  For each: the relative error (Frobenius, against
+same distribution, w ~ N(0, 1/K).  For each: the relative error (Frobenius, against
 float64 products of the unquantized tensors) of Fprop y, Dgrad dx and Wgrad
 dW, for deepseek_v3 at a general linear and at each site of
 ``fp8jax.recipes.for_site``, for ``deepseek_v3_pow2x``, and for the numpy
 reference of DeepSeek's quantization (``fp8jax.numerics.act_quant_reference``);
 also the variant ``attn_out_e5m6_unscaled`` at attn_out (its Wgrad cache in
 E5M6 without scales).  Each draw (``seeds``, one numpy generator per seed
-for both input kinds) gives one value per cell, listed in seed order; the
+for both input distributions) gives one value per cell, listed in seed order; the
 ratio columns give each row's Fprop and Wgrad error over the reference's of
 the same draw, per draw, then their range.  With an output directory: the
 Markdown table in ``table.md`` and ``results.json`` with every value.  A
@@ -33,23 +33,23 @@ from fp8jax.numerics.gemm_error import linear_outputs
 from fp8jax.numerics.metrics import relative_error
 
 
-def heavy_tailed(kind: str, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
-    """float32 tensor of the named kind (module docstring), drawn in float64, rounded once."""
-    if kind == "massive3":
+def heavy_tailed(distribution: str, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """float32 tensor of the named distribution (module docstring), drawn in float64, rounded once."""
+    if distribution == "massive3":
         x = rng.standard_normal(shape)
         flat = rng.choice(x.size, 3, replace=False)
         x.flat[flat] = rng.choice([-1.0, 1.0], 3) * 10.0 ** rng.uniform(4, 5, 3)
-    elif kind == "lognormal":
+    elif distribution == "lognormal":
         x = rng.choice([-1.0, 1.0], shape) * np.exp(2.0 * rng.standard_normal(shape))
     else:
-        raise ValueError(kind)
+        raise ValueError(distribution)
     return x.astype(np.float32)
 
 
 def arms() -> dict[str, recipes.Recipe]:
     r = recipes.deepseek_v3()
     out = {"deepseek_v3 (general linear)": r}
-    for site in recipes.SITES:
+    for site in recipes.GEMM_SITES:
         out[f"deepseek_v3 at {site}"] = recipes.for_site(r, site)
     out["deepseek_v3_pow2x (general linear)"] = recipes.deepseek_v3_pow2x()
     out["attn_out_e5m6_unscaled at attn_out"] = recipes.for_site(
@@ -111,13 +111,13 @@ def captured_inputs(run_dir: str) -> dict[str, tuple]:
 
 
 def synthetic_inputs(seed: int, m: int, k: int, n: int) -> dict[str, tuple]:
-    """One draw of each heavy-tailed kind: (x, w, dy), from one generator per seed."""
+    """One draw of each heavy-tailed distribution: (x, w, dy), from one generator per seed."""
     rng = np.random.default_rng(seed)
     inputs = {}
-    for kind in ("massive3", "lognormal"):
-        x = heavy_tailed(kind, (m, k), rng)
+    for distribution in ("massive3", "lognormal"):
+        x = heavy_tailed(distribution, (m, k), rng)
         w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-        inputs[f"{kind} ({m}x{k}x{n})"] = (x, w, heavy_tailed(kind, (m, n), rng))
+        inputs[f"{distribution} ({m}x{k}x{n})"] = (x, w, heavy_tailed(distribution, (m, n), rng))
     return inputs
 
 

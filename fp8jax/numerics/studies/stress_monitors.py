@@ -3,7 +3,7 @@ r"""The late-failure stress comparison's monitors: when each fires against when 
 Reads the finished runs of a comparison (configs/compare/stress.py, trained
 by experiments/compare_recipes.py) and writes ``monitors.md`` (per run and
 seed: loss event, each monitor's first threshold crossing, lead in steps,
-extreme value; ``fp8jax.train.stress``; the same values as data in
+extreme value; ``fp8jax.lab.stress``; the same values as data in
 ``monitors.json``; the loss event is the first logged
 step where the run's training loss, averaged over 10 logged steps, is
 ``loss_spike`` above the baseline run's at the same seed) and ``monitors.png``
@@ -19,12 +19,12 @@ from pathlib import Path
 import ml_collections
 
 from fp8jax.bench.experiments import items
+from fp8jax.lab.compare import run_config, run_dir
+from fp8jax.lab.stress import LOSS_WINDOW, format_lead_table, lead_records
+from fp8jax.lab.telemetry_plot import plot_telemetry
 from fp8jax.numerics.studies import StudyConfigError, one_run
-from fp8jax.train.compare import run_config, run_dir
 from fp8jax.train.defaults import ConfigError, config_file
 from fp8jax.train.run_log import find_log, read_jsonl, to_jsonable
-from fp8jax.train.stress import LOSS_WINDOW, format_lead_table, lead_records
-from fp8jax.train.telemetry_plot import plot_telemetry
 
 # How far (relative) above the baseline's loss a run's averaged training
 # loss must go to count as the loss noticing.

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from fp8jax.owner import owner_alive
+from fp8jax.process_liveness import owner_alive
 
 
 def remove_stale_partials(

@@ -6,8 +6,8 @@ rules (embedding, head and router in high precision; the rest in the
 label's recipe), trains it with AdamW for ``steps`` steps on the corpus and
 records the validation loss.  The table is the project's: per label the
 paired relative gap of the final validation loss to bf16, per seed, with the
-mean and 95% t-interval over seeds (:func:`fp8jax.train.compare.mean_interval`,
-:func:`~fp8jax.train.compare.verdict`).
+mean and 95% t-interval over seeds (:func:`fp8jax.lab.stats.mean_interval`,
+:func:`~fp8jax.lab.stats.verdict`).
 
 As every comparison here, it runs from one commit and a clean tree (or says
 it did not) and records the machine and the path each label's GEMMs resolved
@@ -26,12 +26,12 @@ import numpy as np
 import optax
 from flax import nnx
 
-from fp8jax import resolved
+from fp8jax import path_record
 from fp8jax.data.corpus import load_corpus, train_batch, val_batches
 from fp8jax.interop.examples.llama import Llama, LlamaConfig, next_token_loss
 from fp8jax.interop.rules import Rule
+from fp8jax.lab.stats import interval_text, mean_interval, verdict
 from fp8jax.train import provenance
-from fp8jax.train.compare import interval_text, mean_interval, verdict
 from fp8jax.train.defaults import ConfigError
 
 HIGH_PRECISION = r".*(embed|head|router).*"
@@ -62,14 +62,14 @@ def train_one(config: ml_collections.ConfigDict, recipe: str, seed: int) -> tupl
         return loss
 
     # The first call traces the step: the GEMM core reports its paths then.
-    with resolved.recording() as paths:
+    with path_record.recording() as paths:
         step(model, opt, jnp.asarray(train_batch(corpus, 0, config.batch_size, length, seed)))
     for s in range(1, config.steps):
         step(model, opt, jnp.asarray(train_batch(corpus, s, config.batch_size, length, seed)))
     val = val_batches(corpus, config.eval_batches, config.batch_size, length)
     evaluate = nnx.jit(next_token_loss)
     loss = float(np.mean([float(evaluate(model, jnp.asarray(b))) for b in val]))
-    return loss, resolved.as_table(paths)
+    return loss, path_record.as_table(paths)
 
 
 def run(config: ml_collections.ConfigDict, *, stream=None, allow_mixed_code: bool = False) -> dict:

@@ -1,6 +1,6 @@
 """One comparison repeated over a swept setting: gap and FP8 telemetry against the setting.
 
-A sweep is a set of comparisons (fp8jax.train.compare) that differ in one
+A sweep is a set of comparisons (fp8jax.lab.compare) that differ in one
 number, e.g. the magnitude of injected massive activations.  Per value and
 run label, :func:`sweep_rows` takes the paired gap to the baseline (mean and
 95% t-interval over seeds) and the telemetry (flushed fraction averaged over
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from fp8jax.train.compare import (
+from fp8jax.lab.stats import (
     DEEPSEEK_TOLERANCE,
     VERDICT_TEXT,
     interval_text,

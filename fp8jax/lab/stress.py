@@ -28,9 +28,9 @@ import math
 import operator
 from collections.abc import Sequence
 
+from fp8jax.lab.telemetry_plot import split_key
 from fp8jax.monitors import NOISE_RATIO_FLOOR
 from fp8jax.train.run_log import as_float
-from fp8jax.train.telemetry_plot import split_key
 
 # monitor -> (comparison that warns, threshold)
 THRESHOLDS: dict[str, tuple[str, float]] = {

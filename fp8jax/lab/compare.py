@@ -26,7 +26,8 @@ Statistics.  All runs with the same seed see the same initialization and the
 same batches, so gaps are *paired*: per seed,
 ``gap_s = (val(label, s) - val(baseline, s)) / val(baseline, s)``; the table
 gives the per-seed gaps, their mean and a 95% t-interval over seeds
-(``mean +- t(0.975, n - 1) * sd / sqrt(n)``, sample standard deviation).
+(``mean +- t(0.975, n - 1) * sd / sqrt(n)``, sample standard deviation;
+:mod:`fp8jax.lab.stats`).
 DeepSeek-V3's criterion, a relative gap within 0.25%, holds when the whole
 interval lies inside +-0.25%; an interval wider than 0.5% cannot lie inside
 it (unless centred exactly), so the table then says the run cannot resolve
@@ -40,7 +41,8 @@ Outputs in the workdir: ``results.json`` (per label: per-seed values, means,
 intervals, verdict), ``results.md`` (Markdown table), ``loss_curves.png``
 (train and validation loss vs step, mean over seeds) and ``gap_to_bf16.png``
 (paired relative gap to the baseline vs step: mean over seeds, its 95%
-interval shaded, each seed as a thin line, the +-0.25% band).
+interval shaded, each seed as a thin line, the +-0.25% band), drawn by
+:mod:`fp8jax.lab.compare_plot`.
 """
 
 from __future__ import annotations
@@ -51,10 +53,20 @@ import json
 import math
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import ml_collections
 import numpy as np
 
+from fp8jax.lab.compare_plot import plot
+from fp8jax.lab.stats import (
+    DEEPSEEK_TOLERANCE,
+    VERDICT_TEXT,
+    interval_text,
+    mean_interval,
+    pct,
+    prediction_interval,
+    stats_from_json,
+    verdict,
+)
 from fp8jax.parallel.mesh import maybe_initialize_distributed
 from fp8jax.train import preflight, provenance
 from fp8jax.train.compiled import StepCache
@@ -67,110 +79,10 @@ from fp8jax.train.defaults import (
     validate,
 )
 from fp8jax.train.loop import TrainingDiverged, load_data, summarize, train, train_loss_key
-from fp8jax.train.plot_runs import curve
 from fp8jax.train.run_log import as_float, read_jsonl, to_jsonable
 
-DEEPSEEK_TOLERANCE = 0.0025
 COMPARE_FIELDS = ("name", "labels", "baseline", "seeds", "notes", "smooth", "runs")
 OPTIONAL_COMPARE_FIELDS = ("contrasts",)
-
-
-# --- Student t quantiles (no scipy) ------------------------------------------
-
-
-def _t_abs_cdf(t: float, df: int) -> float:
-    """P(|T| <= t) for Student's t with integer ``df`` (Abramowitz & Stegun 26.7.3-4).
-
-    With theta = atan(t / sqrt(df)): df = 1 gives 2 theta / pi; odd df adds
-    sin(theta) (cos + 2/3 cos^3 + ... + (2.4...(df-3))/(1.3...(df-2)) cos^(df-2));
-    even df is sin(theta) (1 + 1/2 cos^2 + ... + (1.3...(df-3))/(2.4...(df-2)) cos^(df-2)).
-    """
-    theta = math.atan(t / math.sqrt(df))
-    s, c2 = math.sin(theta), math.cos(theta) ** 2
-    if df % 2:
-        total, term = 0.0, math.cos(theta)
-        if df > 1:
-            total = term
-            for k in range(1, (df - 3) // 2 + 1):
-                term *= (2 * k) / (2 * k + 1) * c2
-                total += term
-        return 2.0 / math.pi * (theta + s * total)
-    total, term = 1.0, 1.0
-    for k in range(1, (df - 2) // 2 + 1):
-        term *= (2 * k - 1) / (2 * k) * c2
-        total += term
-    return s * total
-
-
-def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile (0.5 < p < 1) of Student's t with ``df >= 1`` degrees of freedom.
-
-    Bisection on the exact finite series of :func:`_t_abs_cdf` (float64, to
-    ~1e-12): t(0.975, 1) = 12.7062, t(0.975, 2) = 4.3027, t(0.975, 30) = 2.0423.
-    """
-    if not 0.5 < p < 1.0:
-        raise ValueError(f"p must be in (0.5, 1), got {p}")
-    if int(df) != df or df < 1:
-        raise ValueError(f"df must be a positive integer, got {df}")
-    df = int(df)
-    target = 2.0 * p - 1.0
-    lo, hi = 0.0, 1.0
-    while _t_abs_cdf(hi, df) < target:
-        lo, hi = hi, 2.0 * hi
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if _t_abs_cdf(mid, df) < target:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-13 * hi:
-            break
-    return 0.5 * (lo + hi)
-
-
-def mean_interval(values, level: float = 0.95) -> dict:
-    """Mean and two-sided ``level`` t-interval of ``values`` (one per seed).
-
-    Returns mean, lo, hi, half_width, n, t and the per-seed values; with one
-    value (or a non-finite one) the interval is unbounded / NaN.
-    """
-    v = np.asarray([as_float(x) for x in values], dtype=np.float64)
-    n = int(v.size)
-    mean = float(np.mean(v)) if n else math.nan
-    if n >= 2 and np.all(np.isfinite(v)):
-        t = t_quantile(0.5 + level / 2.0, n - 1)
-        half = t * float(np.std(v, ddof=1)) / math.sqrt(n)
-    else:
-        t, half = math.nan, (math.inf if n == 1 and math.isfinite(mean) else math.nan)
-    return {
-        "mean": mean,
-        "lo": mean - half,
-        "hi": mean + half,
-        "half_width": half,
-        "n": n,
-        "t": t,
-        "per_seed": v.tolist(),
-    }
-
-
-def verdict(stats: dict, tol: float = DEEPSEEK_TOLERANCE) -> str:
-    """What a :func:`mean_interval` says about +-tol.
-
-    "within": the whole interval lies inside +-tol; "outside": the whole
-    interval lies beyond it (however wide: a gap of [+5%, +20%] is resolved);
-    "crosses": a narrow interval (width <= 2 tol) that contains the bound;
-    "cannot resolve": any other interval wider than 2 tol.
-    """
-    lo, hi = stats["lo"], stats["hi"]
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return "cannot resolve" if math.isfinite(stats["mean"]) else "diverged"
-    if lo > tol or hi < -tol:
-        return "outside"
-    if hi - lo > 2 * tol:
-        return "cannot resolve"
-    if -tol <= lo and hi <= tol:
-        return "within"
-    return "outside" if lo > tol or hi < -tol else "crosses"
 
 
 # --- runs --------------------------------------------------------------------
@@ -389,44 +301,14 @@ def aggregate(config, runs: dict[str, dict[int, dict]], run_rows: dict) -> dict:
     }
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:+.2f}%" if math.isfinite(x) else "n/a"
-
-
 def _sci(x: float | None) -> str:
     if x is None or not math.isfinite(x):
         return "-"
     return f"{x:.1e}" if x else "0"
 
 
-def interval_text(st: dict) -> str:
-    """'+0.12% [-0.05%, +0.29%]' (mean and 95% interval)."""
-    if not math.isfinite(st["mean"]):
-        return "n/a"
-    if not (math.isfinite(st["lo"]) and math.isfinite(st["hi"])):
-        return f"{_pct(st['mean'])} [unbounded: one seed]"
-    return f"{_pct(st['mean'])} [{_pct(st['lo'])}, {_pct(st['hi'])}]"
-
-
-def stats_from_json(st: dict) -> dict:
-    """A :func:`mean_interval` dict read back from results.json (NaN / inf restored)."""
-    out = {k: as_float(v) for k, v in st.items() if k != "per_seed"}
-    out["per_seed"] = [as_float(x) for x in st["per_seed"]]
-    return out
-
-
 def _seeds(st: dict) -> str:
-    return ", ".join(_pct(x) for x in st["per_seed"])
-
-
-VERDICT_TEXT = {
-    "baseline": "--",
-    "within": "yes",
-    "outside": "no",
-    "crosses": "crosses the bound",
-    "cannot resolve": "cannot resolve 0.25%",
-    "diverged": "diverged",
-}
+    return ", ".join(pct(x) for x in st["per_seed"])
 
 
 def provenance_text(prov: dict) -> str:
@@ -516,102 +398,6 @@ def markdown(results: dict, command: str | None = None, notes: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _smooth(y: np.ndarray, window: int) -> np.ndarray:
-    if window <= 1 or y.size < window:
-        return y
-    k = np.ones(window) / window
-    # 'valid' would shorten the curve; pad with edge values instead.
-    pad = np.pad(y, (window // 2, window - 1 - window // 2), mode="edge")
-    return np.convolve(pad, k, mode="valid")
-
-
-def _smooth_rows(v: np.ndarray, window: int) -> np.ndarray:
-    return np.stack([_smooth(row, window) for row in v])
-
-
-def _band(gaps_SxN: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean over seeds (axis 0) and its t-interval at every step."""
-    stats = [mean_interval(gaps_SxN[:, i], level) for i in range(gaps_SxN.shape[1])]
-    return tuple(np.asarray([st[k] for st in stats]) for k in ("mean", "lo", "hi"))
-
-
-def plot(results: dict, run_rows: dict, workdir: Path, smooth: int = 10) -> list[Path]:
-    """loss_curves.png and gap_to_bf16.png (means over seeds, 95% intervals of the gap)."""
-    labels = [r["label"] for r in results["table"]]
-    base = results["baseline"]
-    seeds = results["seeds"]
-
-    def paired_curves(label: str, key: str):
-        """Steps logged by every seed of ``label`` and of the baseline; both [seeds, steps]."""
-        curves = [curve(run_rows[label][s], key) for s in seeds]
-        base_curves = [curve(run_rows[base][s], key) for s in seeds]
-        common = set(curves[0][0].tolist())
-        for c in curves[1:] + base_curves:
-            common &= set(c[0].tolist())
-        steps = np.asarray(sorted(common))
-
-        def pick(cs):
-            return np.stack([c[1][np.isin(c[0], steps)] for c in cs])
-
-        return steps, pick(curves), pick(base_curves)
-
-    fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for label in labels:
-        s, v, _ = paired_curves(label, "loss")
-        ax_t.plot(s, _smooth(v.mean(0), smooth), label=label, lw=1.2)
-        s, v, _ = paired_curves(label, "val_loss")
-        ax_v.plot(s, v.mean(0), marker="o", ms=3, label=label, lw=1.2)
-    ax_t.set(
-        xlabel="step", ylabel=f"train loss (mean over seeds, {smooth}-step avg)", title="train"
-    )
-    ax_v.set(xlabel="step", ylabel="validation cross-entropy (nats/byte)", title="validation")
-    for ax in (ax_t, ax_v):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{results['name']}: loss curves")
-    fig.tight_layout()
-    p1 = workdir / "loss_curves.png"
-    fig.savefig(p1, dpi=110)
-    plt.close(fig)
-
-    fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for label in labels:
-        if label == base:
-            continue
-        s, v, vb = paired_curves(label, "loss")
-        # Paired (same seed) relative gap per seed, then its mean and interval.
-        gap_t = (_smooth_rows(v, smooth) - _smooth_rows(vb, smooth)) / _smooth_rows(vb, smooth)
-        mean, lo, hi = _band(gap_t)
-        (line,) = ax_t.plot(s, 100 * mean, label=label, lw=1.2)
-        ax_t.fill_between(s, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.15)
-        s, v, vvb = paired_curves(label, "val_loss")
-        gap_v = (v - vvb) / vvb
-        mean, lo, hi = _band(gap_v)
-        (line,) = ax_v.plot(s, 100 * mean, marker="o", ms=3, label=f"{label} (mean)", lw=1.4)
-        ax_v.fill_between(s, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.15)
-        for row in gap_v:
-            ax_v.plot(s, 100 * row, color=line.get_color(), lw=0.6, alpha=0.5)
-    for ax, what in ((ax_t, "train loss"), (ax_v, "validation loss")):
-        ax.axhline(0, color="k", lw=0.8)
-        ax.axhspan(
-            -100 * DEEPSEEK_TOLERANCE,
-            100 * DEEPSEEK_TOLERANCE,
-            color="green",
-            alpha=0.08,
-            label="+-0.25%",
-        )
-        ax.set(xlabel="step", ylabel=f"paired gap of {what} to {base} (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    ax_v.set_title(f"mean over {len(seeds)} seeds, shaded: 95% t-interval, thin: each seed")
-    fig.suptitle(f"{results['name']}: gap to {base}")
-    fig.tight_layout()
-    p2 = workdir / "gap_to_bf16.png"
-    fig.savefig(p2, dpi=110)
-    plt.close(fig)
-    return [p1, p2]
-
-
 def run_comparison(
     config,
     workdir: str | Path,
@@ -689,13 +475,12 @@ def reproduction_check(committed: dict, rerun: dict, level: float = 0.95) -> lis
     for r in rerun["table"]:
         if r["label"] == rerun["baseline"] or r["label"] not in ref:
             continue
-        gaps = np.asarray(ref[r["label"]]["gap_val"]["per_seed"], np.float64)
-        n = gaps.size
-        if n < 2:
-            raise ValueError(f"{r['label']}: the committed comparison has {n} seed(s); need 2+")
-        t = t_quantile(0.5 + level / 2.0, n - 1)
-        half = t * float(np.std(gaps, ddof=1)) * math.sqrt(1.0 + 1.0 / n)
-        mean = float(np.mean(gaps))
+        gaps = ref[r["label"]]["gap_val"]["per_seed"]
+        if len(gaps) < 2:
+            raise ValueError(
+                f"{r['label']}: the committed comparison has {len(gaps)} seed(s); need 2+"
+            )
+        lo, hi = prediction_interval(gaps, level)
         for seed, gap in zip(rerun["seeds"], r["gap_val"]["per_seed"]):
             gap = as_float(gap)
             rows.append(
@@ -703,9 +488,9 @@ def reproduction_check(committed: dict, rerun: dict, level: float = 0.95) -> lis
                     "label": r["label"],
                     "seed": int(seed),
                     "gap": gap,
-                    "lo": mean - half,
-                    "hi": mean + half,
-                    "inside": bool(mean - half <= gap <= mean + half),
+                    "lo": lo,
+                    "hi": hi,
+                    "inside": bool(lo <= gap <= hi),
                 }
             )
     return rows
