@@ -157,7 +157,7 @@ def _load(path):
     return config_file(path)
 
 
-# interop_llama.py configures experiments/compare_interop.py, not compare_recipes.py.
+# interop_llama.py is an interop comparison (fp8jax.lab.qwix_comparison), not a recipe comparison.
 @pytest.mark.parametrize(
     "path",
     sorted(p for p in (ROOT / "configs" / "compare").glob("*.py") if p.stem != "interop_llama"),
