@@ -5,7 +5,7 @@ presets, a differentiable FP8 ``dot_general`` and the expert GEMM
 ``ragged_dot`` (``lax.ragged_dot``'s signature).
 """
 
-from fp8jax import accumulate, formats, platforms, recipes, scaling, schemes
+from fp8jax import accumulate, formats, platforms, recipes, registry, scaling, schemes
 from fp8jax.dot_general import dot_general, dot_general_with_stats
 from fp8jax.formats import E4M3, E4M3FNUZ, E5M2, E5M2FNUZ, E8M0, saturating_cast
 from fp8jax.grouped import grouped_dot, grouped_dot_with_stats
@@ -42,6 +42,7 @@ __all__ = [
     "formats",
     "platforms",
     "recipes",
+    "registry",
     "scaling",
     "schemes",
 ]

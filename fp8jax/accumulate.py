@@ -67,7 +67,7 @@ rounding-to-odd algorithm, see ``_fma_exact_chain``).
 Cost: a ``lax.scan`` over the K blocks, each step two fused elementwise passes
 over the block's products (the exponent max, then the truncated sum), plus
 O(B M N) work for the accumulator and the promotion; several times a float32
-matmul of the same shape (``experiments/accumulation.py`` measures it).
+matmul of the same shape (configs/study/accumulation.py measures it).
 """
 
 from __future__ import annotations

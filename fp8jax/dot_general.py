@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp8jax import resolved, scaling
+from fp8jax import path_record, scaling
 from fp8jax.gemm import gemm, with_dot_algorithm
 from fp8jax.layout import Layout
 from fp8jax.operands import (
@@ -281,7 +281,7 @@ def _high_precision(lhs, rhs, dimension_numbers, recipe: Recipe, out_dtype) -> j
     """
     c = recipe.compute
     # Autodiff transposes this one op into the Dgrad and Wgrad dots.
-    resolved.note_standard_op(f"lax.dot_general {c.name}")
+    path_record.note_standard_op(f"lax.dot_general {c.name}")
     # The named algorithm of each platform the program may be lowered for.
     y = with_dot_algorithm(
         c,

@@ -4,7 +4,8 @@ Every quantized GEMM of the project (the three GEMMs of ``fp8jax.dot_general``
 and of the grouped expert GEMM, in every format) runs through :func:`gemm`
 (dense) or :func:`grouped_gemm` (which lays the expert groups out as tiles
 and calls :func:`gemm`), and :func:`select_impl` decides in one place how it
-runs, from one table (:data:`IMPLS`, :data:`AUTO`) over formats and backends.
+runs, from one table (:data:`fp8jax.recipes.IMPLS`, :data:`AUTO`) over formats and
+backends.
 
 Canonical dense layouts (B = batch; the custom VJPs bring every GEMM here)::
 
@@ -39,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp8jax import accumulate, blockscaled, host_cpu, platforms, resolved
+from fp8jax import accumulate, blockscaled, host_cpu, path_record, platforms
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
 from fp8jax.kernels.availability import kernel_available
 from fp8jax.kernels.block_gemm import (
@@ -52,7 +53,7 @@ from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligne
 from fp8jax.layout import Layout, repeat_crop
 from fp8jax.operands import materialize
 from fp8jax.quant import QTensor, is_quantized
-from fp8jax.recipes import Recipe
+from fp8jax.recipes import IMPLS, Recipe
 
 KINDS = ("fprop", "dgrad", "wgrad")
 DIMS = {
@@ -70,9 +71,9 @@ _ALG = lax.DotAlgorithmPreset
 
 
 # The one table of implementations: for each scheme of the two operands,
-# the implementations a recipe may name, and what "auto" runs on each
-# platform a program is lowered for (the first entry that is available
-# there).  On a CUDA GPU: "pallas" where the operands have the Pallas
+# the implementations a recipe may name (``fp8jax.recipes.IMPLS``, where a
+# Recipe checks its ``impl``), and what "auto" runs on each platform a
+# program is lowered for (the first entry that is available there).  On a CUDA GPU: "pallas" where the operands have the Pallas
 # kernel's layouts and the target is a Hopper or later GPU, else "chunked";
 # the block formats take "scaled_matmul" on a Blackwell target (>= 10.0).
 # Hardware FP8 dots ("fp8", "fp8_fast") are named, never chosen: their
@@ -90,11 +91,6 @@ _ALG = lax.DotAlgorithmPreset
 # run "xla" off the native GEMM (their dequantized values are exact in
 # float32).  Measured ratios: ``experiments/bench_core.py`` and
 # docs/benchmarks.md.
-IMPLS: dict[str, tuple[str, ...]] = {
-    "fp8": ("xla", "chunked", "fp8", "fp8_fast", "pallas"),
-    "mx": ("xla",),
-    "nvfp4": ("xla",),
-}
 AUTO: dict[tuple[str, str], tuple[str, ...]] = {
     ("fp8", "cuda"): ("pallas", "chunked"),
     ("fp8", "rocm"): ("chunked",),
@@ -379,7 +375,9 @@ def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> j
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     # One decision per platform; the lowering keeps the one it lowers for.
     decisions = {p: _decision(recipe, a, b, kind, p) for p in platforms.PLATFORMS}
-    resolved.note(kind, {p: describe_path(i, recipe, a, b, h) for p, (i, h) in decisions.items()})
+    path_record.note(
+        kind, {p: describe_path(i, recipe, a, b, h) for p, (i, h) in decisions.items()}
+    )
     return platforms.choose(
         decisions.__getitem__, lambda d: lambda: _run(d, a, b, kind, recipe, b_index)
     )
@@ -585,7 +583,7 @@ def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_group
     Rows in no group give 0.  Runs as a batched :func:`gemm` over the tiles
     of ``layout`` (or the grouped Pallas kernel, which reads that layout).
     """
-    with resolved.scope("expert"):
+    with path_record.scope("expert"):
         if kind == "wgrad":
             # Each token tile's result is complete (scaled, promoted) before the
             # tiles of a group are added in float32; under the accumulation
@@ -603,7 +601,7 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
     kernel = {p: d for p, d in decisions.items() if d[0] == "pallas"}
     others = tuple(p for p in platforms.PLATFORMS if p not in kernel)
     if kernel:
-        resolved.note(
+        path_record.note(
             kind,
             {
                 p: "pallas grouped" + (" interpret" if how == "interpret" else "")
@@ -618,7 +616,7 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
         def dense_tiles():
             # Each tile's expert (padding tiles take expert 0).
             tile_expert = jnp.maximum(layout.tile_group, 0)
-            with resolved.only(others):
+            with path_record.only(others):
                 y = gemm(a_t, b, kind, recipe, b_index=tile_expert)
             return from_tiles(y, layout)
 

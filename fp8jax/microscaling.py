@@ -291,17 +291,17 @@ def dequantize_blocks(q: QTensor, dtype: Any = jnp.float32) -> jnp.ndarray:
 
 def fake_quantize(
     x: jnp.ndarray,
-    kind: str,
+    fmt: str,
     axis: int = -1,
     *,
     two_d: bool = False,
     key: jax.Array | None = None,
 ) -> jnp.ndarray:
-    """Quantize then dequantize (float32): ``kind`` is "mxfp8" or "nvfp4"."""
-    if kind == "mxfp8":
+    """Quantize then dequantize (float32): ``fmt`` is "mxfp8" or "nvfp4"."""
+    if fmt == "mxfp8":
         q = quantize_mxfp8(x, axis, two_d=two_d, key=key)
-    elif kind == "nvfp4":
+    elif fmt == "nvfp4":
         q = quantize_nvfp4(x, axis, two_d=two_d, key=key)
     else:
-        raise ValueError(f"unknown block format {kind!r}; known: 'mxfp8', 'nvfp4'")
+        raise ValueError(f"unknown block format {fmt!r}; known: 'mxfp8', 'nvfp4'")
     return dequantize_blocks(q)

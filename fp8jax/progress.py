@@ -2,7 +2,7 @@
 
 On a terminal it redraws one line at most five times a second; in a log
 (not a terminal) it writes one line per tenth of the work.  Units are bytes,
-shown in MB with the rate.
+shown in MB with the rate, or whole items of a named unit.
 """
 
 from __future__ import annotations
@@ -22,8 +22,11 @@ class Progress:
         stream: TextIO | None = None,
         width: int = 30,
         quiet: bool = False,
+        unit: str = "bytes",
     ):
         self.quiet = quiet
+        # "bytes" shows MB and MB/s; any other unit counts whole items ("windows").
+        self.unit = unit
         self.total = max(int(total), 1)
         self.label = label
         self.stream = sys.stderr if stream is None else stream
@@ -49,11 +52,12 @@ class Progress:
             return
         self._last, self._last_decile = now, decile
         fill = int(frac * self.width)
-        rate = self.done / max(now - self.t0, 1e-9) / 1e6
-        line = (
-            f"{self.label} [{'#' * fill}{'.' * (self.width - fill)}] {frac:6.1%} "
-            f"{self.done / 1e6:,.1f}/{self.total / 1e6:,.1f} MB {rate:,.1f} MB/s {what}"
-        )
+        rate = self.done / max(now - self.t0, 1e-9)
+        if self.unit == "bytes":
+            count = f"{self.done / 1e6:,.1f}/{self.total / 1e6:,.1f} MB {rate / 1e6:,.1f} MB/s"
+        else:
+            count = f"{self.done:,}/{self.total:,} {self.unit} {rate:,.2f}/s"
+        line = f"{self.label} [{'#' * fill}{'.' * (self.width - fill)}] {frac:6.1%} {count} {what}"
         if self._tty:
             self.stream.write("\r" + line[:160].ljust(160))
             if frac >= 1.0:

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp8jax import resolved, scaling
+from fp8jax import path_record, scaling
 from fp8jax.gemm import with_dot_algorithm
 from fp8jax.grouped import grouped_dot_with_stats
 from fp8jax.groups import check_group_sizes, group_sizes_valid
@@ -148,8 +148,8 @@ def _standard(lhs, rhs, group_sizes, recipe: Recipe, preferred_element_type) -> 
     )
     c = recipe.compute
     # Autodiff transposes this one op into the Dgrad and Wgrad GEMMs.
-    with resolved.scope("expert"):
-        resolved.note_standard_op(f"lax.ragged_dot {c.name}")
+    with path_record.scope("expert"):
+        path_record.note_standard_op(f"lax.ragged_dot {c.name}")
     # Operands rounded once to the compute dtype (bfloat16 in the bf16
     # baseline), products accumulated in float32, one rounding to the output.
     # The named algorithm of each platform the program may be lowered for.

@@ -25,7 +25,6 @@ two operands.  Granularities are *relative to that GEMM's contraction axis*:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -37,9 +36,18 @@ from fp8jax.quant import check_scale_fmt
 
 GRANULARITIES = ("tensor", "row", "tile", "block")
 SCALINGS = ("current", "delayed")
-IMPLS = ("auto", "xla", "chunked", "fp8", "fp8_fast", "pallas")
+# The implementations a recipe may name, per scheme of its operands
+# (fp8jax.schemes); "auto" lets the GEMM core choose among them per platform
+# (fp8jax.gemm.AUTO), and the core refuses a name its operands' scheme lacks.
+IMPLS: dict[str, tuple[str, ...]] = {
+    "fp8": ("xla", "chunked", "fp8", "fp8_fast", "pallas"),
+    "mx": ("xla",),
+    "nvfp4": ("xla",),
+}
 CACHE_FORMATS = (None, "e5m6", "e5m6_unscaled")
-SITES = ("attn_out", "dispatch", "expert_down")
+# The GEMM sites a recipe treats apart (:func:`for_site`); the activation sites a
+# study may change are fp8jax.nn.taps.ACTIVATION_SITES.
+GEMM_SITES = ("attn_out", "dispatch", "expert_down")
 PROMOTE_ROUNDINGS = ("fma", "separate")
 SCALE_ROUNDINGS = ("floor", "ceil")
 
@@ -294,8 +302,9 @@ class Recipe:
     high_precision_last: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
+        names = ("auto", *dict.fromkeys(i for impls in IMPLS.values() for i in impls))
+        if self.impl not in names:
+            raise ValueError(f"impl must be one of {names}, got {self.impl!r}")
         if self.dequant_dtype not in ("float32", "bfloat16"):
             raise ValueError("dequant_dtype must be 'float32' or 'bfloat16'")
         if not 0.0 <= self.high_precision_last <= 1.0:
@@ -384,8 +393,8 @@ def for_site(recipe: Recipe, site: str) -> Recipe:
     tilings (1x128 where it is produced, 128x1 for Wgrad), which is why the
     paper gives them to the tensors that are re-tiled or sent in FP8.
     """
-    if site not in SITES:
-        raise ValueError(f"unknown site {site!r}; sites: {SITES}")
+    if site not in GEMM_SITES:
+        raise ValueError(f"unknown site {site!r}; sites: {GEMM_SITES}")
     if site == "attn_out":
         r = _pow2_specs(recipe, "fprop_x", "wgrad_x") if recipe.attn_out_pow2 else recipe
         if recipe.attn_out_cache is not None:
@@ -659,23 +668,3 @@ PRESETS = {
     "bf16": bf16,
     "fp32": fp32,
 }
-
-
-def get(name: str) -> Recipe:
-    """A recipe by name: a preset (PRESETS) or a study variant (``fp8jax.variants.VARIANTS``).
-
-    The one registry configs, comparisons and interop rules resolve names in.
-    """
-    # Variants are built from the presets above, so their module imports this
-    # one; looking them up at call time keeps the import graph one-way.
-    from fp8jax.variants import VARIANTS
-
-    known = {**PRESETS, **VARIANTS}
-    try:
-        return known[name]()
-    except KeyError:
-        close = difflib.get_close_matches(name, list(known), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ValueError(
-            f"unknown recipe {name!r}; {hint}known: {', '.join(sorted(known))}"
-        ) from None

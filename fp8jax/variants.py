@@ -1,6 +1,6 @@
 """Named variants of the presets: what the studies change, one property at a time.
 
-``fp8jax.recipes.get(name)`` resolves a preset of :mod:`fp8jax.recipes` or one
+``fp8jax.registry.get(name)`` resolves a preset of :mod:`fp8jax.recipes` or one
 of these.  Each is built with ``dataclasses.replace`` on a preset's QuantSpecs
 so that exactly one property changes:
 

@@ -47,8 +47,8 @@ from flax import nnx
 
 import fp8jax
 from fp8jax import interop
-from fp8jax.interop import qwix_comparison as interop_compare
 from fp8jax.interop.examples.llama import Llama, LlamaConfig, next_token_loss
+from fp8jax.lab import qwix_comparison as interop_compare
 from fp8jax.nn.recording import capture
 
 SMALL = os.environ.get("FP8JAX_NOTEBOOK_SMALL") == "1"
@@ -132,7 +132,7 @@ assert all(float(st["saturated"]) == 0 for st in stats.values())
 # %% [markdown]
 # ## 5. Does the loss notice?  The paired comparison
 #
-# `fp8jax.interop.qwix_comparison.run` trains the model under each label's rules from
+# `fp8jax.lab.qwix_comparison.run` trains the model under each label's rules from
 # the same initialization and batches per seed and reports the relative gap of
 # the final validation loss to bf16, its mean and 95% interval over seeds.
 # Here a short demonstration (a few seeds and steps, run from whatever tree
@@ -161,7 +161,7 @@ print(interop_compare.markdown(results))
 # %% [markdown]
 # With a handful of seeds the interval is wide: "cannot resolve" is the
 # honest verdict.  The committed comparison
-# (`configs/compare/interop_llama.py`, `experiments/compare_interop.py`):
+# (`configs/compare/interop_llama.py`, `experiments/compare_recipes.py`):
 
 # %%
 committed = REPO / "experiments/results/interop_llama/results.json"

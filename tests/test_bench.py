@@ -368,7 +368,7 @@ def test_bench_sweep_entry_point(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            str(REPO / "experiments" / "bench_sweep.py"),
+            str(REPO / "experiments" / "bench.py"),
             "--config=configs/bench/sweep.py:cpu",
             "--config.shapes=16x32x24",
             "--config.recipes=bf16,deepseek_v3",

@@ -122,9 +122,9 @@ def test_native_path_wiring_through_dot_general(monkeypatch, name):
     # Pretend to be a Blackwell GPU whose scaled_matmul computes what its
     # documentation says: dot_general's three GEMMs through the native path
     # (layouts, transposes, padding of K, tensor scales) equal the emulation.
-    from fp8jax import recipes
+    from fp8jax import registry
 
-    recipe = recipes.get(name)
+    recipe = registry.get(name)
     x = jax.random.normal(jax.random.key(0), (37, 70))
     w = jax.random.normal(jax.random.key(1), (70, 45)) * 0.1
     dy = jax.random.normal(jax.random.key(2), (37, 45))

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
-from fp8jax.train.compare import mean_interval, verdict
-from fp8jax.train.compare_sweep import plot_sweep, sweep_markdown, sweep_rows
+from fp8jax.lab.compare_sweep import plot_sweep, sweep_markdown, sweep_rows
+from fp8jax.lab.stats import mean_interval, verdict
 
 
 def _results(gaps: dict[str, list[float]], flushed: dict[str, float]) -> dict:

@@ -45,7 +45,7 @@ def _rel(a, b):
 @pytest.mark.parametrize("name", RECIPES)
 @pytest.mark.parametrize("jit", [False, True])
 def test_forward_and_grads_match_reference(name, jit):
-    recipe = fp8jax.recipes.get(name)
+    recipe = fp8jax.registry.get(name)
     x, w, g = _inputs()
     y, (dx, dw, _) = _run(recipe, x, w, g, jit)
     ry, rdx, rdw = ref_linear_grads(x, w, g, recipe)
@@ -120,7 +120,7 @@ def test_massive_activations_stats_and_tile_advantage():
     errs = {}
     for name in ["current_tensor", "deepseek_v3"]:
         f = jax.jit(
-            lambda x, w, r=fp8jax.recipes.get(name): dot_general_with_stats(  # noqa: B008
+            lambda x, w, r=fp8jax.registry.get(name): dot_general_with_stats(  # noqa: B008
                 x, w, DN, recipe=r
             )
         )
@@ -272,7 +272,7 @@ def test_finite_inputs_never_nan(name, m, k, special, seed):
     for v in special:
         x[0, rng.integers(m), rng.integers(k)] = v
     w = rng.standard_normal((1, k, 9)).astype(np.float32)
-    y, (dx, dw, _) = _run(fp8jax.recipes.get(name), x, w, np.ones((1, m, 9), np.float32), True)
+    y, (dx, dw, _) = _run(fp8jax.registry.get(name), x, w, np.ones((1, m, 9), np.float32), True)
     for a in (y, dx, dw):
         assert not np.any(np.isnan(np.asarray(a)))
 
@@ -282,7 +282,7 @@ def test_prequantized_weight_goes_in_with_its_codes(name):
     # A weight quantized before the call (as an FP8 gather delivers it) gives
     # the result of quantizing inside, bit for bit, and its gradient is the
     # gradient of the values it represents (zero for its scales).
-    recipe = fp8jax.recipes.get(name)
+    recipe = fp8jax.registry.get(name)
     x, w, g = (t[0] for t in _inputs())
     dn = (((1,), (0,)), ((), ()))
     qw = fp8jax.schemes.quantize(jnp.asarray(w), recipe.fprop.rhs, 0)

@@ -170,7 +170,7 @@ def test_every_preset_runs_chunked_end_to_end(name):
     x = jnp.asarray(rng.standard_normal((3, 70, 200)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((200, 90)) / 14, jnp.float32)
     dn = (((2,), (0,)), ((), ()))
-    base = fp8jax.recipes.get(name)
+    base = fp8jax.registry.get(name)
     state = scaling.init_delayed_gemm_state(base) if fp8jax.needs_state(base) else None
 
     # A loss linear in y: dy does not depend on the forward's rounding.
@@ -213,7 +213,7 @@ def _named(eqn) -> bool:
 @pytest.mark.parametrize("impl", ["xla", "chunked"])
 def test_every_float32_dot_names_its_algorithm(name, impl):
     """Forward + backward of every preset, dense and grouped: no float32 dot at the backend's default."""
-    base = dataclasses.replace(fp8jax.recipes.get(name), impl=impl)
+    base = dataclasses.replace(fp8jax.registry.get(name), impl=impl)
     state = scaling.init_delayed_gemm_state(base) if fp8jax.needs_state(base) else None
     x = jnp.ones((2, 40, 130), jnp.float32)
     w = jnp.ones((130, 20), jnp.float32)

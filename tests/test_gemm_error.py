@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fp8jax import recipes
+from fp8jax import recipes, registry
 from fp8jax.numerics.gemm_error import gemm_errors, median_token_relative_error
-from fp8jax.numerics.inputs import KINDS, make_activations, make_gemm_inputs
+from fp8jax.numerics.inputs import DISTRIBUTIONS, make_activations, make_gemm_inputs
 
 
-def test_activations_kinds():
+def test_activations_distributions():
     g = make_activations("gaussian", 64, 300)
     assert g.shape == (64, 300) and g.dtype == np.float32
     o1 = make_activations("outlier_channels", 64, 300, magnitude=500.0, seed=1)
@@ -34,11 +34,13 @@ def test_activations_kinds():
     np.testing.assert_allclose(np.abs(m[m != plain]), 1e4 * rms, rtol=1e-6)
 
 
-@pytest.mark.parametrize("bad", [dict(kind="nope"), dict(magnitude=0.0), dict(magnitude=np.inf)])
+@pytest.mark.parametrize(
+    "bad", [dict(distribution="nope"), dict(magnitude=0.0), dict(magnitude=np.inf)]
+)
 def test_activations_reject_bad_input(bad):
-    args = dict(kind="massive", m=8, k=16) | bad
+    args = dict(distribution="massive", m=8, k=16) | bad
     with pytest.raises(ValueError):
-        make_activations(args.pop("kind"), args.pop("m"), args.pop("k"), **args)
+        make_activations(args.pop("distribution"), args.pop("m"), args.pop("k"), **args)
 
 
 def test_median_token_relative_error_matches_a_loop():
@@ -53,7 +55,7 @@ def test_median_token_relative_error_matches_a_loop():
 
 def test_gemm_errors_fp32_exact_and_fine_grained_wins_on_massive():
     x, w, dy = make_gemm_inputs("massive", 256, 256, 128)
-    exact = gemm_errors(recipes.get("fp32"), x, w, dy)
+    exact = gemm_errors(registry.get("fp32"), x, w, dy)
     assert max(exact.values()) < 1e-5  # float32 GEMMs against float64
     ds = gemm_errors(recipes.deepseek_v3(), x, w, dy)
     ct = gemm_errors(recipes.current_tensor(), x, w, dy)
@@ -62,4 +64,4 @@ def test_gemm_errors_fp32_exact_and_fine_grained_wins_on_massive():
         assert all(1e-3 < v < 0.1 for k, v in errs.items() if k.endswith("_rel"))
     # ... but one per-tensor scale flushes the ordinary tokens: per token, tiles win >= 2x.
     assert ct["y_tok"] > 2 * ds["y_tok"]
-    assert set(KINDS) == {"gaussian", "outlier_channels", "massive"}
+    assert set(DISTRIBUTIONS) == {"gaussian", "outlier_channels", "massive"}

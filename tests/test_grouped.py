@@ -122,7 +122,7 @@ def _froberr(a, b):
 
 @pytest.mark.parametrize("name", ["deepseek_v3", "current_tensor", "rowwise", "bf16"])
 def test_matches_per_expert_reference(name):
-    recipe = fp8jax.recipes.get(name)
+    recipe = fp8jax.registry.get(name)
     x, w, dy = _inputs()
     gs = jnp.asarray(GROUPS)
     y, dx, dw, _ = _run(x, w, dy, gs, recipe)
@@ -191,7 +191,7 @@ def test_bad_inputs():
 @pytest.mark.parametrize("name", ["deepseek_v3", "current_tensor", "rowwise"])
 def test_chunked_impl_matches_reference(name):
     """impl='chunked' (codes per 128-run in bfloat16, scales at promotion) on the experts."""
-    recipe = dataclasses.replace(fp8jax.recipes.get(name), impl="chunked")
+    recipe = dataclasses.replace(fp8jax.registry.get(name), impl="chunked")
     x, w, dy = _inputs(4)
     y, dx, dw, _ = _run(x, w, dy, jnp.asarray(GROUPS), recipe)
     ry, rdx, rdw = reference(x, w, dy, GROUPS, recipe)
@@ -278,7 +278,7 @@ def test_dgrad_blocks_stay_inside_each_expert():
     """128x128 blocks of dy (DeepSeek-V3 B.2's setting) are cut per expert: the grouped dx
     equals a per-expert loop of the dense GEMM with the same recipe."""
 
-    recipe = fp8jax.recipes.get("dgrad_blocks")
+    recipe = fp8jax.registry.get("dgrad_blocks")
     x, w, dy = _inputs(7)
     gs_np = GROUPS
     f = lambda x, w: grouped_dot(
@@ -330,7 +330,7 @@ def test_prequantized_weights_go_in_with_their_codes():
 @pytest.mark.parametrize("name", ["bf16", "deepseek_v3"])
 @pytest.mark.parametrize("sizes", [[-3, 7], [9, 9], [2**31 - 1, 0]])
 def test_invalid_group_sizes_are_refused_eagerly_and_nan_under_jit(name, sizes):
-    recipe = fp8jax.recipes.get(name)
+    recipe = fp8jax.registry.get(name)
     x = jnp.ones((4, 128), jnp.float32)
     w = jnp.ones((2, 128, 128), jnp.float32)
     gs = jnp.asarray(sizes, jnp.int32)

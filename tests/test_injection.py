@@ -114,7 +114,7 @@ def test_with_injection_opens_the_site_while_the_loss_is_traced():
 
 
 def test_a_comparison_run_with_an_unknown_inject_field_is_a_config_error():
-    from fp8jax.train import compare
+    from fp8jax.lab import compare
     from fp8jax.train.defaults import comparison_block
 
     c = tiny_config()

@@ -41,6 +41,9 @@ def test_rules_resolve_and_refuse_bad_input():
     with pytest.raises(ValueError, match="delayed"):
         interop.dot_general("hybrid_delayed")
     assert interop.dot_general(None) is jax.lax.dot_general
+    # The factories' names say what they make; the hook names stay as aliases.
+    assert interop.dot_general is interop.make_dot_general
+    assert (interop.einsum, interop.ragged_dot) == (interop.make_einsum, interop.make_ragged_dot)
 
 
 SPECS = [

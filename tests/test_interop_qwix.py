@@ -223,7 +223,7 @@ def test_linen_model_through_qwix():
 # Minutes on 2 CPU cores (Qwix's eager first call of the FP8 model): -m slow.
 @pytest.mark.slow
 def test_comparison_entry_point_runs_at_a_tiny_setting():
-    from fp8jax.interop.qwix_comparison import markdown, run
+    from fp8jax.lab.qwix_comparison import markdown, run
 
     path = Path(__file__).resolve().parents[1] / "configs/compare/interop_llama.py"
     c = config_file(path)

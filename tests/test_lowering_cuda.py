@@ -19,7 +19,7 @@ import pytest
 from jax import export
 
 import fp8jax
-from fp8jax import platforms, recipes, resolved, scaling
+from fp8jax import path_record, platforms, recipes, registry, scaling
 
 DIMS = (((1,), (0,)), ((), ()))
 M, K, N = 256, 384, 256
@@ -45,9 +45,9 @@ def _fwd_bwd(recipe):
 
 
 def _lower(recipe, platform="cuda", capability="9.0"):
-    with platforms.lowering_for_cuda(capability), resolved.recording(platform) as paths:
+    with platforms.lowering_for_cuda(capability), path_record.recording(platform) as paths:
         text = _fwd_bwd(recipe).trace(*_args()).lower(lowering_platforms=(platform,)).as_text()
-    return text, resolved.as_table(paths)
+    return text, path_record.as_table(paths)
 
 
 def _fp8_dots(text):
@@ -59,7 +59,7 @@ def _fp8_dots(text):
 @pytest.mark.parametrize("name", FP8_PRESETS)
 @pytest.mark.parametrize("impl", ["fp8", "fp8_fast"])
 def test_hardware_fp8_dots(name, impl):
-    recipe = dataclasses.replace(recipes.get(name), impl=impl)
+    recipe = dataclasses.replace(registry.get(name), impl=impl)
     text, paths = _lower(recipe)
     dots = _fp8_dots(text)
     # Fprop, Dgrad, Wgrad: one FP8 x FP8 -> f32 dot each (per run, in a loop).
@@ -98,7 +98,7 @@ def test_pallas_kernels_are_triton_calls(impl):
 def test_auto_elsewhere_is_what_the_docs_say(name):
     # Per-tensor / per-row layouts do not fit the kernel: "chunked" (the FP8
     # codes as bfloat16 with BF16_BF16_F32); bf16 is lax.dot_general.
-    text, paths = _lower(recipes.get(name))
+    text, paths = _lower(registry.get(name))
     assert "triton" not in text and not _fp8_dots(text)
     if name == "bf16":
         assert all(v.startswith("lax.dot_general") for v in paths.values())
@@ -111,7 +111,7 @@ def test_auto_elsewhere_is_what_the_docs_say(name):
     "name,data,scale", [("mxfp8", "f8E4M3FN", "f8E8M0FNU"), ("nvfp4", "f4E2M1FN", "f8E4M3FN")]
 )
 def test_block_formats_use_cudnn_on_blackwell(name, data, scale):
-    text, paths = _lower(recipes.get(name), capability="10.0")
+    text, paths = _lower(registry.get(name), capability="10.0")
     calls = [ln for ln in text.splitlines() if "custom_call @__op$block_scaled_dot" in ln]
     assert len(calls) == 3
     for ln in calls:
@@ -120,7 +120,7 @@ def test_block_formats_use_cudnn_on_blackwell(name, data, scale):
     scheme = "mx" if name == "mxfp8" else "nvfp4"
     assert set(paths.values()) == {f"{scheme}:scaled_matmul"}
     # On Hopper the same recipe dequantizes (no block-scaled tensor cores).
-    text, paths = _lower(recipes.get(name), capability="9.0")
+    text, paths = _lower(registry.get(name), capability="9.0")
     assert "block_scaled_dot" not in text
     assert set(paths.values()) == {f"{scheme}:xla dequant float32"}
 
@@ -133,7 +133,7 @@ def test_presets_export_for_every_platform(name):
     triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
     with platforms.lowering_for_cuda("9.0"):
         exp = export.export(
-            _fwd_bwd(recipes.get(name)), platforms=["cpu", "cuda", "tpu"], disabled_checks=[triton]
+            _fwd_bwd(registry.get(name)), platforms=["cpu", "cuda", "tpu"], disabled_checks=[triton]
         )(x, w)
     assert exp.platforms == ("cpu", "cuda", "tpu")
     if name == "deepseek_v3":
@@ -145,7 +145,7 @@ def test_baselines_name_each_platforms_algorithm(name):
     # lax.dot_general with the named algorithm of the platform lowered for:
     # TPUs reject F32_F32_F32 (HIGHEST there); XLA CPU's small dots reject
     # BF16_BF16_F32 (HIGHEST there).
-    recipe = recipes.get(name)
+    recipe = registry.get(name)
     text = {p: _lower(recipe, platform=p)[0] for p in ("cpu", "cuda", "tpu")}
     if name == "bf16":
         assert "BF16_BF16_F32" in text["cuda"] or "lhs_precision_type = bf16" in text["cuda"]

@@ -21,7 +21,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 import fp8jax
-from fp8jax import recipes, resolved, scaling
+from fp8jax import path_record, recipes, registry, scaling
 
 pytest.importorskip("libtpu")
 from jax.experimental import topologies  # noqa: E402
@@ -57,10 +57,10 @@ def _compile(recipe, chip: str, m=256, k=384, n=256):
         y = y[0] if isinstance(y, tuple) else y
         return jnp.sum(y.astype(jnp.float32) ** 2)
 
-    with resolved.recording("tpu") as paths:
+    with path_record.recording("tpu") as paths:
         traced = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(x, w)
     compiled = traced.lower(lowering_platforms=("tpu",)).compile()
-    return compiled.as_text(), resolved.as_table(paths)
+    return compiled.as_text(), path_record.as_table(paths)
 
 
 def test_deepseek_v3_compiles_for_v6e():
@@ -73,7 +73,7 @@ def test_deepseek_v3_compiles_for_v6e():
 @pytest.mark.parametrize("chip", list(TOPOLOGIES))
 @pytest.mark.parametrize("name", PRESETS)
 def test_presets_compile_on_auto(chip, name):
-    _, paths = _compile(recipes.get(name), chip)
+    _, paths = _compile(registry.get(name), chip)
     if name == "bf16":
         assert all(v.startswith("lax.dot_general") for v in paths.values())
     elif name in ("mxfp8", "nvfp4"):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from fp8jax import recipes
+from fp8jax import recipes, registry
 from fp8jax.models import ModelConfig, MoETransformer
 from fp8jax.models.moe import SwiGLU, smooth_swiglu_scales
 from fp8jax.nn.recording import capture
@@ -62,7 +62,7 @@ def _aligned_swiglu(cfg, recipe, gain=40.0):
     "name", ["bf16", "current_tensor", pytest.param("deepseek_v3", marks=pytest.mark.slow)]
 )
 def test_smooth_swiglu_same_function_and_bounded_quantized_input(name):
-    recipe = recipes.get(name)
+    recipe = registry.get(name)
     x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 16, CFG.d_model)), CFG.dtype)
     out, stats = {}, {}
     for smooth in (False, True):

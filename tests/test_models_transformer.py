@@ -37,7 +37,7 @@ def _loss_and_grads(cfg, recipe, telemetry=False):
 
 @pytest.fixture(scope="module")
 def results():
-    return {name: _loss_and_grads(CFG, fp8jax.recipes.get(name)) for name in PRESETS}
+    return {name: _loss_and_grads(CFG, fp8jax.registry.get(name)) for name in PRESETS}
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -177,5 +177,5 @@ def test_nvfp4_model_runs_its_last_block_unquantized():
     assert model.blocks[0].ffn.w13.recipe.is_fp8 and model.blocks[1].ffn.recipe.is_fp8
     assert not model.blocks[2].ffn.recipe.is_fp8
     assert not model.blocks[2].attn.wo.recipe.is_fp8
-    every = MoETransformer(cfg, fp8jax.recipes.get("nvfp4_all_layers"), rngs=nnx.Rngs(0))
+    every = MoETransformer(cfg, fp8jax.registry.get("nvfp4_all_layers"), rngs=nnx.Rngs(0))
     assert every.blocks[2].ffn.recipe.is_fp8

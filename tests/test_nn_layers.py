@@ -63,7 +63,7 @@ def test_delayed_recipe_owns_state_and_its_gradient_updates_it():
     np.testing.assert_allclose(float(new.x.amax_history[0]), float(jnp.max(jnp.abs(x))), rtol=1e-6)
     np.testing.assert_allclose(float(new.dy.amax_history[0]), 1.0)
     for name in ("bf16", "deepseek_v3", "current_tensor", "rowwise"):
-        layer = Dense(64, 32, recipe=fp8jax.recipes.get(name), rngs=nnx.Rngs(0))
+        layer = Dense(64, 32, recipe=fp8jax.registry.get(name), rngs=nnx.Rngs(0))
         assert not jax.tree.leaves(nnx.state(layer, FP8State))
 
 

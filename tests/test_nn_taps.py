@@ -32,13 +32,13 @@ def test_hooks_compose_outermost_first_and_may_replace_the_output():
     x = jnp.ones((2, 8), jnp.float32)
     seen = []
 
-    def outer(kind, call, x, w, dims, **kw):
-        seen.append(("outer", kind, w.shape))
+    def outer(scope, call, x, w, dims, **kw):
+        seen.append(("outer", scope, w.shape))
         y, st = call(x, w, dims, **kw)
         return y + 1.0, st
 
-    def inner(kind, call, x, w, dims, **kw):
-        seen.append(("inner", kind, w.shape))
+    def inner(scope, call, x, w, dims, **kw):
+        seen.append(("inner", scope, w.shape))
         y, st = call(x, w, dims, **kw)
         return y * 2.0, st
 
@@ -55,10 +55,10 @@ def test_model_gemms_reach_the_hook_without_reassigning_module_attributes():
     before = (dense.dot_general_with_stats, moe.ragged_dot_with_stats)
     model = MoETransformer(ModelConfig.tiny(), fp8jax.recipes.bf16(), rngs=nnx.Rngs(0))
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, 256, (2, 16)), jnp.int32)
-    kinds = []
+    scopes = []
 
-    def hook(kind, call, x, w, groups, **kw):
-        kinds.append(kind)
+    def hook(scope, call, x, w, groups, **kw):
+        scopes.append(scope)
         assert (dense.dot_general_with_stats, moe.ragged_dot_with_stats) == before
         return call(x, w, groups, **kw)
 
@@ -66,8 +66,8 @@ def test_model_gemms_reach_the_hook_without_reassigning_module_attributes():
     with taps.tapping(hook):
         jax.eval_shape(lambda p: loss_fn(nnx.merge(graph, p, rest), tokens)[0], params)
     # Every expert GEMM of the MoE layer (up and down projections) is seen, with the dense ones.
-    assert kinds.count("expert") == 2
-    assert kinds.count("dense") > 0
+    assert scopes.count("expert") == 2
+    assert scopes.count("dense") > 0
 
 
 def test_einsum_gemm_reaches_the_hook_with_its_dimension_numbers():
@@ -75,8 +75,8 @@ def test_einsum_gemm_reaches_the_hook_with_its_dimension_numbers():
     x = jnp.ones((2, 3, 8), jnp.float32)
     seen = []
 
-    def hook(kind, call, x, w, dims, **kw):
-        seen.append((kind, dims, w.shape))
+    def hook(scope, call, x, w, dims, **kw):
+        seen.append((scope, dims, w.shape))
         return call(x, w, dims, **kw)
 
     plain = np.asarray(layer(x))

@@ -60,8 +60,8 @@ def test_moe_sites_have_consistent_shapes_and_expert_rows():
     with tap_gemms() as sites:
         jax.block_until_ready(jax.jit(jax.grad(loss))(params))
         jax.effects_barrier()
-    experts = [s for s in sites.values() if s.kind == "expert"]
-    assert experts and any(s.kind == "dense" for s in sites.values())
+    experts = [s for s in sites.values() if s.scope == "expert"]
+    assert experts and any(s.scope == "dense" for s in sites.values())
     for s in sites.values():
         assert s.x.shape[1] == s.w.shape[-2]
         assert s.dy.shape == (s.x.shape[0], s.w.shape[-1])
@@ -77,7 +77,7 @@ def test_moe_sites_have_consistent_shapes_and_expert_rows():
         for got, want in zip(s.operands(), (x, w, dy)):
             np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="dense site"):
-        next(s for s in sites.values() if s.kind == "dense").expert(0)
+        next(s for s in sites.values() if s.scope == "dense").expert(0)
 
 
 @pytest.mark.slow  # a whole (short) training run first: about a minute on 2 CPU cores

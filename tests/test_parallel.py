@@ -535,7 +535,7 @@ def test_meshes_match_one_device():
     tokens = np.random.default_rng(0).integers(0, 256, (8, 32)).astype(np.int32)
     ref = {}
     for name in ("fp32", "bf16", "deepseek_v3"):
-        recipe = fp8jax.recipes.get(name)
+        recipe = fp8jax.registry.get(name)
         l1, g1 = ref[name] = _loss_and_grads(recipe, (1, 1, 1), tokens)
         if name == "fp32":
             bounds = [1e-5] * len(g1)
@@ -560,7 +560,7 @@ OBS_CFG = dict(MESH_CFG, n_layers=2, n_dense_layers=1)
 
 
 def _observed(recipe, sizes, tokens, grads=False):
-    """(telemetry, GEMM kinds the hooks saw, GradNoise gradients) of the model on a mesh.
+    """(telemetry, GEMM scopes the hooks saw, GradNoise gradients) of the model on a mesh.
 
     Telemetry and gradients are computed (jit) unless ``grads`` is None: then
     only traced (``jax.eval_shape``) for its keys.
@@ -581,10 +581,10 @@ def _observed(recipe, sizes, tokens, grads=False):
         jax.device_put(t, placement.replicated_shardings(t, mesh)) for t in (noise, rest)
     )
     loss = fsdp_loss(loss_fn, mesh, recipe, cfg.n_routed_experts, kernel_layouts(abstract))
-    kinds = []
+    scopes = []
 
-    def hook(kind, call, x, w, dims, **kw):
-        kinds.append(kind)
+    def hook(scope, call, x, w, dims, **kw):
+        scopes.append(scope)
         return call(x, w, dims, **kw)
 
     def fn(params, noise, tok):
@@ -595,7 +595,7 @@ def _observed(recipe, sizes, tokens, grads=False):
     with jax.set_mesh(mesh), taps.tapping(hook):
         args = (params, noise, global_batch(tokens, mesh))
         tele, g_noise = jax.jit(fn)(*args) if grads is not None else jax.eval_shape(fn, *args)
-    return tele, kinds, g_noise
+    return tele, scopes, g_noise
 
 
 @on_8_devices
@@ -606,14 +606,14 @@ def test_moe_telemetry_keys_and_hooked_gemms_do_not_depend_on_the_mesh():
     tokens = np.random.default_rng(0).integers(0, 256, (8, 32)).astype(np.int32)
     seen = {}
     for sizes in ((1, 1, 1), (1, 1, 2), (2, 2, 2)):
-        tele, kinds, _ = _observed(DSV3, sizes, tokens, grads=None)
-        seen[sizes] = ({k: sorted(v) for k, v in tele.items()}, sorted(kinds))
-    keys, kinds = seen[(1, 1, 1)]
+        tele, scopes, _ = _observed(DSV3, sizes, tokens, grads=None)
+        seen[sizes] = ({k: sorted(v) for k, v in tele.items()}, sorted(scopes))
+    keys, scopes = seen[(1, 1, 1)]
     for name in ("experts_w13/x", "experts_w2/w", "experts/swiglu", "tokens"):
         assert f"layer1/moe/{name}" in keys, sorted(keys)
-    assert kinds.count("expert") == 2 and kinds.count("dense") > 0
+    assert scopes.count("expert") == 2 and scopes.count("dense") > 0
     for sizes, got in seen.items():
-        assert got == (keys, kinds), sizes
+        assert got == (keys, scopes), sizes
 
 
 @pytest.mark.slow
@@ -626,7 +626,7 @@ def test_expert_parallel_telemetry_merges_to_the_one_device_values():
     match one device (the mesh changes the activations by reduction order only)."""
     tokens = np.random.default_rng(1).integers(0, 256, (8, 32)).astype(np.int32)
     for name in ("deepseek_v3", "mxfp8"):
-        _check_merged_telemetry(fp8jax.recipes.get(name), tokens)
+        _check_merged_telemetry(fp8jax.registry.get(name), tokens)
 
 
 def _check_merged_telemetry(recipe, tokens):

@@ -279,3 +279,59 @@ def test_deepseek_v4_checkpoint_bytes_fp4_experts():
     ) == pytest.approx(671e9 * (1 + 4 / 16384))
     with pytest.raises(ValueError, match="unknown checkpoint layout"):
         planner.checkpoint_bytes(m, "v5")
+
+
+def test_auto_plans_deepseek_v4_as_its_published_checkpoint():
+    m = planner.get_model("deepseek-v4-flash")
+    expert = 43 * 256 * 3 * 4096 * 2048
+    rest = 284e9 - expert
+    h800, a100, b200 = (hardware.get(k) for k in ("h800", "a100-80g", "b200"))
+    p = planner.plan(m, h800)
+    assert p.weights.name == "deepseek-v4" and p.weights.layout == "deepseek-v4"
+    # Elements: FP4 experts half a byte, FP8 rest one byte; scales: an E8M0 byte per 32
+    # expert values and one per 128x128 block of the rest.
+    assert p.weight_bytes == pytest.approx(expert * 0.5 + rest * 1.0, rel=1e-12)
+    assert p.scale_bytes == pytest.approx(expert / 32 + rest / 16384, rel=1e-12)
+    kv = 32 * 32768 * 43 * 58 * 2
+    total = 1.1 * (expert * (0.5 + 1 / 32) + rest * (1 + 1 / 16384) + kv)
+    assert p.total_bytes == pytest.approx(total, rel=1e-12)
+    assert p.cards == math.ceil(total / 80e9) == 3 and p.layout_cards == 4
+    # Decode: every non-expert parameter active, the other 13B - rest are experts in FP4.
+    act = rest * (1 + 1 / 16384) + (13e9 - rest) * (0.5 + 1 / 32)
+    assert p.active_weight_bytes == pytest.approx(act, rel=1e-12)
+    assert p.expert_execution == "dequantized" and "154.1 GB" in " ".join(p.notes)
+    assert planner.plan(m, b200).expert_execution == "native"
+    # No FP8: the BF16 conversion, 2 bytes per parameter throughout.
+    q = planner.plan(m, a100)
+    assert q.weights.name == "bf16" and q.weight_bytes == pytest.approx(284e9 * 2)
+    assert q.cards == math.ceil(1.1 * (284e9 * 2 + kv) / 80e9) == 8
+    # Asked for one precision, every parameter is priced at it, with a note.
+    f = planner.plan(m, h800, weights="fp8")
+    assert f.weights.name == "fp8" and f.weight_bytes == pytest.approx(284e9)
+    assert any("checkpoint_bytes" in n for n in f.notes)
+
+
+def test_compare_uses_each_cards_layout_and_v3_is_unchanged():
+    m = planner.get_model("deepseek-v4-pro")
+    rows = planner.compare(m, hardware.accelerators())
+    for r in rows:
+        if r.plan is None:
+            continue
+        want = "deepseek-v4" if r.accel.fp8_native else "bf16"
+        assert r.plan.weights.name == want, r.accel.key
+        if want == "deepseek-v4":
+            assert r.plan.weight_bytes + r.plan.scale_bytes == pytest.approx(
+                planner.checkpoint_bytes(m, "deepseek-v4"), rel=1e-12
+            )
+    text = planner.format_compare(rows, m)
+    assert "deepseek-v4" in text and "FP4 experts native" in text
+    # DeepSeek-V3's published layout is FP8 throughout: the same plan as before.
+    v3 = planner.plan(planner.get_model("deepseek-v3"), hardware.get("h800"))
+    assert v3.weights.name == "fp8" and v3.weight_bytes + v3.scale_bytes == pytest.approx(
+        planner.checkpoint_bytes(planner.get_model("deepseek-v3"), "deepseek-v3")
+    )
+    assert (
+        planner.plan(planner.get_model("llama-3.1-70b"), hardware.get("h800")).weights.name == "fp8"
+    )
+    with pytest.raises(ValueError, match="unknown checkpoint layout"):
+        planner.ModelSpec("x", 1e9, 1e9, 1, 0, "gqa", layout="v9")

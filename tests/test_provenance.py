@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fp8jax
-from fp8jax import host_cpu, resolved
+from fp8jax import host_cpu, path_record
 from fp8jax.recipes import Accumulation
 from fp8jax.train import provenance
 
@@ -87,14 +87,14 @@ def test_gemm_paths_of_the_expert_gemm():
 
 
 def test_nothing_is_kept_outside_a_recording():
-    with resolved.recording() as outer:
-        resolved.note("fprop", "a")
-        with resolved.scope("expert"), resolved.recording() as inner:
-            resolved.note("wgrad", "b")
-    resolved.note("dgrad", "c")
+    with path_record.recording() as outer:
+        path_record.note("fprop", "a")
+        with path_record.scope("expert"), path_record.recording() as inner:
+            path_record.note("wgrad", "b")
+    path_record.note("dgrad", "c")
     assert outer == {"dense/fprop": {"a"}, "expert/wgrad": {"b"}}
     assert inner == {"expert/wgrad": {"b"}}
-    assert resolved.as_table({"k": {"b", "a"}}) == {"k": "a + b"}
+    assert path_record.as_table({"k": {"b", "a"}}) == {"k": "a + b"}
 
 
 def test_paths_text_and_code_checks():

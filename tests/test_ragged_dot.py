@@ -64,7 +64,7 @@ def _standard_reference(x, w, dy):
 @pytest.mark.parametrize("jit", [True, False])
 @pytest.mark.parametrize("name", ["deepseek_v3", "bf16"])
 def test_matches_float64_per_group_reference(name, jit):
-    recipe = fp8jax.recipes.get(name)
+    recipe = fp8jax.registry.get(name)
     x, w, dy = _inputs(5)
     gs = jnp.asarray(GROUPS)
     fn = lambda x, w: fp8jax.ragged_dot(x, w, gs, recipe=recipe, preferred_element_type=jnp.float32)
@@ -165,7 +165,7 @@ def test_zero_size_operands_give_what_lax_gives(name, shape):
     m, k, n = shape
     gs = jnp.array([2, 1], jnp.int32) if m else jnp.array([0, 0], jnp.int32)
     x, w = jnp.ones((m, k)), jnp.ones((2, k, n))
-    recipe = fp8jax.recipes.get(name)
+    recipe = fp8jax.registry.get(name)
     state = fp8jax.scaling.init_delayed_gemm_state(recipe) if fp8jax.needs_state(recipe) else None
     want = np.asarray(lax.ragged_dot(x, w, gs))
     for fn in (fp8jax.ragged_dot, grouped_dot):
@@ -183,7 +183,7 @@ def test_bad_group_sizes_are_refused(bad):
     x, w = jnp.ones((5, 3)), jnp.ones((2, 3, 4))
     gs = jnp.array(bad, jnp.int32)
     for name in ("deepseek_v3", "bf16"):
-        r = fp8jax.recipes.get(name)
+        r = fp8jax.registry.get(name)
         with pytest.raises(ValueError, match="group_sizes"):
             fp8jax.ragged_dot(x, w, gs, recipe=r)
         with pytest.raises(ValueError, match="group_sizes"):

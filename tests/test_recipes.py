@@ -7,7 +7,7 @@ import pytest
 from reference import ref_e5m6_tiles, ref_linear_grads, ref_round_e5m6, ref_spec_qdq
 
 import fp8jax
-from fp8jax import recipes
+from fp8jax import recipes, registry
 
 DN = (((1,), (0,)), ((), ()))
 
@@ -37,11 +37,11 @@ def test_deepseek_v3_scale_rule_per_site(site):
 
 
 def test_deepseek_v3_variants():
-    pow2x = recipes.get("deepseek_v3_pow2x")
+    pow2x = registry.get("deepseek_v3_pow2x")
     assert pow2x.name == "deepseek_v3_pow2x"
     assert {k for k, s in pow2x.specs().items() if s.pow2} == {"fprop_x", "wgrad_x"}
     # No site adds anything beyond x; the experts' dy keeps amax scales.
-    for site in recipes.SITES:
+    for site in recipes.GEMM_SITES:
         assert recipes.for_site(pow2x, site).specs() == pow2x.specs()
     assert not recipes.for_site(pow2x, "expert_down").dgrad.lhs.pow2
     assert all(s.pow2 for s in recipes.deepseek_v3(pow2=True).specs().values())
@@ -50,7 +50,7 @@ def test_deepseek_v3_variants():
     off = dataclasses.replace(
         r, attn_out_pow2=False, attn_out_cache=None, dispatch_pow2=False, down_grad_pow2=False
     )
-    for site in recipes.SITES:
+    for site in recipes.GEMM_SITES:
         assert recipes.for_site(off, site) == off
 
 
@@ -126,7 +126,7 @@ def test_attn_out_cache_on_massive_activations(name):
     x[0, [3, 77, 200], [5, 130, 255]] = [1.0e5, -3.0e4, 7.0e4]
     w = (rng.standard_normal((1, 256, 128)) / 16).astype(np.float32)
     g = rng.standard_normal((1, 256, 128)).astype(np.float32)
-    rs = recipes.for_site(recipes.get(name), "attn_out")
+    rs = recipes.for_site(registry.get(name), "attn_out")
     dims = (((2,), (1,)), ((0,), (0,)))
     _, vjp = jax.vjp(lambda a, b: fp8jax.dot_general(a, b, dims, recipe=rs), x, w)
     dw = np.asarray(vjp(jnp.asarray(g))[1], np.float64)
@@ -142,7 +142,7 @@ def test_attn_out_cache_on_massive_activations(name):
 
 
 def test_attn_out_e5m6_unscaled_is_a_named_variant():
-    r = recipes.get("attn_out_e5m6_unscaled")
+    r = registry.get("attn_out_e5m6_unscaled")
     base = recipes.deepseek_v3()
     assert r.attn_out_cache == "e5m6_unscaled" and base.attn_out_cache == "e5m6"
     assert dataclasses.replace(r, name=base.name, attn_out_cache="e5m6") == base
@@ -194,10 +194,10 @@ def test_deepseek_v3_dgrad_keeps_tiny_gradients(jit):
 
 
 def test_mxfp8_scale_rounding_presets():
-    assert recipes.mxfp8() == recipes.get("mxfp8")
+    assert recipes.mxfp8() == registry.get("mxfp8")
     for spec in recipes.mxfp8().specs().values():
         assert spec.scale_rounding == "floor"
-    ceil = recipes.get("mxfp8_ceil")
+    ceil = registry.get("mxfp8_ceil")
     assert ceil.name == "mxfp8_ceil"
     assert {s.scale_rounding for s in ceil.specs().values()} == {"ceil"}
     # Only the rounding differs from the OCP preset.
@@ -214,7 +214,7 @@ def test_mxfp8_scale_rounding_presets():
 def test_existing_presets_keep_every_gemm_spec():
     # The new fields default to what the presets always did: floor scales, no high-precision blocks.
     for name in ("deepseek_v3", "mxfp8", "hybrid_delayed", "current_tensor", "rowwise", "bf16"):
-        r = recipes.get(name)
+        r = registry.get(name)
         assert r.high_precision_last == 0.0
         assert all(s.scale_rounding == "floor" for s in r.specs().values())
 
@@ -231,7 +231,7 @@ def test_nvfp4_keeps_its_last_blocks_in_high_precision(n_layers, want):
     for p in per_layer[n_layers - want :]:
         assert not p.is_fp8 and p.compute_dtype == "bfloat16"
     # Today's recipe: every block NVFP4, the same GEMM specs as the default's quantized blocks.
-    every = recipes.get("nvfp4_all_layers")
+    every = registry.get("nvfp4_all_layers")
     assert recipes.high_precision_layers(every, n_layers) == 0
     assert every.specs() == r.specs()
     with pytest.raises(ValueError, match="outside"):
@@ -244,10 +244,10 @@ def test_one_registry_resolves_presets_and_variants_by_their_own_name():
     from fp8jax.variants import VARIANTS
 
     for name in (*recipes.PRESETS, *VARIANTS):
-        assert recipes.get(name).name == name
+        assert registry.get(name).name == name
     assert not set(recipes.PRESETS) & set(VARIANTS)
     with pytest.raises(ValueError, match="unknown recipe 'acc_tile'; did you mean 'acc_tiles'"):
-        recipes.get("acc_tile")
+        registry.get("acc_tile")
 
 
 # --------------------------------------------------------------------------
@@ -266,7 +266,7 @@ def test_quantspec_scale_fmt_validation():
 
 
 def test_deepseek_v3_1_is_pow2_ue8m0_everywhere_and_v3_unchanged():
-    r = recipes.get("deepseek_v3_1")
+    r = registry.get("deepseek_v3_1")
     assert r.name == "deepseek_v3_1"
     assert all(s.pow2 and s.scale_fmt == "ue8m0" for s in r.specs().values())
     assert all(s.scale_fmt == "float32" for s in recipes.deepseek_v3().specs().values())
@@ -334,3 +334,19 @@ def test_ue8m0_consumer_refuses_pre_quantized_non_pow2_operand():
     qx = quantize(x, fp8jax.E4M3, "tile", axis=-1)  # amax scales, not powers of two
     with pytest.raises(ValueError, match="powers of two"):
         fp8jax.dot_general(qx, w, (((1,), (0,)), ((), ())), recipe=recipes.deepseek_v3_1())
+
+
+def test_a_recipe_names_an_impl_of_the_one_table():
+    # recipes.IMPLS is the table the GEMM core chooses from; a recipe may name any
+    # of its entries or "auto", never an impl only "auto" reaches (scaled_matmul).
+    r = recipes.deepseek_v3()
+    for scheme, impls in recipes.IMPLS.items():
+        for impl in impls:
+            assert dataclasses.replace(r, impl=impl).impl == impl, scheme
+    assert dataclasses.replace(r, impl="auto").impl == "auto"
+    for bad in ("scaled_matmul", "nope"):
+        with pytest.raises(ValueError, match="impl must be one of"):
+            dataclasses.replace(r, impl=bad)
+    from fp8jax import gemm
+
+    assert gemm.IMPLS is recipes.IMPLS  # the core reads the same table

@@ -11,10 +11,10 @@ import pytest
 import reference_microscaling as ref
 
 import fp8jax
-from fp8jax import blockscaled, recipes
+from fp8jax import blockscaled, recipes, registry
 from fp8jax.grouped import grouped_dot
 from fp8jax.groups import group_layout, to_tiles
-from fp8jax.recipes import get as get_recipe
+from fp8jax.registry import get as get_recipe
 
 E4M3 = ml_dtypes.float8_e4m3fn
 DN = (((1,), (0,)), ((), ()))
@@ -209,7 +209,7 @@ def test_recipe_presets_and_validation():
     assert r.wgrad.lhs.hadamard and r.wgrad.rhs.hadamard and not r.fprop.lhs.hadamard
     assert r.dgrad.lhs.stochastic and r.wgrad.rhs.stochastic and not r.fprop.lhs.stochastic
     assert r.fprop.rhs.granularity == "block" and r.fprop.rhs.tile == 16
-    assert recipes.get("mxfp8").fprop.lhs == fp8jax.QuantSpec("mxfp8", "tile", 32)
+    assert registry.get("mxfp8").fprop.lhs == fp8jax.QuantSpec("mxfp8", "tile", 32)
     for name in ("nvfp4_no_rht", "nvfp4_no_sr", "nvfp4_rtn"):
         assert get_recipe(name).name == name
     with pytest.raises(ValueError, match="tile=16"):

@@ -10,9 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
+from fp8jax.lab.plot_runs import figure, find_runs, run_styles  # noqa: E402
 from fp8jax.toolkit.cli import main  # noqa: E402
 from fp8jax.train.defaults import ConfigError  # noqa: E402
-from fp8jax.train.plot_runs import figure, find_runs, run_styles  # noqa: E402
 
 
 def _run(path, final):
@@ -34,6 +34,21 @@ def test_runs_are_found_in_run_directories_and_folders_of_runs(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="no metrics.jsonl under"):
         find_runs([tmp_path / "empty"])
+
+
+def test_gzipped_logs_are_runs_too_and_plot_as_the_plain_ones(tmp_path, capsys):
+    from fp8jax.train.run_log import read_jsonl, write_gz
+
+    _run(tmp_path / "cmp" / "runs" / "x" / "seed0", 2.5)
+    _run(tmp_path / "cmp" / "runs" / "x" / "seed1", 2.6)
+    log = tmp_path / "cmp" / "runs" / "x" / "seed1" / "metrics.jsonl"
+    write_gz(log.with_name("metrics.jsonl.gz"), read_jsonl(log))
+    log.unlink()
+    found = find_runs([tmp_path / "cmp", tmp_path / "cmp" / "runs" / "x" / "seed1"])
+    assert [m.name for _, m in found] == ["metrics.jsonl", "metrics.jsonl.gz", "metrics.jsonl.gz"]
+    out = tmp_path / "runs.png"
+    assert main(["runs", "plot", str(tmp_path / "cmp"), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_each_run_keeps_its_colour_and_style_in_every_panel(tmp_path):

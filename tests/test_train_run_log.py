@@ -285,3 +285,52 @@ def test_per_site_telemetry_reaches_jsonl_and_tensorboard(tmp_path):
     tags = _tb_tags(tmp_path / "tb")
     # NaN (the first row's growth) is left out of TensorBoard; the rest is there.
     assert set(site) | {"loss", "layers/layer0/ffn/w2/x/amax_growth"} <= tags
+
+
+def test_a_gzipped_log_reads_as_the_plain_one_with_the_same_checks(tmp_path, monkeypatch):
+    import gzip
+    import os
+
+    rows = [{"step": 1, "loss": 3.0, "val_loss": None}, {"step": 2, "loss": 2.5}]
+    plain = tmp_path / "plain" / "metrics.jsonl"
+    plain.parent.mkdir()
+    plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = tmp_path / "run"
+    run.mkdir()
+    gz = run_log.write_gz(run / "metrics.jsonl.gz", rows)
+    # The same rows give the same bytes (no time, no name in the header).
+    first = gz.read_bytes()
+    assert run_log.write_gz(gz, rows).read_bytes() == first
+    assert gzip.decompress(first) == plain.read_bytes()
+    assert run_log.read_jsonl(gz) == run_log.read_jsonl(plain) == rows
+    # A reader that names metrics.jsonl finds the gzipped copy beside it.
+    assert run_log.find_log(run) == gz
+    assert run_log.read_jsonl(run / "metrics.jsonl") == rows
+    # A malformed row is named by file and line, as in a plain log ...
+    gz.write_bytes(gzip.compress(b'{"step": 1, "loss": 3.0}\n{"loss": 1.0}\n{"step": 3}\n'))
+    with pytest.raises(run_log.DamagedLog, match=r"metrics.jsonl.gz line 2 is damaged"):
+        run_log.read_jsonl(gz)
+    said = []
+    assert [r["step"] for r in run_log.read_jsonl(gz, said.append, skip_malformed=True)] == [1, 3]
+    assert len(said) == 1 and said[0].startswith(f"{gz}: skipped line 2: ")
+    # ... data that is not gzip, or is cut short, is refused in one line ...
+    for blob in (b"not gzip", first[:-9]):
+        gz.write_bytes(blob)
+        with pytest.raises(run_log.DamagedLog, match="is not complete gzip data") as e:
+            run_log.read_jsonl(gz)
+        assert "\n" not in str(e.value)
+    # ... and so is one that expands past the cap, however small it is.
+    gz.write_bytes(gzip.compress(b'{"step": 1, "loss": 3.0}\n' * 10))
+    monkeypatch.setattr(run_log, "MAX_LOG_BYTES", 100)
+    assert len(gz.read_bytes()) < 100
+    with pytest.raises(run_log.DamagedLog, match="decompresses to more than the 100 bytes"):
+        run_log.read_jsonl(gz)
+    # Not a regular file: refused unread, gzipped or not.
+    gz.unlink()
+    os.mkfifo(gz)
+    with pytest.raises(run_log.DamagedLog, match="is not a regular file"):
+        run_log.read_jsonl(run / "metrics.jsonl")
+    # A plain log, when there is one, is the run's log (a run writing it now).
+    (run / "metrics.jsonl").write_text('{"step": 7, "loss": 1.0}\n')
+    assert run_log.find_log(run) == run / "metrics.jsonl"
+    assert run_log.find_log(tmp_path / "nothing") is None

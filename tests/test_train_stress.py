@@ -1,12 +1,12 @@
 """Lead times of the monitors over the loss, and the stress comparison at a handful of steps."""
 
-import importlib.util
+import json
 import math
 from pathlib import Path
 
 import pytest
 
-from fp8jax.train import stress
+from fp8jax.lab import stress
 from fp8jax.train.defaults import config_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,21 +99,38 @@ def test_lead_table_without_the_runs_baseline_says_so():
     )
 
 
+def test_lead_records_read_back_from_json_give_the_same_table():
+    from fp8jax.train.run_log import to_jsonable
+
+    rows = [{"step": 10 * (i + 1), "loss": 2.0 + 0.1 * i} for i in range(7)]
+    runs = {"run a": _rows(), "b": rows}
+    records = stress.lead_records(runs, window=1, baselines={"run a": _rows()})
+    assert records[0]["monitors"]["outlier_ratio"] == {
+        "step": 20,
+        "site": "layer0/ffn/swiglu",
+        "extreme": 6e4,
+        "lead": None,  # against its own rows as the baseline, no loss event
+    }
+    assert records[1]["loss_event"] == "no baseline"
+    # NaN extremes are written as null and read back as NaN.
+    back = json.loads(json.dumps(to_jsonable(records)))
+    expected = stress.lead_table(runs, window=1, baselines={"run a": _rows()})
+    assert stress.format_lead_table(back) == expected
+
+
 @pytest.mark.slow
 def test_stress_comparison_smoke(tmp_path):
     path = ROOT / "configs/compare/stress.py"
     config = config_file(path, "smoke")
-    spec = importlib.util.spec_from_file_location(
-        "stress_main", ROOT / "experiments/stress_monitors.py"
-    )
-    main = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(main)
-    from fp8jax.train.compare import run_comparison
+    from fp8jax.lab.compare import run_comparison
+    from fp8jax.numerics.studies.stress_monitors import analyze
 
     res = run_comparison(config, tmp_path)
     assert set(res["run_dirs"]) == {"bf16", "bf16_smooth"}
-    table = main.analyze(config, tmp_path)
+    table = analyze(config, tmp_path)
     assert (tmp_path / "monitors.png").stat().st_size > 0
+    kept = json.loads((tmp_path / "monitors.json").read_text())
+    assert stress.format_lead_table(kept["runs"]) == table
     assert "| bf16_smooth seed 0 | 3 |" in table
     # The long config holds the eight arms over three seeds.
     full = config_file(path)

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from fp8jax.train import telemetry_plot as tp
+from fp8jax.lab import telemetry_plot as tp
 
 
 def _run(path, scale):

@@ -1,18 +1,22 @@
 r"""The benchmark sweep: FP8 GEMMs (recipe x implementation) on GEMM shapes, and the MoE train step.
 
 Commands:
-  python experiments/bench_sweep.py --config=configs/bench/sweep.py:cpu --out_dir=/tmp/bench_cpu
-  python experiments/bench_sweep.py --config=configs/bench/sweep.py --out_dir=$OUT/bench_gpu
+  python experiments/bench.py --config=configs/bench/sweep.py:cpu --out_dir=/tmp/bench_cpu
+  python experiments/bench.py --config=configs/bench/sweep.py --out_dir=$OUT/bench_gpu
   (the argument after the file: "gpu", the default, or "cpu": minutes on 2 cores)
 Override any field, e.g. selected shapes and recipes only:
-  python experiments/bench_sweep.py --config=configs/bench/sweep.py --config.groups=dsv3 \
+  python experiments/bench.py --config=configs/bench/sweep.py --config.groups=dsv3 \
       --config.m_tokens=2048 --config.recipes=bf16,deepseek_v3 --out_dir=/tmp/bench_dsv3
-  python experiments/bench_sweep.py --config=configs/bench/sweep.py:cpu \
+  python experiments/bench.py --config=configs/bench/sweep.py:cpu \
       --config.shapes=4096x7168x2112,512x512x512 --config.passes=fwd --out_dir=/tmp/bench_shapes
 
 Lists are comma-separated strings (so that one --config.<field>=a,b sets them);
 an empty string takes the default named in the field's comment.
-What it writes and prints: experiments/bench_sweep.py.
+What it writes (--out_dir is required): results.json, results.csv and
+time/tflops/ratio_bf16/memory PNGs.  What it prints: the speedup-vs-bf16 tables
+(fwd+bwd, then fwd) of every recipe x implementation per shape, the
+implementations not offered on this backend, the MoE train-step table and
+"wall ... s; wrote ...".  Logic: fp8jax.bench.sweep.
 """
 
 import ml_collections
@@ -35,6 +39,7 @@ def get_config(size: str = "gpu") -> ml_collections.ConfigDict:
         )
     pick = {k: v[size == "cpu"] for k, v in _BY_SIZE.items()}
     c = ml_collections.ConfigDict()
+    c.benchmark = "sweep"  # fp8jax.bench.experiments.sweep
     # --- GEMM shapes (fp8jax.bench.gemm_cases) ---
     # Shape groups: square (M = K = N), dsv3 (DeepSeek-V3's K = 7168 linears), moe (expert GEMMs).
     c.groups = "square,dsv3,moe"
@@ -49,7 +54,7 @@ def get_config(size: str = "gpu") -> ml_collections.ConfigDict:
     # M of the moe expert shapes (0: m_tokens).
     c.expert_m = 0
     # --- what runs on each shape ---
-    # Recipe names of fp8jax.recipes.get ("": every preset).
+    # Recipe names of fp8jax.registry.get ("": every preset).
     c.recipes = ""
     # GEMM implementations: xla, chunked, fp8, fp8_fast, pallas, reference ("": every one offered).
     c.impls = ""

@@ -1,7 +1,7 @@
 r"""deepseek_v3 vs bf16 on the Llama-style example model, quantized through the Qwix provider.
 
 Command (needs pip install 'fp8jax[qwix]'):
-  python experiments/compare_interop.py --config=configs/compare/interop_llama.py --workdir=/tmp/fp8jax_cmp/interop_llama
+  python experiments/compare_recipes.py --config=configs/compare/interop_llama.py --workdir=/tmp/fp8jax_cmp/interop_llama
 
 What it prints: per label the final validation loss per seed and, for
 deepseek_v3, the paired relative gap to bf16 with its mean and 95%

@@ -1,6 +1,6 @@
 r"""Outlier stress: massive activations at every FFN down-projection input (routed experts too).
 
-Command (1e5 x the median |activation|; the sweep runs 1e2, 1e3, 1e4, 1e5):
+Command (1e5 x the median |activation|; configs/sweep/outliers.py runs 1e2, 1e3, 1e4, 1e5):
   python experiments/compare_recipes.py --config=configs/compare/outlier_sweep.py --workdir=/tmp/fp8jax_cmp/outliers
   python experiments/compare_recipes.py --config=configs/compare/outlier_sweep.py:1e3 --workdir=/tmp/fp8jax_cmp/outliers_1e3
 

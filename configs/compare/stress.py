@@ -8,20 +8,21 @@ Runs: bf16, per-tensor delayed (E4M3, tensor_delayed), per-tensor current
 (current_tensor) and deepseek_v3, each with and without Smooth-SwiGLU
 (``*_smooth``: ``model_overrides.smooth_swiglu``); seeds 0-2.
 
-Command (long; every run is resumable from its directory):
-  python experiments/stress_monitors.py --config=configs/compare/stress.py --workdir=/tmp/fp8jax_cmp/stress
-Tables and figure from finished runs only:
-  python experiments/stress_monitors.py --config=configs/compare/stress.py --workdir=/tmp/fp8jax_cmp/stress --analyze_only
+Commands (long; every run is resumable from its directory), then the monitors' tables
+and figure from the finished runs (configs/study/stress_monitors.py):
+  python experiments/compare_recipes.py --config=configs/compare/stress.py --workdir=/tmp/fp8jax_cmp/stress
+  python experiments/study.py --config=configs/study/stress_monitors.py --run=/tmp/fp8jax_cmp/stress
 
-What it prints / writes: the comparison's results.md (gap to bf16 per seed,
+What they print / write: the comparison's results.md (gap to bf16 per seed,
 intervals) and, in the workdir, monitors.md: per run and seed the first
 logged step where the loss notices (the training loss, averaged over 100
 steps, 5% above bf16's at the same seed and steps, or non-finite), the first step each monitor crosses its threshold
-(fp8jax.train.stress), the lead in steps and the extreme value reached; and
+(fp8jax.lab.stress), the lead in steps and the extreme value reached; and
 monitors.png: loss and monitors against steps, one colour per run.
 
 Smoke check (3 steps, two runs, one seed; the test suite runs the same):
-  python experiments/stress_monitors.py --config=configs/compare/stress.py:smoke --workdir=/tmp/stress_smoke
+  python experiments/compare_recipes.py --config=configs/compare/stress.py:smoke --workdir=/tmp/stress_smoke
+  python experiments/study.py --config=configs/study/stress_monitors.py --config.arg=smoke --run=/tmp/stress_smoke
 """
 
 import ml_collections

@@ -12,8 +12,8 @@
 * :mod:`fp8jax.bench.kernel`   the block-scaled Pallas kernels on ready FP8 operands;
 * :mod:`fp8jax.bench.core`     the numerics core's cost as ratios to bf16.
 
-Entry points: ``experiments/bench_sweep.py``, ``bench_model.py``, ``bench_gemm.py``,
-``bench_core.py``.
+* :mod:`fp8jax.bench.experiments` each benchmark as a function of its config
+  (configs/bench/*.py), the logic of the entry point ``experiments/bench.py``.
 """
 
 from fp8jax.bench.gemm_cases import (

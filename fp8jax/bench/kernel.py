@@ -1,6 +1,6 @@
 """Throughput of the block-scaled FP8 Pallas kernels vs BF16 and per-tensor FP8 XLA dots.
 
-Used by ``experiments/bench_gemm.py``.  Every implementation computes
+Used by configs/bench/kernels.py (``experiments/bench.py``).  Every implementation computes
 (M, K) x (K, N) -> (M, N) bfloat16 on ready-made FP8 operands (quantization is
 not timed here; :mod:`fp8jax.bench.sweep` times whole ``dot_general`` calls)
 and is timed with :func:`fp8jax.bench.timing.time_calls` after compilation.

@@ -68,7 +68,7 @@ CSV_FIELDS = (
 
 @dataclass
 class SweepConfig:
-    """What to run (built from configs/bench/sweep.py by experiments/bench_sweep.py)."""
+    """What to run (built from configs/bench/sweep.py by experiments/bench.py)."""
 
     shapes: list[gemm_lib.Shape]
     recipes: list[str] | None = None  # None: every preset

@@ -23,7 +23,7 @@ when ``floor((k + 1) f) > floor(k f)`` for ``f = val_fraction``: exactly
 plain text file is cut into pieces of about 64 KiB that count as documents
 for the split (each ends with the end-of-document token, as every document does).
 
-Output appears complete or not at all (:mod:`fp8jax.staging`): ``DST`` holds
+Output appears complete or not at all (:mod:`fp8jax.atomic_output`): ``DST`` holds
 ``tokens.json`` (:mod:`fp8jax.data.tokens`, with every shard's token count
 and SHA-256), ``tokenizer.json`` and the shards only once everything is
 written.  Both passes print a progress bar (bytes of the source files).
@@ -45,6 +45,12 @@ from typing import TextIO
 
 import numpy as np
 
+from fp8jax.atomic_output import (
+    TerminationSignals,
+    make_partial_dir,
+    publish,
+    remove_stale_partials,
+)
 from fp8jax.data.documents import (
     JSONL_SUFFIXES,
     PIECE_BYTES,
@@ -56,7 +62,6 @@ from fp8jax.data.documents import (
 )
 from fp8jax.data.shards import DataError
 from fp8jax.progress import Progress
-from fp8jax.staging import TerminationSignals, make_partial_dir, publish, remove_stale_partials
 
 EOT = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"

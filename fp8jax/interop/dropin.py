@@ -1,8 +1,11 @@
 """Drop-in replacements for ``lax.dot_general``, ``jnp.einsum`` and ``lax.ragged_dot``.
 
-``dot_general(recipe)`` returns a function with ``lax.dot_general``'s
-signature that runs fp8jax's differentiable GEMM with the recipe, for the
-hooks Flax layers offer::
+``make_dot_general(recipe)`` makes a function with ``lax.dot_general``'s
+signature that runs fp8jax's differentiable GEMM with the recipe
+(``make_einsum`` and ``make_ragged_dot`` likewise), for the hooks Flax layers
+offer.  ``dot_general``, ``einsum`` and ``ragged_dot`` are the same factories
+under the names the hooks take (``fp8jax.interop.dot_general(r)`` reads as
+"the dot_general for r")::
 
     nnx.Linear(d, f, dot_general=fp8jax.interop.dot_general("deepseek_v3"), rngs=...)
     nnx.Einsum("btd,dnh->btnh", (d, n, h), einsum_op=fp8jax.interop.einsum("deepseek_v3"), ...)
@@ -13,6 +16,14 @@ first and the kernel second).  These callables hold no state: a
 delayed-scaling recipe needs its amax history carried between steps, which
 the Qwix provider (:class:`fp8jax.interop.QwixProvider`) or fp8jax's own
 layers (:mod:`fp8jax.nn`) keep; here it raises ValueError.
+
+Non-finite operands: E4M3 (float8_e4m3fn) has no Inf code, so with an E4M3
+recipe (deepseek_v3, current_tensor, rowwise, ...) an +-Inf element
+quantizes to NaN and every output whose sum has a product with it (its row
+of the output for an activation element, its column for a weight element;
+Wgrad and Dgrad likewise) is NaN where ``lax`` gives +-Inf.  Scales are taken
+from the finite elements, so all other outputs are bit for bit those of the
+same op with that element set to 0.  bf16 / fp32 keep ``lax``'s Inf.
 """
 
 from __future__ import annotations
@@ -45,8 +56,8 @@ def _no_sharding(out_sharding) -> None:
         raise NotImplementedError("fp8jax drop-in ops do not take out_sharding")
 
 
-def dot_general(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
-    """A ``lax.dot_general`` whose GEMMs (and gradients) follow ``recipe``; None: lax itself."""
+def make_dot_general(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
+    """Make a ``lax.dot_general`` whose GEMMs (and gradients) follow ``recipe``; None: lax itself."""
     r = _stateless(recipe, "dot_general")
     if r is None:
         return lax.dot_general
@@ -71,8 +82,8 @@ def dot_general(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
     return fp8_dot_general
 
 
-def einsum(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
-    """A two-operand ``jnp.einsum`` whose contraction follows ``recipe``; None: jnp itself."""
+def make_einsum(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
+    """Make a two-operand ``jnp.einsum`` whose contraction follows ``recipe``; None: jnp itself."""
     r = _stateless(recipe, "einsum")
     if r is None:
         return jnp.einsum
@@ -94,8 +105,8 @@ def einsum(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
     return fp8_einsum
 
 
-def ragged_dot(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
-    """A ``lax.ragged_dot`` whose expert GEMMs follow ``recipe``; None: lax itself."""
+def make_ragged_dot(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
+    """Make a ``lax.ragged_dot`` whose expert GEMMs follow ``recipe``; None: lax itself."""
     r = _stateless(recipe, "ragged_dot")
     if r is None:
         return lax.ragged_dot
@@ -119,3 +130,9 @@ def ragged_dot(recipe: str | Recipe | None) -> Callable[..., jax.Array]:
         return y
 
     return fp8_ragged_dot
+
+
+# The names of the hooks they fill: ``nnx.Linear(dot_general=interop.dot_general(r))``.
+dot_general = make_dot_general
+einsum = make_einsum
+ragged_dot = make_ragged_dot

@@ -60,3 +60,30 @@ def swapped(spec: str) -> str:
     ins, out = spec.split("->")
     lhs, rhs = ins.split(",")
     return f"{rhs},{lhs}->{out}"
+
+
+def matmul_dims(
+    a_shape: tuple[int, ...], b_shape: tuple[int, ...]
+) -> tuple[tuple, tuple[int, ...] | None] | None:
+    """``jnp.matmul(a, b)`` as one dot_general: (dimension numbers, output permutation or None).
+
+    None when it has no single-dot_general form: a scalar operand, or batch
+    dimensions that differ between the operands (numpy broadcasts them).
+    """
+    na, nb = len(a_shape), len(b_shape)
+    if na == 0 or nb == 0:
+        return None
+    if nb <= 2:
+        # (..., K) @ (K[, N]): contract a's last axis with b's first.
+        return (((na - 1,), (0,)), ((), ())), None
+    dn = (((na - 1,), (nb - 2,)), ((), ()))
+    if na == 1:
+        return dn, None
+    if na == 2:
+        # (M, K) @ (*batch, K, N) gives (M, *batch, N); matmul puts M after the batch.
+        n_batch = nb - 2
+        return dn, (*range(1, n_batch + 1), 0, n_batch + 1)
+    if tuple(a_shape[:-2]) != tuple(b_shape[:-2]):
+        return None
+    batch = tuple(range(na - 2))
+    return (((na - 1,), (nb - 2,)), (batch, batch)), None

@@ -15,7 +15,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from fp8jax import recipes
+from fp8jax import registry
 from fp8jax.recipes import Recipe
 
 OPS = ("dot_general", "einsum", "ragged_dot")
@@ -26,7 +26,7 @@ def resolve_recipe(recipe: str | Recipe | None) -> Recipe | None:
     if recipe is None or isinstance(recipe, Recipe):
         return recipe
     if isinstance(recipe, str):
-        return recipes.get(recipe)
+        return registry.get(recipe)
     raise TypeError(f"recipe must be a preset name, a Recipe or None, got {type(recipe).__name__}")
 
 

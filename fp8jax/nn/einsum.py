@@ -6,7 +6,7 @@ as left-hand operand: contracted letters (in both operands, not in the
 output) form the GEMM's K, letters in both operands and the output are batch
 dimensions, the rest are free.  The recipe decides the precision exactly as
 for :class:`~fp8jax.nn.Dense`, and the GEMM is observed as Dense's is
-(:func:`fp8jax.nn.observed.observed_gemm`: hook kind "dense" with the
+(:func:`fp8jax.nn.observed.observed_gemm`: hook scope "dense" with the
 einsum's dot_general dimension numbers, telemetry, and for block-format
 gradients the noise probe on dot_general's output, whose last axis is the
 kernel's last free axis).

@@ -39,7 +39,7 @@ from fp8jax.recipes import Recipe
 
 
 def run_gemm(
-    kind: str,
+    scope: str,
     fn: Callable[..., tuple[jax.Array, Stats]],
     x: Any,
     w: Any,
@@ -52,12 +52,12 @@ def run_gemm(
 ) -> tuple[jax.Array, Stats]:
     """(y, {"x": stats, "w": stats}): ``fn`` through the open hooks, y through the probe.
 
-    ``kind`` "dense" (``dims_or_groups``: dot_general dimension numbers) or
+    ``scope`` "dense" (``dims_or_groups``: dot_general dimension numbers) or
     "expert" (rows per expert), as :func:`fp8jax.nn.taps.gemm` hands it to
     the hooks.  ``noise``: the (2,) value of the layer's
     :class:`~fp8jax.nn.grad_noise.GradNoise` (None: no probe).
     """
-    y, stats = taps.gemm(kind, fn, x, w, dims_or_groups, recipe=recipe, state=state, **kwargs)
+    y, stats = taps.gemm(scope, fn, x, w, dims_or_groups, recipe=recipe, state=state, **kwargs)
     return probe(y, noise, recipe), stats
 
 
@@ -77,7 +77,7 @@ def value_of(var: nnx.Variable | None) -> Any:
 def observed_gemm(
     layer: nnx.Module,
     name: str,
-    kind: str,
+    scope: str,
     fn: Callable[..., tuple[jax.Array, Stats]],
     x: Any,
     w: Any,
@@ -95,7 +95,7 @@ def observed_gemm(
     this GEMM (its value goes to ``fn``); ``noise_var``: its GradNoise.
     """
     y, stats = run_gemm(
-        kind,
+        scope,
         fn,
         x,
         w,

@@ -11,16 +11,17 @@ and a hook only reaches computations traced inside its block.  Under expert
 parallelism the expert GEMMs are traced once inside a ``shard_map`` body: the
 hook sees each once, with one shard's operands.
 
-A hook is ``hook(kind, call, x, w, dims_or_groups, **kwargs)`` with ``kind``
+A hook is ``hook(scope, call, x, w, dims_or_groups, **kwargs)`` with ``scope``
 "dense" (``dims_or_groups`` = dot_general dimension numbers) or "expert"
-(``dims_or_groups`` = rows per expert); it must return ``call(x, w,
-dims_or_groups, **kwargs)``'s value (y, stats), possibly with y wrapped.
+(``dims_or_groups`` = rows per expert), the scopes of :mod:`fp8jax.path_record`; it
+must return ``call(x, w, dims_or_groups, **kwargs)``'s value (y, stats),
+possibly with y wrapped.
 
 Activation sites are the places an experiment may change an activation (the
 outlier-injection experiments add massive activations there): the model
 passes each through :func:`site`, which is the identity unless a hook for
 that site is open (:func:`injecting`).  :data:`ACTIVATION_SITES` names them
-(the GEMM sites a recipe treats apart are :data:`fp8jax.recipes.SITES`):
+(the GEMM sites a recipe treats apart are :data:`fp8jax.recipes.GEMM_SITES`):
 
 * ``"residual"``: the residual stream after the embedding, (B*T, D);
 * ``"ffn_hidden"``: the input of every FFN down projection (dense, shared
@@ -59,12 +60,12 @@ def tapping(hook: Hook) -> Iterator[None]:
         _HOOKS.remove(hook)
 
 
-def gemm(kind: str, fn: Callable[..., Any], x, w, dims_or_groups, **kwargs) -> Any:
+def gemm(scope: str, fn: Callable[..., Any], x, w, dims_or_groups, **kwargs) -> Any:
     """``fn(x, w, dims_or_groups, **kwargs)``, through the open hooks (outermost sees it first)."""
     call = fn
     # The innermost hook wraps the GEMM itself; each outer one wraps the inner.
     for hook in reversed(_HOOKS):
-        call = partial(hook, kind, call)
+        call = partial(hook, scope, call)
     return call(x, w, dims_or_groups, **kwargs)
 
 

@@ -1,8 +1,8 @@
 """Error of an FP8 GEMM under the Hopper accumulation model, versus K and the inputs.
 
-What ``experiments/accumulation.py`` and notebook 03 run.  For each K, x (M, K)
-and w (K, N) are drawn from one distribution, coded in E4M3 and multiplied by
-:func:`fp8jax.accumulate.emulated_gemm`; the error of y is measured against
+What configs/study/accumulation.py (``experiments/study.py``) and notebook 03
+run.  For each K, x (M, K) and w (K, N) are drawn from one distribution, coded
+in E4M3 and multiplied by :func:`fp8jax.accumulate.emulated_gemm`; the error of y is measured against
 the exact (float64) product of the same dequantized operands, so only the
 accumulation is measured, not the quantization.
 

@@ -41,7 +41,7 @@ class GemmSite:
     """One GEMM call site's operands (module docstring); ``dy`` is None without a backward."""
 
     name: str
-    kind: str  # "dense" or "expert"
+    scope: str  # "dense" or "expert"
     x: np.ndarray | None = None
     w: np.ndarray | None = None
     dy: np.ndarray | None = None
@@ -61,7 +61,7 @@ class GemmSite:
 
     def operands(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """x, w, dy of one dense GEMM: the site's own, or its busiest expert's."""
-        if self.kind == "expert":
+        if self.scope == "expert":
             return self.expert(self.busiest_expert())
         return self.x, self.w, self.dy
 
@@ -108,12 +108,12 @@ def tap_gemms() -> Iterator[dict[str, GemmSite]]:
 
         return record
 
-    def hook(kind, call, x, w, dims_or_groups, **kwargs):
-        site = GemmSite(f"{kind}{counts[kind]}", kind)
-        counts[kind] += 1
+    def hook(scope, call, x, w, dims_or_groups, **kwargs):
+        site = GemmSite(f"{scope}{counts[scope]}", scope)
+        counts[scope] += 1
         sites[site.name] = site
         xv = dequantize(x) if is_quantized(x) else x
-        if kind == "expert":  # w: (experts, K, N); dims_or_groups: rows per expert
+        if scope == "expert":  # w: (experts, K, N); dims_or_groups: rows per expert
             k, n = w.shape[-2], w.shape[-1]
             jax.debug.callback(partial(_set_groups, site), dims_or_groups)
             jax.debug.callback(lambda t: setattr(site, "w", np.asarray(t, np.float32)), w)

@@ -2,7 +2,7 @@
 
 Typical values: x[t, c] ~ N(0, s_c^2) with a log-normal magnitude s_c per
 channel (``channel_sigma``; channels of real activations differ by ~10x; 0
-gives N(0, 1)).  On top of that, by ``kind``:
+gives N(0, 1)).  On top of that, by ``distribution``:
 
 * ``gaussian``: nothing else;
 * ``outlier_channels``: 1% of the channels (at least 2), in every token,
@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import numpy as np
 
-KINDS = ("gaussian", "outlier_channels", "massive")
+DISTRIBUTIONS = ("gaussian", "outlier_channels", "massive")
 DEFAULT_MAGNITUDE = {"gaussian": 1.0, "outlier_channels": 1e3, "massive": 1e5}
 
 
 def make_activations(
-    kind: str,
+    distribution: str,
     m: int,
     k: int,
     *,
@@ -37,12 +37,12 @@ def make_activations(
     channel_seed: int = 1234,
     channel_sigma: float = 0.5,
 ) -> np.ndarray:
-    """A float32 (m tokens, k channels) activation matrix of the given kind (module docstring)."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown input kind {kind!r}; known: {KINDS}")
+    """A float32 (m tokens, k channels) activation matrix of ``distribution`` (module docstring)."""
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(f"unknown input distribution {distribution!r}; known: {DISTRIBUTIONS}")
     if m < 1 or k < 2:
         raise ValueError(f"need m >= 1 tokens and k >= 2 channels, got m={m}, k={k}")
-    mag = DEFAULT_MAGNITUDE[kind] if magnitude is None else float(magnitude)
+    mag = DEFAULT_MAGNITUDE[distribution] if magnitude is None else float(magnitude)
     if not np.isfinite(mag) or mag <= 0:
         raise ValueError(f"magnitude must be finite and > 0, got {magnitude}")
     feat = np.random.default_rng(channel_seed)
@@ -51,9 +51,9 @@ def make_activations(
     massive_ch = feat.choice(k, 2, replace=False)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((m, k)) * ch_scale
-    if kind == "outlier_channels":
+    if distribution == "outlier_channels":
         x[:, outlier_ch] *= mag
-    elif kind == "massive":
+    elif distribution == "massive":
         rms = np.sqrt(np.mean(x**2))
         for t in rng.choice(m, min(2, m), replace=False):
             x[t, massive_ch] = mag * rms * rng.choice([-1.0, 1.0], 2)
@@ -62,11 +62,11 @@ def make_activations(
 
 
 def make_gemm_inputs(
-    kind: str, m: int, k: int, n: int, seed: int = 0, *, magnitude: float | None = None
+    distribution: str, m: int, k: int, n: int, seed: int = 0, *, magnitude: float | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(x (m,k), w (k,n), dy (m,n)) float32: x from :func:`make_activations`,
     w ~ N(0, 1/k) (unit-variance outputs for unit-variance inputs), dy ~ N(0, 1)."""
-    x = make_activations(kind, m, k, magnitude=magnitude, seed=seed)
+    x = make_activations(distribution, m, k, magnitude=magnitude, seed=seed)
     rng = np.random.default_rng(seed + 1)
     # float64 draw, one rounding to float32 (as for x).
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)

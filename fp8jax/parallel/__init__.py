@@ -16,7 +16,7 @@ Train on 8 simulated CPU devices::
       --config=configs/tiny.py --config.mesh.data=2 --config.mesh.fsdp=2 --config.mesh.expert=2
 
 Benchmark (bytes moved, memory, time, deepseek_v3 vs bf16):
-``python experiments/bench_parallel.py``.
+``python experiments/bench.py --config=configs/bench/parallel.py``.
 """
 
 from fp8jax.parallel import dispatch, fsdp, mesh, placement

@@ -11,6 +11,8 @@
     fp8jax data prepare SRC DST --vocab N   text -> BPE tokenizer -> token shards for training
     fp8jax data info DIR                check a token directory and print what it holds
     fp8jax runs plot DIR... [--out FILE] [--keys loss,val_loss]   several runs' curves
+    fp8jax parity --workdir RUN --recipes bf16,deepseek_v3 [--file TEXT] [--out DIR]
+                                        per-token logprob gap of one checkpoint under two recipes
 
 Every subcommand prints plain text (``--json`` for machine-readable output
 where it makes sense).  Errors go to stderr as one line: exit status 2 for a
@@ -349,8 +351,8 @@ def _cmd_data(args) -> int:
 
 
 def _cmd_runs(args) -> int:
+    from fp8jax.lab.plot_runs import plot_runs
     from fp8jax.train.defaults import ConfigError
-    from fp8jax.train.plot_runs import plot_runs
 
     keys = tuple(k for k in args.keys.split(",") if k)
     if not keys:
@@ -364,6 +366,71 @@ def _cmd_runs(args) -> int:
     except ConfigError as e:
         raise UsageError(str(e)) from None
     print(f"wrote {out}: {', '.join(keys)} of {len(args.dirs)} path(s)")
+    return 0
+
+
+def _cmd_parity(args) -> int:
+    import os
+
+    from fp8jax.toolkit import parity
+    from fp8jax.train import provenance
+    from fp8jax.train.checkpoint import CheckpointError
+    from fp8jax.train.defaults import ConfigError
+
+    def fail(msg: str, code: int = 2) -> int:
+        print(f"fp8jax parity: error: {' '.join(str(msg).split())}", file=sys.stderr)
+        return code
+
+    def say(line: str) -> None:
+        print(f"fp8jax parity: {line}", file=sys.stderr, flush=True)
+
+    if (args.workdir is None) == (args.example is None):
+        return fail("give --workdir RUN (a run trained here) or --example llama, one of them")
+    names = args.recipes.split(",")
+    # Recorded before anything runs: the code that ran is the code at the start.
+    prov = {"git": provenance.git_state(), "machine": provenance.machine()}
+    try:
+        parity.check_recipes(names)
+        if args.workdir is not None:
+            say(f"restoring {args.workdir} ...")
+            fns, batches, info = parity.from_workdir(
+                args.workdir,
+                names,
+                path=args.file,
+                step=args.step,
+                batch_size=args.batch_size,
+                max_windows=args.max_windows,
+                say=say,
+            )
+        else:
+            if args.step is not None:
+                return fail("--step applies to --workdir")
+            say("quantizing the example through the Qwix provider ...")
+            fns, batches, info = parity.from_qwix_example(
+                names,
+                path=args.file,
+                seed=args.seed,
+                seq_len=args.seq_len,
+                batch_size=args.batch_size,
+                max_windows=args.max_windows,
+            )
+        n = batches.shape[0] * batches.shape[1]
+        say(f"{n} windows of {batches.shape[2]} from {info['source']}; compiling and scoring ...")
+        results = parity.measure(fns, batches, names, source=info["source"], quiet=args.quiet)
+    except (parity.ParityError, ConfigError) as e:
+        return fail(e)
+    except CheckpointError as e:
+        return fail(e, 1)
+    results["model"] = info
+    results["command"] = "fp8jax " + " ".join(args.argv)
+    results["provenance"] = prov
+    if args.out:
+        results = parity.save(results, args.out)
+        say(f"wrote {os.path.join(args.out, 'results.json')} and parity.png")
+    if args.json:
+        print(_dump(results))
+    else:
+        print(parity.table(results))
     return 0
 
 
@@ -554,6 +621,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="metrics.jsonl keys, one panel each (comma-separated)",
     )
     q.set_defaults(func=_cmd_runs)
+
+    p = sub.add_parser(
+        "parity", help="per-token logprob gap of one checkpoint under a reference and other recipes"
+    )
+    p.add_argument("--workdir", help="a run trained here (experiments/train.py)")
+    p.add_argument(
+        "--example",
+        choices=["llama"],
+        help="instead of a run: the interop Llama example, quantized through the Qwix provider",
+    )
+    p.add_argument(
+        "--recipes",
+        required=True,
+        help="reference first, then the recipes compared with it: bf16,deepseek_v3[,...]",
+    )
+    p.add_argument("--file", help="text to score (default: the run's validation split)")
+    p.add_argument("--step", type=_NONNEG_INT, help="checkpoint step (default: newest usable)")
+    p.add_argument("--batch-size", type=_POSITIVE_INT, default=8, help="windows per batch")
+    p.add_argument("--max-windows", type=_NONNEG_INT, default=0, help="at most N (0: all)")
+    p.add_argument("--seq-len", type=_number(int, 1, True), default=128, help="--example: window")
+    p.add_argument("--seed", type=int, default=0, help="--example: initialization seed")
+    p.add_argument("--out", help="folder for results.json (per-window values) and parity.png")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_parity)
     return ap
 
 
@@ -562,6 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fp8jax.toolkit.convert import ConversionError
 
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return args.func(args)
     except UsageError as e:

@@ -12,7 +12,12 @@ concurrent sequences, KV-cache precision), :func:`plan` computes:
   per 16, 1 / 16 bytes) or MXFP4 (an E8M0 scale per 32, 1 / 32 bytes).
   Every parameter is counted at the weight precision; DeepSeek's BF16
   leftovers (embeddings, norms, router) are under 2% of its parameters and
-  are covered by the overhead;
+  are covered by the overhead.  With ``weights="auto"`` on a card with
+  native FP8, a named model with a published checkpoint layout
+  (``ModelSpec.layout``, :data:`CHECKPOINT_LAYOUTS`) is priced at that
+  layout's bytes instead: DeepSeek-V4's routed experts in FP4 + E8M0 per 32,
+  the rest in FP8 + E8M0 per 128x128 (:func:`published_format`,
+  :func:`active_bytes`);
 * **KV cache**: ``batch * context * layers * kv_elems_per_layer *
   kv_bytes``.  Multi-head latent attention (DeepSeek-V2/V3/R1) caches one
   compressed latent (512) plus the decoupled RoPE key (64) per token per
@@ -73,6 +78,16 @@ LIMITS: dict[str, tuple[float, float]] = {
 }
 MAX_CARDS = 10**9
 
+# Checkpoint layouts as published: (format of the non-expert weights, format
+# of the routed experts).  DeepSeek-V4 stores FP8 E4M3 with one E8M0 byte per
+# 128x128 block and routed experts in FP4 E2M1 with one E8M0 byte per 32
+# (MXFP4's bytes); its BF16 conversion is 2 bytes per parameter throughout.
+CHECKPOINT_LAYOUTS: dict[str, tuple[str, str]] = {
+    "bf16": ("bf16", "bf16"),
+    "deepseek-v3": ("fp8", "fp8"),
+    "deepseek-v4": ("fp8-e8m0", "mxfp4"),
+}
+
 
 def _check_range(what: str, v: float) -> None:
     lo, hi = LIMITS[what]
@@ -105,6 +120,9 @@ class ModelSpec:
     # Routed experts' parameters (0: not split), where a checkpoint layout
     # stores experts in another format than the rest (DeepSeek-V4: FP4).
     expert_params: float = 0.0
+    # The published checkpoint's layout (a CHECKPOINT_LAYOUTS key; "": none
+    # named), which "auto" weights plan with on cards with native FP8.
+    layout: str = ""
 
     def __post_init__(self) -> None:
         for what, v in (("total", self.total_params), ("active", self.active_params)):
@@ -114,6 +132,10 @@ class ModelSpec:
                 )
         if not 0 <= self.expert_params <= self.total_params:
             raise ValueError("expert parameters must be between 0 and the total parameters")
+        if self.layout and self.layout not in CHECKPOINT_LAYOUTS:
+            raise ValueError(
+                f"unknown checkpoint layout {self.layout!r}; one of {sorted(CHECKPOINT_LAYOUTS)}"
+            )
         if self.active_params > self.total_params:
             raise ValueError("active parameters cannot exceed total parameters")
         if self.n_layers <= 0 or self.kv_elems_per_layer < 0:
@@ -134,6 +156,7 @@ def _deepseek(name: str) -> ModelSpec:
         kv_kind="MLA latent 512 + RoPE key 64",
         source="DeepSeek-V3 technical report (arXiv 2412.19437): 671B total, 37B activated, "
         "61 layers, KV compression dim 512, decoupled RoPE head dim 64",
+        layout="deepseek-v3",
     )
 
 
@@ -157,6 +180,7 @@ def _deepseek_v4(
         f"{experts} routed experts of moe_intermediate_size {inter}; routed experts "
         f"{expert / 1e9:.1f}B (computed), the rest assumed = total - experts",
         expert_params=expert,
+        layout="deepseek-v4",
     )
 
 
@@ -205,6 +229,10 @@ class WeightFormat:
     needs_fp8: bool
     describe: str
     group: catalog.GroupFormat | None = None
+    # A published checkpoint layout of two formats (see published_format);
+    # expert_format: the routed experts' format in it.
+    layout: str = ""
+    expert_format: WeightFormat | None = None
 
 
 def _scaled(name: str, group: str, needs_fp8: bool, describe: str) -> WeightFormat:
@@ -225,15 +253,25 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
     "mxfp4": _scaled("mxfp4", "mxfp4", False, "MXFP4: FP4 E2M1 + E8M0 scale per 32"),
 }
 
-# Checkpoint layouts as published: (format of the non-expert weights, format
-# of the routed experts).  DeepSeek-V4 stores FP8 E4M3 with one E8M0 byte per
-# 128x128 block and routed experts in FP4 E2M1 with one E8M0 byte per 32
-# (MXFP4's bytes); its BF16 conversion is 2 bytes per parameter throughout.
-CHECKPOINT_LAYOUTS: dict[str, tuple[str, str]] = {
-    "bf16": ("bf16", "bf16"),
-    "deepseek-v3": ("fp8", "fp8"),
-    "deepseek-v4": ("fp8-e8m0", "mxfp4"),
-}
+
+def _layout_parts(layout: str) -> tuple[WeightFormat, WeightFormat]:
+    """(format of the non-expert weights, format of the routed experts) of a layout."""
+    if layout not in CHECKPOINT_LAYOUTS:
+        raise ValueError(
+            f"unknown checkpoint layout {layout!r}; one of {sorted(CHECKPOINT_LAYOUTS)}"
+        )
+    dense, expert = (_layout_format(f) for f in CHECKPOINT_LAYOUTS[layout])
+    return dense, expert
+
+
+def _split_bytes(
+    rest: float, experts: float, dense: WeightFormat, expert: WeightFormat
+) -> tuple[float, float]:
+    """(element bytes, scale bytes) of ``rest`` parameters in ``dense`` and ``experts`` in ``expert``."""
+    return (
+        rest * dense.bytes_per_param + experts * expert.bytes_per_param,
+        rest * dense.scale_bytes_per_param + experts * expert.scale_bytes_per_param,
+    )
 
 
 def checkpoint_bytes(model: ModelSpec, layout: str) -> float:
@@ -242,14 +280,52 @@ def checkpoint_bytes(model: ModelSpec, layout: str) -> float:
     Experts (``model.expert_params``) in the layout's expert format, the rest
     in its other format; see :data:`CHECKPOINT_LAYOUTS`.
     """
-    if layout not in CHECKPOINT_LAYOUTS:
-        raise ValueError(
-            f"unknown checkpoint layout {layout!r}; one of {sorted(CHECKPOINT_LAYOUTS)}"
-        )
-    dense, expert = (_layout_format(f) for f in CHECKPOINT_LAYOUTS[layout])
+    dense, expert = _layout_parts(layout)
+    elements, scales = _split_bytes(
+        model.total_params - model.expert_params, model.expert_params, dense, expert
+    )
+    return elements + scales
+
+
+def active_bytes(model: ModelSpec, wf: WeightFormat) -> float:
+    """Bytes one decode step reads per sequence for the active weights, scales included.
+
+    A single-format ``wf``: ``active_params`` at its bytes.  A published
+    layout of two formats (``wf.layout``): every non-expert parameter is
+    taken as active (attention, shared experts, dense layers run for every
+    token), the rest of ``active_params`` as routed experts in the experts'
+    format; an assumption, since the models' cards give the active count only.
+    """
+    if not wf.layout:
+        return model.active_params * (wf.bytes_per_param + wf.scale_bytes_per_param)
+    dense, expert = _layout_parts(wf.layout)
+    rest = min(model.total_params - model.expert_params, model.active_params)
+    return sum(_split_bytes(rest, model.active_params - rest, dense, expert))
+
+
+def published_format(model: ModelSpec) -> WeightFormat:
+    """The weight format of ``model``'s published checkpoint (``model.layout``).
+
+    One format throughout (DeepSeek-V3: FP8 with float32 block scales) is
+    that format; two (DeepSeek-V4: FP4 experts, FP8 rest) give a format of
+    the layout's name whose bytes per parameter are the checkpoint's
+    averages (:func:`checkpoint_bytes` / parameters), so weights and scales
+    total exactly the checkpoint's bytes.
+    """
+    dense, expert = _layout_parts(model.layout)
+    if dense == expert or not model.expert_params:
+        return dense
     rest = model.total_params - model.expert_params
-    return rest * (dense.bytes_per_param + dense.scale_bytes_per_param) + model.expert_params * (
-        expert.bytes_per_param + expert.scale_bytes_per_param
+    elements, scales = _split_bytes(rest, model.expert_params, dense, expert)
+    return WeightFormat(
+        model.layout,
+        elements / model.total_params,
+        scales / model.total_params,
+        dense.needs_fp8 or expert.needs_fp8,
+        f"{model.layout} checkpoint: routed experts ({model.expert_params / 1e9:.1f}B) in "
+        f"{expert.describe}, the rest ({rest / 1e9:.1f}B) in {dense.describe}",
+        layout=model.layout,
+        expert_format=expert,
     )
 
 
@@ -299,6 +375,8 @@ class Plan:
     batch_tokens_per_s: float | None
     notes: tuple[str, ...] = field(default_factory=tuple)
     execution: str = ""
+    # How the card runs the routed experts' own format (a published layout of two formats).
+    expert_execution: str = ""
 
     def format(self) -> str:
         return format_plan(self)
@@ -347,7 +425,12 @@ def plan(
     bw_gbs = bandwidth_gbs if bandwidth_gbs is not None else accel.bandwidth_gbs
 
     wname = weights.lower()
-    if wname == "auto":
+    layout_wf = None
+    if wname == "auto" and accel.fp8_native and model.layout:
+        # The published checkpoint as it is (DeepSeek-V4: FP4 experts, FP8 rest).
+        layout_wf = published_format(model)
+        wname = layout_wf.name if layout_wf.name in WEIGHT_FORMATS else "layout"
+    elif wname == "auto":
         wname = "fp8" if accel.fp8_native else "bf16"
         if not accel.fp8_native:
             notes.append(
@@ -356,11 +439,11 @@ def plan(
                 + ": weights held in BF16 (an FP8 checkpoint is converted with "
                 "`fp8jax convert fp8-to-bf16`), twice the bytes of FP8."
             )
-    if wname not in WEIGHT_FORMATS:
+    if wname not in WEIGHT_FORMATS and layout_wf is None:
         raise ValueError(
             f"unknown weight precision {weights!r}; one of auto, {sorted(WEIGHT_FORMATS)}"
         )
-    wf = WEIGHT_FORMATS[wname]
+    wf = layout_wf if layout_wf is not None else WEIGHT_FORMATS[wname]
     if wf.needs_fp8 and not accel.fp8_native:
         notes.append(
             f"{accel.name} has no native FP8: FP8 weights must be converted to BF16 "
@@ -368,7 +451,7 @@ def plan(
         )
         wf = WEIGHT_FORMATS["bf16"]
     if wf.needs_fp8:
-        exec_kind = "native"
+        exec_mode = "native"
         if not accel.supports("fp8_e4m3"):
             # FNUZ-only cards (MI300 series): E4M3FN codes above 240 do not exist
             # in e4m3fnuz, so the re-encode halves the codes and doubles the scales.
@@ -377,12 +460,24 @@ def plan(
                 "re-encoded (values halved, scales doubled), same 3 mantissa bits."
             )
     elif wf.group is not None:
-        exec_kind, note = execution(wf, accel)
+        exec_mode, note = execution(wf, accel)
         notes.append(note)
     else:
-        exec_kind = ""
+        exec_mode = ""
+    if wf.expert_format is not None and wf.expert_format.group is not None:
+        # The experts' format runs as the card allows (FP4: Blackwell multiplies it).
+        expert_exec, note = execution(wf.expert_format, accel)
+        notes.append(f"routed experts: {note}")
+    else:
+        expert_exec = ""
 
-    if model.expert_params:
+    if wf.layout:
+        notes.append(
+            f"planned as {model.name}'s published checkpoint "
+            f"({checkpoint_bytes(model, wf.layout) / 1e9:,.1f} GB; its BF16 conversion is "
+            f"{checkpoint_bytes(model, 'bf16') / 1e9:,.1f} GB)."
+        )
+    elif model.expert_params:
         notes.append(
             f"{model.name}'s published checkpoint (FP4 experts, FP8 rest, E8M0 scales) is "
             f"{checkpoint_bytes(model, 'deepseek-v4') / 1e9:,.1f} GB; this plan prices every "
@@ -419,9 +514,9 @@ def plan(
     layout_nodes = math.ceil(layout_cards / node_size)
 
     # Decode bound.
-    active_bytes = model.active_params * (wf.bytes_per_param + wf.scale_bytes_per_param)
+    active = active_bytes(model, wf)
     kv_seq = context * kv_per_token
-    per_token = active_bytes + kv_seq
+    per_token = active + kv_seq
     bw = None if bw_gbs is None else bw_gbs * 1e9
     if bw is None:
         one = all_ = batch_tps = None
@@ -431,7 +526,7 @@ def plan(
     else:
         one = bw / per_token
         all_ = bw * layout_cards / per_token
-        step_bytes = min(weight_bytes + scale_bytes, batch * active_bytes) + batch * kv_seq
+        step_bytes = min(weight_bytes + scale_bytes, batch * active) + batch * kv_seq
         batch_tps = batch * bw * layout_cards / step_bytes
 
     return Plan(
@@ -455,14 +550,15 @@ def plan(
         nodes=nodes,
         layout_cards=layout_cards,
         layout_nodes=layout_nodes,
-        active_weight_bytes=active_bytes,
+        active_weight_bytes=active,
         kv_bytes_per_seq=kv_seq,
         bytes_per_token=per_token,
         tokens_per_s_one_card=one,
         tokens_per_s_all_cards=all_,
         batch_tokens_per_s=batch_tps,
         notes=tuple(notes),
-        execution=exec_kind,
+        execution=exec_mode,
+        expert_execution=expert_exec,
     )
 
 
@@ -470,9 +566,9 @@ _ELEMENT_LABELS = {"fp4_e2m1": "FP4 (E2M1)", "fp8_e4m3": "FP8 E4M3"}
 
 
 def execution(wf: WeightFormat, accel: Accelerator) -> tuple[str, str]:
-    """What the card does with a scaled weight format, as (kind, note).
+    """What the card does with a scaled weight format, as (mode, note).
 
-    kind is "native" (its matrix units multiply the stored elements),
+    mode is "native" (its matrix units multiply the stored elements),
     "dequantized" (weights widened to BF16/FP16 inside the GEMM) or "unknown"
     (the card's formats are not known).
     """
@@ -572,6 +668,7 @@ class CompareRow:
             planned=True,
             weights=p.weights.name,
             execution=p.execution,
+            expert_execution=p.expert_execution,
             kv_cache=p.kv_dtype,
             card_gb=p.card_bytes / 1e9,
             total_gb=p.total_bytes / 1e9,
@@ -669,6 +766,8 @@ def format_compare(rows: list[CompareRow], model: ModelSpec) -> str:
             flags.append("no FP8: BF16")
         if p.weights.group is not None and p.execution:
             flags.append({"unknown": "formats unknown"}.get(p.execution, p.execution))
+        if p.expert_execution:
+            flags.append(f"FP4 experts {p.expert_execution}")
         if p.tokens_per_s_one_card is None:
             flags.append("no bandwidth figure")
         body.append(

@@ -44,7 +44,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from fp8jax.owner import owner_alive
+from fp8jax.process_liveness import owner_alive
 from fp8jax.train.state import TrainState
 
 

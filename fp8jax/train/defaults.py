@@ -23,8 +23,9 @@ from pathlib import Path
 
 import ml_collections
 
-from fp8jax import recipes
+from fp8jax import registry
 from fp8jax.models import ModelConfig
+from fp8jax.recipes import Recipe
 from fp8jax.train import injection
 from fp8jax.train.optimizer import MOMENT_DTYPE
 
@@ -181,7 +182,7 @@ def comparison_block(
     baseline: str = "bf16",
     contrasts: tuple[str, ...] = (),
 ) -> ml_collections.ConfigDict:
-    """The ``compare`` block of a comparison config (fields: fp8jax.train.compare).
+    """The ``compare`` block of a comparison config (fields: fp8jax.lab.compare).
 
     ``runs`` maps a label to the fields it overrides, at least ``recipe``
     (several labels may share a recipe: a label names a run, not a recipe).
@@ -370,8 +371,12 @@ def seq_len(config: ml_collections.ConfigDict, mcfg: ModelConfig) -> int:
     return int(config.seq_len) if int(config.seq_len) > 0 else mcfg.max_seq_len
 
 
-def validate(config: ml_collections.ConfigDict, *, extra: tuple[str, ...] = ()) -> None:
-    """Raise :class:`ConfigError` (one line with the fix) for any bad field of ``config``.
+def validate(config: ml_collections.ConfigDict, *, extra: tuple[str, ...] = ()) -> Recipe:
+    """The recipe ``config.recipe`` names, once every field of ``config`` is checked.
+
+    Raises :class:`ConfigError` (one line with the fix) for any bad field.  This
+    is the one place a config's recipe name is resolved (:func:`fp8jax.registry.
+    get`): the loop trains the Recipe returned here.
 
     ``extra``: top-level blocks besides the training fields (e.g. ``"compare"``).
     Checks names (a typo gets a "did you mean"), the recipe and model preset,
@@ -381,7 +386,7 @@ def validate(config: ml_collections.ConfigDict, *, extra: tuple[str, ...] = ()) 
     """
     _check_known_fields(config, extra)
     try:
-        recipes.get(str(config.recipe))
+        recipe = registry.get(str(config.recipe))
     except ValueError as e:
         raise ConfigError(f"{e} (--config.recipe)") from None
     mcfg = model_config(config)
@@ -461,6 +466,7 @@ def validate(config: ml_collections.ConfigDict, *, extra: tuple[str, ...] = ()) 
             f"data path {str(d.path)!r} does not exist: give an existing file or folder "
             "with --config.data.path",
         )
+    return recipe
 
 
 def check_workdir(workdir: str | Path) -> Path:

@@ -81,6 +81,31 @@ def read_text(path: str | Path) -> np.ndarray:
         raise ConfigError(f"cannot read {str(path)!r}: {e.strerror}") from None
 
 
+def text_stream(run: Run, path: str | Path | None = None) -> tuple[np.ndarray, str]:
+    """(bytes as uint8, what they are) a reader scores: ``path``, or the run's validation split.
+
+    ConfigError when the run is not byte-level, its vocabulary cannot hold
+    every byte, or the text is empty.
+    """
+    if run.corpus.unit != "bytes":
+        raise ConfigError(
+            f"this run trains on {run.corpus.unit} of {run.corpus.name!r}; readers score "
+            "runs on byte-level data (stdlib, text, synthetic)"
+        )
+    if path is None:
+        stream, source = run.corpus.val, f"the validation split of {run.corpus.name!r}"
+    else:
+        stream, source = read_text(path), str(path)
+    if stream.size == 0:
+        raise ConfigError(f"{source} is empty: give a text with at least one window of bytes")
+    if run.mcfg.vocab_size < data_lib.VOCAB_SIZE:
+        raise ConfigError(
+            f"the model's vocabulary has {run.mcfg.vocab_size} tokens, fewer than the "
+            f"{data_lib.VOCAB_SIZE} byte values: it cannot score arbitrary bytes"
+        )
+    return stream, source
+
+
 def evaluate(
     run: Run,
     state: TrainState,
@@ -97,20 +122,7 @@ def evaluate(
         raise ConfigError(
             f"--batch_size {batch_size} must be a positive multiple of the {run.mesh.size} devices"
         )
-    if run.corpus.unit != "bytes":
-        raise ConfigError(
-            f"this run trains on {run.corpus.unit} of {run.corpus.name!r}; evaluate.py scores "
-            "runs on byte-level data (stdlib, text, synthetic)"
-        )
-    if path is None:
-        stream, source = run.corpus.val, f"the validation split of {run.corpus.name!r}"
-    else:
-        stream, source = read_text(path), str(path)
-    if run.mcfg.vocab_size < data_lib.VOCAB_SIZE:
-        raise ConfigError(
-            f"the model's vocabulary has {run.mcfg.vocab_size} tokens, fewer than the "
-            f"{data_lib.VOCAB_SIZE} byte values: it cannot score arbitrary bytes"
-        )
+    stream, source = text_stream(run, path)
     tokens = windows(stream, run.seq_len, batch_size, max_windows)
     loss = float(run.eval_fn(state, put_batch(tokens, run.mesh, batch_axis=1)))
     if not np.isfinite(loss):

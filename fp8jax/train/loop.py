@@ -51,7 +51,6 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from fp8jax import recipes
 from fp8jax.data import corpus as data_lib
 from fp8jax.data.batches import describe_val_set
 from fp8jax.data.loader import train_batches
@@ -326,12 +325,11 @@ def setup(
     that does not fit the machine) raises ConfigError before anything exists
     on disk.  ``steps``: jitted functions to reuse (default: a new cache).
     """
-    validate(config)
+    recipe = validate(config)
     workdir = check_workdir(workdir)
     changes = check_resumable(workdir, config)
     # Several processes: before anything touches a device.
     maybe_initialize_distributed(config.mesh)
-    recipe = recipes.get(str(config.recipe))
     mcfg = model_config(config)
     n = seq_len(config, mcfg)
     sizes = preflight.resolve_mesh(config)
@@ -675,7 +673,7 @@ def completed_run(config: ml_collections.ConfigDict, workdir: str | Path) -> dic
     (read as saved, finite).  Anything else (no run, fewer steps, a damaged
     newest checkpoint) is None: training decides, falling back as it does.
     """
-    validate(config)
+    recipe = validate(config)
     path = check_workdir(workdir)
     if not (path / "config.json").exists():
         return None
@@ -693,7 +691,7 @@ def completed_run(config: ml_collections.ConfigDict, workdir: str | Path) -> dic
         ckpt.close()
     summary = summarize(run_log.read_jsonl(path / "metrics.jsonl"), int(config.final_window))
     summary.update(
-        recipe=recipes.get(str(config.recipe)).name,
+        recipe=recipe.name,
         seed=int(config.seed),
         already_complete=True,
     )

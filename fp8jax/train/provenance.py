@@ -12,7 +12,7 @@ comparisons refuse to tabulate runs whose records disagree on the code
   dot instructions "auto" also resolves another GEMM path, which the record
   names), so a rerun reproduces a comparison when its per-seed paired gaps
   fall inside the committed distribution
-  (``fp8jax.train.compare.reproduction_check``).
+  (``fp8jax.lab.compare.reproduction_check``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import jax
 
-from fp8jax import host_cpu, resolved
+from fp8jax import host_cpu, path_record
 from fp8jax.train.defaults import ConfigError
 
 # Instruction-set flags that change which CPU kernels XLA and numpy pick.
@@ -142,13 +142,13 @@ def gemm_paths(fn: Callable, *args: Any) -> dict[str, str]:
 
     ``{"dense/fprop": "chunked", "expert/wgrad": "plain bfloat16", ...}``: the
     implementation every GEMM of the traced computation resolved to (see
-    ``fp8jax.resolved``).  Call it on a function that has not been traced
+    ``fp8jax.path_record``).  Call it on a function that has not been traced
     with these argument shapes before, or JAX reuses that trace and nothing
     is reported.
     """
-    with resolved.recording() as paths:
+    with path_record.recording() as paths:
         jax.eval_shape(fn, *args)
-    return resolved.as_table(paths)
+    return path_record.as_table(paths)
 
 
 def record(fn: Callable | None = None, *args: Any) -> dict[str, Any]:

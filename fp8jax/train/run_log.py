@@ -14,6 +14,9 @@
   naming the file and the line), and nothing is rewritten.  Every reader goes
   through :func:`read_jsonl`, which opens regular files only (a FIFO or a
   device is refused, not waited on) and reads at most ``MAX_LOG_BYTES``.
+  It reads a gzipped log (``metrics.jsonl.gz``, as committed results keep
+  them: :func:`find_log`) the same way, at most ``MAX_LOG_BYTES`` once
+  decompressed, with the same row checks.
   Training rows carry, besides the global FP8 aggregates (``fp8/...``), every
   per-site statistic the model sows (``layers/<site>/<stat>``, e.g.
   ``layers/layer1/moe/experts_w13/x/saturated``, ``layers/layer0/ffn/swiglu/
@@ -30,6 +33,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -37,6 +41,7 @@ import stat
 import sys
 import time
 import warnings
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -90,6 +95,10 @@ class DamagedLog(ValueError):
 #: about 5 KB, so this holds some 400,000 logged steps and never exhausts memory.
 MAX_LOG_BYTES = 2 << 30
 
+#: A run's log as training writes it, then its gzipped copy (committed results keep
+#: that one, written by :func:`write_gz`).
+LOG_NAMES = ("metrics.jsonl", "metrics.jsonl.gz")
+
 #: The largest step a row may name: steps are counted in int32 (the train state's step).
 MAX_STEP = 2**31 - 1
 
@@ -116,26 +125,53 @@ def row_problem(row: Any) -> str | None:
     return None
 
 
+def find_log(run_dir: str | Path) -> Path | None:
+    """The log of the run in ``run_dir``: its metrics.jsonl, else its metrics.jsonl.gz, else None.
+
+    Anything of that name counts (a FIFO too): the reader refuses what is not
+    a regular file, in one line, instead of it being passed over unsaid.
+    """
+    for name in LOG_NAMES:
+        p = Path(run_dir) / name
+        if os.path.lexists(p):
+            return p
+    return None
+
+
 def _read_log_bytes(path: Path) -> bytes | None:
     """The bytes of ``path`` (None when it does not exist), refusing what is not a log file.
 
     Opened without blocking and checked before reading: a FIFO or a device
     (a symlink to /dev/zero) is refused instead of hanging or filling memory,
-    and no more than MAX_LOG_BYTES are read.
+    and no more than MAX_LOG_BYTES are read.  A ``.gz`` path is decompressed
+    as it is read, and refused past MAX_LOG_BYTES decompressed (a small file
+    can expand a thousandfold) or when it is not complete gzip data.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
+    gzipped = path.name.endswith(".gz")
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise DamagedLog(f"{path} is not a regular file: give the run's own metrics.jsonl")
-        blob = f.read(MAX_LOG_BYTES + 1)
+        if not gzipped:
+            blob = f.read(MAX_LOG_BYTES + 1)
+        else:
+            try:
+                with gzip.GzipFile(fileobj=f, mode="rb") as z:
+                    blob = z.read(MAX_LOG_BYTES + 1)
+            # OSError: not gzip data (BadGzipFile); EOFError: cut short; zlib.error: corrupt.
+            except (OSError, EOFError, zlib.error) as e:
+                raise DamagedLog(
+                    f"{path} is not complete gzip data ({e}); recompress the run's "
+                    "metrics.jsonl (gzip -n) or delete the file"
+                ) from None
     if len(blob) > MAX_LOG_BYTES:
+        what = "decompresses to more than" if gzipped else "is larger than"
         raise DamagedLog(
-            f"{path} is larger than the {MAX_LOG_BYTES:,} bytes a metrics log may hold: not a "
-            "run's log"
+            f"{path} {what} the {MAX_LOG_BYTES:,} bytes a metrics log may hold: not a run's log"
         )
     return blob
 
@@ -180,12 +216,35 @@ def _parse_jsonl(path: Path, strict: bool = True) -> tuple[list[dict], int | Non
     return rows, None, skipped
 
 
+def _jsonl(rows: list[dict]) -> str:
+    """Rows as the log holds them: one ``json.dumps`` line each."""
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def write_gz(path: str | Path, rows: list[dict]) -> Path:
+    """Write ``rows`` as a gzipped log at ``path`` (e.g. ``<run>/metrics.jsonl.gz``).
+
+    The same rows give the same bytes: the gzip header holds no time and no
+    file name (mtime 0, as ``gzip -n``), so rewriting an unchanged log changes
+    nothing git sees.  Written beside and renamed into place.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f, gzip.GzipFile("", "wb", 9, fileobj=f, mtime=0) as z:
+        z.write(_jsonl(rows).encode())
+    tmp.replace(path)
+    return path
+
+
 def read_jsonl(
     path: str | Path, say: Callable[[str], None] | None = None, *, skip_malformed: bool = False
 ) -> list[dict]:
-    """Rows of a metrics.jsonl for a reader (summaries, comparisons, plots).
+    """Rows of a metrics.jsonl (or metrics.jsonl.gz) for a reader (summaries, comparisons, plots).
 
-    A torn last line (a kill during a write) is left out.  A malformed line
+    ``path`` names the log; a ``metrics.jsonl`` that does not exist is read
+    from its gzipped copy ``metrics.jsonl.gz`` beside it when there is one
+    (the committed results keep their logs gzipped).  A torn last line (a
+    kill during a write) is left out.  A malformed line
     before it (see :func:`row_problem`) raises :class:`DamagedLog` naming the
     file and the line, or with ``skip_malformed`` is left out.  What was left
     out is said in one line through ``say`` (default: a warning).  A file
@@ -193,6 +252,8 @@ def read_jsonl(
     DamagedLog without being read.
     """
     p = Path(path)
+    if p.name == LOG_NAMES[0] and not os.path.lexists(p):
+        p = find_log(p.parent) or p
     rows, torn_at, skipped = _parse_jsonl(p, strict=not skip_malformed)
     if torn_at is not None:
         skipped.append("a torn last line")
@@ -271,7 +332,7 @@ class MetricsWriter:
             # Renamed into place: another process reading the log sees the old
             # or the new file, never half of one.
             tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+            tmp.write_text(_jsonl(keep))
             tmp.replace(self.path)
 
     def _remember_amax(self, step: int, row: dict) -> None:

@@ -72,13 +72,13 @@ from typing import TextIO
 
 import numpy as np
 
-from fp8jax.progress import Progress
-from fp8jax.staging import (
+from fp8jax.atomic_output import (
     TerminationSignals,
     make_partial_dir,
     publish,
     remove_stale_partials,
 )
+from fp8jax.progress import Progress
 from fp8jax.toolkit.convert.blockwise import (
     BLOCK,
     ROUNDINGS,
@@ -364,7 +364,7 @@ def carried_files(src: Path, skip: set[str]) -> list[tuple[Path, Path | None]]:
 class Action:
     """What to do with one input tensor: copy, dequantize or quantize."""
 
-    kind: str  # "copy" | "dequant" | "quant"
+    op: str  # "copy" | "dequant" | "quant"
     name: str
     out: tuple[tuple[str, str, tuple[int, ...]], ...]  # (name, dtype, shape) written
     scale: str | None = None  # dequant: name of the scale tensor
@@ -508,7 +508,7 @@ def _plan_fp8_to_bf16(source: Source, qc: QuantConfig) -> dict[str, list[Action]
             else:
                 acts.append(Action("copy", name, ((name, t.dtype, t.shape),)))
         plan[s] = acts
-    if not any(a.kind == "dequant" for acts in plan.values() for a in acts):
+    if not any(a.op == "dequant" for acts in plan.values() for a in acts):
         raise ConversionError(
             f"no FP8 tensor in {source.root} ({_dtype_summary(source)}): it already is a "
             "high-precision checkpoint; nothing to convert"
@@ -550,7 +550,7 @@ def _plan_fp4(
 
 def layout_of(plan: dict[str, list[Action]], qc: QuantConfig) -> str:
     """The layout a dequantization plan read (a key of layouts.LAYOUT_NAMES)."""
-    deq = [a for acts in plan.values() for a in acts if a.kind == "dequant"]
+    deq = [a for acts in plan.values() for a in acts if a.op == "dequant"]
     if any(a.fmt == "fp4" or a.scale_dtype == "F8_E8M0" for a in deq):
         return "deepseek-v4"
     return "deepseek-v3.1" if qc.scale_fmt == "ue8m0" else "deepseek-v3"
@@ -597,7 +597,7 @@ def _plan_bf16_to_fp8(source: Source, keep: Sequence[str]) -> dict[str, list[Act
             else:
                 acts.append(Action("copy", name, ((name, t.dtype, t.shape),)))
         plan[s] = acts
-    if not any(a.kind == "quant" for acts in plan.values() for a in acts):
+    if not any(a.op == "quant" for acts in plan.values() for a in acts):
         raise ConversionError(
             f"no tensor of {source.root} ({_dtype_summary(source)}) is a 2-D BF16/F16/F32 "
             "'*weight' outside the keep patterns; nothing to convert"
@@ -657,7 +657,7 @@ def _write_shard(
     try:
         for a in acts:
             t = f.info(a.name)
-            if a.kind == "copy":
+            if a.op == "copy":
                 if len(t.shape) == 0 or t.numel == 0:
                     w.write(a.name, f.get(a.name))
                     progress.update(t.nbytes)
@@ -666,7 +666,7 @@ def _write_shard(
                 for r0, r1 in iter_row_chunks(t.shape[0], row, 1, CHUNK_ELEMS):
                     w.write(a.name, f.rows(a.name, r0, r1))
                     progress.update((r1 - r0) * row * t.np_dtype.itemsize, a.name)
-            elif a.kind == "dequant":
+            elif a.op == "dequant":
                 scale = source.locate(a.scale, shard).get(a.scale)
                 out_shape = a.out[0][2]
                 if t.numel == 0:
@@ -696,7 +696,7 @@ def _write_shard(
                         )
                     w.write(a.name, out)
                     progress.update((r1 - r0) * t.shape[1] * t.np_dtype.itemsize, a.name)
-            elif a.kind == "quant":
+            elif a.op == "quant":
                 # The scale tensor follows the data in the file: collect the scales
                 # (one float32 per block) while the data stream out.
                 scales = []
@@ -878,7 +878,7 @@ def convert_checkpoint(
             bytes_in = sum(
                 source.file(s).info(n).nbytes for s in shards for n in source.file(s).names()
             )
-            converted = sum(a.kind != "copy" for acts in plan.values() for a in acts)
+            converted = sum(a.op != "copy" for acts in plan.values() for a in acts)
 
             _remove_stale_partials(dst_p.parent, note)
             tmp = _make_partial_dir(dst_p, src_p)
@@ -1004,15 +1004,15 @@ def make_example_checkpoint(dst: str | os.PathLike, seed: int = 0, shards: int =
         raise ValueError("shards must be >= 1")
     rng = np.random.default_rng(seed)
     tensors: dict[str, np.ndarray] = {}
-    for name, shape, kind in _EXAMPLE_TENSORS:
+    for name, shape, stored in _EXAMPLE_TENSORS:
         if "norm" in name:
             tensors[name] = np.ones(shape, DTYPES["BF16"])
-        elif kind == "F32":
+        elif stored == "F32":
             tensors[name] = rng.standard_normal(shape).astype(np.float32)
         else:
             # Draw in float32, store as BF16 (what a trained checkpoint holds).
             w = (0.02 * rng.standard_normal(shape)).astype(np.float32).astype(DTYPES["BF16"])
-            if kind == "FP8":
+            if stored == "FP8":
                 tensors[name], tensors[name + SCALE_SUFFIX] = quant_rows(w)
             else:
                 tensors[name] = w

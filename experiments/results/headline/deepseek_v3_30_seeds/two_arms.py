@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import fp8jax
-from fp8jax.train.compare import run_comparison
+from fp8jax.lab.compare import run_comparison
 from fp8jax.train.runtime import default_jax_cache_dir, setup_runtime
 
 root = Path(fp8jax.__file__).resolve().parents[1]

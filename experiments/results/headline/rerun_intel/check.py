@@ -3,13 +3,13 @@
 Usage: python check.py COMMITTED_RESULTS_JSON RERUN_RESULTS_JSON
 Prints, per FP8 label and rerun seed, the rerun's paired val gap and the 95%
 prediction interval of the committed per-seed gaps
-(fp8jax.train.compare.reproduction_check).
+(fp8jax.lab.compare.reproduction_check).
 """
 
 import json
 import sys
 
-from fp8jax.train.compare import reproduction_check
+from fp8jax.lab.compare import reproduction_check
 
 committed, rerun = (json.load(open(p)) for p in sys.argv[1:3])
 rows = reproduction_check(committed, rerun)
