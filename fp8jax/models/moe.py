@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fp8jax.layout import Layout
 from fp8jax.models.config import ModelConfig
 from fp8jax.models.router import Router, expert_load, route, seq_balance_loss
 from fp8jax.monitors import channel_amax, swiglu_monitors, swiglu_monitors_of_amax
@@ -68,7 +69,7 @@ def swiglu(h: jax.Array, dtype, recipe: Recipe | None = None) -> jax.Array:
     spec = recipe.fprop.lhs if recipe is not None else None
     if (
         spec is None
-        or not (spec.quantized and spec.granularity == "tile")
+        or not (spec.quantized and Layout.of(spec).tiled)
         or not requantizes_codes(spec.fmt)
     ):
         return _swiglu_f32(h).astype(dtype)

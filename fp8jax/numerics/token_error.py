@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp8jax.formats import E4M3
+from fp8jax.layout import Layout
 from fp8jax.quant import dequantize, quantize
 
 __all__ = ["group_amax_ratio", "token_quant_errors"]
@@ -36,13 +37,13 @@ def group_amax_ratio(t: np.ndarray, granularity: str, tile: int = 128) -> np.nda
     """
     a = np.abs(np.asarray(t, np.float64))
     m, n = a.shape
-    if granularity in ("tile", "row"):
+    # Layout refuses a granularity it does not know.
+    layout = Layout(granularity, axis=1, tile=tile)
+    if layout.along_axis:
         return (a.max(axis=1) > 0).astype(np.float64)
-    if granularity == "tensor":
+    if layout.per_tensor:
         amax = a.max()
         return a.max(axis=1) / amax if amax > 0 else np.zeros(m)
-    if granularity != "block":
-        raise ValueError(f"unknown granularity {granularity!r}; tile, row, block or tensor")
     pad = np.pad(a, ((0, -m % tile), (0, -n % tile)))
     parts = pad.reshape(pad.shape[0], pad.shape[1] // tile, tile).max(
         axis=2

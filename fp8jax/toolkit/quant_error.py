@@ -37,6 +37,7 @@ import numpy as np
 
 from fp8jax.formats import BLOCK_FORMATS
 from fp8jax.host_memory import available_memory
+from fp8jax.layout import Layout
 from fp8jax.numerics.metrics import relative_error, saturated_fraction, sqnr_db
 from fp8jax.recipes import QuantSpec
 from fp8jax.telemetry import flushed_fraction
@@ -271,7 +272,7 @@ def _operand_requests(ndim: int) -> list[_Request]:
             if not spec.quantized:
                 reqs.append(_Request("operands", label, r.compute_dtype, "-", None))
                 continue
-            if spec.granularity == "block" and ndim < 2:
+            if Layout.of(spec).blocked and ndim < 2:
                 continue
             glabel = _granularity_label(spec)
             if spec.scaling == "delayed":
