@@ -89,8 +89,8 @@ _ALG = lax.DotAlgorithmPreset
 # The paths differ in the last bits (their numerics: ``recipes.Recipe``,
 # docs/model.md); each run records the path it resolved.  The block formats
 # run "xla" off the native GEMM (their dequantized values are exact in
-# float32).  Measured ratios: ``experiments/bench_core.py`` and
-# docs/benchmarks.md.
+# float32).  Measured ratios: ``experiments/bench.py
+# --config=configs/bench/core.py`` and docs/benchmarks.md.
 AUTO: dict[tuple[str, str], tuple[str, ...]] = {
     ("fp8", "cuda"): ("pallas", "chunked"),
     ("fp8", "rocm"): ("chunked",),
