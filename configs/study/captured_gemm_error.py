@@ -24,7 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
     # GEMM sites, in the model's trace order (the first block: attention in / out,
     # FFN up / down; then the first MoE block's routed experts up / down).
     c.sites = "dense0,dense1,dense2,dense3,expert0,expert1"
-    # Recipes, comma-separated (fp8jax.recipes.get names).
+    # Recipes, comma-separated (fp8jax.registry.get names).
     c.recipes = (
         "bf16,deepseek_v3,current_tensor,hybrid_delayed,rowwise,mxfp8,nvfp4,"
         "acc_no_promote,acc_promote128,acc_tiles"

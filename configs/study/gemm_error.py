@@ -22,6 +22,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.k = 1024  # input features
     c.n = 1024  # output features
     c.seed = 0  # seed of the inputs (fp8jax.numerics.inputs.make_gemm_inputs)
-    # Presets, comma-separated (fp8jax.recipes.get names).
+    # Presets, comma-separated (fp8jax.registry.get names).
     c.recipes = "bf16,deepseek_v3,current_tensor,rowwise,hybrid_delayed,mxfp8,nvfp4"
     return c

@@ -27,7 +27,7 @@ from jax import lax
 
 import fp8jax
 from fp8jax import recipes as recipes_lib
-from fp8jax import scaling
+from fp8jax import registry, scaling
 from fp8jax.formats import E4M3, E5M2, saturating_cast
 from fp8jax.kernels import kernel_available
 
@@ -221,7 +221,7 @@ class Variant:
     def make_recipe(self) -> recipes_lib.Recipe | None:
         if self.impl == "reference":
             return None
-        r = recipes_lib.get(self.recipe)
+        r = registry.get(self.recipe)
         changes: dict[str, Any] = {"impl": self.impl}
         if self.dequant_dtype is not None:
             changes["dequant_dtype"] = self.dequant_dtype
@@ -281,7 +281,7 @@ def backend_variants(
     out: list[Variant] = []
     skipped: dict[str, str] = {}
     for name in names:
-        r = recipes_lib.get(name)
+        r = registry.get(name)
         if not r.is_fp8:
             if "xla" in want:
                 out.append(Variant(f"{name}/xla", name, "xla"))

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp8jax import recipes as recipes_lib
+from fp8jax import registry
 from fp8jax.bench.hlo import hlo_report
 from fp8jax.bench.timing import memory_stats, time_calls
 from fp8jax.models import ModelConfig, MoETransformer, loss_fn, update_router_bias
@@ -43,7 +44,7 @@ def parse_spec(spec: str) -> tuple[recipes_lib.Recipe, bool]:
     if flag not in ("", "notel"):
         raise ValueError(f"row {spec!r}: the only suffix is '@notel', got '@{flag}'")
     name, _, deq = body.partition(":")
-    recipe = recipes_lib.get(name)
+    recipe = registry.get(name)
     if deq:
         recipe = dataclasses.replace(recipe, dequant_dtype=deq)
     return recipe, not flag

@@ -31,6 +31,7 @@ import numpy as np
 from flax import nnx
 
 from fp8jax import recipes as recipes_lib
+from fp8jax import registry
 from fp8jax.bench.hlo import collective_bytes, lowered_collective_bytes
 from fp8jax.bench.timing import memory_stats, time_call
 from fp8jax.models import ModelConfig, MoETransformer, loss_fn
@@ -127,7 +128,7 @@ def run_recipe(recipe: recipes_lib.Recipe, bench: ParallelBench) -> dict[str, An
 
 def compare(bench: ParallelBench, names=("bf16", "deepseek_v3")) -> list[dict[str, Any]]:
     """``run_recipe`` for each recipe name, in order (the first is the baseline of the ratios)."""
-    return [run_recipe(recipes_lib.get(n), bench) for n in names]
+    return [run_recipe(registry.get(n), bench) for n in names]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
