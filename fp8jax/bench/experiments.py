@@ -321,7 +321,59 @@ def sweep(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
     print(f"wall {results['wall_s']:.1f} s; wrote {', '.join(sorted(paths.values()))}")
 
 
+def compilers(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
+    """The accelerators' compilers' predictions, per target x case x recipe x impl, vs bf16."""
+    # Deviceless: the CUDA plugin must not look for a GPU (it fails without one,
+    # and then offers no compile-only client either).  Read when JAX starts its
+    # backends, which happens after this.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    from fp8jax.bench import compilers as compilers_lib
+    from fp8jax.bench import predicted
+
+    targets = []
+    for name in items(c.targets):
+        try:
+            t = compilers_lib.target(name)
+        except ValueError as e:
+            raise BenchConfigError(f"config.targets: {e}") from None
+        why = compilers_lib.unavailable(t)
+        if why:
+            print(f"skipped: {why}")
+            continue
+        targets.append(t)
+    recipes, impls = items(c.recipes), items(c.impls)
+    shapes = predicted.parse_shapes(c.shapes)
+    records: list[dict] = []
+    for t in targets:
+        print(f"== {t.name}: {t.source}")
+        for shape in shapes:
+            records += predicted.gemm_case(shape, recipes, impls, t)
+        for spec in items(c.grouped):
+            e, rows, k, n = (int(v) for v in spec.lower().split("x"))
+            records += predicted.grouped_case(e, rows, k, n, recipes, impls, t)
+        if c.moe_step:
+            records += predicted.moe_step_case(str(c.moe_step), int(c.batch), recipes, t)
+        print(predicted.table([r for r in records if r["target"] == t.name]))
+    compile_times = None
+    if c.cpu_compile_recipe:
+        compile_times = predicted.cpu_compile_ratio(
+            str(c.cpu_compile_preset), int(c.batch), str(c.cpu_compile_recipe)
+        )
+        print(
+            f"CPU compile of the {c.cpu_compile_preset} train step: "
+            f"{c.cpu_compile_recipe} {compile_times[c.cpu_compile_recipe]:.1f} s, "
+            f"bf16 {compile_times['bf16']:.1f} s, ratio {compile_times['ratio']:.2f} (goal <= 2)"
+        )
+    print(
+        "Predictions of the compilers, not measurements: GEMMs priced as a roofline "
+        "(no autotuning without a device), other GPU kernels by XLA's cost model, TPU by libtpu."
+    )
+    _write_json(out_dir, {"records": records, "cpu_compile": compile_times})
+
+
 BENCHMARKS: dict[str, Callable[[ml_collections.ConfigDict, str | None], None]] = {
+    "compilers": compilers,
     "core": core,
     "kernels": kernels,
     "memory": memory,
