@@ -62,6 +62,8 @@ DIMS = {
     "wgrad": (((1,), (1,)), ((0,), (0,))),  # (B,M,K) x (B,M,N) -> (B,K,N)
 }
 _FP8_KERNEL_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+# What the Pallas kernel's epilogue writes.
+_KERNEL_OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 _ALG = lax.DotAlgorithmPreset
 
 
@@ -362,8 +364,19 @@ def hardware_fp8_dot(a: jax.Array, b: jax.Array, dims, *, fast: bool, platform: 
 _RUN_IMPLS = ("chunked", "fp8", "fp8_fast")
 
 
-def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> jax.Array:
-    """One dense GEMM of the canonical layouts (module docstring); float32 result.
+def gemm(
+    a,
+    b,
+    kind: str,
+    recipe: Recipe,
+    b_index: jax.Array | None = None,
+    out_dtype: Any = jnp.float32,
+) -> jax.Array:
+    """One dense GEMM of the canonical layouts (module docstring), as ``out_dtype``.
+
+    The float32 result rounded once to ``out_dtype``: the Pallas kernel
+    writes it from its float32 accumulator (no float32 copy in memory), the
+    other paths cast their float32 result; the values are the same.
 
     ``b_index`` (int (B,)): ``b`` holds E matrices and batch element i of the
     product uses ``b[b_index[i]]`` (each expert-aligned tile its expert's
@@ -378,8 +391,10 @@ def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> j
     path_record.note(
         kind, {p: describe_path(i, recipe, a, b, h) for p, (i, h) in decisions.items()}
     )
+    out_dtype = jnp.dtype(out_dtype)
     return platforms.choose(
-        decisions.__getitem__, lambda d: lambda: _run(d, a, b, kind, recipe, b_index)
+        decisions.__getitem__,
+        lambda d: lambda: _run(d, a, b, kind, recipe, b_index, out_dtype),
     )
 
 
@@ -392,13 +407,25 @@ def _out_shape(a, b, kind: str) -> tuple[int, int, int]:
     return a.shape[0], a.shape[2], b.shape[2]
 
 
-def _run(decision: tuple[str, str], a, b, kind: str, recipe: Recipe, b_index) -> jax.Array:
-    """The GEMM as ``decision`` = (impl, how) of :func:`_decision` runs it."""
+def _run(
+    decision: tuple[str, str], a, b, kind: str, recipe: Recipe, b_index, out_dtype
+) -> jax.Array:
+    """The GEMM as ``decision`` = (impl, how) of :func:`_decision` runs it, as ``out_dtype``."""
     impl, how = decision
     if how.startswith("unsupported: "):
         return platforms.refuse(
-            f"recipe {recipe.name!r}: {how[len('unsupported: ') :]}", _out_shape(a, b, kind)
+            f"recipe {recipe.name!r}: {how[len('unsupported: ') :]}",
+            _out_shape(a, b, kind),
+            out_dtype,
         )
+    if impl == "pallas" and out_dtype in _KERNEL_OUT_DTYPES:
+        # The kernel rounds its float32 accumulator to the caller's dtype itself.
+        return _pallas(a, b, kind, compiled=how == "compiled", out_dtype=out_dtype)
+    return _run_float32(impl, how, a, b, kind, recipe, b_index).astype(out_dtype)
+
+
+def _run_float32(impl: str, how: str, a, b, kind: str, recipe: Recipe, b_index) -> jax.Array:
+    """The GEMM on ``impl`` with its float32 result."""
     if b_index is not None and impl not in _RUN_IMPLS:
         b, b_index = take_batch(b, b_index), None
     if impl == "plain":
@@ -526,10 +553,10 @@ def _chunked(
     return acc
 
 
-def _pallas(a: QTensor, b: QTensor, kind: str, *, compiled: bool) -> jax.Array:
+def _pallas(a: QTensor, b: QTensor, kind: str, *, compiled: bool, out_dtype=jnp.float32):
     """The block-scaled Pallas kernel: ``compiled`` for a CUDA target (Triton), else
     in Pallas interpret mode (the same math as XLA operations, for tests)."""
-    kw = dict(out_dtype=jnp.float32, interpret=not compiled)
+    kw = dict(out_dtype=out_dtype, interpret=not compiled)
     if kind == "fprop":
         # (B, M, K) tiles along K x (B, K, N) blocks.
         fn = partial(block_scaled_matmul, **kw)

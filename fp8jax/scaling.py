@@ -38,6 +38,7 @@ comes from an amax history of steps < t.  See :class:`DelayedState`.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
 import jax
@@ -45,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fp8jax import platforms
 from fp8jax.formats import float32_parts, fmt_max, ldexp_exact
 
 if TYPE_CHECKING:
@@ -83,6 +85,26 @@ def finite_amax(x: jnp.ndarray, axis=None, keepdims: bool = False) -> jnp.ndarra
     dt = jnp.dtype(x.dtype)
     if dt not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         dt, x = jnp.dtype(jnp.float32), x.astype(jnp.float32)
+    # A CUDA GPU keeps subnormals in float arithmetic, so the float reduction
+    # is exact there, and XLA runs it as one reduction kernel; on integer bit
+    # patterns it transposes the tensor first when the groups run along a
+    # major axis (a 128-token tile).  Elsewhere (CPU, TPU) subnormals may be
+    # flushed: the bit patterns.
+    return platforms.choose(
+        lambda p: "float" if p == "cuda" else "bits",
+        lambda how: partial(_float_amax if how == "float" else _bits_amax, x, axis, keepdims),
+    )
+
+
+def _float_amax(x: jnp.ndarray, axis, keepdims: bool) -> jnp.ndarray:
+    """:func:`finite_amax` in float arithmetic (exact where subnormals are kept)."""
+    mag = jnp.where(jnp.isfinite(x), jnp.abs(x), jnp.zeros((), x.dtype))
+    return jnp.max(mag, axis=axis, keepdims=keepdims, initial=0).astype(jnp.float32)
+
+
+def _bits_amax(x: jnp.ndarray, axis, keepdims: bool) -> jnp.ndarray:
+    """:func:`finite_amax` on the bit patterns (exact under flush-to-zero)."""
+    dt = jnp.dtype(x.dtype)
     nbits = 8 * dt.itemsize
     int_t = jnp.int16 if nbits == 16 else jnp.int32
     inf_bits = int(np.array(np.inf, dt).view(np.int16 if nbits == 16 else np.int32))
