@@ -3,7 +3,9 @@
 Each takes the benchmark's config (configs/bench/<name>.py: every field with its
 meaning) and an optional output directory, prints its report and, given the
 directory, writes what it measured there (``results.json``; the sweep also CSV and
-PNGs).  ``BENCHMARKS`` maps the config's ``benchmark`` field to the function.
+PNGs).  ``BENCHMARKS`` maps the config's ``benchmark`` field to the function;
+:func:`checked_benchmark` returns it once every field is checked
+(:mod:`fp8jax.bench.bench_fields`: types, ranges, names, memory).
 """
 
 from __future__ import annotations
@@ -15,16 +17,14 @@ from collections.abc import Callable
 
 import ml_collections
 
+from fp8jax.bench.bench_fields import FIELDS, FOOTPRINTS
+from fp8jax.train.fields import ConfigError, check_allocation, check_fields, choice, items
+
 MiB = 2**20
 
 
-class BenchConfigError(ValueError):
+class BenchConfigError(ConfigError):
     """A config value the benchmark cannot run with (the message names the field)."""
-
-
-def items(text: str) -> list[str]:
-    """A comma-separated config field as a list ("" -> [])."""
-    return [s.strip() for s in str(text).split(",") if s.strip()]
 
 
 def _write_json(out_dir: str | None, record: dict) -> None:
@@ -329,3 +329,20 @@ BENCHMARKS: dict[str, Callable[[ml_collections.ConfigDict, str | None], None]] =
     "parallel": parallel,
     "sweep": sweep,
 }
+
+
+def checked_benchmark(
+    c: ml_collections.ConfigDict,
+) -> Callable[[ml_collections.ConfigDict, str | None], None]:
+    """The benchmark ``c.benchmark`` names, once every field of ``c`` is checked.
+
+    Raises ConfigError (one line naming the field) for an unknown benchmark, a
+    field of the wrong type or range, an unknown name, or sizes whose arrays
+    alone exceed the memory available.
+    """
+    name = choice(*BENCHMARKS)("benchmark", c.get("benchmark"))
+    what = f"the {name} benchmark"
+    values = check_fields(c, {"benchmark": choice(*BENCHMARKS), **FIELDS[name]}, what)
+    if name in FOOTPRINTS:
+        check_allocation(FOOTPRINTS[name](values), f"{what} at these sizes")
+    return BENCHMARKS[name]
