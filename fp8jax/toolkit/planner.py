@@ -47,6 +47,13 @@ W4A16 is always dequantized (its activations are BF16/FP16).
 
 Units: GB = 1e9 bytes; card memory is the vendor figure read as 1e9 bytes.
 
+Card counts are exact: the bytes, the overhead and the card memory are taken
+as the decimals they were written as (:func:`exact`: 0.1 is 1/10, not the
+float just above it) and the ceiling is taken of their rational quotient
+(:func:`cards_for`), so a total that fills whole cards exactly (V4-Pro in BF16:
+1.1 x 3,200 GB = 44 x 80 GB) is not pushed one card up by a rounding error.
+The other figures (GB, tokens/s) are floats.
+
 Inputs are refused (ValueError, one line) outside :data:`LIMITS`: ranges
 three or more orders of magnitude wider than any model or card in the
 tables, inside which every byte count and rate is a finite float64.  Beyond
@@ -59,6 +66,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from fp8jax.toolkit import catalog
 from fp8jax.toolkit.hardware import Accelerator
@@ -274,17 +282,41 @@ def _split_bytes(
     )
 
 
+def exact(x: float) -> Fraction:
+    """``x`` as the decimal it was written as, exactly (its shortest repr): 0.1 -> 1/10.
+
+    Scales per parameter such as 1 / 16384 are powers of two, exact either way.
+    """
+    return Fraction(repr(x)) if isinstance(x, float) else Fraction(x)
+
+
+def _format_bytes(params: Fraction, wf: WeightFormat) -> Fraction:
+    return params * (exact(wf.bytes_per_param) + exact(wf.scale_bytes_per_param))
+
+
+def exact_checkpoint_bytes(model: ModelSpec, layout: str) -> Fraction:
+    """:func:`checkpoint_bytes` in rational arithmetic (what card counts use)."""
+    dense, expert = _layout_parts(layout)
+    experts = exact(model.expert_params)
+    return _format_bytes(exact(model.total_params) - experts, dense) + _format_bytes(
+        experts, expert
+    )
+
+
 def checkpoint_bytes(model: ModelSpec, layout: str) -> float:
     """Bytes of ``model``'s weights, scales included, in a checkpoint layout.
 
     Experts (``model.expert_params``) in the layout's expert format, the rest
     in its other format; see :data:`CHECKPOINT_LAYOUTS`.
     """
-    dense, expert = _layout_parts(layout)
-    elements, scales = _split_bytes(
-        model.total_params - model.expert_params, model.expert_params, dense, expert
-    )
-    return elements + scales
+    return float(exact_checkpoint_bytes(model, layout))
+
+
+def cards_for(nbytes: float | Fraction, card_gb: float, overhead: float = 0.10) -> int:
+    """Cards of ``card_gb`` GB that hold ``nbytes`` plus ``overhead`` of it:
+    ceil(nbytes x (1 + overhead) / (card_gb x 1e9)), exactly (:func:`exact`)."""
+    total = (nbytes if isinstance(nbytes, Fraction) else exact(nbytes)) * (1 + exact(overhead))
+    return math.ceil(total / (exact(card_gb) * 10**9))
 
 
 def active_bytes(model: ModelSpec, wf: WeightFormat) -> float:
@@ -505,7 +537,13 @@ def plan(
             f"{model.name} needs {total / 1e9:.3g} GB, over {MAX_CARDS:,} cards of "
             f"{card_gb:g} GB: outside what the planner plans (a unit mistake?)"
         )
-    cards = math.ceil(total / card_bytes)
+    # Exact: weights (a published layout's two formats each), KV and overhead as written.
+    exact_weights = (
+        exact_checkpoint_bytes(model, wf.layout)
+        if wf.layout
+        else _format_bytes(exact(model.total_params), wf)
+    )
+    cards = cards_for(exact_weights + exact(kv_bytes), card_gb, overhead)
     nodes = math.ceil(cards / node_size)
     if cards <= node_size:
         layout_cards = _next_pow2(cards)
