@@ -1,9 +1,11 @@
 """Convert DeepSeek checkpoints between FP8 / FP4 (block scales) and BF16.
 
 The layouts read (DeepSeek-V3; V3.1 / V3.2 with power-of-two "ue8m0" scales;
-V4 with E8M0 scales and packed FP4 routed experts) are described, with their
-sources, in :mod:`fp8jax.toolkit.convert.layouts`; FP4 tensors dequantize the
-same way as FP8 ones below, their E2M1 values decoded first.
+V4 with E8M0 scales and packed FP4 routed experts; V4.1 with 32x32 blocks,
+settings under ``text_config`` and Engram tables passed through) are
+described, with their sources, in :mod:`fp8jax.toolkit.convert.layouts`; FP4
+tensors dequantize the same way as FP8 ones below, their E2M1 values decoded
+first.  Every FP8 scale grid must be the one config.json's block gives.
 
 ``fp8_to_bf16(src, dst)``: every FP8 tensor ``x`` with its float32
 ``x_scale_inv`` becomes BF16 ``x * scale_inv`` (``rounding="deepseek"``, the
@@ -95,7 +97,9 @@ from fp8jax.toolkit.convert.layouts import (
     QuantConfig,
     check_scale_values,
     decode_e2m1,
+    grid_shape,
     infer_block,
+    is_engram,
     read_quant_config,
 )
 from fp8jax.toolkit.convert.safetensors_io import (
@@ -450,6 +454,10 @@ def _plan_fp8_to_bf16(source: Source, qc: QuantConfig) -> dict[str, list[Action]
         acts = []
         for name in f.names():
             t = f.info(name)
+            if is_engram(name):
+                # DeepSeek-V4.1's Engram lookup tables (and their scales) stay as they are.
+                acts.append(Action("copy", name, ((name, t.dtype, t.shape),)))
+                continue
             base = _weight_of_scale(name)
             if base is not None:
                 bf = source.locate(base, s)
@@ -476,8 +484,9 @@ def _plan_fp8_to_bf16(source: Source, qc: QuantConfig) -> dict[str, list[Action]
                     )
                 sname, sf = found
                 scale = sf.get(sname)
+                block = _fp8_block(name, s, t.shape, sname, tuple(scale.shape), qc)
                 try:
-                    check_scale(name, t.shape, sname, scale, qc.block, qc.scale_fmt)
+                    check_scale(name, t.shape, sname, scale, block, qc.scale_fmt)
                 except ValueError as e:
                     raise ConversionError(str(e)) from None
                 _require_holdable(name, s, "BF16", t.shape)
@@ -488,7 +497,7 @@ def _plan_fp8_to_bf16(source: Source, qc: QuantConfig) -> dict[str, list[Action]
                         ((name, "BF16", t.shape),),
                         sname,
                         "fp8",
-                        qc.block,
+                        block,
                         sf.info(sname).dtype,
                     )
                 )
@@ -514,6 +523,37 @@ def _plan_fp8_to_bf16(source: Source, qc: QuantConfig) -> dict[str, list[Action]
             "high-precision checkpoint; nothing to convert"
         )
     return plan
+
+
+def _fp8_block(
+    name: str,
+    shard: str,
+    shape: tuple[int, ...],
+    sname: str,
+    grid: tuple[int, ...],
+    qc: QuantConfig,
+) -> tuple[int, int]:
+    """The block of an FP8 tensor: config.json's, once its scale grid agrees.
+
+    The grid a power-of-two block would give (:func:`infer_block`) must be the
+    one config.json's ``weight_block_size`` gives (DeepSeek's 128x128 when it
+    has none); otherwise the tensor is refused in one line naming it, the
+    block its grid implies and the config's.
+    """
+    if len(shape) != 2 or grid_shape(tuple(shape), qc.block) == grid:
+        return qc.block  # (check_scale refuses a tensor that is not 2-D)
+    inferred = infer_block(tuple(shape), grid)
+    seen = f"blocks of {inferred[0]}x{inferred[1]}" if inferred else "no power-of-two block"
+    said = (
+        f"config.json's weight_block_size is {list(qc.block)}"
+        if qc.block_from_config
+        else f"config.json gives no weight_block_size (DeepSeek's default {list(qc.block)})"
+    )
+    raise ConversionError(
+        f"{name!r} ({shard}): its scale {sname!r} is a {list(grid)} grid over {list(shape)} "
+        f"({seen}), but {said}: the checkpoint contradicts its config; refusing rather than "
+        "rescaling the weight by the wrong blocks"
+    )
 
 
 def _plan_fp4(
@@ -549,11 +589,28 @@ def _plan_fp4(
 
 
 def layout_of(plan: dict[str, list[Action]], qc: QuantConfig) -> str:
-    """The layout a dequantization plan read (a key of layouts.LAYOUT_NAMES)."""
+    """The layout a dequantization plan read (a key of layouts.LAYOUT_NAMES).
+
+    ``qc`` is what config.json says, not what the caller asked the scales to
+    be read as: the name follows the files.
+    """
     deq = [a for acts in plan.values() for a in acts if a.op == "dequant"]
     if any(a.fmt == "fp4" or a.scale_dtype == "F8_E8M0" for a in deq):
-        return "deepseek-v4"
+        small = any(a.fmt == "fp8" and max(a.block) < BLOCK for a in deq)
+        return "deepseek-v4.1" if small or max(qc.block) < BLOCK else "deepseek-v4"
     return "deepseek-v3.1" if qc.scale_fmt == "ue8m0" else "deepseek-v3"
+
+
+def engram_note(plan: dict[str, list[Action]], source: Source) -> str | None:
+    """The line saying which Engram tables fp8-to-bf16 passed through (None: none)."""
+    names = [(s, a.name) for s, acts in plan.items() for a in acts if is_engram(a.name)]
+    if not names:
+        return None
+    nbytes = sum(source.file(s).info(n).nbytes for s, n in names)
+    return (
+        f"{len(names)} Engram lookup tensor(s), {nbytes / 1e9:.3g} GB, passed through as they "
+        "are (FP8 rows fetched by an n-gram hash, not GEMM weights; see docs/toolkit.md)"
+    )
 
 
 def _plan_bf16_to_fp8(source: Source, keep: Sequence[str]) -> dict[str, list[Action]]:
@@ -630,6 +687,12 @@ def _converted_config(cfg: dict | None, direction: str, scale_fmt: str) -> dict 
     if direction == "fp8-to-bf16":
         cfg.pop("quantization_config", None)
         cfg.pop("expert_dtype", None)
+        if isinstance(cfg.get("text_config"), dict):  # DeepSeek-V4.1's nested settings
+            cfg["text_config"] = {
+                k: v
+                for k, v in cfg["text_config"].items()
+                if k not in ("quantization_config", "expert_dtype")
+            }
         cfg["torch_dtype"] = "bfloat16"
     else:
         cfg["quantization_config"] = dict(FP8_QUANT_CONFIG)
@@ -798,6 +861,16 @@ class Report:
         return None if self.layout is None else LAYOUT_NAMES[self.layout]
 
 
+def _resolve(path: str | os.PathLike, what: str) -> Path:
+    """``path`` with its symlinks resolved; a loop of links is refused in one line."""
+    try:
+        return Path(path).resolve()
+    except RuntimeError:  # Python < 3.13: "Symlink loop from ..."
+        raise ConversionError(f"{what} {path} is a loop of symbolic links") from None
+    except OSError as e:  # Python >= 3.13 reports the loop as ELOOP
+        raise ConversionError(f"{what} {path} cannot be resolved: {e.strerror}") from None
+
+
 def _check_paths(src_p: Path, dst_p: Path) -> None:
     if not src_p.is_dir():
         raise ConversionError(f"source {src_p} is not a directory")
@@ -851,7 +924,7 @@ def convert_checkpoint(
         warnings.append(msg)
         sink(msg)
 
-    src_p, dst_p = Path(src).resolve(), Path(dst).resolve()
+    src_p, dst_p = _resolve(src, "source"), _resolve(dst, "destination")
     _check_paths(src_p, dst_p)
     source = open_source(src_p, warn=note)
     tmp: Path | None = None
@@ -864,10 +937,14 @@ def convert_checkpoint(
                     qc = read_quant_config(src_config, f"config {src_p / 'config.json'}")
                 except ValueError as e:
                     raise ConversionError(str(e)) from None
+                file_qc = qc
                 if scale_fmt != "auto":
                     qc = dataclasses.replace(qc, scale_fmt=scale_fmt)
                 plan = _plan_fp8_to_bf16(source, qc)
-                layout, fmt_used = layout_of(plan, qc), qc.scale_fmt
+                layout, fmt_used = layout_of(plan, file_qc), qc.scale_fmt
+                engram = engram_note(plan, source)
+                if engram:
+                    note(engram)
             else:
                 plan = _plan_bf16_to_fp8(source, keep)
                 fmt_used = "ue8m0" if scale_fmt == "ue8m0" else "float32"
