@@ -81,6 +81,7 @@ from fp8jax.atomic_output import (
     remove_stale_partials,
 )
 from fp8jax.progress import Progress
+from fp8jax.scaling import DEEPSEEK_AMAX_FLOOR
 from fp8jax.toolkit.convert.blockwise import (
     BLOCK,
     ROUNDINGS,
@@ -712,6 +713,7 @@ def _write_shard(
     progress: Progress,
     rounding: str,
     pow2: bool = False,
+    amax_floor: float = 0.0,
 ) -> None:
     f = source.file(shard)
     specs = [o for a in acts for o in a.out]
@@ -771,7 +773,7 @@ def _write_shard(
                             f"non-finite values in {a.name!r} (rows {r0}..{r1}) of {shard}: "
                             f"{describe_nonfinite(x)}"
                         )
-                    data, sc = quant_rows(x, pow2=pow2)
+                    data, sc = quant_rows(x, pow2=pow2, amax_floor=amax_floor)
                     w.write(a.name, data)
                     scales.append(sc)
                     progress.update((r1 - r0) * t.shape[1] * t.np_dtype.itemsize, a.name)
@@ -855,6 +857,7 @@ class Report:
     warnings: tuple[str, ...] = ()
     layout: str | None = None  # fp8-to-bf16: the layout read (layouts.LAYOUT_NAMES)
     scale_fmt: str | None = None  # the scale format read or written: "float32" / "ue8m0"
+    amax_floor: float = 0.0  # bf16-to-fp8: the floor each block's amax was clamped to
 
     @property
     def layout_name(self) -> str | None:
@@ -894,6 +897,7 @@ def convert_checkpoint(
     rounding: str = "deepseek",
     warn: Callable[[str], None] | None = None,
     scale_fmt: str = "auto",
+    amax_floor: float | None = None,
 ) -> Report:
     """Convert ``src`` into a new directory ``dst`` ("fp8-to-bf16" or "bf16-to-fp8").
 
@@ -904,6 +908,11 @@ def convert_checkpoint(
     ("float32" / "ue8m0"); bf16-to-fp8 writes float32 amax / 448 scales
     ("auto" / "float32") or DeepSeek-V3.1's power-of-two ones ("ue8m0"), in
     float32 ``_scale_inv`` tensors either way.
+    ``amax_floor`` (bf16-to-fp8): each block's amax is floored at it before
+    the scale is taken; None (default): DeepSeek's inference floor
+    ``fp8jax.scaling.DEEPSEEK_AMAX_FLOOR`` (1e-4) with ue8m0 scales, as
+    DeepGEMM's ``per_block_cast_to_fp8``, and none (0) with float32 scales, as
+    the training quantizer and DeepSeek-V3's 2024 code.
     ``warn`` receives one-line warnings (default: printed to stderr); they are
     also returned in the report.  Raises ConversionError (and leaves no
     ``dst``) on any problem, ConversionTerminated on SIGTERM / SIGHUP: while
@@ -916,6 +925,14 @@ def convert_checkpoint(
         raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
     if scale_fmt not in SCALE_FMT_CHOICES:
         raise ValueError(f"scale_fmt must be one of {SCALE_FMT_CHOICES}, got {scale_fmt!r}")
+    if amax_floor is not None and not (math.isfinite(amax_floor) and amax_floor >= 0):
+        raise ValueError(f"amax_floor must be a finite number >= 0, got {amax_floor!r}")
+    if direction == "fp8-to-bf16" and amax_floor:
+        raise ValueError("amax_floor applies to bf16-to-fp8 (fp8-to-bf16 quantizes nothing)")
+    floor_used = 0.0
+    if direction == "bf16-to-fp8":
+        default = DEEPSEEK_AMAX_FLOOR if scale_fmt == "ue8m0" else 0.0
+        floor_used = default if amax_floor is None else float(amax_floor)
     t0 = time.monotonic()
     warnings: list[str] = []
     sink = warn or _stderr_warn
@@ -970,7 +987,14 @@ def convert_checkpoint(
             n_out = 0
             for s in shards:
                 _write_shard(
-                    source, s, plan[s], tmp / s, progress, rounding, pow2=fmt_used == "ue8m0"
+                    source,
+                    s,
+                    plan[s],
+                    tmp / s,
+                    progress,
+                    rounding,
+                    pow2=fmt_used == "ue8m0",
+                    amax_floor=floor_used,
                 )
                 nbytes = _verify_shard(tmp / s, plan[s])
                 n_out += sum(len(a.out) for a in plan[s])
@@ -1002,6 +1026,7 @@ def convert_checkpoint(
             warnings=tuple(warnings),
             layout=layout,
             scale_fmt=fmt_used,
+            amax_floor=floor_used,
         )
     except SafetensorsError as e:
         raise ConversionError(str(e)) from None
