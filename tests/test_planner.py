@@ -363,3 +363,26 @@ def test_plan_counts_cards_exactly(gpu, cards):
     assert planner.plan(more, hardware.get(gpu), weights="bf16", context=1, batch=1).cards == (
         cards + 1
     )
+
+
+def test_deepseek_v41_flash_layout_by_hand():
+    m = planner.get_model("deepseek-v4.1-flash")
+    expert = 40 * 384 * 3 * 5120 * 2304  # 543.58B routed-expert parameters
+    tables = 197 * 10**9  # Engram lookup rows, FP8, one byte each
+    rest = 749 * 10**9 - expert - tables
+    assert m.expert_params == expert and m.table_params == tables and m.layout == "deepseek-v4.1"
+    # Experts: FP4 (1/2 byte) + one E8M0 byte per 32; rest: FP8 + one E8M0 byte per 32x32.
+    from fractions import Fraction as F
+
+    want = expert * (F(1, 2) + F(1, 32)) + rest * (1 + F(1, 1024)) + tables
+    assert planner.exact_checkpoint_bytes(m, "deepseek-v4.1") == want
+    # The BF16 conversion keeps the tables in FP8 (convert passes them through).
+    assert planner.exact_checkpoint_bytes(m, "bf16") == (expert + rest) * 2 + tables
+    p = planner.plan(m, hardware.get("h800"))
+    assert p.weights.layout == "deepseek-v4.1"
+    assert math.isclose(p.weight_bytes + p.scale_bytes, float(want), rel_tol=1e-12)
+    kv = 32 * 32768 * 40 * 11 * 2
+    assert p.cards == planner.cards_for(want + kv, 80)
+    # Decode reads the 8.4B rest in FP8 and the other 7.6B active as FP4 experts; no table.
+    active = rest * (1 + F(1, 1024)) + (16 * 10**9 - rest) * (F(1, 2) + F(1, 32))
+    assert math.isclose(p.active_weight_bytes, float(active), rel_tol=1e-12)

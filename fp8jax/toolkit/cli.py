@@ -463,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="memory, cards, nodes and decode bound of a deployment")
     p.add_argument(
         "--model",
-        help="named config: deepseek-v3, deepseek-r1, deepseek-v4-{flash,pro}, llama-3.1-{8b,70b,405b}",
+        help="named config: deepseek-v3, deepseek-r1, deepseek-v4-{flash,pro}, deepseek-v4.1-flash, llama-3.1-{8b,70b,405b}",
     )
     p.add_argument("--params", type=_POSITIVE, help="custom model: total parameters (e.g. 70e9)")
     p.add_argument("--active", type=_POSITIVE, help="custom model: active parameters per token")
