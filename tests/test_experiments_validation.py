@@ -7,14 +7,12 @@ points), before an array or a file exists.  Each check is the entry point's own
 of configs/study and configs/bench; a few cases go through the scripts.
 """
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import ml_collections
 import pytest
+from test_experiments_imports import _entry
 
 from fp8jax.bench.experiments import checked_benchmark
 from fp8jax.numerics.studies import checked_runner
@@ -125,17 +123,6 @@ def test_a_field_without_a_check_is_refused_not_ignored():
         c.sizes = 512
     with pytest.raises(ConfigError, match="config.sizes is not a setting of the core benchmark"):
         checked_benchmark(c)
-
-
-def _entry(script: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, f"experiments/{script}", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        env={**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"},
-    )
 
 
 @pytest.mark.parametrize(
