@@ -133,6 +133,7 @@ def test_a_field_without_a_check_is_refused_not_ignored():
         ("study.py", ["--config=configs/study/accumulation.py", "--config.m=0"], "config.m"),
         ("bench.py", ["--config=configs/bench/core.py", "--config.size=0"], "config.size"),
         ("bench.py", ["--config=configs/bench/sweep.py:cpu", "--config.iters=0"], "config.iters"),
+        ("bench.py", ["--config=configs/bench/core.py", "--config.size=1e7"], "is an integer"),
     ],
 )
 def test_entry_points_refuse_in_one_line_and_create_nothing(tmp_path, script, args, message):

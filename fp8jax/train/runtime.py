@@ -91,6 +91,12 @@ def _flag_error_line(e: BaseException, argv: Sequence[str]) -> str:
         if close:
             return f"unknown config field {arg}; did you mean --config.{close}?"
         return f"unknown config field {arg} (fields: fp8jax/train/defaults.py)"
+    bad_int = re.search(r"flag (--config\.[\w.]+)=(\S*): invalid literal for int\(\)", text)
+    if bad_int:
+        return (
+            f"{bad_int.group(1)}={bad_int.group(2)}: this field is an integer; write it in "
+            "digits, e.g. 512 (not 1e3 or 2.5)"
+        )
     if isinstance(e, SyntaxError):
         return (
             f"config file {e.filename!r} line {e.lineno}: {e.msg}: fix the file "
