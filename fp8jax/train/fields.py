@@ -4,9 +4,10 @@ A check is a function ``(field, value) -> value`` that returns the value as the
 program uses it or raises :class:`ConfigError` with one line naming the field
 (``config.<field>``) and what it accepts.  :func:`check_fields` runs a table of
 them (field name -> check) over a config before any work: the study and
-benchmark entry points (``experiments/study.py``, ``experiments/bench.py``) and
-the training schema (:mod:`fp8jax.train.defaults`) refuse a bad value here, not
-with a traceback minutes later.  :func:`check_allocation` compares the bytes a
+benchmark entry points (``experiments/study.py``, ``experiments/bench.py``)
+refuse a bad value here, not with a traceback minutes later; the training
+schema (:mod:`fp8jax.train.defaults`) raises the same :class:`ConfigError`
+through :func:`require`.  :func:`check_allocation` compares the bytes a
 setting asks for with what the host can still give (:mod:`fp8jax.host_memory`).
 """
 
