@@ -21,7 +21,12 @@ arrays quantize to empty data with scale 1 for any empty scale group.
 
 "Bit for bit DeepSeek's act_quant" holds for tiles of finite values whose
 length along ``axis`` is a multiple of 128 (act_quant requires that length).
-Elsewhere the results differ on purpose:
+Which act_quant: with ``amax_floor=0`` (the default, every training preset)
+DeepSeek-V3's 2024 code, amax / 448 with no floor; with ``amax_floor=
+fp8jax.scaling.DEEPSEEK_AMAX_FLOOR`` (1e-4) its code since 2025-08-27
+(V3.2-Exp; ``amax.clamp(1e-4)``, also DeepGEMM's ``per_token_cast_to_fp8``),
+with ``pow2`` as well for its ``scale_fmt="ue8m0"``.  The two agree on every
+tile whose amax is at least 1e-4.  Elsewhere the results differ on purpose:
 
 * an all-zero tile gets scale 1 and zero data (act_quant: 0 / 0 gives a NaN
   scale and NaN data);

@@ -65,7 +65,9 @@ class QuantSpec:
         "delayed" (scale from an amax history of previous steps).
       pow2: round every scale up to a power of two (UE8M0 scales).
       amax_floor: amax is clamped to at least this before dividing by the
-        format max (0 keeps only the amax == 0 guard).
+        format max (0, every training preset: off, only the amax == 0 guard;
+        ``fp8jax.scaling.DEEPSEEK_AMAX_FLOOR``, 1e-4: DeepSeek's inference
+        act_quant since 2025-08 and DeepGEMM, see :mod:`fp8jax.scaling`).
       hadamard, stochastic: block formats only ("mxfp8", "nvfp4",
         ``fp8jax.microscaling``; ``tile`` is then their block, 32 / 16, and
         the scales are the format's own, online): apply the 16-point random

@@ -22,10 +22,14 @@ Guards, and why:
   finite elements, and NaN / Inf elements propagate as NaN / Inf codes (see
   :mod:`fp8jax.formats`).
 
-``amax_floor``: an optional lower bound on amax (DeepSeek's training code
-clamps to 1e-4).  A floor is harmful for gradients, whose tiles are often far
-below 1e-4: the floor makes their scale too large and flushes their elements
-to zero.
+``amax_floor``: an optional lower bound on amax, off (0) by default and in
+every training preset.  :data:`DEEPSEEK_AMAX_FLOOR` (1e-4) is DeepSeek's
+inference floor: ``act_quant`` clamps amax to 1e-4 since 2025-08-27
+(DeepSeek-V3 ``inference/kernel.py``; V3.2-Exp), as DeepGEMM's
+``per_token_cast_to_fp8`` / ``per_block_cast_to_fp8`` do; DeepSeek-V3's 2024
+``act_quant`` and the paper's training recipe have none.  A floor is harmful
+for gradients, whose tiles are often far below 1e-4: the floor makes their
+scale too large and flushes their elements to zero.
 
 Power-of-two scales (``pow2=True``, DeepSeek's UE8M0) round the scale *up* to
 ``2^ceil(log2 scale)``, so ``x / scale`` never exceeds ``fmt_max`` (except
@@ -55,6 +59,8 @@ if TYPE_CHECKING:
     # delayed settings) from the objects it is given.
     from fp8jax.recipes import DelayedConfig, QuantSpec, Recipe
 
+# DeepSeek's inference amax floor (module docstring): act_quant since 2025-08-27, DeepGEMM.
+DEEPSEEK_AMAX_FLOOR = 1e-4
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)
 _ONE_BITS = 0x3F800000

@@ -31,6 +31,7 @@ from fp8jax.bench.experiments import items
 from fp8jax.numerics.act_quant_reference import reference_linear
 from fp8jax.numerics.gemm_error import linear_outputs
 from fp8jax.numerics.metrics import relative_error
+from fp8jax.train.fields import integer, integers
 
 
 def heavy_tailed(distribution: str, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
@@ -119,6 +120,23 @@ def synthetic_inputs(seed: int, m: int, k: int, n: int) -> dict[str, tuple]:
         w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
         inputs[f"{distribution} ({m}x{k}x{n})"] = (x, w, heavy_tailed(distribution, (m, n), rng))
     return inputs
+
+
+# The settings (configs/study/site_errors.py) and what each accepts: the sizes are
+# whole 128-blocks (DeepSeek's reference quantizes 128-long groups).
+FIELDS = {
+    "m": integer(128, multiple=128),
+    "k": integer(128, multiple=128),
+    "n": integer(128, multiple=128),
+    "seeds": integers(0),
+}
+
+
+def footprint(v: dict) -> int:
+    """Bytes at least, of the checked settings ``v``: x (M, K), w (K, N) and dy (M, N) in
+    float32 and their float64 copies."""
+    m, k, n = v["m"], v["k"], v["n"]
+    return 12 * (m * k + k * n + m * n)
 
 
 def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:
