@@ -65,7 +65,60 @@ def _impls() -> tuple[str, ...]:
 _POSITIVE = integer(1)
 _WIDTH = integer(4, multiple=4)  # d_model of bench_model: 4 heads of d_model / 4
 
+
+def _targets() -> tuple[str, ...]:
+    from fp8jax.bench.compilers import TARGETS
+
+    return tuple(TARGETS)
+
+
+def _recipe_impls() -> tuple[str, ...]:
+    """Every GEMM-core implementation a recipe may name ("auto" included)."""
+    from fp8jax.recipes import IMPLS
+
+    return tuple(dict.fromkeys(["auto", *(i for impls in IMPLS.values() for i in impls)]))
+
+
+def _grouped(field: str, value: object) -> list[tuple[int, ...]]:
+    """Grouped expert GEMMs EXPERTSxROWSxKxN, positive integers ("" for none)."""
+    out = []
+    for spec in items(text(field, value)):
+        parts = spec.lower().split("x")
+        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ConfigError(
+                f"config.{field}: {spec!r} is not EXPERTSxROWSxKxN of positive integers"
+            )
+        out.append(tuple(int(p) for p in parts))
+    return out
+
+
+def _optional_preset(field: str, value: object) -> str:
+    """A MoE train-step preset, or "" for none."""
+    return "" if value == "" else _step_preset(field, value)
+
+
+def _optional_recipe(field: str, value: object) -> str:
+    """One recipe name, or "" for none."""
+    if value == "":
+        return ""
+    got = recipe_names()(field, value)
+    if len(got) != 1:
+        raise ConfigError(f'config.{field}: give one recipe name or "", got {value!r}')
+    return got[0]
+
+
 FIELDS: dict[str, dict[str, Check]] = {
+    "compilers": {
+        "targets": names(_targets),
+        "recipes": recipe_names(),
+        "impls": names(_recipe_impls),
+        "shapes": shapes(empty=True),
+        "grouped": _grouped,
+        "moe_step": _optional_preset,
+        "batch": _POSITIVE,
+        "cpu_compile_recipe": _optional_recipe,
+        "cpu_compile_preset": _step_preset,
+    },
     "core": {
         "size": integer(128, multiple=128),
         "quant_rows": integer(128, multiple=128),
