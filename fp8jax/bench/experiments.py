@@ -12,8 +12,12 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import ml_collections
+if TYPE_CHECKING:
+    # Type hints only: the sweep also runs where ml_collections is not installed
+    # (its config then a fp8jax.bench.config_file.FieldDict).
+    import ml_collections
 
 MiB = 2**20
 
