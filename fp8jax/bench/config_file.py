@@ -21,6 +21,7 @@ from typing import Any
 
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no")
+_FLAGS = "flags are --config=FILE, --config.FIELD=VALUE, --out_dir=DIR"
 
 
 class FieldDict(dict):
@@ -86,9 +87,7 @@ def parse_argv(argv: list[str]) -> tuple[FieldDict, str | None]:
     for arg in argv:
         name, eq, value = arg.partition("=")
         if not eq:
-            raise ValueError(
-                f"{arg!r}: flags are --config=FILE, --config.FIELD=VALUE, --out_dir=DIR"
-            )
+            raise ValueError(f"{arg!r}: {_FLAGS}")
         if name == "--config":
             spec = value
         elif name == "--out_dir":
@@ -96,9 +95,7 @@ def parse_argv(argv: list[str]) -> tuple[FieldDict, str | None]:
         elif name.startswith("--config.") and len(name) > len("--config."):
             overrides[name.removeprefix("--config.")] = value
         else:
-            raise ValueError(
-                f"unknown flag {name}: flags are --config=FILE, --config.FIELD=VALUE, --out_dir=DIR"
-            )
+            raise ValueError(f"unknown flag {name}: {_FLAGS}")
     if spec is None:
         raise ValueError("give --config=configs/bench/NAME.py")
     return load(spec, overrides), out_dir
