@@ -1,4 +1,4 @@
-r"""Tiny run: the CI smoke test (1-5 min on a 2-core CPU, most of it compiling).
+r"""Tiny run: the CI smoke test (1 min idle to 5+ min loaded on 2 cores, mostly compiling).
 
 Command:
   python experiments/train.py --config=configs/tiny.py --workdir=/tmp/fp8jax_tiny
