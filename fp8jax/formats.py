@@ -184,6 +184,16 @@ def fp8_codes(y: jnp.ndarray, fmt) -> jnp.ndarray:
 # code.
 E8M0_MIN_BITS = 0x00400000  # 2^-127 as float32 bits
 E8M0_NAN_CODE = 0xFF
+# How a quantized operand stores its scales: float32, or E8M0 bytes (powers of two).
+SCALE_FMTS = ("float32", "ue8m0")
+
+
+def check_scale_fmt(scale_fmt: str, pow2: bool) -> None:
+    """One line for a scale format that is unknown or needs power-of-two scales."""
+    if scale_fmt not in SCALE_FMTS:
+        raise ValueError(f"scale_fmt must be one of {SCALE_FMTS}, got {scale_fmt!r}")
+    if scale_fmt == "ue8m0" and not pow2:
+        raise ValueError("scale_fmt='ue8m0' stores power-of-two scales (E8M0 bytes): set pow2=True")
 
 
 def _e8m0_codes(bits: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:

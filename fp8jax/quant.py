@@ -72,7 +72,9 @@ from jax import lax
 from fp8jax import platforms
 from fp8jax.formats import (
     E8M0,
+    SCALE_FMTS,
     as_format,
+    check_scale_fmt,
     decode_e8m0,
     encode_e8m0,
     float32_from_parts,
@@ -93,7 +95,6 @@ _FAST_MIN_AMAX_BITS = int(np.float32(2.0**-64).view(np.int32))
 # (|x| < 2^-126 and |x / scale| >= 2^-30): divide on the offset path.
 _OFFSET_SCALE_BITS = int(np.float32(2.0**-96).view(np.int32))
 _OFFSET = 64
-SCALE_FMTS = ("float32", "ue8m0")
 
 
 @dataclass(frozen=True)
@@ -220,14 +221,6 @@ def ue8m0_scales(op: Any) -> Any:
     if op.scheme != "fp8":
         raise ValueError(f"UE8M0 scales apply to scheme 'fp8' operands, got {op.scheme!r}")
     return QTensor(op.data, encode_e8m0(op.scale.astype(jnp.float32)), op.layout)
-
-
-def check_scale_fmt(scale_fmt: str, pow2: bool) -> None:
-    """One line for a scale format that is unknown or needs power-of-two scales."""
-    if scale_fmt not in SCALE_FMTS:
-        raise ValueError(f"scale_fmt must be one of {SCALE_FMTS}, got {scale_fmt!r}")
-    if scale_fmt == "ue8m0" and not pow2:
-        raise ValueError("scale_fmt='ue8m0' stores power-of-two scales (E8M0 bytes): set pow2=True")
 
 
 def _norm_axis(axis: int, ndim: int) -> int:

@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 
 import jax.numpy as jnp
 
-from fp8jax.formats import BLOCK_FORMATS
-from fp8jax.quant import check_scale_fmt
+from fp8jax.formats import BLOCK_FORMATS, check_scale_fmt
 
 GRANULARITIES = ("tensor", "row", "tile", "block")
 SCALINGS = ("current", "delayed")

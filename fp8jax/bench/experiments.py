@@ -14,8 +14,12 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import ml_collections
+if TYPE_CHECKING:
+    # Type hints only: the sweep also runs where ml_collections is not installed
+    # (its config then a fp8jax.bench.config_file.FieldDict).
+    import ml_collections
 
 from fp8jax.bench.bench_fields import FIELDS, FOOTPRINTS
 from fp8jax.train.fields import ConfigError, check_allocation, check_fields, choice, items
