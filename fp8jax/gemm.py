@@ -418,6 +418,8 @@ def _run(
             _out_shape(a, b, kind),
             out_dtype,
         )
+    if b_index is not None and impl not in _RUN_IMPLS:
+        b, b_index = take_batch(b, b_index), None
     if impl == "pallas" and out_dtype in _KERNEL_OUT_DTYPES:
         # The kernel rounds its float32 accumulator to the caller's dtype itself.
         return _pallas(a, b, kind, compiled=how == "compiled", out_dtype=out_dtype)
@@ -425,9 +427,8 @@ def _run(
 
 
 def _run_float32(impl: str, how: str, a, b, kind: str, recipe: Recipe, b_index) -> jax.Array:
-    """The GEMM on ``impl`` with its float32 result."""
-    if b_index is not None and impl not in _RUN_IMPLS:
-        b, b_index = take_batch(b, b_index), None
+    """The GEMM on ``impl`` with its float32 result (``b`` already gathered where
+    ``impl`` does not gather a run at a time)."""
     if impl == "plain":
         if is_quantized(a) or is_quantized(b):
             # One side quantized: dequantize it to float32 and dot in float32.

@@ -156,3 +156,14 @@ def test_tpu7x_estimates_a_plain_bf16_gemm():
     assert c.total_us is not None and c.total_us > 0
     assert sum(c.gemm_kernels.values()) == 3
     assert c.gemm_flops == pytest.approx(3 * 2 * 256 * 512 * 256)
+
+
+def test_h100_grouped_fwd_bwd_runs_kernels_only():
+    # fp8jax.ragged_dot over 4 experts: the grouped Fprop / Dgrad and the
+    # per-tile Wgrad are kernels, none in a loop; lax.ragged_dot is the baseline.
+    t = _cuda_or_skip()
+    x = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((4, 256, 384), jnp.bfloat16)
+    fp8 = compilers.predict(predicted.grouped_program(fp8jax.recipes.deepseek_v3(), 4), [x, w], t)
+    assert fp8.gemm_kernels and all(k == "Pallas Triton" for k in fp8.gemm_kernels), fp8
+    assert not fp8.gemm_in_loop
