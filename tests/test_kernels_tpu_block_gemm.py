@@ -224,3 +224,23 @@ def test_fp8_operands_reach_ironwoods_matrix_unit(tmp_path):
 def test_v6e_widens_fp8_to_bfloat16_in_the_matrix_unit(tmp_path):
     # No FP8 matrix unit: the same kernel compiles, codes widened on the way in.
     assert _matmul_formats("v6e:2x2", tmp_path) == {"e4m3b_to_bf16"}
+
+
+def test_prediction_command_refuses_a_bad_shape(capsys):
+    from fp8jax.bench import tpu_kernel
+
+    assert tpu_kernel.main(["--shape", "4096,4096"]) == 2
+    assert "--shape" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_predictions_at_a_small_shape():
+    pytest.importorskip("libtpu")
+    from fp8jax.bench import tpu_kernel
+
+    out = tpu_kernel.kernels("tpu7x", 256, 512, 256)
+    assert [out[k]["mosaic_kernels"] for k in ("fprop", "dgrad", "wgrad")] == [1, 1, 1]
+    assert out["bytes_accessed"] > 0
+    # The promotion per run is part of the kernel body: fewer runs, fewer bundles per K.
+    per_k = [tpu_kernel.bundles("tpu7x", r)["bundles_per_k128"] for r in (128, 2048)]
+    assert per_k[0] > per_k[1] > 0
