@@ -66,8 +66,6 @@ from fp8jax.kernels.block_gemm import (
     round_up,
 )
 
-ORIENTATIONS = ("nn", "nt", "tn")
-
 #: Default tiles: the output block (rows x columns) and runs per K step.
 #: 512 x 512 keeps each operand's re-reads from HBM at N/512 (A) and M/512 (B)
 #: passes; with 8 runs (1024 along K) the double-buffered VMEM footprint is
@@ -173,7 +171,7 @@ def _interpret(interpret: bool):
     static_argnames=("orient", "out_dtype", "block_m", "block_n", "runs", "interpret", "run"),
 )
 def _dense(a, sa_t, b, sb_cols, *, orient, out_dtype, block_m, block_n, runs, interpret, run=CHUNK):
-    """Pad, launch, crop.  ``a``/``b`` as stored (see ORIENTATIONS); ``sa_t`` (Kc, M),
+    """Pad, launch, crop.  ``a``/``b`` as stored (module docstring); ``sa_t`` (Kc, M),
     ``sb_cols`` (Kc, N) with Kc = ceil(K / run).  ``run``: the K run of one scale
     (DeepSeek-V3's 128; another value only for measuring what the promotion costs)."""
     if orient == "tn":
