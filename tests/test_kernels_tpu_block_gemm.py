@@ -185,6 +185,34 @@ def test_auto_compiles_one_mosaic_kernel_per_gemm_for_ironwood():
     assert not re.search(r"\bwhile\(", text)
 
 
+@pytest.mark.slow
+def test_ragged_dot_compiles_grouped_mosaic_kernels_for_ironwood():
+    pytest.importorskip("libtpu")
+    import fp8jax
+    from fp8jax import path_record, recipes
+
+    sh = _sharding("tpu7x:2x2x1")
+    x = jax.ShapeDtypeStruct((512, 256), jnp.float32, sharding=sh)
+    w = jax.ShapeDtypeStruct((4, 256, 384), jnp.float32, sharding=sh)
+    gs = jax.ShapeDtypeStruct((4,), jnp.int32, sharding=sh)
+    r = recipes.deepseek_v3()
+
+    def loss(x, w, gs):
+        return jnp.sum(fp8jax.ragged_dot(x, w, gs, recipe=r).astype(jnp.float32) ** 2)
+
+    with path_record.recording("tpu") as paths:
+        traced = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(x, w, gs)
+    # Fprop and Dgrad: the grouped kernel on the expert-aligned tiles; Wgrad:
+    # the dense kernel over the tiles, summed per expert.
+    assert path_record.as_table(paths) == {
+        "expert/fprop": "pallas grouped tpu",
+        "expert/dgrad": "pallas grouped tpu",
+        "expert/wgrad": "pallas tpu",
+    }
+    text = traced.lower(lowering_platforms=("tpu",)).compile().as_text()
+    assert text.count('custom_call_target="tpu_custom_call"') == 3
+
+
 _MXU_CHECK = """
 import jax, jax.numpy as jnp, numpy as np
 from jax.experimental import topologies
