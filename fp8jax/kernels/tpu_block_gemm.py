@@ -36,7 +36,7 @@ shrink to it (rounded up to the hardware tiles).
 The grouped kernel (MoE experts) reads the expert-aligned layout the GEMM
 core builds (``fp8jax.groups.group_layout``): rows sorted by expert in tiles
 of ``tile`` rows, ``tile_group[t]`` the expert of tile t, -1 for a tile of
-padding (written as zeros, no matrix-unit work, its weight reads skipped).
+padding (written as zeros, no matrix-unit work, one block of reads).
 The tile ids reach the kernel as scalar prefetch (SMEM), so each tile's
 weight blocks are DMA'd from its own expert.
 
