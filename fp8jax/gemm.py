@@ -42,6 +42,7 @@ from jax import lax
 
 from fp8jax import accumulate, blockscaled, host_cpu, path_record, platforms
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
+from fp8jax.kernels import tpu_block_gemm
 from fp8jax.kernels.availability import kernel_available
 from fp8jax.kernels.block_gemm import (
     CHUNK,
@@ -86,8 +87,11 @@ _ALG = lax.DotAlgorithmPreset
 # the hardware multiplies bfloat16; a CPU without it computes every 128-long
 # run's dot in float32 arithmetic, and there one float32 dot of the operands
 # dequantized to float32 ("xla") is expected to be cheaper (not measured on
-# such a CPU).  On a TPU and a ROCm GPU: "chunked" (bfloat16 matrix units;
-# "fp8" may be named, and compiles for TPUs with FP8 matrix units).
+# such a CPU).  On a TPU: "pallas" where the layouts fit, as the Mosaic
+# TPU kernel (``fp8jax.kernels.tpu_block_gemm``: FP8 codes to the matrix
+# unit on Ironwood, widened to bfloat16 on the way in on v5e / v6e, the
+# float32 accumulator in VMEM), else "chunked".  On a ROCm GPU: "chunked"
+# (bfloat16 matrix units; "fp8" may be named).
 # The paths differ in the last bits (their numerics: ``recipes.Recipe``,
 # docs/model.md); each run records the path it resolved.  The block formats
 # run "xla" off the native GEMM (their dequantized values are exact in
@@ -97,7 +101,7 @@ AUTO: dict[tuple[str, str], tuple[str, ...]] = {
     ("fp8", "cuda"): ("pallas", "chunked"),
     ("fp8", "rocm"): ("chunked",),
     ("fp8", "cpu"): ("chunked", "xla"),
-    ("fp8", "tpu"): ("chunked",),
+    ("fp8", "tpu"): ("pallas", "chunked"),
     ("mx", "cuda"): ("scaled_matmul", "xla"),
     ("mx", "rocm"): ("xla",),
     ("mx", "cpu"): ("xla",),
@@ -150,9 +154,12 @@ def _auto_available(impl: str, platform: str, a, b, kind: str) -> bool:
 def _compiled_kernel(platform: str) -> bool:
     """Whether the Pallas kernel runs compiled (not interpreted) on ``platform``.
 
-    On a CUDA target of compute capability >= 9.0; where such a GPU is
-    attached, only if it passes the kernel's self-check (asked once, there).
+    On a TPU (the Mosaic kernel) and on a CUDA target of compute capability
+    >= 9.0 (the Triton kernel; where such a GPU is attached, only if it
+    passes the kernel's self-check, asked once, there).
     """
+    if platform == "tpu":
+        return True
     if platform != "cuda" or not platforms.cuda_at_least(_CUDA_KERNEL):
         return False
     return platforms.local_cuda_capability() is None or kernel_available()
@@ -249,14 +256,17 @@ def select_impl(recipe: Recipe, a, b, kind: str, platform: str | None = None) ->
 
 
 def _decision(recipe: Recipe, a, b, kind: str, platform: str) -> tuple[str, str]:
-    """(impl, how) on ``platform``: how = "compiled" / "interpret" for "pallas",
+    """(impl, how) on ``platform``: how = "compiled" (Triton, CUDA) / "mosaic" (TPU) /
+    "interpret" for "pallas",
     the refusal message for an implementation the platform cannot run, else ""."""
     impl = select_impl(recipe, a, b, kind, platform)
     why = unsupported(impl, platform)
     if why is not None:
         return impl, f"unsupported: {why}"
     if impl == "pallas":
-        return impl, "compiled" if _compiled_kernel(platform) else "interpret"
+        if not _compiled_kernel(platform):
+            return impl, "interpret"
+        return impl, "mosaic" if platform == "tpu" else "compiled"
     if impl in ("fp8", "fp8_fast"):
         return impl, platform
     return impl, ""
@@ -269,7 +279,8 @@ def describe_path(impl: str, recipe: Recipe, a, b, how: str = "") -> str:
     "xla dequant <dtype>" (codes x scale rounded to that dtype, one dot),
     "chunked" (FP8 codes per run of constant scales, exact products,
     float32 sums in XLA's order, promotion fused by XLA into one FMA), "fp8" / "fp8_fast" (the same with hardware FP8 dots),
-    "pallas" (or "pallas interpret", the kernel in Pallas interpret mode),
+    "pallas" (or "pallas tpu", the Mosaic TPU kernel, or "pallas interpret",
+    the Triton kernel in Pallas interpret mode),
     "scaled_matmul" (the native block-format GEMM), or "emulate" with the
     accumulation model's parameters; "unsupported <impl>" where the platform
     cannot run it.  Block formats (MXFP8, NVFP4) are prefixed with their
@@ -290,8 +301,8 @@ def describe_path(impl: str, recipe: Recipe, a, b, how: str = "") -> str:
             f"emulate block {acc.block}, {acc.frac_bits} bits, promote every "
             f"{acc.promote_every}, {acc.promote_rounding}"
         )
-    if impl == "pallas" and how == "interpret":
-        return "pallas interpret"
+    if impl == "pallas" and how in ("interpret", "mosaic"):
+        return "pallas interpret" if how == "interpret" else "pallas tpu"
     return prefix + impl
 
 
@@ -422,7 +433,7 @@ def _run(
         b, b_index = take_batch(b, b_index), None
     if impl == "pallas" and out_dtype in _KERNEL_OUT_DTYPES:
         # The kernel rounds its float32 accumulator to the caller's dtype itself.
-        return _pallas(a, b, kind, compiled=how == "compiled", out_dtype=out_dtype)
+        return _pallas(a, b, kind, how=how, out_dtype=out_dtype)
     return _run_float32(impl, how, a, b, kind, recipe, b_index).astype(out_dtype)
 
 
@@ -440,7 +451,7 @@ def _run_float32(impl: str, how: str, a, b, kind: str, recipe: Recipe, b_index) 
         dt = jnp.dtype(recipe.dequant_dtype)
         return dot(materialize(a, dt), materialize(b, dt), DIMS[kind])
     if impl == "pallas":
-        return _pallas(a, b, kind, compiled=how == "compiled")
+        return _pallas(a, b, kind, how=how)
     if impl == "scaled_matmul":
         lhs, rhs = _orient(a, b, kind)
         # The native block GEMM takes both operands with the contraction last.
@@ -554,19 +565,30 @@ def _chunked(
     return acc
 
 
-def _pallas(a: QTensor, b: QTensor, kind: str, *, compiled: bool, out_dtype=jnp.float32):
-    """The block-scaled Pallas kernel: ``compiled`` for a CUDA target (Triton), else
-    in Pallas interpret mode (the same math as XLA operations, for tests)."""
-    kw = dict(out_dtype=out_dtype, interpret=not compiled)
-    if kind == "fprop":
-        # (B, M, K) tiles along K x (B, K, N) blocks.
-        fn = partial(block_scaled_matmul, **kw)
-    elif kind == "dgrad":
-        # dy (B, M, N) x w (B, K, N) contracted over N: w is the kernel's "nk" operand.
-        fn = partial(block_scaled_matmul_nt, **kw)
-    else:
-        # x (B, M, K) and dy (B, M, N), both in 128x1 tiles along the tokens M.
-        fn = partial(block_scaled_matmul_tn, **kw)
+# The dense block-scaled kernels per GEMM kind: Triton (CUDA, and interpret
+# mode elsewhere) and Mosaic TPU.
+_TRITON_KERNELS = {
+    "fprop": block_scaled_matmul,
+    "dgrad": block_scaled_matmul_nt,
+    "wgrad": block_scaled_matmul_tn,
+}
+_MOSAIC_KERNELS = {
+    "fprop": tpu_block_gemm.block_scaled_matmul,
+    "dgrad": tpu_block_gemm.block_scaled_matmul_nt,
+    "wgrad": tpu_block_gemm.block_scaled_matmul_tn,
+}
+
+
+def _pallas(a: QTensor, b: QTensor, kind: str, *, how: str, out_dtype=jnp.float32) -> jax.Array:
+    """The block-scaled Pallas kernel: compiled for a CUDA target (Triton, how
+    "compiled") or a TPU (Mosaic, how "mosaic"), else the Triton kernel in Pallas
+    interpret mode (the same math as XLA operations, for tests), writing ``out_dtype``
+    from its float32 accumulator."""
+    # fprop: (B, M, K) tiles along K x (B, K, N) blocks; dgrad: dy (B, M, N) x
+    # w (B, K, N) contracted over N (w is the kernels' "nt" operand as stored);
+    # wgrad: x (B, M, K) and dy (B, M, N), both in 128x1 tiles along the tokens M.
+    kernels = _MOSAIC_KERNELS if how == "mosaic" else _TRITON_KERNELS
+    fn = partial(kernels[kind], out_dtype=out_dtype, interpret=how == "interpret")
 
     def run(a_data, a_scale, b_data, b_scale):
         if a_data.shape[0] == 1:
@@ -574,9 +596,16 @@ def _pallas(a: QTensor, b: QTensor, kind: str, *, compiled: bool, out_dtype=jnp.
         return jax.vmap(fn)(a_data, a_scale, b_data, b_scale)
 
     args = (a.data, a.scale, b.data, b.scale)
-    # The compiled kernel has a Triton lowering only: CUDA lowers it, any
-    # other platform of a multi-platform export sees dead zeros.
-    return platforms.only_on(("cuda",), run, *args) if compiled else run(*args)
+    # A compiled kernel has one platform's lowering only (Triton: CUDA,
+    # Mosaic: TPU); any other platform of a multi-platform export sees dead zeros.
+    return _on_kernel_platform(how, run, *args)
+
+
+def _on_kernel_platform(how: str, fn: Callable, *args) -> Any:
+    """``fn(*args)``, lowered only for the platform of a compiled kernel (``how``)."""
+    if how == "interpret":
+        return fn(*args)
+    return platforms.only_on(("tpu",) if how == "mosaic" else ("cuda",), fn, *args)
 
 
 # --------------------------------------------------------------------------
@@ -632,14 +661,14 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
         path_record.note(
             kind,
             {
-                p: "pallas grouped" + (" interpret" if how == "interpret" else "")
+                p: "pallas grouped" + {"interpret": " interpret", "mosaic": " tpu"}.get(how, "")
                 for p, (_, how) in kernel.items()
             },
         )
 
     def build(d):
         if d[0] == "pallas":
-            return lambda: _grouped_kernel(a_t, b, layout, kind, compiled=d[1] == "compiled")
+            return lambda: _grouped_kernel(a_t, b, layout, kind, how=d[1])
 
         def dense_tiles():
             # Each tile's expert (padding tiles take expert 0).
@@ -653,12 +682,18 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
     return platforms.choose(lambda p: kernel.get(p, ("dense tiles", "")), build)
 
 
-def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, compiled: bool) -> jax.Array:
-    """The grouped Pallas kernel on the aligned rows and each tile's expert id."""
+def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, how: str) -> jax.Array:
+    """The grouped Pallas kernel on the aligned rows and each tile's expert id
+    (``how`` as in :func:`_pallas`)."""
     mp = layout.src_row.shape[0]
 
+    if how == "mosaic":
+        kernel = tpu_block_gemm.grouped_block_scaled_matmul_aligned
+    else:
+        kernel = grouped_block_scaled_matmul_aligned
+
     def run(a_data, a_scale, b_data, b_scale, tile_group):
-        return grouped_block_scaled_matmul_aligned(
+        return kernel(
             a_data.reshape(mp, -1),
             a_scale.reshape(mp, -1),
             b_data,
@@ -666,9 +701,9 @@ def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, compiled: bool) -
             tile_group,
             out_dtype=jnp.float32,
             b_layout="kn" if kind == "fprop" else "nk",
-            interpret=not compiled,
+            interpret=how == "interpret",
         )
 
     args = (a_t.data, a_t.scale, b.data, b.scale, layout.tile_group)
-    y = platforms.only_on(("cuda",), run, *args) if compiled else run(*args)
+    y = _on_kernel_platform(how, run, *args)
     return from_tiles(y.reshape(layout.num_tiles, layout.tile, -1), layout)

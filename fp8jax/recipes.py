@@ -255,10 +255,11 @@ class Recipe:
       or the CPU.  A one-run GEMM is multiplied by its scale once.
     * ``"fp8"`` / ``"fp8_fast"``: as "chunked" with the runs as hardware FP8
       dots (``ANY_F8_ANY_F8_F32`` / ``..._FAST_ACCUM``; GPUs with FP8 only).
-    * ``"pallas"``: the block-scaled Pallas kernel (interpret mode off-GPU).
-    * ``"auto"``: the Pallas kernel on a Hopper GPU where it applies, else
-      "chunked"; on a CPU without bfloat16 dot instructions "xla" (see
-      ``fp8jax.gemm.AUTO``).
+    * ``"pallas"``: the block-scaled Pallas kernel: Triton on a Hopper GPU,
+      Mosaic on a TPU, interpret mode elsewhere.
+    * ``"auto"``: the Pallas kernel on a Hopper GPU or a TPU where it
+      applies, else "chunked"; on a CPU without bfloat16 dot instructions
+      "xla" (see ``fp8jax.gemm.AUTO``).
 
     ``accumulation``: when set, every quantized GEMM the recipe covers (dense
     and expert) runs on the tensor-core accumulation emulator instead
