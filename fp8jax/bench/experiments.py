@@ -357,7 +357,18 @@ def compilers(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
         "Predictions of the compilers, not measurements: GEMMs priced as a roofline "
         "(no autotuning without a device), other GPU kernels by XLA's cost model, TPU by libtpu."
     )
-    _write_json(out_dir, {"records": records, "cpu_compile": compile_times})
+    from fp8jax.train import provenance
+
+    _write_json(
+        out_dir,
+        {
+            "records": records,
+            "cpu_compile": compile_times,
+            # Which code and which compilers made these predictions.
+            "git": provenance.git_state(),
+            "machine": provenance.machine(),
+        },
+    )
 
 
 BENCHMARKS: dict[str, Callable[[ml_collections.ConfigDict, str | None], None]] = {
