@@ -325,3 +325,15 @@ def test_a_checkpoint_damaged_into_finite_values_is_refused_before_scoring(tmp_p
     assert cli.main(argv) == 1
     err = capsys.readouterr().err.splitlines()[-1]
     assert "is unusable: array " in err and "differs from the sha256 recorded" in err
+
+
+def test_measure_says_what_it_compiles_and_how_long_it_took():
+    import re
+
+    batches = np.zeros((2, 2, 4), np.int32)
+    fns = {n: (lambda t: jnp.zeros((2, 4, 8), jnp.float32)) for n in ("bf16", "deepseek_v3")}
+    said = []
+    parity.measure(fns, batches, ["bf16", "deepseek_v3"], quiet=True, say=said.append)
+    assert len(said) == 2, said
+    assert said[0].startswith("compiling the model under 2 recipes and the metrics (first call")
+    assert re.fullmatch(r"compiled and scored the first batch in \d+\.\d s", said[1]), said

@@ -2,6 +2,7 @@
 the mean over every prediction against a float64 reference, bits = nats / ln 2."""
 
 import math
+import re
 
 import jax
 import numpy as np
@@ -50,8 +51,14 @@ def _reference_nats(run, state, tokens_NxT):
 def test_validation_split_and_a_file_against_a_float64_reference(tmp_path, recipe):
     untrained_run(tmp_path / "run", recipe)
     run, state, step = load_run(tmp_path / "run")
-    res = evaluate(run, state, step, batch_size=4, max_windows=8)
+    said = []
+    res = evaluate(run, state, step, batch_size=4, max_windows=8, say=said.append)
     assert res.windows == 8 and res.predictions == 8 * 31 and res.step == 0
+    # What it waits for is said before the call that compiles, and how long it took after.
+    assert len(said) == 2 and said[0].startswith(
+        "compiling the model for evaluation, then scoring 8 windows (first call: XLA compiles"
+    )
+    assert re.fullmatch(r"compiled and scored in \d+\.\d s", said[1]), said
     want = _reference_nats(run, state, windows(run.corpus.val, 32, 4, 8).reshape(8, 32))
     assert res.nats_per_byte == pytest.approx(want, rel=2e-6)
     assert res.bits_per_byte == res.nats_per_byte / math.log(2)

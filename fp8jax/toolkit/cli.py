@@ -423,8 +423,10 @@ def _cmd_parity(args) -> int:
                 max_windows=args.max_windows,
             )
         n = batches.shape[0] * batches.shape[1]
-        say(f"{n} windows of {batches.shape[2]} from {info['source']}; compiling and scoring ...")
-        results = parity.measure(fns, batches, names, source=info["source"], quiet=args.quiet)
+        say(f"{n} windows of {batches.shape[2]} from {info['source']}")
+        results = parity.measure(
+            fns, batches, names, source=info["source"], quiet=args.quiet, say=say
+        )
     except (parity.ParityError, ConfigError) as e:
         return fail(e)
     except CheckpointError as e:

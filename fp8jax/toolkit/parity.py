@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ import numpy as np
 from fp8jax import path_record, recipes, registry
 from fp8jax.lab.stats import mean_interval
 from fp8jax.progress import Progress
+from fp8jax.train.runtime import compile_wait
 
 LogitsFn = Callable[[np.ndarray], jax.Array]
 
@@ -311,8 +313,13 @@ def measure(
     source: str = "",
     quiet: bool = False,
     stream=None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Every recipe after the first against the first on ``batches`` [N, B, T].
+
+    ``say`` gets a line naming what is compiled before the first batch (the
+    model under each recipe and the metrics) and one with the seconds it
+    took after it.
 
     Returns ``{"reference", "source", "seq_len", "level", "gemm_paths":
     {recipe: {...}}, "pairs": {recipe: {"windows": {metric: [per window]},
@@ -340,7 +347,11 @@ def measure(
             paths[name] = path_record.as_table(seen)
         return out
 
+    say(compile_wait(f"the model under {len(names)} recipes and the metrics"))
+    t0 = time.perf_counter()
     for i in range(n_b):
+        if i == 1:
+            say(f"compiled and scored the first batch in {time.perf_counter() - t0:.1f} s")
         tokens = jnp.asarray(batches[i], jnp.int32)
         lref = logits(ref, i)
         for o in others:

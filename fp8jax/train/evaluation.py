@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,7 @@ from fp8jax.parallel.mesh import put_batch
 from fp8jax.train.checkpoint import CheckpointError
 from fp8jax.train.defaults import ConfigError
 from fp8jax.train.loop import Run
+from fp8jax.train.runtime import compile_wait
 from fp8jax.train.state import TrainState
 
 
@@ -174,8 +177,12 @@ def evaluate(
     path: str | Path | None = None,
     batch_size: int = 8,
     max_windows: int = 0,
+    say: Callable[[str], None] = lambda line: None,
 ) -> Evaluation:
-    """The checkpoint's cross-entropy on ``path`` (default: the run's validation split)."""
+    """The checkpoint's cross-entropy on ``path`` (default: the run's validation split).
+
+    ``say`` gets a line naming what is compiled before the first call, and one
+    with the seconds it took after it."""
     check_window_settings(batch_size, max_windows)
     if batch_size % run.mesh.size:
         raise ConfigError(
@@ -183,13 +190,17 @@ def evaluate(
         )
     stream, source = text_stream(run, path)
     tokens = windows(stream, run.seq_len, batch_size, max_windows)
+    n_windows = tokens.shape[0] * tokens.shape[1]
+    say(compile_wait(f"the model for evaluation, then scoring {n_windows} windows"))
+    t0 = time.perf_counter()
+    # One call: the forward pass over every batch (lax.map), compiled on its first call.
     loss = float(run.eval_fn(state, put_batch(tokens, run.mesh, batch_axis=1)))
+    say(f"compiled and scored in {time.perf_counter() - t0:.1f} s")
     if not np.isfinite(loss):
         raise CheckpointError(
             f"the loss on {source} is {loss}: the checkpoint of step {step} does not give a "
             "usable model"
         )
-    n_windows = tokens.shape[0] * tokens.shape[1]
     return Evaluation(
         source=source,
         step=step,
