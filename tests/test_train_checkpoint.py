@@ -97,8 +97,12 @@ def _xor_into_finite_values(ck, template, step):
             b[i] ^= 0x5A
         f.write_bytes(bytes(b))
         try:
-            with _quiet_reader_threads():
-                bad = jax.tree.leaves(ck.restore(template, step))
+            with _quiet_reader_threads() as failed:
+                try:
+                    bad = jax.tree.leaves(ck.restore(template, step))
+                except Exception:
+                    failed.append(step)
+                    raise
         except Exception:
             ck.manager.close()
             ck.manager = ck._manager()

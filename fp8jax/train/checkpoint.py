@@ -225,7 +225,7 @@ def _drop_echoes_of_failed_reads() -> None:
 
 
 @contextmanager
-def _quiet_reader_threads() -> Iterator[None]:
+def _quiet_reader_threads() -> Iterator[list]:
     """Keep what orbax's reader threads print about a damaged file off stderr.
 
     A truncated or corrupt checkpoint makes every pending read fail; orbax
@@ -233,7 +233,9 @@ def _quiet_reader_threads() -> Iterator[None]:
     coroutines ignored, a closed event loop) besides raising one exception,
     which the caller reports in one line.  While the restore runs, stderr
     and orbax's logger are muted; the echoes that come later are dropped by
-    :func:`_drop_echoes_of_failed_reads`.
+    :func:`_drop_echoes_of_failed_reads`.  The caller appends to the list it
+    gets when the restore failed: only then are the failed reads collected
+    (a full collection takes seconds in a process holding a model).
     """
     _drop_echoes_of_failed_reads()
     absl_logger = logging.getLogger("absl")
@@ -241,12 +243,14 @@ def _quiet_reader_threads() -> Iterator[None]:
     absl_logger.setLevel(logging.CRITICAL)
     try:
         with redirect_stderr(io.StringIO()):
+            failed: list = []
             try:
-                yield
+                yield failed
             finally:
                 # Failed reads are collected here, not after stderr is back: the caller
                 # lets go of the exception (and the reads its traceback holds) inside.
-                gc.collect()
+                if failed:
+                    gc.collect()
     finally:
         absl_logger.setLevel(level)
 
@@ -435,10 +439,11 @@ class Checkpointer:
         rec, problem = self.checksum_record(step)
         if problem is not None:
             return None, problem
-        with _quiet_reader_threads():
+        with _quiet_reader_threads() as failed:
             try:
                 state, problem = self.restore(template, step), None
             except Exception as e:  # orbax raises many types for damaged files
+                failed.append(step)
                 state, problem = None, f"it does not read: {_first_line(e)}"
                 # A failed restore can leave the manager's view of the step stale.
                 self.manager.close()
@@ -462,11 +467,12 @@ class Checkpointer:
         rec, problem = self.checksum_record(step)
         if problem is not None:
             return False
-        with _quiet_reader_threads():
+        with _quiet_reader_threads() as failed:
             try:
                 tree = self.manager.restore(step, args=ocp.args.StandardRestore())
                 ok = int(np.asarray(tree["step"])) == step
             except Exception:  # orbax raises many types for damaged files
+                failed.append(step)
                 ok = False
                 self.manager.close()
                 self.manager = self._manager()
