@@ -197,3 +197,17 @@ def test_a_damaged_checksum_record_is_refused_in_one_line(tmp_path, damage):
     with pytest.raises(CheckpointError, match=f"checkpoint step 0 in .* is unusable: {why}"):
         load_run(tmp_path, 0)
     assert not Checkpointer(tmp_path).holds_usable(0)
+
+
+def test_when_every_kept_checkpoint_is_damaged_readers_say_so_and_refuse(tmp_path):
+    untrained_run(tmp_path, "bf16", steps=(0,))
+    ck = Checkpointer(tmp_path)
+    _xor_into_finite_values(ck, setup(run_config(tmp_path), tmp_path).state, 0)
+    ck.close()
+    notes = []
+    with pytest.raises(
+        CheckpointError, match=r"no usable checkpoint in .* \(see the notes above\)"
+    ):
+        load_run(tmp_path, say=notes.append)
+    assert len(notes) == 1 and notes[0].endswith("; no earlier checkpoint")
+    assert "is unusable (array " in notes[0]

@@ -496,8 +496,12 @@ class Checkpointer:
                 raise CheckpointError(
                     f"checkpoint step {step} in {self.directory} is unusable: {problem}"
                 )
-            say(f"note: checkpoint step {candidate} is unusable ({problem}); trying an earlier one")
-        raise CheckpointError(f"no usable checkpoint in {self.directory}: train the run again")
+            then = "trying an earlier one" if candidate > steps[0] else "no earlier checkpoint"
+            say(f"note: checkpoint step {candidate} is unusable ({problem}); {then}")
+        seen = " (see the notes above)" if steps else ""
+        raise CheckpointError(
+            f"no usable checkpoint in {self.directory}{seen}: train the run again"
+        )
 
     def _move_aside(self, step: int) -> Path:
         dest_root = self.workdir / "checkpoints_unreadable"
