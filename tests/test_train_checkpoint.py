@@ -180,7 +180,7 @@ def test_a_checkpoint_saved_without_checksums_reads_with_a_note(tmp_path):
     assert Checkpointer(tmp_path).holds_usable(0)
 
 
-@pytest.mark.parametrize("damage", ["metadata", "record"])
+@pytest.mark.parametrize("damage", ["metadata", "custom", "record"])
 def test_a_damaged_checksum_record_is_refused_in_one_line(tmp_path, damage):
     untrained_run(tmp_path, "bf16", steps=(0,))
     meta_path = tmp_path / "checkpoints" / "0" / "_CHECKPOINT_METADATA"
@@ -189,6 +189,11 @@ def test_a_damaged_checksum_record_is_refused_in_one_line(tmp_path, damage):
         b[0] ^= 0x5A  # the opening brace: no longer JSON
         meta_path.write_bytes(bytes(b))
         why = "its _CHECKPOINT_METADATA does not read"
+    elif damage == "custom":
+        meta = json.loads(meta_path.read_text())
+        meta["custom_metadata"] = [1]
+        meta_path.write_text(json.dumps(meta))
+        why = r"its _CHECKPOINT_METADATA is damaged \(custom_metadata is not an object\)"
     else:
         meta = json.loads(meta_path.read_text())
         meta["custom_metadata"]["fp8jax_checksums"]["arrays"]["step"] = 3
@@ -196,6 +201,8 @@ def test_a_damaged_checksum_record_is_refused_in_one_line(tmp_path, damage):
         why = "its checksum record is damaged"
     with pytest.raises(CheckpointError, match=f"checkpoint step 0 in .* is unusable: {why}"):
         load_run(tmp_path, 0)
+    if damage == "custom":
+        return  # orbax itself refuses to open the run's checkpoints: said above, in one line
     assert not Checkpointer(tmp_path).holds_usable(0)
 
 

@@ -273,7 +273,18 @@ class Checkpointer:
             # so a run killed right after cannot leave a half-written latest.
             enable_async_checkpointing=False,
         )
-        return ocp.CheckpointManager(self.directory, options=options)
+        try:
+            return ocp.CheckpointManager(self.directory, options=options)
+        except ValueError:
+            # orbax reads every step's metadata here and raises on one of the wrong shape.
+            bad = [s for s in self.steps_in(self.workdir) if self.checksum_record(s)[1]]
+            if not bad:
+                raise
+            raise CheckpointError(
+                f"checkpoint step {bad[0]} in {self.directory} is unusable: "
+                f"{self.checksum_record(bad[0])[1]}; move {self.directory / str(bad[0])} out "
+                "of the way, then run the command again"
+            ) from None
 
     @staticmethod
     def steps_in(workdir: str | Path) -> list[int]:
@@ -394,9 +405,13 @@ class Checkpointer:
             return None, None
         except (OSError, ValueError) as e:
             return None, f"its {STEP_METADATA} does not read ({type(e).__name__})"
-        custom = meta.get("custom_metadata") if isinstance(meta, dict) else None
-        if not isinstance(custom, dict) or checksums.KEY not in custom:
-            return None, None
+        if not isinstance(meta, dict):
+            return None, f"its {STEP_METADATA} is not a JSON object"
+        custom = meta.get("custom_metadata")
+        if custom is None or (isinstance(custom, dict) and checksums.KEY not in custom):
+            return None, None  # saved before checkpoints recorded checksums
+        if not isinstance(custom, dict):
+            return None, f"its {STEP_METADATA} is damaged (custom_metadata is not an object)"
         rec = custom[checksums.KEY]
         problem = checksums.record_problem(rec)
         return (None, problem) if problem else (rec, None)
