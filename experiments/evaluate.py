@@ -6,9 +6,12 @@ r"""Evaluate a trained checkpoint: cross-entropy in bits per byte.
 Prints one line, e.g.
   step 60 on the validation split of 'stdlib': 2.7301 nats/byte = 3.9387 bits per byte
   (63,000 predicted bytes in 1000 windows of 64)
+On stderr it says what it waits for: the restore, then the compilation of the
+model's forward pass (most of the time on a CPU) and how long it took.
 The text is cut into consecutive windows of the run's seq_len (see
-fp8jax/train/evaluation.py); --step picks a kept checkpoint (default: the
-latest).  Mistakes print one line and exit 2.
+fp8jax/train/evaluation.py); --file takes a text of at most 64 MiB; --step
+picks a kept checkpoint (default: the newest whose arrays match their
+checksums).  Mistakes print one line and exit 2.
 """
 
 import sys
@@ -17,7 +20,7 @@ from absl import app, flags
 
 from fp8jax.train.checkpoint import CheckpointError
 from fp8jax.train.defaults import ConfigError
-from fp8jax.train.evaluation import evaluate
+from fp8jax.train.evaluation import check_text_file, check_window_settings, evaluate
 from fp8jax.train.restore import load_run
 from fp8jax.train.runtime import (
     CACHE_HELP,
@@ -45,11 +48,21 @@ def main(argv):
         usage_error(f"unexpected arguments {argv[1:]}: flags are --workdir=... [--file=...]")
     setup_runtime(_CACHE.value)
     try:
-        print(f"restoring {_WORKDIR.value} ...", file=sys.stderr, flush=True)
+        # The flags first: a mistake costs no restore.
+        if _FILE.value is not None:
+            check_text_file(_FILE.value)
+        check_window_settings(_BATCH.value, _MAX.value)
+        _say(f"restoring {_WORKDIR.value} ...")
         run, state, step = load_run(_WORKDIR.value, _STEP.value, say=_say)
-        print(f"step {step}: compiling and evaluating ...", file=sys.stderr, flush=True)
+        _say(f"restored step {step}")
         result = evaluate(
-            run, state, step, path=_FILE.value, batch_size=_BATCH.value, max_windows=_MAX.value
+            run,
+            state,
+            step,
+            path=_FILE.value,
+            batch_size=_BATCH.value,
+            max_windows=_MAX.value,
+            say=_say,
         )
     except ConfigError as e:
         usage_error(str(e))

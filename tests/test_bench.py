@@ -491,3 +491,32 @@ def test_moe_step_specs():
         moe_step.parse_spec("nope")
     with pytest.raises(ValueError, match="preset"):
         moe_step.model_config("huge")
+
+
+@pytest.mark.slow
+def test_checkpoint_cost_times_every_part_on_a_configs_state():
+    from fp8jax.bench import checkpoint_cost
+
+    root = Path(__file__).resolve().parents[1]
+    r = checkpoint_cost.measure(root / "configs" / "tiny.py", repeats=1)
+    parts = {"save_s", "record_s", "checkpointer_save_s", "restore_s", "verify_s", "try_restore_s"}
+    assert set(r["median_s"]) == parts and all(v > 0 for v in r["median_s"].values())
+    m = r["median_s"]
+    assert r["save_ratio"] == (m["save_s"] + m["record_s"]) / m["save_s"]
+    assert r["restore_ratio"] == (m["restore_s"] + m["verify_s"]) / m["restore_s"]
+    lines = checkpoint_cost.report(r).splitlines()
+    assert len(lines) == 3 and lines[1].startswith("save: ") and lines[2].startswith("restore: ")
+
+
+def test_checkpoint_cost_config_mistakes_are_one_line_naming_the_field():
+    import ml_collections
+
+    from fp8jax.bench.experiments import BenchConfigError, checkpoint
+
+    root = Path(__file__).resolve().parents[1]
+    c = ml_collections.ConfigDict({"config": str(root / "configs" / "tiny.py"), "repeats": 0})
+    with pytest.raises(BenchConfigError, match="config.repeats = 0"):
+        checkpoint(c, None)
+    c.config = "nope.py"
+    with pytest.raises(BenchConfigError, match="config.config = 'nope.py' is not a file"):
+        checkpoint(c, None)

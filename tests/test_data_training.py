@@ -102,6 +102,13 @@ def test_resume_refuses_a_run_whose_data_record_is_missing(tmp_path):
     with pytest.raises(ConfigError, match="holds no record of the data") as e:
         train(c, tmp_path / "run", stream=io.StringIO())
     assert "\n" not in str(e.value) and str(cfg_path) in str(e.value)
+    assert "corpus is missing" in str(e.value)
+    # A "corpus" of the wrong type is no record either: refused the same way.
+    for held, said in ((None, "null"), ("x", '"x"'), ([], "[]"), ({"sha256": 5}, '{"sha256": 5}')):
+        cfg_path.write_text(json.dumps({**cfg, "corpus": held}))
+        with pytest.raises(ConfigError, match="holds no record of the data") as e:
+            train(c, tmp_path / "run", stream=io.StringIO())
+        assert f"corpus is {said})" in str(e.value)
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["2"]
 
 

@@ -202,6 +202,13 @@ def test_study_entry_point_runs_a_config_and_writes_its_table(tmp_path):
         ("bench.py", ["--config=configs/study/gemm_error.py"], "config.benchmark = None"),
         ("study.py", ["--config=configs/study/block_rules.py"], "block_rules reads one trained"),
         ("bench.py", ["--config=configs/bench/sweep.py:cpu"], "give --out_dir=DIR"),
+        # Flags before the restore: the workdir does not exist, the flag is what is named.
+        ("evaluate.py", ["--workdir=/nonexistent", "--file=/"], "--file '/' is not a file"),
+        (
+            "evaluate.py",
+            ["--workdir=/nonexistent", "--max_windows=3", "--batch_size=4"],
+            "--max_windows 3 is less than one batch of 4 windows",
+        ),
         (
             "compare_recipes.py",
             ["--config=configs/sweep/outliers.py", "--config.sweep.labels=nope", "--workdir=/x"],

@@ -261,3 +261,79 @@ def test_cli_on_the_qwix_example_writes_its_results(tmp_path, capsys):
     assert saved["model"]["origin"] == "qwix" and saved["source"] == str(text)
     assert parity.table(saved) in out and "| deepseek_v3 |" in out
     assert len(saved["pairs"]["deepseek_v3"]["windows"]["kl_mean"]) == 8
+
+
+def test_every_argument_is_checked_before_restoring(tmp_path, capsys, tiny_run):
+    huge = tmp_path / "huge.txt"
+    with open(huge, "wb") as f:
+        f.truncate(65 << 20)  # sparse: 65 MiB on paper, nothing on disk
+    (tmp_path / "afile").write_text("x")
+    base = ["parity", "--workdir", str(tiny_run), "--recipes", "bf16,deepseek_v3"]
+    cases = [
+        (["--file", str(huge)], "holds 68,157,440 bytes, more than the 67,108,864 (64 MiB)"),
+        (["--file", str(tmp_path)], "is not a file"),
+        (["--max-windows", "4"], "--max-windows 4 is less than one batch of 8 windows"),
+        (["--out", str(tmp_path / "afile")], "is not a folder"),
+    ]
+    for extra, match in cases:
+        assert cli.main(base + extra) == 2, extra
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and match in err[0], err
+        assert err[0].startswith("fp8jax parity: error:")
+    # Nothing was created where the output would have gone.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "huge.txt"]
+
+
+def test_results_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    results = {
+        "reference": "bf16",
+        "pairs": {
+            "x": {
+                "windows": {k: [0.1, 0.2] for k in parity.METRICS},
+                "hist": parity.histogram(np.array([0.1, 0.2])),
+            }
+        },
+    }
+    parity.save(results, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(before) == ["parity.png", "results.json"]
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(parity, "plot", broken)
+    with pytest.raises(OSError):
+        parity.save({**results, "reference": "other"}, tmp_path)
+    # The earlier results stand, complete; no partial file is left beside them.
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_checkpoint_damaged_into_finite_values_is_refused_before_scoring(tmp_path, capsys):
+    from test_train_checkpoint import _xor_into_finite_values
+
+    from fp8jax.train.checkpoint import Checkpointer
+    from fp8jax.train.loop import setup
+    from fp8jax.train.restore import run_config
+
+    untrained_run(tmp_path, "bf16", steps=(0, 6))
+    ck = Checkpointer(tmp_path)
+    _xor_into_finite_values(ck, setup(run_config(tmp_path), tmp_path).state, 6)
+    ck.close()
+    capsys.readouterr()
+    argv = ["parity", "--workdir", str(tmp_path), "--recipes", "bf16,deepseek_v3", "--step", "6"]
+    _error(capsys, argv, "checkpoint step 6 in ", code=1)
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "is unusable: array " in err and "differs from the sha256 recorded" in err
+
+
+def test_measure_says_what_it_compiles_and_how_long_it_took():
+    import re
+
+    batches = np.zeros((2, 2, 4), np.int32)
+    fns = {n: (lambda t: jnp.zeros((2, 4, 8), jnp.float32)) for n in ("bf16", "deepseek_v3")}
+    said = []
+    parity.measure(fns, batches, ["bf16", "deepseek_v3"], quiet=True, say=said.append)
+    assert len(said) == 2, said
+    assert said[0].startswith("compiling the model under 2 recipes and the metrics (first call")
+    assert re.fullmatch(r"compiled and scored the first batch in \d+\.\d s", said[1]), said

@@ -2,6 +2,7 @@
 the mean over every prediction against a float64 reference, bits = nats / ln 2."""
 
 import math
+import re
 
 import jax
 import numpy as np
@@ -10,7 +11,7 @@ from flax import nnx
 from test_train_restore import untrained_run
 
 from fp8jax.train.defaults import ConfigError
-from fp8jax.train.evaluation import evaluate, windows
+from fp8jax.train.evaluation import MAX_TEXT_BYTES, evaluate, windows
 from fp8jax.train.restore import load_run
 
 
@@ -50,8 +51,14 @@ def _reference_nats(run, state, tokens_NxT):
 def test_validation_split_and_a_file_against_a_float64_reference(tmp_path, recipe):
     untrained_run(tmp_path / "run", recipe)
     run, state, step = load_run(tmp_path / "run")
-    res = evaluate(run, state, step, batch_size=4, max_windows=8)
+    said = []
+    res = evaluate(run, state, step, batch_size=4, max_windows=8, say=said.append)
     assert res.windows == 8 and res.predictions == 8 * 31 and res.step == 0
+    # What it waits for is said before the call that compiles, and how long it took after.
+    assert len(said) == 2 and said[0].startswith(
+        "compiling the model for evaluation, then scoring 8 windows (first call: XLA compiles"
+    )
+    assert re.fullmatch(r"compiled and scored in \d+\.\d s", said[1]), said
     want = _reference_nats(run, state, windows(run.corpus.val, 32, 4, 8).reshape(8, 32))
     assert res.nats_per_byte == pytest.approx(want, rel=2e-6)
     assert res.bits_per_byte == res.nats_per_byte / math.log(2)
@@ -65,7 +72,7 @@ def test_validation_split_and_a_file_against_a_float64_reference(tmp_path, recip
     assert res.nats_per_byte == pytest.approx(want, rel=2e-6)
     with pytest.raises(ConfigError, match="is not a file"):
         evaluate(run, state, step, path=tmp_path / "missing.txt")
-    with pytest.raises(ConfigError, match="positive multiple"):
+    with pytest.raises(ConfigError, match="--batch_size must be >= 1, got 0"):
         evaluate(run, state, step, batch_size=0)
 
 
@@ -76,6 +83,15 @@ def test_negative_max_windows_and_a_non_finite_loss_are_refused(tmp_path):
     run, state, step = load_run(tmp_path / "run")
     with pytest.raises(ConfigError, match="--max_windows must be >= 0"):
         evaluate(run, state, step, batch_size=4, max_windows=-1)
+    # A cap below one batch scores nothing: said so, with this command's flag names.
+    with pytest.raises(ConfigError, match="--max_windows 3 is less than one batch of 4 windows"):
+        evaluate(run, state, step, batch_size=4, max_windows=3)
+    # A text file over the cap is refused unread, the cap said.
+    huge = tmp_path / "huge.txt"
+    with open(huge, "wb") as f:
+        f.truncate(MAX_TEXT_BYTES + 1)
+    with pytest.raises(ConfigError, match=f"more than the {MAX_TEXT_BYTES:,} \\(64 MiB\\)"):
+        evaluate(run, state, step, path=huge, batch_size=4)
     bad = state._replace(params=jax.tree.map(lambda a: a * np.nan, state.params))
     with pytest.raises(CheckpointError, match="does not give a usable model"):
         evaluate(run, bad, step, batch_size=4, max_windows=4)

@@ -334,3 +334,30 @@ def test_a_gzipped_log_reads_as_the_plain_one_with_the_same_checks(tmp_path, mon
     (run / "metrics.jsonl").write_text('{"step": 7, "loss": 1.0}\n')
     assert run_log.find_log(run) == run / "metrics.jsonl"
     assert run_log.find_log(tmp_path / "nothing") is None
+
+
+def test_a_log_is_read_line_by_line_in_bounded_memory(tmp_path, monkeypatch):
+    import gzip
+    import tracemalloc
+
+    # 20 MB of newlines around two rows: the reader holds one line at a time, never
+    # the file or a list of its lines (which would take gigabytes at the size cap).
+    blob = b"\n" * 10_000_000 + b'{"step": 1, "loss": 3.0}\n' + b"\n" * 10_000_000
+    blob += b'{"step": 2, "loss": 2.0}\n{"step": 3, "lo'  # a torn last line
+    for name, data in (("metrics.jsonl", blob), ("metrics.jsonl.gz", gzip.compress(blob))):
+        path = tmp_path / name
+        path.write_bytes(data)
+        said = []
+        tracemalloc.start()
+        try:
+            rows = run_log.read_jsonl(path, said.append)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert [r["step"] for r in rows] == [1, 2] and said == [f"{path}: skipped a torn last line"]
+        assert peak < 8_000_000, f"{name}: {peak:,} bytes at the peak"
+    # A line longer than a row can be is refused in one line naming it.
+    monkeypatch.setattr(run_log, "MAX_LINE_BYTES", 30)
+    (tmp_path / "long.jsonl").write_bytes(b'{"step": 1}\n{"step": 2, "loss": ' + b"1" * 40 + b"}\n")
+    with pytest.raises(run_log.DamagedLog, match="long.jsonl line 2 is longer than the 30 bytes"):
+        run_log.read_jsonl(tmp_path / "long.jsonl")

@@ -1,6 +1,8 @@
 """Sampling from a checkpoint: greedy equals the argmax of the model on the text so far
 (no padding), top_k=1 is greedy, a seed fixes the draw; bad settings are one line."""
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -56,9 +58,12 @@ def test_length_is_capped_and_output_streams(tmp_path):
         check_sampling(0.8, 0, MAX_LENGTH + 1)
     untrained_run(tmp_path, "bf16")
     run, state, _ = load_run(tmp_path)
-    got = []
-    out = sample(run, state, b"ab", length=4, temperature=0.0, emit=got.append)
+    got, said = [], []
+    out = sample(run, state, b"ab", length=4, temperature=0.0, emit=got.append, say=said.append)
     assert b"".join(got) == out and len(got) == 4
+    # What it waits for is said before the first byte, and how long it took after it.
+    assert len(said) == 2 and said[0].startswith("compiling the model for sampling (first call")
+    assert re.fullmatch(r"compiled in \d+\.\d s; generating 4 bytes", said[1]), said
     jax.clear_caches()
 
 

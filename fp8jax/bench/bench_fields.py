@@ -108,6 +108,10 @@ def _optional_recipe(field: str, value: object) -> str:
 
 
 FIELDS: dict[str, dict[str, Check]] = {
+    "checkpoint": {
+        "config": text,  # a training config file (checked to exist by the benchmark)
+        "repeats": integer(1, 100),
+    },
     "compilers": {
         "targets": names(_targets),
         "recipes": recipe_names(),

@@ -371,7 +371,26 @@ def compilers(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
     )
 
 
+def checkpoint(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
+    """Checkpoint checksums' cost at save and restore on a training config's state."""
+    from fp8jax.bench import checkpoint_cost
+    from fp8jax.train.runtime import setup_runtime
+
+    setup_runtime("")  # orbax's INFO lines off; no compilation cache (nothing is compiled)
+    if not os.path.isfile(str(c.config)):
+        raise BenchConfigError(
+            f"config.config = {c.config!r} is not a file: give a training config"
+        )
+    repeats = int(c.repeats)
+    if not 1 <= repeats <= 100:
+        raise BenchConfigError(f"config.repeats = {c.repeats!r}: give 1 to 100")
+    r = checkpoint_cost.measure(c.config, repeats)
+    print(checkpoint_cost.report(r))
+    _write_json(out_dir, r)
+
+
 BENCHMARKS: dict[str, Callable[[ml_collections.ConfigDict, str | None], None]] = {
+    "checkpoint": checkpoint,
     "compilers": compilers,
     "core": core,
     "kernels": kernels,

@@ -392,8 +392,18 @@ def _cmd_parity(args) -> int:
     names = args.recipes.split(",")
     # Recorded before anything runs: the code that ran is the code at the start.
     prov = {"git": provenance.git_state(), "machine": provenance.machine()}
+    if args.example is not None and args.step is not None:
+        return fail("--step applies to --workdir")
     try:
-        parity.check_recipes(names)
+        # Every argument before anything is restored, scored or written.
+        devices = 1
+        if args.workdir is not None:
+            import jax
+
+            devices = jax.device_count()
+        parity.check_arguments(
+            names, args.file, args.batch_size, args.max_windows, args.out, devices
+        )
         if args.workdir is not None:
             say(f"restoring {args.workdir} ...")
             fns, batches, info = parity.from_workdir(
@@ -406,8 +416,6 @@ def _cmd_parity(args) -> int:
                 say=say,
             )
         else:
-            if args.step is not None:
-                return fail("--step applies to --workdir")
             say("quantizing the example through the Qwix provider ...")
             fns, batches, info = parity.from_qwix_example(
                 names,
@@ -418,8 +426,10 @@ def _cmd_parity(args) -> int:
                 max_windows=args.max_windows,
             )
         n = batches.shape[0] * batches.shape[1]
-        say(f"{n} windows of {batches.shape[2]} from {info['source']}; compiling and scoring ...")
-        results = parity.measure(fns, batches, names, source=info["source"], quiet=args.quiet)
+        say(f"{n} windows of {batches.shape[2]} from {info['source']}")
+        results = parity.measure(
+            fns, batches, names, source=info["source"], quiet=args.quiet, say=say
+        )
     except (parity.ParityError, ConfigError) as e:
         return fail(e)
     except CheckpointError as e:
@@ -428,7 +438,13 @@ def _cmd_parity(args) -> int:
     results["command"] = "fp8jax " + " ".join(args.argv)
     results["provenance"] = prov
     if args.out:
-        results = parity.save(results, args.out)
+        try:
+            results = parity.save(results, args.out)
+        except OSError as e:
+            return fail(
+                f"cannot write --out {args.out!r}: {e.strerror or e}; the results were not written",
+                1,
+            )
         say(f"wrote {os.path.join(args.out, 'results.json')} and parity.png")
     if args.json:
         print(_dump(results))
@@ -648,7 +664,9 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="reference first, then the recipes compared with it: bf16,deepseek_v3[,...]",
     )
-    p.add_argument("--file", help="text to score (default: the run's validation split)")
+    p.add_argument(
+        "--file", help="text to score, at most 64 MiB (default: the run's validation split)"
+    )
     p.add_argument("--step", type=_NONNEG_INT, help="checkpoint step (default: newest usable)")
     p.add_argument("--batch-size", type=_POSITIVE_INT, default=8, help="windows per batch")
     p.add_argument("--max-windows", type=_NONNEG_INT, default=0, help="at most N (0: all)")

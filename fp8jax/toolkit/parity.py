@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ import numpy as np
 from fp8jax import path_record, recipes, registry
 from fp8jax.lab.stats import mean_interval
 from fp8jax.progress import Progress
+from fp8jax.train.runtime import compile_wait
 
 LogitsFn = Callable[[np.ndarray], jax.Array]
 
@@ -78,6 +80,60 @@ def check_recipes(names: Sequence[str]) -> list[str]:
         except ValueError as e:
             raise ParityError(str(e)) from None
     return names
+
+
+#: The command's flags for a batch and a cap on windows (named in its messages).
+FLAGS = ("--batch-size", "--max-windows")
+
+
+def check_arguments(
+    names: Sequence[str],
+    path: str | Path | None,
+    batch_size: int,
+    max_windows: int,
+    out: str | Path | None = None,
+    devices: int = 1,
+) -> None:
+    """Every argument of a parity measurement, before anything is restored or scored.
+
+    Recipes (:func:`check_recipes`), the text file (a regular file within
+    :data:`fp8jax.train.evaluation.MAX_TEXT_BYTES`), the batch (a multiple of
+    ``devices``) and the cap on windows (0 or at least one batch), the output
+    folder (:func:`check_out`).  ConfigError / ParityError in one line.
+    """
+    from fp8jax.train.defaults import ConfigError
+    from fp8jax.train.evaluation import check_text_file, check_window_settings
+
+    check_recipes(names)
+    if path is not None:
+        check_text_file(path, "--file")
+    check_window_settings(batch_size, max_windows, FLAGS)
+    if batch_size % devices:
+        raise ConfigError(
+            f"--batch-size {batch_size} must be a positive multiple of the {devices} devices"
+        )
+    if out is not None:
+        check_out(out)
+
+
+def check_out(out: str | Path) -> Path:
+    """``out`` as a folder parity can write results into (existing or to be made); ParityError
+    in one line otherwise."""
+    import os
+
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ParityError(f"--out {str(out)!r} is not a folder: give a folder for results.json")
+    # The nearest existing folder at or above it must take new files.
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ParityError(f"--out {str(out)!r}: cannot write in {str(probe)!r}")
+    for name in RESULT_FILES:
+        if (p / name).is_dir():
+            raise ParityError(f"--out {str(out)!r} holds a folder named {name}: give another")
+    return p
 
 
 # --- per-token metrics (float32, on the device) --------------------------------
@@ -257,8 +313,13 @@ def measure(
     source: str = "",
     quiet: bool = False,
     stream=None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Every recipe after the first against the first on ``batches`` [N, B, T].
+
+    ``say`` gets a line naming what is compiled before the first batch (the
+    model under each recipe and the metrics) and one with the seconds it
+    took after it.
 
     Returns ``{"reference", "source", "seq_len", "level", "gemm_paths":
     {recipe: {...}}, "pairs": {recipe: {"windows": {metric: [per window]},
@@ -286,7 +347,11 @@ def measure(
             paths[name] = path_record.as_table(seen)
         return out
 
+    say(compile_wait(f"the model under {len(names)} recipes and the metrics"))
+    t0 = time.perf_counter()
     for i in range(n_b):
+        if i == 1:
+            say(f"compiled and scored the first batch in {time.perf_counter() - t0:.1f} s")
         tokens = jnp.asarray(batches[i], jnp.int32)
         lref = logits(ref, i)
         for o in others:
@@ -315,8 +380,9 @@ def measure(
     }
 
 
-def plot(results: Mapping[str, Any], out: str | Path) -> Path:
-    """CDF of per-token |dlogprob| per recipe against the reference, from the saved histograms."""
+def plot(results: Mapping[str, Any], out: Any) -> Any:
+    """CDF of per-token |dlogprob| per recipe against the reference, from the saved histograms,
+    as a PNG written to ``out`` (a path or a binary file); returns ``out``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -345,8 +411,7 @@ def plot(results: Mapping[str, Any], out: str | Path) -> Path:
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    out = Path(out)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, format="png")
     plt.close(fig)
     return out
 
@@ -362,17 +427,33 @@ def rounded(v: Any, digits: int = 7) -> Any:
     return v
 
 
+RESULT_FILES = ("results.json", "parity.png")
+
+
 def save(results: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
     """Write results.json and parity.png to ``out_dir``; returns the results as saved.
 
     Per-window values keep 7 significant digits (the table shows at most 5):
     what the table and the plot are then drawn from is what the file holds.
+    Both files are written under temporary names first and renamed into
+    place once both are complete: a failure (a plot that cannot be drawn, a
+    full disk) leaves the folder as it was.
     """
+    import os
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     saved = rounded(results)
-    (out_dir / "results.json").write_text(json.dumps(saved, separators=(",", ":")) + "\n")
-    plot(saved, out_dir / "parity.png")
+    tmp = {name: out_dir / f".{name}.partial-{os.getpid()}" for name in RESULT_FILES}
+    try:
+        tmp["results.json"].write_text(json.dumps(saved, separators=(",", ":")) + "\n")
+        with open(tmp["parity.png"], "wb") as f:
+            plot(saved, f)
+        for name in RESULT_FILES:
+            os.replace(tmp[name], out_dir / name)
+    finally:
+        for t in tmp.values():
+            t.unlink(missing_ok=True)
     return saved
 
 
@@ -412,9 +493,8 @@ def from_workdir(
     from fp8jax.train.evaluation import text_stream, windows
     from fp8jax.train.restore import load_run
 
-    names = check_recipes(names)
-    if max_windows < 0:
-        raise ConfigError(f"--max-windows must be >= 0 (0: all windows), got {max_windows}")
+    # Every argument before the restore: a mistake costs no restore.
+    check_arguments(names, path, batch_size, max_windows, devices=jax.device_count())
     if not Path(workdir).is_dir():
         raise ConfigError(
             f"--workdir {str(workdir)!r} is not a directory: give the workdir of a run "
@@ -426,7 +506,7 @@ def from_workdir(
             f"--batch-size {batch_size} must be a positive multiple of the {run.mesh.size} devices"
         )
     stream, source = text_stream(run, path)
-    batches = windows(stream, run.seq_len, batch_size, max_windows)
+    batches = windows(stream, run.seq_len, batch_size, max_windows, FLAGS)
     info = {
         "origin": "run",
         "workdir": str(workdir),
@@ -457,16 +537,14 @@ def from_qwix_example(
     from fp8jax.train.defaults import ConfigError
     from fp8jax.train.evaluation import read_text, windows
 
-    names = check_recipes(names)
-    if max_windows < 0:
-        raise ConfigError(f"--max-windows must be >= 0 (0: all windows), got {max_windows}")
+    check_arguments(names, path, batch_size, max_windows)
     if path is None:
         stream, source = load_corpus("stdlib").val, "the validation split of 'stdlib'"
     else:
         stream, source = read_text(path), str(path)
     if stream.size == 0:
         raise ConfigError(f"{source} is empty: give a text with at least one window of bytes")
-    batches = windows(stream, seq_len, batch_size, max_windows)
+    batches = windows(stream, seq_len, batch_size, max_windows, FLAGS)
     model = Llama(LlamaConfig(), rngs=nnx.Rngs(seed))
     fns = qwix_logits_fns(model, names, batches[0])
     info = {"origin": "qwix", "model": "interop.examples.llama", "seed": seed, "source": source}

@@ -9,10 +9,16 @@ k and resumed reaches step n with exactly the losses of an uninterrupted run.
 
 The training loop saves only states whose loss and gradient norm were finite
 (:mod:`fp8jax.train.loop`), so the kept checkpoints are the last good ones.
-:meth:`Checkpointer.restore_latest` falls back to the previous checkpoint when
-the latest cannot be read or holds non-finite values, moving the bad one to
-``<workdir>/checkpoints_unreadable/`` (kept for inspection, out of the way of
-the next save at that step).
+Each save records the SHA-256 of every array (:mod:`fp8jax.train.checksums`)
+in the step's own metadata file, written before orbax renames the step into
+place.  Every reader checks a step before using it (:meth:`Checkpointer.try_restore`):
+it must read, match its checksums (bytes damaged into other finite values
+are caught here) and be finite.  :meth:`Checkpointer.restore_latest` falls
+back to the previous checkpoint when the latest is unusable, moving the bad
+one to ``<workdir>/checkpoints_unreadable/`` (kept for inspection, out of the
+way of the next save at that step).  A step saved before checkpoints
+recorded checksums is read unverified, with a note: refusing it would strand
+every earlier run, and its values still pass the finiteness check.
 
 A full disk: :meth:`Checkpointer.save` checks the free space against the
 size of the newest kept checkpoint (the next one is as large; with none, half
@@ -31,6 +37,7 @@ from __future__ import annotations
 import errno
 import gc
 import io
+import json
 import logging
 import os
 import shutil
@@ -45,6 +52,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from fp8jax.process_liveness import owner_alive
+from fp8jax.train import checksums
 from fp8jax.train.state import TrainState
 
 
@@ -161,6 +169,9 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:200]}"
 
 
+#: orbax's metadata file in each step folder (its custom metadata holds the checksums).
+STEP_METADATA = "_CHECKPOINT_METADATA"
+
 _ORBAX_DIR = os.path.dirname(ocp.__file__)
 _LOOP_CLOSED = "Event loop is closed"
 
@@ -214,7 +225,7 @@ def _drop_echoes_of_failed_reads() -> None:
 
 
 @contextmanager
-def _quiet_reader_threads() -> Iterator[None]:
+def _quiet_reader_threads() -> Iterator[list]:
     """Keep what orbax's reader threads print about a damaged file off stderr.
 
     A truncated or corrupt checkpoint makes every pending read fail; orbax
@@ -222,7 +233,9 @@ def _quiet_reader_threads() -> Iterator[None]:
     coroutines ignored, a closed event loop) besides raising one exception,
     which the caller reports in one line.  While the restore runs, stderr
     and orbax's logger are muted; the echoes that come later are dropped by
-    :func:`_drop_echoes_of_failed_reads`.
+    :func:`_drop_echoes_of_failed_reads`.  The caller appends to the list it
+    gets when the restore failed: only then are the failed reads collected
+    (a full collection takes seconds in a process holding a model).
     """
     _drop_echoes_of_failed_reads()
     absl_logger = logging.getLogger("absl")
@@ -230,12 +243,14 @@ def _quiet_reader_threads() -> Iterator[None]:
     absl_logger.setLevel(logging.CRITICAL)
     try:
         with redirect_stderr(io.StringIO()):
+            failed: list = []
             try:
-                yield
+                yield failed
             finally:
                 # Failed reads are collected here, not after stderr is back: the caller
                 # lets go of the exception (and the reads its traceback holds) inside.
-                gc.collect()
+                if failed:
+                    gc.collect()
     finally:
         absl_logger.setLevel(level)
 
@@ -258,7 +273,18 @@ class Checkpointer:
             # so a run killed right after cannot leave a half-written latest.
             enable_async_checkpointing=False,
         )
-        return ocp.CheckpointManager(self.directory, options=options)
+        try:
+            return ocp.CheckpointManager(self.directory, options=options)
+        except ValueError:
+            # orbax reads every step's metadata here and raises on one of the wrong shape.
+            bad = [s for s in self.steps_in(self.workdir) if self.checksum_record(s)[1]]
+            if not bad:
+                raise
+            raise CheckpointError(
+                f"checkpoint step {bad[0]} in {self.directory} is unusable: "
+                f"{self.checksum_record(bad[0])[1]}; move {self.directory / str(bad[0])} out "
+                "of the way, then run the command again"
+            ) from None
 
     @staticmethod
     def steps_in(workdir: str | Path) -> list[int]:
@@ -300,7 +326,14 @@ class Checkpointer:
         if needed > free:
             raise DiskFull(dest, needed, free)
         try:
-            self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+            # The record goes into the step's own metadata file, written before the step is
+            # renamed into place: no step exists without it.
+            self.manager.save(
+                step,
+                args=ocp.args.StandardSave(state),
+                custom_metadata={checksums.KEY: checksums.record(state)},
+                force=True,
+            )
             self.manager.wait_until_finished()
         except Exception as e:  # orbax wraps the disk's error in its own types
             if not is_disk_full(e):
@@ -342,7 +375,7 @@ class Checkpointer:
         if not steps:
             return None
         for step in reversed(steps):
-            state, problem = self.try_restore(template, step)
+            state, problem = self.try_restore(template, step, say)
             if problem is None:
                 return state
             moved = self._move_aside(step)
@@ -356,21 +389,76 @@ class Checkpointer:
             "with a new --workdir"
         )
 
-    def try_restore(self, template: TrainState, step: int) -> tuple[TrainState | None, str | None]:
-        """(state, None) when checkpoint ``step`` reads and is finite, else (None, why).
+    def checksum_record(self, step: int) -> tuple[dict | None, str | None]:
+        """(record, None) of step ``step``'s checksums (:mod:`~fp8jax.train.checksums`),
+        (None, None) for a step saved before checkpoints recorded them, or (None, why) when
+        its metadata or record does not read.
+
+        Read from orbax's step metadata file directly: orbax's own reader
+        answers a damaged file with an empty metadata, which would pass for
+        a step without a record.
+        """
+        path = self.directory / str(step) / STEP_METADATA
+        try:
+            meta = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None, None
+        except (OSError, ValueError) as e:
+            return None, f"its {STEP_METADATA} does not read ({type(e).__name__})"
+        if not isinstance(meta, dict):
+            return None, f"its {STEP_METADATA} is not a JSON object"
+        custom = meta.get("custom_metadata")
+        if custom is None or (isinstance(custom, dict) and checksums.KEY not in custom):
+            return None, None  # saved before checkpoints recorded checksums
+        if not isinstance(custom, dict):
+            return None, f"its {STEP_METADATA} is damaged (custom_metadata is not an object)"
+        rec = custom[checksums.KEY]
+        problem = checksums.record_problem(rec)
+        return (None, problem) if problem else (rec, None)
+
+    def _integrity_problem(
+        self, tree, step: int, rec: dict | None, say: Callable[[str], None] | None
+    ) -> str | None:
+        """Why restored ``tree`` of ``step`` is unusable (checksums, then finiteness), or None."""
+        if rec is not None:
+            mismatch = checksums.first_mismatch(tree, rec)
+            if mismatch is not None:
+                return mismatch
+        elif say is not None:
+            say(
+                f"note: checkpoint step {step} holds no checksums (saved before checkpoints "
+                "recorded them): its arrays are read unverified"
+            )
+        if not all_finite(tree):
+            return "it holds non-finite values"
+        return None
+
+    def try_restore(
+        self, template: TrainState, step: int, say: Callable[[str], None] | None = None
+    ) -> tuple[TrainState | None, str | None]:
+        """(state, None) when checkpoint ``step`` reads, matches its checksums and is finite,
+        else (None, why).
 
         The integrity rule of training, for every reader of a run: a
-        checkpoint that orbax cannot read (truncated, empty, corrupt) or that
-        holds a non-finite value is unusable.  ``why`` is one line; what
-        orbax's reader threads print about the damage is kept off stderr.
+        checkpoint that orbax cannot read (truncated, empty, corrupt), whose
+        arrays differ from the checksums recorded when it was saved (bytes
+        damaged into other finite values), or that holds a non-finite value
+        is unusable.  ``why`` is one line naming the array; what orbax's
+        reader threads print about the damage is kept off stderr.  A step
+        saved before checkpoints recorded checksums is read unverified, with
+        a note through ``say``.
         """
         folder = self.directory / str(step)
         if folder.is_dir() and not any(p.is_file() for p in folder.rglob("*")):
             return None, "its folder holds no file"
-        with _quiet_reader_threads():
+        rec, problem = self.checksum_record(step)
+        if problem is not None:
+            return None, problem
+        with _quiet_reader_threads() as failed:
             try:
                 state, problem = self.restore(template, step), None
             except Exception as e:  # orbax raises many types for damaged files
+                failed.append(step)
                 state, problem = None, f"it does not read: {_first_line(e)}"
                 # A failed restore can leave the manager's view of the step stale.
                 self.manager.close()
@@ -378,12 +466,12 @@ class Checkpointer:
             # Leaving the context collects the failed reads (the exception is gone by then).
         if problem is not None:
             return None, problem
-        if not all_finite(state):
-            return None, "it holds non-finite values"
-        return state, None
+        problem = self._integrity_problem(state, step, rec, say)
+        return (None, problem) if problem else (state, None)
 
     def holds_usable(self, step: int) -> bool:
-        """Whether checkpoint ``step`` reads and is finite, read as saved (no model needed).
+        """Whether checkpoint ``step`` reads, matches its checksums and is finite, read as
+        saved (no model needed).
 
         The same integrity rule as :meth:`try_restore`, for a caller that has
         no template state (it restores the arrays as orbax recorded them).
@@ -391,15 +479,19 @@ class Checkpointer:
         folder = self.directory / str(step)
         if not folder.is_dir() or not any(p.is_file() for p in folder.rglob("*")):
             return False
-        with _quiet_reader_threads():
+        rec, problem = self.checksum_record(step)
+        if problem is not None:
+            return False
+        with _quiet_reader_threads() as failed:
             try:
                 tree = self.manager.restore(step, args=ocp.args.StandardRestore())
-                ok = int(np.asarray(tree["step"])) == step and all_finite(tree)
+                ok = int(np.asarray(tree["step"])) == step
             except Exception:  # orbax raises many types for damaged files
+                failed.append(step)
                 ok = False
                 self.manager.close()
                 self.manager = self._manager()
-        return ok
+        return ok and self._integrity_problem(tree, step, rec, None) is None
 
     def restore_for_reading(
         self, template: TrainState, step: int | None, say: Callable[[str], None] = print
@@ -412,15 +504,19 @@ class Checkpointer:
         """
         steps = self.all_steps()
         for candidate in reversed(steps if step is None else [step]):
-            state, problem = self.try_restore(template, candidate)
+            state, problem = self.try_restore(template, candidate, say)
             if problem is None:
                 return state, candidate
             if step is not None:
                 raise CheckpointError(
                     f"checkpoint step {step} in {self.directory} is unusable: {problem}"
                 )
-            say(f"note: checkpoint step {candidate} is unusable ({problem}); trying an earlier one")
-        raise CheckpointError(f"no usable checkpoint in {self.directory}: train the run again")
+            then = "trying an earlier one" if candidate > steps[0] else "no earlier checkpoint"
+            say(f"note: checkpoint step {candidate} is unusable ({problem}); {then}")
+        seen = " (see the notes above)" if steps else ""
+        raise CheckpointError(
+            f"no usable checkpoint in {self.directory}{seen}: train the run again"
+        )
 
     def _move_aside(self, step: int) -> Path:
         dest_root = self.workdir / "checkpoints_unreadable"

@@ -254,21 +254,26 @@ def check_data_fingerprint(workdir: Path, corpus) -> None:
     if not path.exists():
         return
     try:
-        old = json.loads(path.read_text())["corpus"]["sha256"]
-    except (OSError, ValueError, TypeError):
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
         return  # an unreadable config.json is refused by check_resumable
-    except KeyError:
+    # "corpus" of the wrong type (null, a string, a list) is no record either.
+    held = record.get("corpus") if isinstance(record, dict) else None
+    old = held.get("sha256") if isinstance(held, dict) else None
+    if not isinstance(old, str):
         if not ckpt_lib.Checkpointer.steps_in(workdir):
             return  # nothing trained yet: the record is written at the start
+        found = json.dumps(held)[:40] if "corpus" in record else "missing"
         raise ConfigError(
-            f"{path} holds no record of the data the run was trained on (its corpus.sha256), "
-            "so resuming cannot check it: restore that config.json, or use a new --workdir"
-        ) from None
-    if not isinstance(old, str) or old != corpus.sha256:
+            f"{path} holds no record of the data the run was trained on (its corpus.sha256; "
+            f"corpus is {found}), so resuming cannot check it: restore that config.json, or "
+            "use a new --workdir"
+        )
+    if old != corpus.sha256:
         raise ConfigError(
             f"workdir {str(workdir)!r} holds a run trained on other data (corpus "
             f"{corpus.name!r} now has fingerprint {corpus.sha256[:12]}, the run's was "
-            f"{str(old)[:12]}); restore the data or use a new --workdir"
+            f"{old[:12]}); restore the data or use a new --workdir"
         )
 
 

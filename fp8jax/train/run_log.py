@@ -13,7 +13,9 @@
   not a number: :func:`row_problem`) raises :class:`DamagedLog` (one line
   naming the file and the line), and nothing is rewritten.  Every reader goes
   through :func:`read_jsonl`, which opens regular files only (a FIFO or a
-  device is refused, not waited on) and reads at most ``MAX_LOG_BYTES``.
+  device is refused, not waited on), reads at most ``MAX_LOG_BYTES`` and
+  streams the file line by line (lines of at most ``MAX_LINE_BYTES``), so a
+  file of empty lines costs no memory.
   It reads a gzipped log (``metrics.jsonl.gz``, as committed results keep
   them: :func:`find_log`) the same way, at most ``MAX_LOG_BYTES`` once
   decompressed, with the same row checks.
@@ -37,14 +39,16 @@ import gzip
 import json
 import math
 import os
+import re
 import stat
 import sys
 import time
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from tensorboardX import SummaryWriter
@@ -92,8 +96,16 @@ class DamagedLog(ValueError):
 
 
 #: The largest metrics.jsonl any reader loads (bytes): a row of the tiny model is
-#: about 5 KB, so this holds some 400,000 logged steps and never exhausts memory.
+#: about 5 KB, so this holds some 400,000 logged steps.  Read line by line: memory
+#: holds the rows, never the file's lines at once.
 MAX_LOG_BYTES = 2 << 30
+
+#: Bytes a reader takes from the file at a time.
+_CHUNK = 1 << 20
+
+#: The longest line a reader takes (bytes): a row with every per-site statistic of
+#: a large model is some hundreds of KB.
+MAX_LINE_BYTES = 16 << 20
 
 #: A run's log as training writes it, then its gzipped copy (committed results keep
 #: that one, written by :func:`write_gz`).
@@ -138,82 +150,137 @@ def find_log(run_dir: str | Path) -> Path | None:
     return None
 
 
-def _read_log_bytes(path: Path) -> bytes | None:
-    """The bytes of ``path`` (None when it does not exist), refusing what is not a log file.
+@contextmanager
+def _open_log(path: Path) -> Iterator[BinaryIO | None]:
+    """The log at ``path`` opened for reading its (decompressed) bytes; None when it does not
+    exist.
 
     Opened without blocking and checked before reading: a FIFO or a device
-    (a symlink to /dev/zero) is refused instead of hanging or filling memory,
-    and no more than MAX_LOG_BYTES are read.  A ``.gz`` path is decompressed
-    as it is read, and refused past MAX_LOG_BYTES decompressed (a small file
-    can expand a thousandfold) or when it is not complete gzip data.
+    (a symlink to /dev/zero) is refused instead of hanging or filling memory;
+    a plain file larger than MAX_LOG_BYTES is refused unread.  A ``.gz``
+    path is decompressed as it is read (:func:`_lines` bounds what it
+    expands to).
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        return None
-    gzipped = path.name.endswith(".gz")
+        yield None
+        return
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise DamagedLog(f"{path} is not a regular file: give the run's own metrics.jsonl")
+        if path.name.endswith(".gz"):
+            with gzip.GzipFile(fileobj=f, mode="rb") as z:
+                yield z
+            return
+        if st.st_size > MAX_LOG_BYTES:
+            raise DamagedLog(_too_large(path, gzipped=False))
+        yield f
+
+
+def _too_large(path: Path, gzipped: bool) -> str:
+    what = "decompresses to more than" if gzipped else "is larger than"
+    return f"{path} {what} the {MAX_LOG_BYTES:,} bytes a metrics log may hold: not a run's log"
+
+
+_NONBLANK = re.compile(rb"\S")
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of each non-blank line of the log at ``path`` (with its newline;
+    the last one maybe without).
+
+    Read in chunks of ``_CHUNK`` bytes and scanned in C: memory holds a chunk
+    and one line, and runs of blank lines cost no Python step each, whatever
+    the file holds.  DamagedLog when the log holds more than MAX_LOG_BYTES
+    (decompressed), a line longer than MAX_LINE_BYTES, or is not complete
+    gzip data.
+    """
+    gzipped = path.name.endswith(".gz")
+    total = 0
+    try:
+        with _open_log(path) as f:
+            if f is None:
+                return
+            buf, start, number, eof = b"", 0, 1, False  # buf[start] begins line `number`
+            while True:
+                m = _NONBLANK.search(buf, start)
+                # Skip the blank lines before the next non-blank byte (or the end of buf).
+                stop = len(buf) if m is None else m.start()
+                last_nl = buf.rfind(b"\n", start, stop)
+                if last_nl >= 0:
+                    number += buf.count(b"\n", start, last_nl + 1)
+                    start = last_nl + 1
+                end = -1 if m is None else buf.find(b"\n", m.start())
+                # The line so far (all of it when its newline is in buf) against the cap.
+                if (len(buf) if end < 0 else end) - start > MAX_LINE_BYTES:
+                    raise DamagedLog(
+                        f"{path} line {number} is longer than the {MAX_LINE_BYTES:,} bytes a "
+                        "row may hold: not a run's log"
+                    )
+                if end >= 0:
+                    yield number, buf[start : end + 1]
+                    number, start = number + 1, end + 1
+                    continue
+                if eof:
+                    if m is not None:
+                        yield number, buf[start:]
+                    return
+                chunk = f.read(_CHUNK)
+                total += len(chunk)
+                if total > MAX_LOG_BYTES:
+                    raise DamagedLog(_too_large(path, gzipped))
+                buf, start, eof = buf[start:] + chunk, 0, not chunk
+    # OSError: not gzip data (BadGzipFile); EOFError: cut short; zlib.error: corrupt.
+    except (OSError, EOFError, zlib.error) as e:
         if not gzipped:
-            blob = f.read(MAX_LOG_BYTES + 1)
-        else:
-            try:
-                with gzip.GzipFile(fileobj=f, mode="rb") as z:
-                    blob = z.read(MAX_LOG_BYTES + 1)
-            # OSError: not gzip data (BadGzipFile); EOFError: cut short; zlib.error: corrupt.
-            except (OSError, EOFError, zlib.error) as e:
-                raise DamagedLog(
-                    f"{path} is not complete gzip data ({e}); recompress the run's "
-                    "metrics.jsonl (gzip -n) or delete the file"
-                ) from None
-    if len(blob) > MAX_LOG_BYTES:
-        what = "decompresses to more than" if gzipped else "is larger than"
+            raise
         raise DamagedLog(
-            f"{path} {what} the {MAX_LOG_BYTES:,} bytes a metrics log may hold: not a run's log"
-        )
-    return blob
+            f"{path} is not complete gzip data ({e}); recompress the run's "
+            "metrics.jsonl (gzip -n) or delete the file"
+        ) from None
 
 
-def _parse_jsonl(path: Path, strict: bool = True) -> tuple[list[dict], int | None, list[str]]:
-    """(rows, byte length of the complete lines if the last line is torn, else None, skipped).
+def _parse_jsonl(path: Path, strict: bool = True) -> tuple[list[dict], bool, list[str]]:
+    """(rows, whether the last line is torn, skipped).
 
     A last line that is not JSON is torn (a kill during a write).  Any other
     malformed line raises :class:`DamagedLog` when ``strict``; otherwise it
-    is left out and described in ``skipped`` ("line N: why").
+    is left out and described in ``skipped`` ("line N: why").  Read line by
+    line (:func:`_lines`): a line that is not JSON is judged when the next
+    non-empty line arrives (then it is not the last) or at the end (torn).
     """
-    blob = _read_log_bytes(path)
-    if blob is None:
-        return [], None, []
-    lines = blob.split(b"\n")
     rows: list[dict] = []
     skipped: list[str] = []
-    offset = 0
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    for i, line in enumerate(lines):
-        if line.strip():
-            try:
-                row = json.loads(line)
-            # RecursionError: a line nested deeper than the parser goes.
-            except (ValueError, RecursionError) as e:
-                # Only the last line can be torn by a kill during a write.
-                if i == last:
-                    return rows, offset, skipped
-                row, problem = None, f"not a JSON object: {e}"
-            else:
-                problem = row_problem(row)
+    # (line number, why) of a line that is not JSON, until it is known to be the last.
+    pending: tuple[int, str] | None = None
+
+    def damaged(n: int, problem: str) -> None:
+        if strict:
+            raise DamagedLog(
+                f"{path} line {n} is damaged ({problem}); repair or delete that line, "
+                "then run the command again"
+            )
+        skipped.append(f"line {n}: {problem}")
+
+    for n, line in _lines(path):
+        if pending is not None:
+            damaged(pending[0], pending[1])
+            pending = None
+        try:
+            row = json.loads(line)
+        # RecursionError: a line nested deeper than the parser goes.
+        except (ValueError, RecursionError) as e:
+            pending = (n, f"not a JSON object: {e}")
+        else:
+            problem = row_problem(row)
             if problem is None:
                 rows.append(row)
-            elif strict:
-                raise DamagedLog(
-                    f"{path} line {i + 1} is damaged ({problem}); repair or delete that line, "
-                    "then run the command again"
-                )
             else:
-                skipped.append(f"line {i + 1}: {problem}")
-        offset += len(line) + 1
-    return rows, None, skipped
+                damaged(n, problem)
+    # Only the last line can be torn by a kill during a write.
+    return rows, pending is not None, skipped
 
 
 def _jsonl(rows: list[dict]) -> str:
@@ -254,8 +321,8 @@ def read_jsonl(
     p = Path(path)
     if p.name == LOG_NAMES[0] and not os.path.lexists(p):
         p = find_log(p.parent) or p
-    rows, torn_at, skipped = _parse_jsonl(p, strict=not skip_malformed)
-    if torn_at is not None:
+    rows, torn, skipped = _parse_jsonl(p, strict=not skip_malformed)
+    if torn:
         skipped.append("a torn last line")
     if skipped:
         more = f" (+{len(skipped) - 3} more)" if len(skipped) > 3 else ""
@@ -311,7 +378,7 @@ class MetricsWriter:
 
     def _truncate_after(self, step: int) -> None:
         """Keep rows up to ``step`` (none for a fresh run); drop a torn last line, saying so."""
-        rows, torn_at, _ = _parse_jsonl(self.path)
+        rows, torn, _ = _parse_jsonl(self.path)
         keep = [r for r in rows if 0 < step and r.get("step", 0) <= step]
         self.rows = [dict(r) for r in keep]
         for r in keep:
@@ -321,14 +388,14 @@ class MetricsWriter:
             self._last_val = (int(vals[-1]["step"]), as_float(vals[-1]["val_loss"]))
         if not self.primary:
             return
-        if torn_at is not None:
+        if torn:
             print(
                 f"warning: {self.path}: dropped a torn last line (the run was killed while "
                 "writing it)",
                 file=self.stream,
                 flush=True,
             )
-        if len(keep) != len(rows) or torn_at is not None:
+        if len(keep) != len(rows) or torn:
             # Renamed into place: another process reading the log sees the old
             # or the new file, never half of one.
             tmp = self.path.with_name(self.path.name + ".tmp")

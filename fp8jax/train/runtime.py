@@ -61,6 +61,24 @@ def setup_runtime(jax_cache_dir: str) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+def compile_wait(what: str) -> str:
+    """The line said before a first call that compiles ``what``: what is waited for, and why.
+
+    XLA compiles a function on its first call; on a CPU that is most of a
+    short command's time (seconds to minutes, longer when other work shares
+    the cores).  Said so that minutes of silence do not read as a hang.
+    """
+    if jax.default_backend() == "cpu":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        where = f"seconds to minutes on {cores} CPU cores, longer on a busy machine"
+    else:
+        where = f"seconds on {jax.devices()[0].device_kind}"
+    return (
+        f"compiling {what} (first call: XLA compiles it once, {where}; the compilation cache "
+        "keeps it for the next run) ..."
+    )
+
+
 def usage_error(message: str, code: int = 2) -> NoReturn:
     """Print ``<program>: error: <message>`` (one line) to stderr and exit with ``code``."""
     line = " ".join(str(message).split())

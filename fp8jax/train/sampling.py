@@ -13,6 +13,7 @@ this project trains on a CPU.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import jax
@@ -24,6 +25,7 @@ from fp8jax.data.corpus import VOCAB_SIZE as BYTES
 from fp8jax.train.checkpoint import CheckpointError
 from fp8jax.train.defaults import ConfigError
 from fp8jax.train.loop import Run
+from fp8jax.train.runtime import compile_wait
 from fp8jax.train.state import TrainState
 
 #: The most bytes one sample.py call generates (one model call per byte).
@@ -52,11 +54,14 @@ def sample(
     top_k: int = 0,
     seed: int = 0,
     emit: Callable[[bytes], None] | None = None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> bytes:
     """``length`` bytes generated after ``prompt`` (the prompt is not repeated).
 
-    ``emit``: called with each byte as it is drawn (streamed output).  A
-    model whose scores are not finite raises CheckpointError.
+    ``emit``: called with each byte as it is drawn (streamed output).
+    ``say``: a line naming what is compiled before the first byte, and one
+    with the seconds it took after it.  A model whose scores are not finite
+    raises CheckpointError.
     """
     check_sampling(temperature, top_k, length)
     if run.corpus.unit != "bytes":
@@ -86,7 +91,10 @@ def sample(
 
     text = list(prompt)
     key = jax.random.key(seed)
-    for _ in range(length):
+    if length:
+        say(compile_wait("the model for sampling"))
+    t0 = time.perf_counter()
+    for i in range(length):
         context = text[-n:]
         buf = np.zeros((1, n), np.int32)
         buf[0, : len(context)] = context
@@ -97,6 +105,9 @@ def sample(
                 f"the model's next-byte scores are not finite after {len(text) - len(prompt)} "
                 "bytes: the checkpoint does not give a usable model"
             )
+        if i == 0:
+            # The first byte's call compiled the forward pass: said before it is shown.
+            say(f"compiled in {time.perf_counter() - t0:.1f} s; generating {length} bytes")
         text.append(b)
         if emit is not None:
             emit(bytes([b]))
