@@ -326,11 +326,16 @@ def _gemm_flops(inst: _Inst, types: dict[str, str]) -> float:
 
 
 def _inst_bytes(inst: _Inst, types: dict[str, str]) -> int:
-    """Bytes an instruction reads and writes (operands + result), as HBM traffic."""
-    total = sum(_shape_bytes(inst.type_text))
-    for o in _operands(inst.line, inst.opcode):
-        total += sum(_shape_bytes(types.get(o, "")))
-    return total
+    """Bytes an instruction reads and writes (operands + result), as HBM traffic.
+
+    An in-place update (a dynamic-update-slice, alone or as a fusion's root)
+    writes into its largest operand, which it neither reads nor copies: it moves
+    the other operands, read and written once.
+    """
+    operands = [sum(_shape_bytes(types.get(o, ""))) for o in _operands(inst.line, inst.opcode)]
+    if "dynamic-update-slice" in inst.opcode or "dynamic_update_slice" in inst.name:
+        return 2 * (sum(operands) - max(operands, default=0))
+    return sum(_shape_bytes(inst.type_text)) + sum(operands)
 
 
 def _gemm_kind(inst: _Inst, comps: dict[str, list[_Inst]], platform: str) -> str | None:
