@@ -43,12 +43,7 @@ from jax import lax
 from fp8jax import accumulate, blockscaled, host_cpu, path_record, platforms
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
 from fp8jax.kernels.availability import kernel_available
-from fp8jax.kernels.block_gemm import (
-    CHUNK,
-    block_scaled_matmul,
-    block_scaled_matmul_nt,
-    block_scaled_matmul_tn,
-)
+from fp8jax.kernels.block_gemm import CHUNK, batched_matmul_nt
 from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligned
 from fp8jax.layout import Layout, repeat_crop
 from fp8jax.operands import materialize
@@ -73,8 +68,8 @@ _ALG = lax.DotAlgorithmPreset
 # The one table of implementations: for each scheme of the two operands,
 # the implementations a recipe may name (``fp8jax.recipes.IMPLS``, where a
 # Recipe checks its ``impl``), and what "auto" runs on each platform a
-# program is lowered for (the first entry that is available there).  On a CUDA GPU: "pallas" where the operands have the Pallas
-# kernel's layouts and the target is a Hopper or later GPU, else "chunked";
+# program is lowered for (the first entry that is available there).  On a CUDA GPU: "pallas" (the
+# Mosaic GPU kernel) where the operands have its layouts and the target is a Hopper or later GPU, else "chunked";
 # the block formats take "scaled_matmul" on a Blackwell target (>= 10.0).
 # Hardware FP8 dots ("fp8", "fp8_fast") are named, never chosen: their
 # named FP8 dot algorithms lie past the StableHLO version that ``jax.export``
@@ -106,7 +101,7 @@ AUTO: dict[tuple[str, str], tuple[str, ...]] = {
     ("nvfp4", "tpu"): ("xla",),
 }
 # Compute capabilities the CUDA paths need: FP8 tensor cores (Ada / Hopper),
-# the Pallas kernel's FP8 wgmma (Hopper), native MXFP8 / NVFP4 (Blackwell).
+# the Mosaic GPU kernel's FP8 wgmma (Hopper), native MXFP8 / NVFP4 (Blackwell).
 _CUDA_FP8 = "8.9"
 _CUDA_KERNEL = "9.0"
 _CUDA_BLOCK_FORMATS = "10.0"
@@ -178,7 +173,7 @@ def unsupported(impl: str, platform: str) -> str | None:
 
 
 def _kernel_layout_fits(a, b, kind: str) -> bool:
-    """Both operands have the Pallas kernel's layouts (128-wide tiles/blocks, E4M3/E5M2)."""
+    """Both operands have the kernel's layouts (128-wide tiles/blocks, E4M3/E5M2, mixed or not)."""
 
     def q(op, fits_layout):
         return (
@@ -199,7 +194,7 @@ def _kernel_layout_fits(a, b, kind: str) -> bool:
         fits = q(a, tiles_along(2)) and q(b, blocks)
     else:
         fits = q(a, tiles_along(1)) and q(b, tiles_along(1))
-    return fits and a.data.dtype == b.data.dtype
+    return fits
 
 
 def select_impl(recipe: Recipe, a, b, kind: str, platform: str | None = None) -> str:
@@ -267,7 +262,7 @@ def describe_path(impl: str, recipe: Recipe, a, b, how: str = "") -> str:
     "xla dequant <dtype>" (codes x scale rounded to that dtype, one dot),
     "chunked" (FP8 codes per run of constant scales, exact products,
     float32 sums in XLA's order, promotion fused by XLA into one FMA), "fp8" / "fp8_fast" (the same with hardware FP8 dots),
-    "pallas" (or "pallas interpret", the kernel in Pallas interpret mode),
+    "pallas" (or "pallas interpret", the Mosaic GPU kernel in its interpreter),
     "scaled_matmul" (the native block-format GEMM), or "emulate" with the
     accumulation model's parameters; "unsupported <impl>" where the platform
     cannot run it.  Block formats (MXFP8, NVFP4) are prefixed with their
@@ -527,27 +522,32 @@ def _chunked(
 
 
 def _pallas(a: QTensor, b: QTensor, kind: str, *, compiled: bool) -> jax.Array:
-    """The block-scaled Pallas kernel: ``compiled`` for a CUDA target (Triton), else
-    in Pallas interpret mode (the same math as XLA operations, for tests)."""
-    kw = dict(out_dtype=jnp.float32, interpret=not compiled)
+    """The block-scaled Mosaic GPU kernel: ``compiled`` for a CUDA target, else in
+    Mosaic GPU's interpreter (the same kernel simulated, for tests).
+
+    The kernel reads both operands K-major (the contraction axis minor), the
+    only layout of Hopper's FP8 ``wgmma``: Dgrad's weight is that as stored;
+    Fprop's weight and Wgrad's two token-tiled operands are transposed in XLA
+    first (FP8 codes, exact; their scales only change places).
+    """
     if kind == "fprop":
-        # (B, M, K) tiles along K x (B, K, N) blocks.
-        fn = partial(block_scaled_matmul, **kw)
+        # x (B, M, K) 1x128 tiles; w (B, K, N) 128x128 blocks -> w^T (B, N, K).
+        args = (a.data, a.scale, _swap12(b.data), b.scale)
     elif kind == "dgrad":
-        # dy (B, M, N) x w (B, K, N) contracted over N: w is the kernel's "nk" operand.
-        fn = partial(block_scaled_matmul_nt, **kw)
+        # dy (B, M, N) tiles along N; w (B, K, N) is K-major for a contraction over N.
+        args = (a.data, a.scale, b.data, _swap12(b.scale))
     else:
-        # x (B, M, K) and dy (B, M, N), both in 128x1 tiles along the tokens M.
-        fn = partial(block_scaled_matmul_tn, **kw)
-
-    def run(a_data, a_scale, b_data, b_scale):
-        if a_data.shape[0] == 1:
-            return fn(a_data[0], a_scale[0], b_data[0], b_scale[0])[None]
-        return jax.vmap(fn)(a_data, a_scale, b_data, b_scale)
-
-    args = (a.data, a.scale, b.data, b.scale)
-    # The compiled kernel has a Triton lowering only: CUDA lowers it, any
-    # other platform of a multi-platform export sees dead zeros.
+        # x (B, T, K) and dy (B, T, N) in 128x1 tiles along the tokens T:
+        # x^T (B, K, T) and dy^T (B, N, T), the tile scales per column of each.
+        args = (_swap12(a.data), _swap12(a.scale), _swap12(b.data), b.scale)
+    run = partial(
+        batched_matmul_nt,
+        b_cols=kind == "wgrad",
+        out_dtype=jnp.float32,
+        interpret=not compiled,
+    )
+    # The compiled kernel lowers for CUDA only: any other platform of a
+    # multi-platform export sees dead zeros.
     return platforms.only_on(("cuda",), run, *args) if compiled else run(*args)
 
 
@@ -581,7 +581,7 @@ def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_group
     dgrad: a = dy (M, N) rows (or its (T, tile, N) tiles), b = w (E, K, N) -> (M, K);
     wgrad: a = x (T, tile, K), b = dy (T, tile, N) already in tiles -> (E, K, N).
     Rows in no group give 0.  Runs as a batched :func:`gemm` over the tiles
-    of ``layout`` (or the grouped Pallas kernel, which reads that layout).
+    of ``layout`` (or the grouped kernel, which reads that layout).
     """
     with path_record.scope("expert"):
         if kind == "wgrad":
@@ -598,7 +598,9 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
     # Rows (M, C), or operands already laid out in tiles (T, tile, C).
     a_t = a if len(a.shape) == 3 else tile_rows(a, layout)
     decisions = {p: _decision(recipe, a_t, b, kind, p) for p in platforms.PLATFORMS}
-    kernel = {p: d for p, d in decisions.items() if d[0] == "pallas"}
+    # The grouped kernel reads 128-row tiles; other tile lengths run the dense
+    # kernel per tile.
+    kernel = {p: d for p, d in decisions.items() if d[0] == "pallas" and layout.tile == CHUNK}
     others = tuple(p for p in platforms.PLATFORMS if p not in kernel)
     if kernel:
         path_record.note(
@@ -626,7 +628,7 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
 
 
 def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, compiled: bool) -> jax.Array:
-    """The grouped Pallas kernel on the aligned rows and each tile's expert id."""
+    """The grouped Mosaic GPU kernel on the aligned rows and each tile's expert id."""
     mp = layout.src_row.shape[0]
 
     def run(a_data, a_scale, b_data, b_scale, tile_group):

@@ -1,11 +1,12 @@
-"""FP8 GEMM kernels: block-scaled (DeepSeek-V3 1x128 / 128x128) Pallas kernels and dispatch.
+"""FP8 GEMM kernels: block-scaled (DeepSeek-V3 1x128 / 128x128) Mosaic GPU kernels and dispatch.
 
-See docs/kernels.md.  The Pallas kernels use the Triton lowering where a program is lowered
-for a Hopper+ NVIDIA GPU and Pallas interpret mode elsewhere (tests).
+See docs/kernels.md.  The kernels are compiled where a program is lowered for a Hopper+
+NVIDIA GPU and run in Mosaic GPU's interpreter elsewhere (tests).
 """
 
 from fp8jax.kernels.availability import hopper_gpu, kernel_available, self_check_error
 from fp8jax.kernels.block_gemm import (
+    batched_matmul_nt,
     block_scaled_matmul,
     block_scaled_matmul_nt,
     block_scaled_matmul_reference,
@@ -19,6 +20,7 @@ from fp8jax.kernels.grouped_block_gemm import (
 )
 
 __all__ = [
+    "batched_matmul_nt",
     "block_scaled_matmul",
     "block_scaled_matmul_nt",
     "block_scaled_matmul_reference",
