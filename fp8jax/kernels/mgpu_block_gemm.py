@@ -102,6 +102,12 @@ def _body(*refs, kc: int, b_cols: bool, grouped: bool, stages: int, out_dtype): 
     def step(idx, a_s, b_s, sa_s, *rest):
         (c,) = idx
         *sb_s, acc = rest
+        # The scales first: B's block scale is a load from global memory whose
+        # latency then overlaps the tensor-core work below.
+        if b_cols:
+            scale = sa_s[rows][:, None] * sb_s[0][...][None, :]
+        else:
+            scale = (sa_s[rows] * sb_ref[c, j])[:, None]
 
         def mma(partial_ref):
             # b_s holds (BLOCK_N, 128) K-major rows; wgmma reads it as (128, BLOCK_N).
@@ -110,10 +116,6 @@ def _body(*refs, kc: int, b_cols: bool, grouped: bool, stages: int, out_dtype): 
 
         # A fresh FP32 accumulator per 128-long run: the promotion interval.
         partial = pl.run_scoped(mma, plgpu.ACC((_WG_ROWS, BLOCK_N), jnp.float32))
-        if b_cols:
-            scale = sa_s[rows][:, None] * sb_s[0][...][None, :]
-        else:
-            scale = (sa_s[rows] * sb_ref[c, j])[:, None]
         return acc + partial * scale
 
     in_specs = [
