@@ -167,6 +167,8 @@ def test_h100_code_is_fp8_wgmma_fed_by_tma(layout, a_fmt, b_fmt, types):
     # One K run of 128 per step: four m64n128k32 FP8 wgmma, one per 32 of K.
     assert code.fp8_wgmma == (f"wgmma.mma_async.sync.aligned.m64n128k32.f32.{types}",)
     assert code.fp8_wgmma_count == 4
+    # The promotion: each thread's 64 accumulator elements, one FFMA each.
+    assert code.ffma >= 64
     assert code.mma_sync == 0
     assert code.tma_loads > 0
     assert 0 < code.shared_bytes <= mgpu_ir.H100_SHARED_BYTES

@@ -51,6 +51,7 @@ class KernelCode:
     fp8_wgmma_count: int
     tma_loads: int
     mma_sync: int
+    ffma: int  # FP32 fused multiply-adds (the promotion: 64 per thread per K step)
     shared_bytes: int
     registers: int
     spill_bytes: int
@@ -114,6 +115,7 @@ def _read(ptx_path: Path) -> KernelCode:
         fp8_wgmma_count=len(wgmma),
         tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\S*shared\S*\.global", ptx)),
         mma_sync=ptx.count("mma.sync"),
+        ffma=len(re.findall(r"\bfma\.rn\.f32\b", ptx)),
         shared_bytes=int(re.search(r"smem_scratch_bytes=(\d+)", resources).group(1)),
         registers=int(re.search(r"Used (\d+) registers", report).group(1)),
         spill_bytes=int(spills.group(1)) + int(spills.group(2)),
@@ -175,14 +177,17 @@ def kernel_case(
 
 def main() -> None:
     """Print what every layout compiles to for an H100 (a markdown table)."""
-    print("| layout | FP8 `wgmma` | TMA loads | `mma.sync` | shared memory | registers | spills |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| layout | FP8 `wgmma` | TMA loads | `mma.sync` | FP32 FFMA | shared memory | registers "
+        "| spills |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for layout in LAYOUTS:
         fn, args = kernel_case(layout)
         for c in compile_h100(fn, *args):
             print(
                 f"| {layout} | {c.fp8_wgmma_count} x {', '.join(c.fp8_wgmma)} | {c.tma_loads} | "
-                f"{c.mma_sync} | {c.shared_bytes} B | {c.registers} | {c.spill_bytes} B |"
+                f"{c.mma_sync} | {c.ffma} | {c.shared_bytes} B | {c.registers} | {c.spill_bytes} B |"
             )
 
 

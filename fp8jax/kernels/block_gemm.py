@@ -371,15 +371,7 @@ def block_scaled_matmul(
     ``interpret``: see :func:`launch`; ``stages``: K steps in flight.
     """
     check_operands(a_data, a_scale, b_data, b_scale, out_dtype, b_layout="kn")
-    return batched_matmul_nt(
-        a_data[None],
-        a_scale[None],
-        b_data.T[None],
-        b_scale[None],
-        out_dtype=out_dtype,
-        interpret=interpret,
-        stages=stages,
-    )[0]
+    return _single(a_data, a_scale, b_data.T, b_scale, False, out_dtype, interpret, stages)
 
 
 def block_scaled_matmul_nt(
@@ -400,15 +392,7 @@ def block_scaled_matmul_nt(
     (K, N), Dgrad ``dx = dy W^T`` is exactly this call with ``bt = W``.
     """
     check_operands(a_data, a_scale, bt_data, bt_scale, out_dtype, b_layout="nk")
-    return batched_matmul_nt(
-        a_data[None],
-        a_scale[None],
-        bt_data[None],
-        bt_scale.T[None],
-        out_dtype=out_dtype,
-        interpret=interpret,
-        stages=stages,
-    )[0]
+    return _single(a_data, a_scale, bt_data, bt_scale.T, False, out_dtype, interpret, stages)
 
 
 def block_scaled_matmul_tn(
@@ -437,12 +421,17 @@ def block_scaled_matmul_tn(
     ``at`` times the per-column scales of ``b``.
     """
     check_tn_operands(at_data, at_scale, b_data, b_scale, out_dtype)
+    return _single(at_data.T, at_scale.T, b_data.T, b_scale, True, out_dtype, interpret, stages)
+
+
+def _single(a, a_scale, bt, b_scale_kc, b_cols, out_dtype, interpret, stages) -> jax.Array:
+    """One K-major GEMM (a batch of one) of :func:`batched_matmul_nt`."""
     return batched_matmul_nt(
-        at_data.T[None],
-        at_scale.T[None],
-        b_data.T[None],
-        b_scale[None],
-        b_cols=True,
+        a[None],
+        a_scale[None],
+        bt[None],
+        b_scale_kc[None],
+        b_cols=b_cols,
         out_dtype=out_dtype,
         interpret=interpret,
         stages=stages,
