@@ -60,9 +60,11 @@ class KernelCode:
 
 def cuda_compiler_available() -> bool:
     """Whether JAX's CUDA plugin (which compiles for a GPU target without one) is installed."""
+    if importlib.util.find_spec("jax_plugins") is None:
+        return False
     return any(
-        importlib.util.find_spec(name) is not None
-        for name in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
+        importlib.util.find_spec(f"jax_plugins.{name}") is not None
+        for name in ("xla_cuda13", "xla_cuda12")
     )
 
 
