@@ -83,7 +83,12 @@ def _swizzled():
     return (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
 
 
-def _body(*refs, kc: int, b_cols: bool, grouped: bool, stages: int, out_dtype):  # noqa: PLR0913 - the kernel's refs
+def _body(*refs, kc: int, b_cols: bool, grouped: bool, stages: int, out_dtype):
+    """One CTA: the 128x128 output tile (m, n) of batch b, or of row tile m's expert.
+
+    Refs (global memory): [tile_group,] a, a_scale_t, b, b_scale, out, as in
+    :func:`matmul_nt` / :func:`grouped_matmul_nt`.
+    """
     if grouped:
         gid_g, a_g, sa_g, b_g, sb_g, o_g = refs
         i, j = lax.axis_index("m"), lax.axis_index("n")
