@@ -3,7 +3,8 @@ r"""Run one numerics study: python experiments/study.py --config=configs/study/N
 The config names the study (``config.study``: accumulation, block_rules,
 captured_gemm_error, dgrad_blocks, gemm_error, plot_telemetry, scale_sites,
 site_errors or stress_monitors) and holds its settings; its docstring gives the command and what
-it prints.  Override any field, e.g. --config.m=512.  --run names the trained
+it prints.  Override any field, e.g. --config.m=512; every field is checked
+(type, range, names, memory) before the study starts.  --run names the trained
 runs a study reads (comma-separated directories of experiments/train.py);
 --out_dir is where it writes its tables and plots.  Logic:
 fp8jax.numerics.studies.  Mistakes print one line and exit 2.
@@ -12,7 +13,8 @@ fp8jax.numerics.studies.  Mistakes print one line and exit 2.
 from absl import app, flags
 from ml_collections import config_flags
 
-from fp8jax.numerics.studies import StudyConfigError, runner
+from fp8jax.numerics.studies import checked_runner
+from fp8jax.train.fields import ConfigError
 from fp8jax.train.runtime import parse_flags, usage_error
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -31,8 +33,8 @@ def main(argv):
         )
     c = _CONFIG.value
     try:
-        runner(c.get("study"))(c, list(_RUN.value), _OUT_DIR.value)
-    except StudyConfigError as e:
+        checked_runner(c)(c, list(_RUN.value), _OUT_DIR.value)
+    except ConfigError as e:
         usage_error(str(e))
 
 

@@ -15,6 +15,11 @@ from fp8jax.ragged_dot import ragged_dot, ragged_dot_with_stats
 from fp8jax.recipes import Accumulation, DelayedConfig, GemmSpec, QuantSpec, Recipe, needs_state
 from fp8jax.schemes import dequantize
 
+# Recipe names used to resolve in fp8jax.recipes; they resolve in fp8jax.registry
+# now, which sits above recipes (it lists the variants built from the presets).
+# The old name stays an alias, set here above both so that recipes imports neither.
+recipes.get = registry.get
+
 __all__ = [
     "E4M3",
     "E5M2",

@@ -87,7 +87,7 @@ def _fp8_bmm(x, w, state, recipe: Recipe, dtypes: tuple[str, str, str], with_sta
 def _fp8_bmm_fwd(x, w, state, recipe, dtypes, with_stats):
     qx, new_x = take_operand(x, recipe.fprop.lhs, _FPROP_X_AXIS, recipe, state_part(state, "x"))
     qw, new_w = take_operand(w, recipe.fprop.rhs, _FPROP_W_AXIS, recipe, state_part(state, "w"))
-    y = gemm(qx, qw, "fprop", recipe).astype(dtypes[0])
+    y = gemm(qx, qw, "fprop", recipe, out_dtype=dtypes[0])
     # A pre-quantized operand's values, for telemetry and an E5M6 cache only.
     x_hp, w_hp = (materialize(t, jnp.float32) if is_quantized(t) else t for t in (x, w))
     out = (y, {"x": operand_stats(x_hp, qx), "w": operand_stats(w_hp, qw)}) if with_stats else y
@@ -108,7 +108,7 @@ def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
     w_d = requantize(
         qw, recipe.dgrad.rhs, _DGRAD_W_AXIS, recipe, recipe.fprop.rhs, state_part(state, "w")
     )
-    dx = gemm(qdy_d, w_d, "dgrad", recipe).astype(x_dtype)
+    dx = gemm(qdy_d, w_d, "dgrad", recipe, out_dtype=x_dtype)
     # Wgrad: dw = x^T @ dy, contraction over the token axis M.
     x_w = requantize(
         after_gradient(x_cached, qdy_d),
@@ -125,7 +125,7 @@ def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
         qdy_w, _ = quantize_operand(
             dy, recipe.wgrad.rhs, _WGRAD_DY_AXIS, recipe, state_part(state, "dy")
         )
-    dw = gemm(x_w, qdy_w, "wgrad", recipe).astype(w_dtype)
+    dw = gemm(x_w, qdy_w, "wgrad", recipe, out_dtype=w_dtype)
     # Pre-quantized inputs: the gradient of the values they represent.
     dx = dx if x_pre is None else value_cotangent(x_pre, dx)
     dw = dw if w_pre is None else value_cotangent(w_pre, dw)

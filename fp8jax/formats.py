@@ -32,6 +32,8 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
+from fp8jax import platforms
+
 E4M3 = jnp.dtype(ml_dtypes.float8_e4m3fn)
 E5M2 = jnp.dtype(ml_dtypes.float8_e5m2)
 E4M3FNUZ = jnp.dtype(ml_dtypes.float8_e4m3fnuz)
@@ -107,7 +109,14 @@ def saturating_cast(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.
         # maps it to the format's Inf or NaN code (clip leaves NaN unchanged).
         y = jnp.where(jnp.isinf(x), x, jnp.clip(x, -m, m))
     if fmt in _IEEE_FP8 and y.dtype == jnp.float32:
-        return fp8_codes(y, fmt)
+        # The same codes either way: integer arithmetic on XLA CPU, whose own
+        # conversion is a slow scalar routine; the hardware conversion on GPUs
+        # and TPUs, where the integer version splits the quantizer's one pass
+        # into several kernels.
+        return platforms.choose(
+            lambda p: "bits" if p == "cpu" else "convert",
+            lambda how: (lambda: fp8_codes(y, fmt)) if how == "bits" else (lambda: y.astype(fmt)),
+        )
     return y.astype(fmt)
 
 
@@ -175,6 +184,16 @@ def fp8_codes(y: jnp.ndarray, fmt) -> jnp.ndarray:
 # code.
 E8M0_MIN_BITS = 0x00400000  # 2^-127 as float32 bits
 E8M0_NAN_CODE = 0xFF
+# How a quantized operand stores its scales: float32, or E8M0 bytes (powers of two).
+SCALE_FMTS = ("float32", "ue8m0")
+
+
+def check_scale_fmt(scale_fmt: str, pow2: bool) -> None:
+    """One line for a scale format that is unknown or needs power-of-two scales."""
+    if scale_fmt not in SCALE_FMTS:
+        raise ValueError(f"scale_fmt must be one of {SCALE_FMTS}, got {scale_fmt!r}")
+    if scale_fmt == "ue8m0" and not pow2:
+        raise ValueError("scale_fmt='ue8m0' stores power-of-two scales (E8M0 bytes): set pow2=True")
 
 
 def _e8m0_codes(bits: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:

@@ -42,6 +42,7 @@ from jax import lax
 
 from fp8jax import accumulate, blockscaled, host_cpu, path_record, platforms
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
+from fp8jax.kernels import tpu_block_gemm
 from fp8jax.kernels.availability import kernel_available
 from fp8jax.kernels.block_gemm import CHUNK, batched_matmul_nt
 from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligned
@@ -57,6 +58,8 @@ DIMS = {
     "wgrad": (((1,), (1,)), ((0,), (0,))),  # (B,M,K) x (B,M,N) -> (B,K,N)
 }
 _FP8_KERNEL_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+# What the Pallas kernel's epilogue writes.
+_KERNEL_OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 _ALG = lax.DotAlgorithmPreset
 
 
@@ -79,8 +82,11 @@ _ALG = lax.DotAlgorithmPreset
 # the hardware multiplies bfloat16; a CPU without it computes every 128-long
 # run's dot in float32 arithmetic, and there one float32 dot of the operands
 # dequantized to float32 ("xla") is expected to be cheaper (not measured on
-# such a CPU).  On a TPU and a ROCm GPU: "chunked" (bfloat16 matrix units;
-# "fp8" may be named, and compiles for TPUs with FP8 matrix units).
+# such a CPU).  On a TPU: "pallas" where the layouts fit, as the Mosaic
+# TPU kernel (``fp8jax.kernels.tpu_block_gemm``: FP8 codes to the matrix
+# unit on Ironwood, widened to bfloat16 on the way in on v5e / v6e, the
+# float32 accumulator in VMEM), else "chunked".  On a ROCm GPU: "chunked"
+# (bfloat16 matrix units; "fp8" may be named).
 # The paths differ in the last bits (their numerics: ``recipes.Recipe``,
 # docs/model.md); each run records the path it resolved.  The block formats
 # run "xla" off the native GEMM (their dequantized values are exact in
@@ -90,7 +96,7 @@ AUTO: dict[tuple[str, str], tuple[str, ...]] = {
     ("fp8", "cuda"): ("pallas", "chunked"),
     ("fp8", "rocm"): ("chunked",),
     ("fp8", "cpu"): ("chunked", "xla"),
-    ("fp8", "tpu"): ("chunked",),
+    ("fp8", "tpu"): ("pallas", "chunked"),
     ("mx", "cuda"): ("scaled_matmul", "xla"),
     ("mx", "rocm"): ("xla",),
     ("mx", "cpu"): ("xla",),
@@ -130,7 +136,11 @@ def auto_impl(scheme: str, platform: str, a=None, b=None, kind: str = "fprop") -
 def _auto_available(impl: str, platform: str, a, b, kind: str) -> bool:
     """Whether "auto" may take ``impl`` on ``platform`` for these operands."""
     if impl == "pallas":
-        return a is not None and _kernel_layout_fits(a, b, kind) and _compiled_kernel(platform)
+        if a is None or not _kernel_layout_fits(a, b, kind) or not _compiled_kernel(platform):
+            return False
+        # Mixed E4M3 x E5M2 operands: FP8 wgmma takes them; the TPU kernel
+        # is taken for one format at a time.
+        return platform != "tpu" or a.data.dtype == b.data.dtype
     if impl == "scaled_matmul":
         capability = platforms.cuda_capability() if platform == "cuda" else None
         return blockscaled.native_block_gemm_available(platform, capability)
@@ -143,9 +153,12 @@ def _auto_available(impl: str, platform: str, a, b, kind: str) -> bool:
 def _compiled_kernel(platform: str) -> bool:
     """Whether the Pallas kernel runs compiled (not interpreted) on ``platform``.
 
-    On a CUDA target of compute capability >= 9.0; where such a GPU is
-    attached, only if it passes the kernel's self-check (asked once, there).
+    On a TPU (the Mosaic kernel) and on a CUDA target of compute capability
+    >= 9.0 (the Triton kernel; where such a GPU is attached, only if it
+    passes the kernel's self-check, asked once, there).
     """
+    if platform == "tpu":
+        return True
     if platform != "cuda" or not platforms.cuda_at_least(_CUDA_KERNEL):
         return False
     return platforms.local_cuda_capability() is None or kernel_available()
@@ -242,14 +255,17 @@ def select_impl(recipe: Recipe, a, b, kind: str, platform: str | None = None) ->
 
 
 def _decision(recipe: Recipe, a, b, kind: str, platform: str) -> tuple[str, str]:
-    """(impl, how) on ``platform``: how = "compiled" / "interpret" for "pallas",
+    """(impl, how) on ``platform``: how = "compiled" (Triton, CUDA) / "mosaic" (TPU) /
+    "interpret" for "pallas",
     the refusal message for an implementation the platform cannot run, else ""."""
     impl = select_impl(recipe, a, b, kind, platform)
     why = unsupported(impl, platform)
     if why is not None:
         return impl, f"unsupported: {why}"
     if impl == "pallas":
-        return impl, "compiled" if _compiled_kernel(platform) else "interpret"
+        if not _compiled_kernel(platform):
+            return impl, "interpret"
+        return impl, "mosaic" if platform == "tpu" else "compiled"
     if impl in ("fp8", "fp8_fast"):
         return impl, platform
     return impl, ""
@@ -262,7 +278,8 @@ def describe_path(impl: str, recipe: Recipe, a, b, how: str = "") -> str:
     "xla dequant <dtype>" (codes x scale rounded to that dtype, one dot),
     "chunked" (FP8 codes per run of constant scales, exact products,
     float32 sums in XLA's order, promotion fused by XLA into one FMA), "fp8" / "fp8_fast" (the same with hardware FP8 dots),
-    "pallas" (or "pallas interpret", the Mosaic GPU kernel in its interpreter),
+    "pallas" (or "pallas tpu", the Mosaic TPU kernel, or "pallas interpret",
+    the Mosaic GPU kernel in its interpreter),
     "scaled_matmul" (the native block-format GEMM), or "emulate" with the
     accumulation model's parameters; "unsupported <impl>" where the platform
     cannot run it.  Block formats (MXFP8, NVFP4) are prefixed with their
@@ -283,8 +300,8 @@ def describe_path(impl: str, recipe: Recipe, a, b, how: str = "") -> str:
             f"emulate block {acc.block}, {acc.frac_bits} bits, promote every "
             f"{acc.promote_every}, {acc.promote_rounding}"
         )
-    if impl == "pallas" and how == "interpret":
-        return "pallas interpret"
+    if impl == "pallas" and how in ("interpret", "mosaic"):
+        return "pallas interpret" if how == "interpret" else "pallas tpu"
     return prefix + impl
 
 
@@ -357,8 +374,19 @@ def hardware_fp8_dot(a: jax.Array, b: jax.Array, dims, *, fast: bool, platform: 
 _RUN_IMPLS = ("chunked", "fp8", "fp8_fast")
 
 
-def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> jax.Array:
-    """One dense GEMM of the canonical layouts (module docstring); float32 result.
+def gemm(
+    a,
+    b,
+    kind: str,
+    recipe: Recipe,
+    b_index: jax.Array | None = None,
+    out_dtype: Any = jnp.float32,
+) -> jax.Array:
+    """One dense GEMM of the canonical layouts (module docstring), as ``out_dtype``.
+
+    The float32 result rounded once to ``out_dtype``: the Pallas kernel
+    writes it from its float32 accumulator (no float32 copy in memory), the
+    other paths cast their float32 result; the values are the same.
 
     ``b_index`` (int (B,)): ``b`` holds E matrices and batch element i of the
     product uses ``b[b_index[i]]`` (each expert-aligned tile its expert's
@@ -373,8 +401,10 @@ def gemm(a, b, kind: str, recipe: Recipe, b_index: jax.Array | None = None) -> j
     path_record.note(
         kind, {p: describe_path(i, recipe, a, b, h) for p, (i, h) in decisions.items()}
     )
+    out_dtype = jnp.dtype(out_dtype)
     return platforms.choose(
-        decisions.__getitem__, lambda d: lambda: _run(d, a, b, kind, recipe, b_index)
+        decisions.__getitem__,
+        lambda d: lambda: _run(d, a, b, kind, recipe, b_index, out_dtype),
     )
 
 
@@ -387,15 +417,28 @@ def _out_shape(a, b, kind: str) -> tuple[int, int, int]:
     return a.shape[0], a.shape[2], b.shape[2]
 
 
-def _run(decision: tuple[str, str], a, b, kind: str, recipe: Recipe, b_index) -> jax.Array:
-    """The GEMM as ``decision`` = (impl, how) of :func:`_decision` runs it."""
+def _run(
+    decision: tuple[str, str], a, b, kind: str, recipe: Recipe, b_index, out_dtype
+) -> jax.Array:
+    """The GEMM as ``decision`` = (impl, how) of :func:`_decision` runs it, as ``out_dtype``."""
     impl, how = decision
     if how.startswith("unsupported: "):
         return platforms.refuse(
-            f"recipe {recipe.name!r}: {how[len('unsupported: ') :]}", _out_shape(a, b, kind)
+            f"recipe {recipe.name!r}: {how[len('unsupported: ') :]}",
+            _out_shape(a, b, kind),
+            out_dtype,
         )
     if b_index is not None and impl not in _RUN_IMPLS:
         b, b_index = take_batch(b, b_index), None
+    if impl == "pallas" and out_dtype in _KERNEL_OUT_DTYPES:
+        # The kernel rounds its float32 accumulator to the caller's dtype itself.
+        return _pallas(a, b, kind, how=how, out_dtype=out_dtype)
+    return _run_float32(impl, how, a, b, kind, recipe, b_index).astype(out_dtype)
+
+
+def _run_float32(impl: str, how: str, a, b, kind: str, recipe: Recipe, b_index) -> jax.Array:
+    """The GEMM on ``impl`` with its float32 result (``b`` already gathered where
+    ``impl`` does not gather a run at a time)."""
     if impl == "plain":
         if is_quantized(a) or is_quantized(b):
             # One side quantized: dequantize it to float32 and dot in float32.
@@ -407,7 +450,7 @@ def _run(decision: tuple[str, str], a, b, kind: str, recipe: Recipe, b_index) ->
         dt = jnp.dtype(recipe.dequant_dtype)
         return dot(materialize(a, dt), materialize(b, dt), DIMS[kind])
     if impl == "pallas":
-        return _pallas(a, b, kind, compiled=how == "compiled")
+        return _pallas(a, b, kind, how=how)
     if impl == "scaled_matmul":
         lhs, rhs = _orient(a, b, kind)
         # The native block GEMM takes both operands with the contraction last.
@@ -521,15 +564,27 @@ def _chunked(
     return acc
 
 
-def _pallas(a: QTensor, b: QTensor, kind: str, *, compiled: bool) -> jax.Array:
-    """The block-scaled Mosaic GPU kernel: ``compiled`` for a CUDA target, else in
-    Mosaic GPU's interpreter (the same kernel simulated, for tests).
+# The dense Mosaic TPU kernels per GEMM kind.
+_MOSAIC_KERNELS = {
+    "fprop": tpu_block_gemm.block_scaled_matmul,
+    "dgrad": tpu_block_gemm.block_scaled_matmul_nt,
+    "wgrad": tpu_block_gemm.block_scaled_matmul_tn,
+}
 
-    The kernel reads both operands K-major (the contraction axis minor), the
-    only layout of Hopper's FP8 ``wgmma``: Dgrad's weight is that as stored;
-    Fprop's weight and Wgrad's two token-tiled operands are transposed in XLA
-    first (FP8 codes, exact; their scales only change places).
+
+def _pallas(a: QTensor, b: QTensor, kind: str, *, how: str, out_dtype=jnp.float32) -> jax.Array:
+    """The block-scaled Pallas kernel, writing ``out_dtype`` from its float32 accumulator:
+    the Mosaic GPU kernel compiled for a CUDA target (how "compiled") or in its
+    interpreter elsewhere (how "interpret", for tests), the Mosaic TPU kernel on a
+    TPU (how "mosaic").
+
+    The Mosaic GPU kernel reads both operands K-major (the contraction axis
+    minor), the only layout of Hopper's FP8 ``wgmma``: Dgrad's weight is that
+    as stored; Fprop's weight and Wgrad's two token-tiled operands are
+    transposed in XLA first (FP8 codes, exact; their scales only change places).
     """
+    if how == "mosaic":
+        return _tpu_pallas(a, b, kind, out_dtype)
     if kind == "fprop":
         # x (B, M, K) 1x128 tiles; w (B, K, N) 128x128 blocks -> w^T (B, N, K).
         args = (a.data, a.scale, _swap12(b.data), b.scale)
@@ -543,12 +598,33 @@ def _pallas(a: QTensor, b: QTensor, kind: str, *, compiled: bool) -> jax.Array:
     run = partial(
         batched_matmul_nt,
         b_cols=kind == "wgrad",
-        out_dtype=jnp.float32,
-        interpret=not compiled,
+        out_dtype=out_dtype,
+        interpret=how == "interpret",
     )
-    # The compiled kernel lowers for CUDA only: any other platform of a
-    # multi-platform export sees dead zeros.
-    return platforms.only_on(("cuda",), run, *args) if compiled else run(*args)
+    return _on_kernel_platform(how, run, *args)
+
+
+def _tpu_pallas(a: QTensor, b: QTensor, kind: str, out_dtype) -> jax.Array:
+    """The Mosaic TPU kernel of ``kind`` on the canonical operands as stored."""
+    # fprop: (B, M, K) tiles along K x (B, K, N) blocks; dgrad: dy (B, M, N) x
+    # w (B, K, N) contracted over N (w is the kernels' "nt" operand as stored);
+    # wgrad: x (B, M, K) and dy (B, M, N), both in 128x1 tiles along the tokens M.
+    fn = partial(_MOSAIC_KERNELS[kind], out_dtype=out_dtype, interpret=False)
+
+    def run(a_data, a_scale, b_data, b_scale):
+        if a_data.shape[0] == 1:
+            return fn(a_data[0], a_scale[0], b_data[0], b_scale[0])[None]
+        return jax.vmap(fn)(a_data, a_scale, b_data, b_scale)
+
+    return _on_kernel_platform("mosaic", run, a.data, a.scale, b.data, b.scale)
+
+
+def _on_kernel_platform(how: str, fn: Callable, *args) -> Any:
+    """``fn(*args)``, lowered only for the platform of a compiled kernel (``how``):
+    any other platform of a multi-platform export sees dead zeros."""
+    if how == "interpret":
+        return fn(*args)
+    return platforms.only_on(("tpu",) if how == "mosaic" else ("cuda",), fn, *args)
 
 
 # --------------------------------------------------------------------------
@@ -606,14 +682,14 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
         path_record.note(
             kind,
             {
-                p: "pallas grouped" + (" interpret" if how == "interpret" else "")
+                p: "pallas grouped" + {"interpret": " interpret", "mosaic": " tpu"}.get(how, "")
                 for p, (_, how) in kernel.items()
             },
         )
 
     def build(d):
         if d[0] == "pallas":
-            return lambda: _grouped_kernel(a_t, b, layout, kind, compiled=d[1] == "compiled")
+            return lambda: _grouped_kernel(a_t, b, layout, kind, how=d[1])
 
         def dense_tiles():
             # Each tile's expert (padding tiles take expert 0).
@@ -627,12 +703,18 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
     return platforms.choose(lambda p: kernel.get(p, ("dense tiles", "")), build)
 
 
-def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, compiled: bool) -> jax.Array:
-    """The grouped Mosaic GPU kernel on the aligned rows and each tile's expert id."""
+def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, how: str) -> jax.Array:
+    """The grouped kernel (Mosaic GPU, or Mosaic TPU where ``how`` is "mosaic") on the
+    aligned rows and each tile's expert id (``how`` as in :func:`_pallas`)."""
     mp = layout.src_row.shape[0]
 
+    if how == "mosaic":
+        kernel = tpu_block_gemm.grouped_block_scaled_matmul_aligned
+    else:
+        kernel = grouped_block_scaled_matmul_aligned
+
     def run(a_data, a_scale, b_data, b_scale, tile_group):
-        return grouped_block_scaled_matmul_aligned(
+        return kernel(
             a_data.reshape(mp, -1),
             a_scale.reshape(mp, -1),
             b_data,
@@ -640,9 +722,9 @@ def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, compiled: bool) -
             tile_group,
             out_dtype=jnp.float32,
             b_layout="kn" if kind == "fprop" else "nk",
-            interpret=not compiled,
+            interpret=how == "interpret",
         )
 
     args = (a_t.data, a_t.scale, b.data, b.scale, layout.tile_group)
-    y = platforms.only_on(("cuda",), run, *args) if compiled else run(*args)
+    y = _on_kernel_platform(how, run, *args)
     return from_tiles(y.reshape(layout.num_tiles, layout.tile, -1), layout)

@@ -21,7 +21,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from fp8jax import scaling, schemes
+from fp8jax import platforms, scaling, schemes
 from fp8jax.formats import as_format, e5m6_scale_exponent, ldexp_exact, round_to_e5m6
 from fp8jax.layout import Layout
 from fp8jax.quant import (
@@ -123,12 +123,57 @@ def requantize(
     """
     if is_quantized(cached) and spec == prev_spec and not Layout.of(spec).along_axis:
         return float32_scales(cached)
+    last = len(cached.shape) - 1
+    if (
+        is_quantized(cached)
+        and cached.scheme == "fp8"
+        and spec.quantized
+        and spec.scaling != "delayed"
+        and Layout.of(spec, caxis).tiled
+        and caxis % len(cached.shape) != last
+        and cached.layout.tiled
+        and cached.layout.axis == last
+    ):
+        return _requantize_transposed(cached, spec, caxis % len(cached.shape), recipe)
     hp = materialize(cached, jnp.float32)
     if spec.quantized and spec.scaling == "delayed":
         # The same tensor was already quantized with this delayed scale this step.
         return float32_scales(schemes.quantize(hp, spec, caxis, scale=dstate.scale))
     out, _ = quantize_operand(hp, spec, caxis, recipe)
     return out
+
+
+def _requantize_transposed(cached: QTensor, spec: QuantSpec, caxis: int, recipe: Recipe):
+    """Tiles along ``caxis`` from a cache tiled along the last axis, the same codes.
+
+    On a CUDA GPU the FP8 codes (one byte each) are transposed first, so that
+    the dequantize-and-quantize pass reduces along contiguous elements and
+    writes its codes contiguous along ``caxis``, which the Wgrad kernel reads
+    (K-major); elsewhere the values are quantized in place.  Transposes are
+    exact: the codes and scales are the same either way.
+    """
+
+    def in_place():
+        out, _ = quantize_operand(materialize(cached, jnp.float32), spec, caxis, recipe)
+        return out
+
+    return platforms.choose(
+        lambda p: "transposed" if p == "cuda" else "in place",
+        lambda how: (
+            partial(requantize_through_transpose, cached, spec, caxis, recipe)
+            if how == "transposed"
+            else in_place
+        ),
+    )
+
+
+def requantize_through_transpose(cached: QTensor, spec: QuantSpec, caxis: int, recipe: Recipe):
+    """``cached`` (tiles along its last axis) quantized again along ``caxis``, with its
+    codes and scales transposed before and after (see :func:`_requantize_transposed`)."""
+    last = len(cached.shape) - 1
+    swapped = cached.swapaxes(caxis, last)
+    out, _ = quantize_operand(materialize(swapped, jnp.float32), spec, last, recipe)
+    return out.swapaxes(caxis, last)
 
 
 def materialize(op, dtype) -> jax.Array:

@@ -21,7 +21,12 @@ arrays quantize to empty data with scale 1 for any empty scale group.
 
 "Bit for bit DeepSeek's act_quant" holds for tiles of finite values whose
 length along ``axis`` is a multiple of 128 (act_quant requires that length).
-Elsewhere the results differ on purpose:
+Which act_quant: with ``amax_floor=0`` (the default, every training preset)
+DeepSeek-V3's 2024 code, amax / 448 with no floor; with ``amax_floor=
+fp8jax.scaling.DEEPSEEK_AMAX_FLOOR`` (1e-4) its code since 2025-08-27
+(V3.2-Exp; ``amax.clamp(1e-4)``, also DeepGEMM's ``per_token_cast_to_fp8``),
+with ``pow2`` as well for its ``scale_fmt="ue8m0"``.  The two agree on every
+tile whose amax is at least 1e-4.  Elsewhere the results differ on purpose:
 
 * an all-zero tile gets scale 1 and zero data (act_quant: 0 / 0 gives a NaN
   scale and NaN data);
@@ -55,6 +60,7 @@ finite values above the range saturate at +-fmt_max * scale.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import jax
@@ -63,9 +69,12 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
+from fp8jax import platforms
 from fp8jax.formats import (
     E8M0,
+    SCALE_FMTS,
     as_format,
+    check_scale_fmt,
     decode_e8m0,
     encode_e8m0,
     float32_from_parts,
@@ -86,7 +95,6 @@ _FAST_MIN_AMAX_BITS = int(np.float32(2.0**-64).view(np.int32))
 # (|x| < 2^-126 and |x / scale| >= 2^-30): divide on the offset path.
 _OFFSET_SCALE_BITS = int(np.float32(2.0**-96).view(np.int32))
 _OFFSET = 64
-SCALE_FMTS = ("float32", "ue8m0")
 
 
 @dataclass(frozen=True)
@@ -215,14 +223,6 @@ def ue8m0_scales(op: Any) -> Any:
     return QTensor(op.data, encode_e8m0(op.scale.astype(jnp.float32)), op.layout)
 
 
-def check_scale_fmt(scale_fmt: str, pow2: bool) -> None:
-    """One line for a scale format that is unknown or needs power-of-two scales."""
-    if scale_fmt not in SCALE_FMTS:
-        raise ValueError(f"scale_fmt must be one of {SCALE_FMTS}, got {scale_fmt!r}")
-    if scale_fmt == "ue8m0" and not pow2:
-        raise ValueError("scale_fmt='ue8m0' stores power-of-two scales (E8M0 bytes): set pow2=True")
-
-
 def _norm_axis(axis: int, ndim: int) -> int:
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis {axis} out of range for a {ndim}-d tensor")
@@ -244,16 +244,47 @@ def _divide(x: jnp.ndarray, scale: jnp.ndarray, assume_finite: bool) -> jnp.ndar
     """
     if assume_finite:
         return exact_div(x, scale)
+    return platforms.choose(
+        lambda p: "ieee" if p == "cuda" else "offset",
+        lambda how: partial(_divide_ieee if how == "ieee" else _divide_offset, x, scale),
+    )
+
+
+def _divide_ieee(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
+    """:func:`_divide` where float32 arithmetic keeps subnormals (CUDA GPUs, XLA's default):
+    the IEEE division is exact for them, no offset needed."""
+    return jnp.where(jnp.isinf(x), x, exact_div(x, scale))
+
+
+def _divide_offset(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
+    """:func:`_divide` on any backend, flush-to-zero included (the offset division)."""
     # Branch-free: every group is shifted by k = 64 (tiny scale) or 0 (an
     # exact identity), so the whole division stays one elementwise fusion; a
     # lax.cond between the two would make XLA materialize float32 copies of
     # x and of the quotient as the branches' operand and result.
-    k = jnp.where(_bits(scale) < _OFFSET_SCALE_BITS, _OFFSET, 0)
+    shifted = _bits(scale) < _OFFSET_SCALE_BITS
+    k = jnp.where(shifted, _OFFSET, 0)
     # Finite x that overflow once shifted are far beyond fmt_max * scale:
     # float32's max keeps them finite so that they saturate.
-    xs = jnp.clip(ldexp_exact(x, k), -_F32_MAX, _F32_MAX)
+    xs = jnp.clip(_shift_offset(x, shifted), -_F32_MAX, _F32_MAX)
     y = exact_div(xs, ldexp_exact(scale, k))
     return jnp.where(jnp.isinf(x), x, y)
+
+
+def _shift_offset(x: jnp.ndarray, shifted: jnp.ndarray) -> jnp.ndarray:
+    """x * 2^64 where ``shifted`` (else x), exact: :func:`ldexp_exact` with k in {0, 64}.
+
+    Per element, so cheap: a normal x times 2^64 is an exact float product (or
+    overflows to +-Inf, as ldexp_exact's does); a subnormal x is m * 2^-149
+    with an integer m < 2^23, so x * 2^64 = float(m) * 2^-85, both factors
+    normal (no flush-to-zero can touch it).  NaN and +-Inf pass through.
+    """
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    mag = bits & 0x7FFFFFFF
+    from_mantissa = mag.astype(jnp.float32) * jnp.float32(2.0 ** (_OFFSET - 149))
+    tiny = jnp.where(bits < 0, -from_mantissa, from_mantissa)
+    out = jnp.where(mag < 0x00800000, tiny, x * jnp.float32(2.0**_OFFSET))
+    return jnp.where(shifted, out, x)
 
 
 def expand_scale(scale: jnp.ndarray, shape, granularity: str, axis: int, tile: int):
@@ -351,9 +382,16 @@ def quantize_with_scale(
     # E8M0 bytes given with scale_fmt="float32": their values, stored as float32.
     scale = decode_e8m0(scale) if scale.dtype == E8M0 else scale.astype(jnp.float32)
     layout = Layout(granularity, axis, tile)
-    y = layout.map_groups(xf, scale, lambda xg, sg: _divide(xg, sg, assume_finite))
-    # Saturate: values past the range clip to +-max instead of NaN/Inf.
-    data = saturating_cast(y, fmt, assume_finite=assume_finite)
+    # Saturate: values past the range clip to +-max instead of NaN/Inf.  Cast
+    # where the quotient is formed, so that a compiler fuses the division and
+    # the cast into one pass (no float32 quotient in memory).
+    data = layout.map_groups(
+        xf,
+        scale,
+        lambda xg, sg: saturating_cast(
+            _divide(xg, sg, assume_finite), fmt, assume_finite=assume_finite
+        ),
+    )
     return QTensor(data, scale if codes is None else codes, layout)
 
 
@@ -374,19 +412,50 @@ def quantize(
     bytes (floored at 2^-127, E8M0's smallest value).
     """
     check_scale_fmt(scale_fmt, pow2)
-    ue8m0 = scale_fmt == "ue8m0"
     if x.ndim == 0:
         raise ValueError("quantize needs at least a 1-d tensor")
     if tile <= 0:
         raise ValueError("tile must be positive")
     # An unknown granularity is refused here, before any tracing.
     Layout(granularity, axis, tile)
-    # Fast path for the common tensor (all finite, no tiny or all-zero group):
-    # a plain float amax, no per-element isfinite select, one plain division.
-    # Otherwise the robust path recomputes the amax over the finite elements
-    # on the bit patterns (exact for subnormals) and divides tiny groups on
-    # the offset path.  lax.cond runs one branch (both under vmap, where it
-    # becomes a select).
+    args = (x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt)
+    # On a GPU or TPU every guard is an elementwise select in the one pass
+    # that reads x (the amax fused into it where the compiler can): a branch
+    # would read x once more to decide, and the compiler keeps both branches'
+    # code and buffers.  On a CPU the branches pay: the common tensor takes
+    # the plain float path, which XLA CPU vectorises far better.  Both give
+    # the same codes and scales, bit for bit.
+    return platforms.choose(
+        lambda p: "branches" if p == "cpu" else "one pass",
+        lambda how: partial(_quantize_branches if how == "branches" else _quantize_one_pass, *args),
+    )
+
+
+def _online_scale(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt) -> jnp.ndarray:
+    """The online scales of ``x``: exact amax over its finite elements, every guard."""
+    scale = compute_scale(x, fmt, granularity, axis, tile, pow2=pow2, amax_floor=amax_floor)
+    if scale_fmt == "ue8m0":
+        # E8M0 holds no power of two below 2^-127: such tiles get 2^-127.
+        scale = floor_e8m0(scale)
+    return scale
+
+
+def _quantize_one_pass(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt) -> QTensor:
+    """:func:`quantize` with no branch: non-finite, zero and tiny groups by selects."""
+    scale = _online_scale(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt)
+    return quantize_with_scale(x, scale, fmt, granularity, axis, tile, scale_fmt=scale_fmt)
+
+
+def _quantize_branches(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt) -> QTensor:
+    """:func:`quantize` with a fast branch for the common tensor (CPU; same values).
+
+    Fast path for the common tensor (all finite, no tiny or all-zero group):
+    a plain float amax, no per-element isfinite select, one plain division.
+    Otherwise the robust path recomputes the amax over the finite elements
+    on the bit patterns (exact for subnormals) and divides tiny groups on
+    the offset path.  lax.cond runs one branch (both under vmap, where it
+    becomes a select).
+    """
     amax = group_amax(x, granularity, axis, tile, finite_only=False)
     amax_bits = lax.bitcast_convert_type(amax, jnp.int32)
     fast_ok = jnp.all(jnp.isfinite(amax)) & jnp.all(amax_bits >= _FAST_MIN_AMAX_BITS)
@@ -407,10 +476,7 @@ def quantize(
         )
 
     def robust(x):
-        scale = compute_scale(x, fmt, granularity, axis, tile, pow2=pow2, amax_floor=amax_floor)
-        if ue8m0:
-            # E8M0 holds no power of two below 2^-127: such tiles get 2^-127.
-            scale = floor_e8m0(scale)
+        scale = _online_scale(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt)
 
         def plain(x):
             return quantize_with_scale(
@@ -472,7 +538,23 @@ def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:
     if int(ml_dtypes.finfo(fmt).nmant) > 6:
         # Not an FP8 payload: the plain product.
         return plain(q.data, q.scale)
-    # The branches take the compact codes and scales, so that each one is a
-    # single fused pass over the data (no full-size operand between them).
     subnormal = jnp.any(_bits(q.scale) < 0x00800000)
-    return lax.cond(subnormal, exact, plain, q.data, q.scale)
+
+    def branches():
+        # The branches take the compact codes and scales, so that each one is
+        # a single fused pass over the data (no full-size operand between them).
+        return lax.cond(subnormal, exact, plain, q.data, q.scale)
+
+    def one_pass():
+        # TPU (and ROCm): both products in the one pass over the codes, one kept.
+        return jnp.where(subnormal, exact(q.data, q.scale), plain(q.data, q.scale))
+
+    def keeps_subnormals():
+        # A CUDA GPU does not flush subnormal float32 products (XLA's default):
+        # the plain product is the exact one.
+        return plain(q.data, q.scale)
+
+    ways = {"branches": branches, "one pass": one_pass, "plain": keeps_subnormals}
+    return platforms.choose(
+        lambda p: {"cpu": "branches", "cuda": "plain"}.get(p, "one pass"), ways.__getitem__
+    )

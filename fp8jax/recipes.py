@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 
 import jax.numpy as jnp
 
-from fp8jax.formats import BLOCK_FORMATS
-from fp8jax.quant import check_scale_fmt
+from fp8jax.formats import BLOCK_FORMATS, check_scale_fmt
 
 GRANULARITIES = ("tensor", "row", "tile", "block")
 SCALINGS = ("current", "delayed")
@@ -65,7 +64,9 @@ class QuantSpec:
         "delayed" (scale from an amax history of previous steps).
       pow2: round every scale up to a power of two (UE8M0 scales).
       amax_floor: amax is clamped to at least this before dividing by the
-        format max (0 keeps only the amax == 0 guard).
+        format max (0, every training preset: off, only the amax == 0 guard;
+        ``fp8jax.scaling.DEEPSEEK_AMAX_FLOOR``, 1e-4: DeepSeek's inference
+        act_quant since 2025-08 and DeepGEMM, see :mod:`fp8jax.scaling`).
       hadamard, stochastic: block formats only ("mxfp8", "nvfp4",
         ``fp8jax.microscaling``; ``tile`` is then their block, 32 / 16, and
         the scales are the format's own, online): apply the 16-point random
@@ -254,10 +255,11 @@ class Recipe:
       or the CPU.  A one-run GEMM is multiplied by its scale once.
     * ``"fp8"`` / ``"fp8_fast"``: as "chunked" with the runs as hardware FP8
       dots (``ANY_F8_ANY_F8_F32`` / ``..._FAST_ACCUM``; GPUs with FP8 only).
-    * ``"pallas"``: the block-scaled Pallas kernel (interpret mode off-GPU).
-    * ``"auto"``: the Pallas kernel on a Hopper GPU where it applies, else
-      "chunked"; on a CPU without bfloat16 dot instructions "xla" (see
-      ``fp8jax.gemm.AUTO``).
+    * ``"pallas"``: the block-scaled Pallas kernel: Triton on a Hopper GPU,
+      Mosaic on a TPU, interpret mode elsewhere.
+    * ``"auto"``: the Pallas kernel on a Hopper GPU or a TPU where it
+      applies, else "chunked"; on a CPU without bfloat16 dot instructions
+      "xla" (see ``fp8jax.gemm.AUTO``).
 
     ``accumulation``: when set, every quantized GEMM the recipe covers (dense
     and expert) runs on the tensor-core accumulation emulator instead

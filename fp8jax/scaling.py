@@ -22,10 +22,14 @@ Guards, and why:
   finite elements, and NaN / Inf elements propagate as NaN / Inf codes (see
   :mod:`fp8jax.formats`).
 
-``amax_floor``: an optional lower bound on amax (DeepSeek's training code
-clamps to 1e-4).  A floor is harmful for gradients, whose tiles are often far
-below 1e-4: the floor makes their scale too large and flushes their elements
-to zero.
+``amax_floor``: an optional lower bound on amax, off (0) by default and in
+every training preset.  :data:`DEEPSEEK_AMAX_FLOOR` (1e-4) is DeepSeek's
+inference floor: ``act_quant`` clamps amax to 1e-4 since 2025-08-27
+(DeepSeek-V3 ``inference/kernel.py``; V3.2-Exp), as DeepGEMM's
+``per_token_cast_to_fp8`` / ``per_block_cast_to_fp8`` do; DeepSeek-V3's 2024
+``act_quant`` and the paper's training recipe have none.  A floor is harmful
+for gradients, whose tiles are often far below 1e-4: the floor makes their
+scale too large and flushes their elements to zero.
 
 Power-of-two scales (``pow2=True``, DeepSeek's UE8M0) round the scale *up* to
 ``2^ceil(log2 scale)``, so ``x / scale`` never exceeds ``fmt_max`` (except
@@ -38,6 +42,7 @@ comes from an amax history of steps < t.  See :class:`DelayedState`.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
 import jax
@@ -45,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fp8jax import platforms
 from fp8jax.formats import float32_parts, fmt_max, ldexp_exact
 
 if TYPE_CHECKING:
@@ -53,6 +59,8 @@ if TYPE_CHECKING:
     # delayed settings) from the objects it is given.
     from fp8jax.recipes import DelayedConfig, QuantSpec, Recipe
 
+# DeepSeek's inference amax floor (module docstring): act_quant since 2025-08-27, DeepGEMM.
+DEEPSEEK_AMAX_FLOOR = 1e-4
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)
 _ONE_BITS = 0x3F800000
@@ -83,6 +91,26 @@ def finite_amax(x: jnp.ndarray, axis=None, keepdims: bool = False) -> jnp.ndarra
     dt = jnp.dtype(x.dtype)
     if dt not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         dt, x = jnp.dtype(jnp.float32), x.astype(jnp.float32)
+    # A CUDA GPU keeps subnormals in float arithmetic, so the float reduction
+    # is exact there, and XLA runs it as one reduction kernel; on integer bit
+    # patterns it transposes the tensor first when the groups run along a
+    # major axis (a 128-token tile).  Elsewhere (CPU, TPU) subnormals may be
+    # flushed: the bit patterns.
+    return platforms.choose(
+        lambda p: "float" if p == "cuda" else "bits",
+        lambda how: partial(_float_amax if how == "float" else _bits_amax, x, axis, keepdims),
+    )
+
+
+def _float_amax(x: jnp.ndarray, axis, keepdims: bool) -> jnp.ndarray:
+    """:func:`finite_amax` in float arithmetic (exact where subnormals are kept)."""
+    mag = jnp.where(jnp.isfinite(x), jnp.abs(x), jnp.zeros((), x.dtype))
+    return jnp.max(mag, axis=axis, keepdims=keepdims, initial=0).astype(jnp.float32)
+
+
+def _bits_amax(x: jnp.ndarray, axis, keepdims: bool) -> jnp.ndarray:
+    """:func:`finite_amax` on the bit patterns (exact under flush-to-zero)."""
+    dt = jnp.dtype(x.dtype)
     nbits = 8 * dt.itemsize
     int_t = jnp.int16 if nbits == 16 else jnp.int32
     inf_bits = int(np.array(np.inf, dt).view(np.int16 if nbits == 16 else np.int32))

@@ -23,13 +23,13 @@ OUT="${OUT:-/tmp/fp8jax_gpu_sweep}"
 mkdir -p "$OUT/bench_gpu" "$OUT/bench_gpu_moe"
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# The sweep reads an ml_collections config file, which the GPU image lacks: carry
-# its wheel (pure Python) and install it there with --no-index.
-python -c "import ml_collections" 2>/dev/null \
-  || { echo "gpu_sweep.sh needs ml_collections (pip install --no-index <wheel>)"; exit 2; }
-python -c "import jax; print(jax.__version__, jax.devices())" | tee "$OUT/bench_gpu/devices.txt"
+# The GPU image's Python is python3 and has no ml_collections: experiments/bench.py
+# then reads configs/bench/sweep.py and its --config.* flags itself
+# (fp8jax.bench.config_file), so nothing needs to be carried or installed.
+PY=${PYTHON:-python3}
+"$PY" -c "import jax; print(jax.__version__, jax.devices())" | tee "$OUT/bench_gpu/devices.txt"
 nvidia-smi > "$OUT/bench_gpu/nvidia-smi.txt" 2>&1 || true
-if [[ "${SMOKE:-0}" != 1 ]] && ! python -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')"; then
+if [[ "${SMOKE:-0}" != 1 ]] && ! "$PY" -c "import jax, sys; sys.exit(jax.default_backend() != 'gpu')"; then
   echo "JAX has no GPU backend here: refusing to run the GPU sweep (use SMOKE=1 for a CPU check)"; exit 2
 fi
 
@@ -44,19 +44,19 @@ else
 fi
 start=$(date +%s)
 # 1. DeepSeek-V3 + MoE expert shapes, every recipe x impl, both passes (~4 min).
-timeout 300 python experiments/bench.py --config=configs/bench/sweep.py \
+timeout 300 "$PY" experiments/bench.py --config=configs/bench/sweep.py \
   --out_dir="$OUT/bench_gpu" $P1 \
   --config.warmup=3 --config.iters=20 --config.time_budget_s=240 --config.moe_step=false --config.dump_hlo=true \
   2>&1 | tee "$OUT/bench_gpu/run.log" | grep -v "^[IW][0-9]" || echo "GEMM sweep failed/timed out"
 # 2. Squares 1024-8192: the main recipes, bf16 dequant, + the reference (~1.5 min).
 mkdir -p "$OUT/bench_gpu_square"
-timeout 130 python experiments/bench.py --config=configs/bench/sweep.py \
+timeout 130 "$PY" experiments/bench.py --config=configs/bench/sweep.py \
   --out_dir="$OUT/bench_gpu_square" --config.groups=square $P2 \
   --config.recipes=bf16,deepseek_v3,current_tensor,hybrid_delayed --config.dequant_dtypes=bfloat16 \
   --config.warmup=3 --config.iters=20 --config.time_budget_s=90 --config.moe_step=false \
   2>&1 | tee "$OUT/bench_gpu_square/run.log" | grep -v "^[IW][0-9]" || echo "square sweep failed/timed out"
 # 3. MoE train step, ModelConfig.small(), main recipes (~1.5 min).
-timeout 130 python experiments/bench.py --config=configs/bench/sweep.py \
+timeout 130 "$PY" experiments/bench.py --config=configs/bench/sweep.py \
   --out_dir="$OUT/bench_gpu_moe" --config.groups= --config.moe_step=true $P3 --config.warmup=2 --config.time_budget_s=90 \
   2>&1 | tee "$OUT/bench_gpu_moe/run.log" | grep -v "^[IW][0-9]" || echo "MoE step run failed/timed out"
 echo "gpu_sweep.sh done in $(( $(date +%s) - start )) s; outputs in $OUT"

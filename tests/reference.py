@@ -125,13 +125,22 @@ def ref_qdq(x, fmt, granularity, axis=-1, tile=128, pow2=False, amax_floor=0.0) 
     return data.astype(np.float64) * s
 
 
-def ref_act_quant(x: np.ndarray, block: int = 128):
-    """DeepSeek-V3 act_quant semantics (last dim divisible by block), in numpy."""
+def ref_act_quant(x: np.ndarray, block: int = 128, amax_floor: float = 0.0, pow2: bool = False):
+    """DeepSeek-V3 act_quant semantics (last dim divisible by block), in numpy.
+
+    ``amax_floor=0``: the 2024 code, s = amax / 448.  ``amax_floor=1e-4``: the
+    code since 2025-08-27, ``amax.clamp(1e-4)`` (the floor as a float32) before
+    the division; ``pow2`` its ``scale_fmt="ue8m0"``: s = 2^ceil(log2 s), the
+    exponent found in float64 (exact for the float32 s).
+    """
     x32 = x.astype(np.float32)
     shp = x32.shape
     xt = x32.reshape(*shp[:-1], shp[-1] // block, block)
-    s = (np.abs(xt).max(axis=-1) / np.float32(448.0)).astype(np.float32)
-    y = (xt / s[..., None]).astype(np.float32)
+    amax = np.maximum(np.abs(xt).max(axis=-1), np.float32(amax_floor))
+    s = (amax / np.float32(448.0)).astype(np.float32)
+    if pow2:
+        s = np.exp2(np.ceil(np.log2(s.astype(np.float64)))).astype(np.float32)
+    y = np.clip(xt / s[..., None], -448.0, 448.0).astype(np.float32)
     return y.astype(E4M3).reshape(shp), s
 
 

@@ -9,6 +9,7 @@ import csv
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from gpu_image import blocked_script
 
 from fp8jax import bench
 from fp8jax.bench import hlo
@@ -363,12 +365,20 @@ def test_time_call_rejects_bad_counts():
         bench.time_call(lambda: jnp.zeros(()), (), warmup=-1)
 
 
-def test_bench_sweep_entry_point(tmp_path):
+def _bench_command(blocked: bool, *args: str) -> list[str]:
+    """experiments/bench.py with ``args``; ``blocked``: the GPU image's missing packages blocked."""
+    script = str(REPO / "experiments" / "bench.py")
+    return blocked_script(script, *args) if blocked else [sys.executable, script, *args]
+
+
+# Without ml_collections (the GPU image, where scripts/gpu_sweep.sh runs it) the
+# entry point reads the config file and its flags itself: the same run.
+@pytest.mark.parametrize("blocked", [False, True], ids=["ml_collections", "gpu_image"])
+def test_bench_sweep_entry_point(tmp_path, blocked):
     out = tmp_path / "out"
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "experiments" / "bench.py"),
+        _bench_command(
+            blocked,
             "--config=configs/bench/sweep.py:cpu",
             "--config.shapes=16x32x24",
             "--config.recipes=bf16,deepseek_v3",
@@ -379,7 +389,7 @@ def test_bench_sweep_entry_point(tmp_path):
             "--config.iters=1",
             "--config.moe_step=false",
             f"--out_dir={out}",
-        ],
+        ),
         capture_output=True,
         text=True,
         timeout=300,
@@ -392,6 +402,62 @@ def test_bench_sweep_entry_point(tmp_path):
     assert {r["variant"] for r in data["records"]} == {"bf16/xla", "deepseek_v3/xla-deqf32"}
     for name in ("results.csv", "time.png", "tflops.png", "ratio_bf16.png", "memory.png"):
         assert (out / name).stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--config.itres=3"], "unknown config field --config.itres"),
+        (["--config.iters=three"], "--config.iters='three': give int"),
+        (["--config.plots=maybe"], "--config.plots='maybe': give true or false"),
+        (["--outdir=x"], "unknown flag --outdir"),
+        (["--config.iters"], "'--config.iters': flags are --config=FILE"),
+    ],
+)
+def test_config_file_refuses_what_config_flags_would(monkeypatch, args, line):
+    from fp8jax.bench.config_file import parse_argv
+
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ValueError, match=re.escape(line)):
+        parse_argv(["--config=configs/bench/sweep.py:cpu", *args])
+    with pytest.raises(ValueError, match="'configs/bench/nope.py' not found"):
+        parse_argv(["--config=configs/bench/nope.py"])
+
+
+def test_config_file_types_overrides_as_their_defaults(monkeypatch):
+    from fp8jax.bench.config_file import FieldDict, parse_argv
+
+    monkeypatch.chdir(REPO)
+    c, out = parse_argv(
+        [
+            "--config=configs/bench/sweep.py:cpu",
+            "--config.iters=7",
+            "--config.time_budget_s=2.5",
+            "--config.plots=False",
+            "--config.groups=",
+            "--out_dir=/tmp/x",
+        ]
+    )
+    assert isinstance(c, FieldDict) and out == "/tmp/x"
+    assert (c.iters, c.time_budget_s, c.plots, c.groups) == (7, 2.5, False, "")
+    assert c.m_tokens == 64 and c["benchmark"] == "sweep"  # the :cpu size, untouched
+    c.warmup = 3
+    assert c["warmup"] == 3
+    with pytest.raises(AttributeError):
+        _ = c.nope
+
+
+def test_bench_without_ml_collections_refuses_in_one_line(tmp_path):
+    out = tmp_path / "out"
+    cmd = _bench_command(
+        True, "--config=configs/bench/sweep.py:cpu", "--config.itres=3", f"--out_dir={out}"
+    )
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "bench.py: error: unknown config field --config.itres (fields: configs/bench/sweep.py)"
+    )
+    assert not out.exists()
 
 
 @pytest.mark.slow  # compiles the MoE model's train step per row: about a minute on 2 cores

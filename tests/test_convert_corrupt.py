@@ -72,7 +72,7 @@ def test_missing_scale_tensor(tmp_path, src):
 
 def test_wrong_scale_shape(tmp_path, src):
     _rewrite(src, SCALE, np.ones((1, 2), np.float32))  # (130, 257) needs (2, 3)
-    _fails(tmp_path, src, r"wrong scale shape .*\[1, 2\], expected \[2, 3\]")
+    _fails(tmp_path, src, r"is a \[1, 2\] grid over \[130, 257\] \(blocks of 256x256\), but")
 
 
 def test_truncated_shard(tmp_path, src):
@@ -230,7 +230,7 @@ def test_non_positive_scale(tmp_path, src, bad):
 
 def test_oversized_scale(tmp_path, src):
     _rewrite(src, SCALE, np.ones((3, 4), np.float32))  # (130, 257) needs (2, 3)
-    _fails(tmp_path, src, r"wrong scale shape .*\[3, 4\], expected \[2, 3\]")
+    _fails(tmp_path, src, r"is a \[3, 4\] grid over \[130, 257\] \(no power-of-two block\)")
 
 
 def test_nan_code_is_named(tmp_path, src):

@@ -102,10 +102,21 @@ def _defined_flags(path: Path) -> list[str]:
     return names
 
 
+def _passes(check, config) -> bool:
+    from fp8jax.train.fields import ConfigError
+
+    try:
+        check(config)
+    except ConfigError:
+        return False
+    return True
+
+
 def _accepts(script: str, config) -> bool:
-    """Whether the entry point ``script`` runs ``config`` (what each one checks first)."""
-    from fp8jax.bench.experiments import BENCHMARKS
-    from fp8jax.numerics.studies import STUDIES
+    """Whether the entry point ``script`` runs ``config`` (what each one checks first: a
+    study or benchmark config passes every check of its fields)."""
+    from fp8jax.bench.experiments import checked_benchmark
+    from fp8jax.numerics.studies import checked_runner
 
     has = set(config.keys())
     kinds = {
@@ -114,8 +125,8 @@ def _accepts(script: str, config) -> bool:
         "compare_recipes.py": "compare" in has
         or "sweep" in has
         or ({"labels", "seeds", "model"} <= has),
-        "bench.py": config.get("benchmark") in BENCHMARKS,
-        "study.py": config.get("study") in STUDIES,
+        "bench.py": "benchmark" in has and _passes(checked_benchmark, config),
+        "study.py": "study" in has and _passes(checked_runner, config),
     }
     return kinds.get(script, False)
 

@@ -30,7 +30,6 @@ def test_auto_on_cpu_follows_the_bfloat16_dot_instructions(monkeypatch, bf16_dot
     a = _q(np.ones((1, 4, 256)), "tile", 2)
     b = _q(np.ones((1, 256, 8)), "block")
     assert gemm.auto_impl("fp8", "cpu", a, b) == want
-    assert gemm.auto_impl("fp8", "tpu", a, b) == "chunked"
 
 
 def test_select_impl_dispatch_on_cpu():
@@ -39,7 +38,8 @@ def test_select_impl_dispatch_on_cpu():
     b = _q(np.ones((1, 256, 8)), "block")
     # Off the kernels, "auto" is "chunked" for FP8 (on a CPU: unless it has
     # no bfloat16 dot instructions, then "xla") and "xla" for the block formats.
-    assert gemm.auto_impl("fp8", "tpu", a, b) == "chunked"
+    per_tensor = _q(np.ones((1, 4, 256)), "tensor"), _q(np.ones((1, 256, 8)), "tensor")
+    assert gemm.auto_impl("fp8", "tpu", *per_tensor) == "chunked"
     for backend in ("cpu", "tpu"):
         assert gemm.auto_impl("mx", backend) == gemm.auto_impl("nvfp4", backend) == "xla"
     with pytest.raises(ValueError, match="no implementation"):
@@ -61,6 +61,18 @@ def test_select_impl_dispatch_on_cpu():
     assert gemm.select_impl(r, jnp.ones((1, 4, 256)), b, "fprop") == "plain"
     with pytest.raises(ValueError, match="impl"):
         dataclasses.replace(r, impl="cublas")
+
+
+def test_auto_on_tpu_takes_the_mosaic_kernel_where_the_layouts_fit():
+    tiles, blocks = _q(np.ones((1, 4, 256)), "tile", 2), _q(np.ones((1, 256, 8)), "block")
+    assert gemm.auto_impl("fp8", "tpu", tiles, blocks) == "pallas"
+    assert gemm.auto_impl("fp8", "tpu") == "chunked"  # no operands: layouts unknown
+    r = fp8jax.recipes.deepseek_v3()
+    impl, how = gemm._decision(r, tiles, blocks, "fprop", "tpu")
+    assert (impl, how) == ("pallas", "mosaic")
+    assert gemm.describe_path(impl, r, tiles, blocks, how) == "pallas tpu"
+    # The CPU keeps its path: the kernel is lowered for TPU only.
+    assert gemm._decision(r, tiles, blocks, "fprop", "cpu")[0] != "pallas"
 
 
 def test_auto_on_cuda_follows_the_target():

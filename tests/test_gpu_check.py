@@ -15,22 +15,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from gpu_image import BLOCKER
 
 from fp8jax.bench import gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
-MISSING_ON_THE_GPU_IMAGE = ("ml_collections", "tensorboardX", "grain", "qwix", "tokenizers")
-
-_RUNNER = f"""
-import importlib.abc, sys
-class Missing(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in {MISSING_ON_THE_GPU_IMAGE!r}:
-            raise ImportError("not on the GPU image: " + name)
-sys.meta_path.insert(0, Missing())
+_RUNNER = (
+    BLOCKER
+    + """
 from fp8jax.bench.gpu_check import main
 sys.exit(main(sys.argv[1:]))
 """
+)
 
 
 def _run(step: str, out: Path) -> list[dict]:
@@ -84,3 +80,35 @@ def test_grouped_and_moe_steps(tmp_path):
 def test_unknown_step_is_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown step"):
         gpu_check.run_step("benchmark", tmp_path)
+
+
+@pytest.mark.slow  # the three parts of the sweep at tiny sizes: about 6 min on 2 loaded cores
+def test_gpu_sweep_script_runs_with_the_gpu_images_packages(tmp_path):
+    # The blocker as sitecustomize: every python3 the script starts has it.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKER)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(site),
+        "PYTHON": sys.executable,
+        "SMOKE": "1",
+        "OUT": str(tmp_path / "out"),
+        "JAX_PLATFORMS": "cpu",
+    }
+    probe = subprocess.run(
+        [sys.executable, "-c", "import ml_collections"], env=env, capture_output=True, text=True
+    )
+    assert probe.returncode != 0 and "not on the GPU image" in probe.stderr
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_sweep.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "failed/timed out" not in proc.stdout and "gpu_sweep.sh done" in proc.stdout
+    for part in ("bench_gpu", "bench_gpu_square", "bench_gpu_moe"):
+        records = json.loads((tmp_path / "out" / part / "results.json").read_text())["records"]
+        assert records, part

@@ -25,23 +25,32 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path, module: str | None = None) -> set[str]:
-    """Every module name ``path`` (module ``module``) imports, relative ones made absolute."""
+def _import_statements(path: Path, module: str | None = None) -> list[tuple[str, str | None]]:
+    """(module, name) of every import in ``path``: name None for ``import module``."""
     tree = ast.parse(path.read_text(), str(path))
     package = (module or _module_name(path)).split(".")
     if path.name != "__init__.py":
         package.pop()
-    names = set()
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
+            found += [(alias.name, None) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
-            names.add(base)
+            found += [(base, alias.name) for alias in node.names]
+    return found
+
+
+def _imports(path: Path, module: str | None = None) -> set[str]:
+    """Every module name ``path`` (module ``module``) imports, relative ones made absolute."""
+    names = set()
+    for base, name in _import_statements(path, module):
+        names.add(base)
+        if name is not None:
             # ``from fp8jax import lab`` names a package in the alias.
-            names.update(f"{base}.{alias.name}" for alias in node.names)
+            names.add(f"{base}.{name}")
     return names
 
 
@@ -104,3 +113,57 @@ def test_recipe_registry_lists_presets_and_variants_without_a_circle():
     assert not {n for n in _imports(PACKAGE / "variants.py") if n.startswith("fp8jax.registry")}
     registry = _imports(PACKAGE / "registry.py")
     assert {"fp8jax.recipes", "fp8jax.variants"} <= registry
+
+
+def _library_graph() -> dict[str, set[str]]:
+    """Library module -> the library modules it imports (type-checking imports included).
+
+    ``from fp8jax.kernels import availability`` is an edge to the submodule, not
+    to the package's ``__init__``; ``from fp8jax.quant import QTensor`` one to
+    fp8jax.quant.
+    """
+    files = {_module_name(p): p for p in _library_files()}
+    graph = {}
+    for module, path in files.items():
+        edges = set()
+        for base, name in _import_statements(path):
+            target = f"{base}.{name}" if f"{base}.{name}" in files else base
+            if target in files and target != module:
+                edges.add(target)
+        graph[module] = edges
+    return graph
+
+
+def _a_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` (its modules in order, the first repeated), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_circle_finder_finds_circles():
+    assert _a_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _a_circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+    graph = _library_graph()
+    assert "fp8jax.formats" in graph["fp8jax.quant"]
+    assert "fp8jax.kernels.availability" in graph["fp8jax.gemm"]
+
+
+def test_library_modules_import_no_circle():
+    assert _a_circle(_library_graph()) is None

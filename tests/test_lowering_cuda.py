@@ -138,7 +138,9 @@ def test_presets_export_for_every_platform(name):
         )(x, w)
     assert exp.platforms == ("cpu", "cuda", "tpu")
     if name == "deepseek_v3":
+        # The Mosaic GPU kernel in the CUDA branch, the Mosaic kernel in the TPU branch.
         assert "mosaic_gpu" in exp.mlir_module()
+        assert "tpu_custom_call" in exp.mlir_module()
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp32"])

@@ -4,7 +4,8 @@
 without one; a program traced here and lowered for "tpu" compiles for it.
 Every preset x impl that "auto" allows on TPU, forward and backward, for
 v5e, v6e and Ironwood (tpu7x); the named "fp8" impl too, whose FP8 dots
-reach Ironwood's FP8 matrix units.  Needs ``libtpu`` (``pip install
+reach Ironwood's FP8 matrix units.  "auto" takes the Mosaic TPU kernel
+(``fp8jax.kernels.tpu_block_gemm``) where the operands have its layouts.  Needs ``libtpu`` (``pip install
 "jax[tpu]"``); where it is installed these tests fail rather than skip.
 One small case is in the default suite, the rest behind ``-m slow``.
 """
@@ -64,9 +65,11 @@ def _compile(recipe, chip: str, m=256, k=384, n=256):
 
 
 def test_deepseek_v3_compiles_for_v6e():
+    # The Mosaic kernel, one per GEMM (v6e widens the FP8 codes to bfloat16
+    # in its matrix unit).
     text, paths = _compile(recipes.deepseek_v3(), "v6e", 128, 256, 128)
-    assert set(paths.values()) == {"chunked"}
-    assert "f32" in text
+    assert set(paths.values()) == {"pallas tpu"}
+    assert text.count('custom_call_target="tpu_custom_call"') == 3
 
 
 @pytest.mark.slow
@@ -78,8 +81,11 @@ def test_presets_compile_on_auto(chip, name):
         assert all(v.startswith("lax.dot_general") for v in paths.values())
     elif name in ("mxfp8", "nvfp4"):
         assert all("xla dequant float32" in v for v in paths.values())
+    elif name.startswith("deepseek_v3"):
+        # 1x128 tiles and 128x128 blocks: the Mosaic kernel.
+        assert set(paths.values()) == {"pallas tpu"}
     else:
-        assert set(paths.values()) == {"chunked"}
+        assert set(paths.values()) <= {"chunked", "pallas tpu"}
 
 
 @pytest.mark.slow

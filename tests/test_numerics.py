@@ -189,3 +189,21 @@ def test_every_demo_says_what_to_do():
     text = numerics.format_demos(numerics.all_demos(), numerics.subnormal_speed(n=1024, repeats=1))
     assert text.count("  do: ") == len(numerics.all_demos()) + 1
     assert "0.9999999999999999" in text and "ill-conditioned" in text
+
+
+def test_site_errors_ratio_cells_give_the_draws_their_geomean_and_interval():
+    from scipy import stats
+
+    from fp8jax.numerics.studies.site_errors import REF_NAME, ratio_cell, table
+
+    assert ratio_cell(np.array([1.5])) == "1.50"  # one draw: no interval
+    assert ratio_cell(np.array([2.0, 2.0, 2.0])) == "2.00, 2.00, 2.00; geomean 2.00 [2.00, 2.00]"
+    r = np.array([1.83, 1.11, 1.25])
+    logs = np.log(r)
+    half = stats.t.ppf(0.975, 2) * logs.std(ddof=1) / math.sqrt(3)
+    lo, mid, hi = np.exp([logs.mean() - half, logs.mean(), logs.mean() + half])
+    assert ratio_cell(r) == f"1.83, 1.11, 1.25; geomean {mid:.2f} [{lo:.2f}, {hi:.2f}]"
+    assert lo < 1 < mid  # every draw above 1, yet three draws this spread do not exclude 1
+    draws = [{REF_NAME: (1.0, 1.0, 1.0), "pow2": (a, 1.0, 2 * a)} for a in (1.2, 1.4)]
+    (row,) = [line for line in table({"kind": draws}).splitlines() if "| pow2 |" in line]
+    assert "1.20, 1.40; geomean 1.30 [" in row and "2.40, 2.80; geomean 2.59 [" in row

@@ -113,3 +113,30 @@ def test_cache_for_wgrad_per_cache_format():
     )
     # Elsewhere the FP8 operand itself is the residual.
     assert cache_for_wgrad(xj, qx, recipes.deepseek_v3()) is qx
+
+
+@pytest.mark.parametrize("use_jit", [False, True])
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v3_1"])
+def test_requantize_through_transpose_equals_in_place(name, use_jit):
+    # Wgrad's 128-token tiles from the 1x128 FP8 cache: made through transposed
+    # codes (what a CUDA GPU runs) or in place (elsewhere), the same codes and scales.
+    from fp8jax.operands import quantize_operand, requantize, requantize_through_transpose
+
+    recipe = fp8jax.registry.get(name)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 256, 384)).astype(np.float32)
+    x[0, :128, :128] *= 1e-30  # tiny tiles (the offset division)
+    x[0, 130, 5] = 3e4  # an outlier
+    cached, _ = quantize_operand(jnp.asarray(x), recipe.fprop.lhs, 2, recipe)
+
+    def both(c):
+        a = requantize(c, recipe.wgrad.lhs, 1, recipe, recipe.fprop.lhs)
+        b = requantize_through_transpose(c, recipe.wgrad.lhs, 1, recipe)
+        return a, b
+
+    a, b = (jax.jit(both) if use_jit else both)(cached)
+    assert a.layout == b.layout
+    np.testing.assert_array_equal(
+        np.asarray(a.data).view(np.uint8), np.asarray(b.data).view(np.uint8)
+    )
+    np.testing.assert_array_equal(np.asarray(a.scale), np.asarray(b.scale))

@@ -335,3 +335,54 @@ def test_compare_uses_each_cards_layout_and_v3_is_unchanged():
     )
     with pytest.raises(ValueError, match="unknown checkpoint layout"):
         planner.ModelSpec("x", 1e9, 1e9, 1, 0, "gqa", layout="v9")
+
+
+def test_card_counts_are_exact_at_the_boundary():
+    # V4-Pro's BF16 conversion, 1.6e12 x 2 bytes, plus 10%: 3,520 GB = exactly 44 x 80 GB
+    # and 55 x 64 GB.  Binary floats put 1.1 x 3200e9 just above (one card too many).
+    v4 = planner.get_model("deepseek-v4-pro")
+    bf16 = planner.exact_checkpoint_bytes(v4, "bf16")
+    assert bf16 == 3_200_000_000_000
+    assert math.ceil(1.1 * 3200e9 / 80e9) == 45  # what float arithmetic gives
+    assert planner.cards_for(bf16, 80) == 44
+    assert planner.cards_for(bf16, 64) == 55
+    # One byte more needs one card more; the exact fit does not.
+    assert planner.cards_for(bf16 + 1, 80) == 45
+    assert planner.cards_for(80e9, 80, overhead=0.0) == 1
+    assert planner.cards_for(80e9 + 1, 80, overhead=0.0) == 2
+    assert planner.exact(0.1) * 10 == 1
+
+
+@pytest.mark.parametrize("gpu,cards", [("a100-80g", 44), ("ascend910b", 55)])
+def test_plan_counts_cards_exactly(gpu, cards):
+    # A model of 1.6e12 BF16 parameters and no KV cache: weights + 10% fill whole cards.
+    m = planner.ModelSpec("v4-pro-weights", 1.6e12, 49e9, 61, 0, "none")
+    p = planner.plan(m, hardware.get(gpu), weights="bf16", context=1, batch=1)
+    assert p.cards == cards
+    more = planner.ModelSpec("v4-pro-weights+1", 1.6e12 + 1, 49e9, 61, 0, "none")
+    assert planner.plan(more, hardware.get(gpu), weights="bf16", context=1, batch=1).cards == (
+        cards + 1
+    )
+
+
+def test_deepseek_v41_flash_layout_by_hand():
+    m = planner.get_model("deepseek-v4.1-flash")
+    expert = 40 * 384 * 3 * 5120 * 2304  # 543.58B routed-expert parameters
+    tables = 197 * 10**9  # Engram lookup rows, FP8, one byte each
+    rest = 749 * 10**9 - expert - tables
+    assert m.expert_params == expert and m.table_params == tables and m.layout == "deepseek-v4.1"
+    # Experts: FP4 (1/2 byte) + one E8M0 byte per 32; rest: FP8 + one E8M0 byte per 32x32.
+    from fractions import Fraction as F
+
+    want = expert * (F(1, 2) + F(1, 32)) + rest * (1 + F(1, 1024)) + tables
+    assert planner.exact_checkpoint_bytes(m, "deepseek-v4.1") == want
+    # The BF16 conversion keeps the tables in FP8 (convert passes them through).
+    assert planner.exact_checkpoint_bytes(m, "bf16") == (expert + rest) * 2 + tables
+    p = planner.plan(m, hardware.get("h800"))
+    assert p.weights.layout == "deepseek-v4.1"
+    assert math.isclose(p.weight_bytes + p.scale_bytes, float(want), rel_tol=1e-12)
+    kv = 32 * 32768 * 40 * 11 * 2
+    assert p.cards == planner.cards_for(want + kv, 80)
+    # Decode reads the 8.4B rest in FP8 and the other 7.6B active as FP4 experts; no table.
+    active = rest * (1 + F(1, 1024)) + (16 * 10**9 - rest) * (F(1, 2) + F(1, 32))
+    assert math.isclose(p.active_weight_bytes, float(active), rel_tol=1e-12)

@@ -8,8 +8,13 @@ from hypothesis import strategies as st
 from reference import E4M3, E5M2, groups_for, max_scale, ref_act_quant, ref_quantize_groups
 
 import fp8jax
+from fp8jax import formats, quant, scaling
 
 FMTS = {"e4m3": (fp8jax.E4M3, E4M3), "e5m2": (fp8jax.E5M2, E5M2)}
+
+
+def _jit(f, jit):
+    return jax.jit(f) if jit else f
 
 
 def _q(x, fmt, gran, axis, tile, jit):
@@ -386,3 +391,110 @@ def test_ue8m0_scales_refuses_non_pow2_operand_and_float32_scales_decodes():
     back = float32_scales(e)
     np.testing.assert_array_equal(np.asarray(back.scale), np.asarray(p.scale))
     assert back.scale.dtype == jnp.float32
+
+
+def _awkward(rng, shape):
+    """Normal values with NaN, +-Inf, zero, subnormal, huge and tiny tiles mixed in."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[0, :128] = 0.0  # an all-zero tile
+    x[1, :128] = np.float32(1e-42) * rng.standard_normal(128).astype(np.float32)  # subnormal
+    x[2, :128] *= np.float32(1e-30)  # a tiny scale (the offset division)
+    x[3, :128] *= np.float32(3e38) / np.abs(x[3, :128]).max()  # near float32's max
+    x[4, 5], x[5, 7], x[6, 9] = np.nan, np.inf, -np.inf
+    x[7, 130:140] = 1e-39  # subnormal elements beside normal ones
+    return x
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize(
+    "gran,axis,pow2,scale_fmt",
+    [
+        ("tile", -1, False, "float32"),
+        ("tile", 0, False, "float32"),
+        ("block", -1, False, "float32"),
+        ("row", -1, True, "float32"),
+        ("tile", -1, True, "ue8m0"),
+        ("tensor", -1, False, "float32"),
+    ],
+)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_one_pass_equals_the_branches_bit_for_bit(gran, axis, pow2, scale_fmt, dtype, jit):
+    # The accelerators' branch-free quantizer and the CPU's branchy one give the
+    # same codes and scales on every kind of tile (run here with CPU helpers).
+    x = jnp.asarray(_awkward(np.random.default_rng(0), (256, 384))).astype(dtype)
+    args = (fp8jax.E4M3, gran, axis, 128, pow2, 0.0, scale_fmt)
+    one = _jit(lambda x: quant._quantize_one_pass(x, *args), jit)(x)
+    two = _jit(lambda x: quant._quantize_branches(x, *args), jit)(x)
+    for a, b in ((one.data, two.data), (one.scale, two.scale)):
+        a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_shift_offset_is_ldexp_exact_by_64(jit):
+    # The per-element shift of the offset division against the exact ldexp.
+    bits = np.array(
+        [
+            0,
+            1,
+            2,
+            0x7FFFFF,
+            0x800000,
+            0x800001,
+            0x3F800000,
+            0x5F7FFFFF,
+            0x5F800000,
+            0x7F7FFFFF,
+            0x7F800000,
+            0x7FC00000,
+        ],
+        np.uint32,
+    )
+    x = np.concatenate([bits, bits | 0x80000000]).view(np.float32)
+    x = np.concatenate([x, np.random.default_rng(1).standard_normal(1000).astype(np.float32)])
+    shifted = np.arange(x.size) % 3 != 0
+    got = _jit(quant._shift_offset, jit)(jnp.asarray(x), jnp.asarray(shifted))
+    with np.errstate(over="ignore"):  # beyond float32's range: +-Inf, as ldexp's
+        want = np.where(shifted, np.ldexp(x.astype(np.float64), 64), x).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
+
+
+def test_float_amax_is_the_bits_amax_on_normal_and_nonfinite_values():
+    # CUDA's float reduction against the bit patterns' (both run here; CPU
+    # flushes subnormals in float arithmetic, so normal values, zeros, NaN, Inf).
+    x = np.random.default_rng(2).standard_normal((64, 256)).astype(np.float32) * 1e3
+    x[0, 3], x[1, 4], x[2, :] = np.nan, -np.inf, 0.0
+    for dt in (jnp.float32, jnp.bfloat16):
+        xj = jnp.asarray(x).astype(dt)
+        got = scaling._float_amax(xj, 1, True)
+        want = scaling._bits_amax(xj, 1, True)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_fp8_codes_equal_the_hardware_cast_on_clipped_values():
+    # GPUs and TPUs cast with the hardware conversion, the CPU on the bit
+    # patterns: the same codes for every value the quantizer casts.
+    rng = np.random.default_rng(3)
+    for fmt in (fp8jax.E4M3, fp8jax.E5M2):
+        m = float(ml_dtypes.finfo(fmt).max)
+        y = np.concatenate(
+            [
+                rng.uniform(-m, m, 20000),
+                rng.standard_normal(20000) * 1e-3,
+                [
+                    0.0,
+                    -0.0,
+                    m,
+                    -m,
+                    np.nan,
+                    np.inf,
+                    -np.inf,
+                    1e-45,
+                    float(ml_dtypes.finfo(fmt).smallest_subnormal) / 2,
+                ],
+            ]
+        ).astype(np.float32)
+        y = np.where(np.isinf(y), y, np.clip(y, -m, m)).astype(np.float32)
+        got = np.asarray(formats.fp8_codes(jnp.asarray(y), fmt)).view(np.uint8)
+        want = y.astype(fmt).view(np.uint8)
+        np.testing.assert_array_equal(got, want)

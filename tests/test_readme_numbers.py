@@ -157,8 +157,19 @@ def test_recipe_sites_table_matches_results():
             assert cells[2 + j] == ", ".join(f"{d[j]:.4f}" for d in draws)
         for col, j in ((5, 0), (6, 2)):
             ratios = [d[j] / r[j] for d, r in zip(draws, ref)]
-            assert cells[col].startswith(", ".join(f"{v:.2f}" for v in ratios))
-            assert cells[col].endswith(f"({min(ratios):.2f}-{max(ratios):.2f})")
+            mean, lo, hi = _geomean_interval(ratios)
+            assert cells[col] == ", ".join(f"{v:.2f}" for v in ratios) + (
+                f"; geomean {mean:.2f} [{lo:.2f}, {hi:.2f}]"
+            )
+
+
+def _geomean_interval(ratios: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of ``ratios`` and the 95% t-interval of their mean log, mapped back."""
+    logs = [math.log(v) for v in ratios]
+    n = len(logs)
+    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(logs) / math.sqrt(n)
+    mean = statistics.fmean(logs)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
 def _ratios(inputs_kind: str, name: str, column: int) -> list[float]:
@@ -175,10 +186,12 @@ def test_recipe_sites_prose_matches_results(path):
     text = " ".join(_read(path).split())
     pow2 = "deepseek_v3_pow2x (general linear)"
     for kind in ("massive3", "lognormal"):
-        r = _ratios(kind, pow2, 0)
-        assert f"{min(r):.2f}-{max(r):.2f}x" in text, kind
+        mean, lo, hi = _geomean_interval(_ratios(kind, pow2, 0))
+        assert f"{mean:.2f}x [{lo:.2f}x, {hi:.2f}x]" in text, kind
     attn = _ratios("massive3", "deepseek_v3 at attn_out", 2)
     assert ", ".join(f"{v:.2f}x" for v in attn) in text
+    mean, lo, hi = _geomean_interval(attn)
+    assert f"{mean:.2f}x [{lo:.2f}x, {hi:.2f}x]" in text
     unscaled = _ratios("massive3", "attn_out_e5m6_unscaled at attn_out", 2)
     assert ", ".join(f"{v:.2f}x" for v in unscaled) in text
 

@@ -1,4 +1,6 @@
 import dataclasses
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -248,6 +250,20 @@ def test_one_registry_resolves_presets_and_variants_by_their_own_name():
     assert not set(recipes.PRESETS) & set(VARIANTS)
     with pytest.raises(ValueError, match="unknown recipe 'acc_tile'; did you mean 'acc_tiles'"):
         registry.get("acc_tile")
+
+
+def test_the_resolvers_old_name_is_the_registrys():
+    # fp8jax.recipes.get resolved names before fp8jax.registry existed: it still does,
+    # in a fresh interpreter too (the alias must not depend on import order).
+    assert recipes.get is registry.get
+    assert recipes.get("acc_tiles") == registry.get("acc_tiles")
+    code = (
+        "from fp8jax.recipes import get\n"
+        "import fp8jax.registry\n"
+        "assert get is fp8jax.registry.get and get('deepseek_v3').name == 'deepseek_v3'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 # --------------------------------------------------------------------------

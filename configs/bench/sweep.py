@@ -17,9 +17,14 @@ time/tflops/ratio_bf16/memory PNGs.  What it prints: the speedup-vs-bf16 tables
 (fwd+bwd, then fwd) of every recipe x implementation per shape, the
 implementations not offered on this backend, the MoE train-step table and
 "wall ... s; wrote ...".  Logic: fp8jax.bench.sweep.
+Every field is flat (text, numbers, booleans), built with
+fp8jax.bench.config_file.new_config: experiments/bench.py reads this file with or
+without ml_collections (scripts/gpu_sweep.sh runs it on the GPU image, which has none).
 """
 
-import ml_collections
+from typing import Any
+
+from fp8jax.bench.config_file import new_config
 
 # Values that differ between the two sizes: (gpu, cpu).
 _BY_SIZE = {
@@ -32,13 +37,13 @@ _BY_SIZE = {
 }
 
 
-def get_config(size: str = "gpu") -> ml_collections.ConfigDict:
+def get_config(size: str = "gpu") -> Any:
     if size not in ("gpu", "cpu"):
         raise ValueError(
             f"size {size!r}: give 'gpu' or 'cpu' (--config=configs/bench/sweep.py:cpu)"
         )
     pick = {k: v[size == "cpu"] for k, v in _BY_SIZE.items()}
-    c = ml_collections.ConfigDict()
+    c = new_config()
     c.benchmark = "sweep"  # fp8jax.bench.experiments.sweep
     # --- GEMM shapes (fp8jax.bench.gemm_cases) ---
     # Shape groups: square (M = K = N), dsv3 (DeepSeek-V3's K = 7168 linears), moe (expert GEMMs).

@@ -9,7 +9,8 @@ per input kind ("massive3", "lognormal", and a run's captured sites) and
 quantization (DeepSeek's act_quant numpy reference, deepseek_v3 at a general
 linear and at each scale site, deepseek_v3_pow2x, attn_out_e5m6_unscaled) the
 relative error of Fprop y, Dgrad dx and Wgrad dW per draw, and the ratios of y
-and dW to the reference's per draw with their range.  --out_dir=DIR writes
+and dW to the reference's per draw with their geometric mean and its 95% interval
+over the draws.  --out_dir=DIR writes
 DIR/table.md and DIR/results.json (every value).  Logic:
 fp8jax.numerics.studies.site_errors.
 """

@@ -3,7 +3,9 @@
 Each takes the benchmark's config (configs/bench/<name>.py: every field with its
 meaning) and an optional output directory, prints its report and, given the
 directory, writes what it measured there (``results.json``; the sweep also CSV and
-PNGs).  ``BENCHMARKS`` maps the config's ``benchmark`` field to the function.
+PNGs).  ``BENCHMARKS`` maps the config's ``benchmark`` field to the function;
+:func:`checked_benchmark` returns it once every field is checked
+(:mod:`fp8jax.bench.bench_fields`: types, ranges, names, memory).
 """
 
 from __future__ import annotations
@@ -12,19 +14,21 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import ml_collections
+if TYPE_CHECKING:
+    # Type hints only: the sweep also runs where ml_collections is not installed
+    # (its config then a fp8jax.bench.config_file.FieldDict).
+    import ml_collections
+
+from fp8jax.bench.bench_fields import FIELDS, FOOTPRINTS
+from fp8jax.train.fields import ConfigError, check_allocation, check_fields, choice, items
 
 MiB = 2**20
 
 
-class BenchConfigError(ValueError):
+class BenchConfigError(ConfigError):
     """A config value the benchmark cannot run with (the message names the field)."""
-
-
-def items(text: str) -> list[str]:
-    """A comma-separated config field as a list ("" -> [])."""
-    return [s.strip() for s in str(text).split(",") if s.strip()]
 
 
 def _write_json(out_dir: str | None, record: dict) -> None:
@@ -83,8 +87,6 @@ def kernels(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
     from fp8jax.kernels import kernel_available
 
     on_gpu = kernel_available()
-    if c.size not in ("auto", "small", "full"):
-        raise BenchConfigError(f"config.size = {c.size!r}: give auto, small or full")
     small = (not on_gpu) if c.size == "auto" else c.size == "small"
     header = {
         "backend": jax.default_backend(),
@@ -155,9 +157,7 @@ def memory(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
     from fp8jax.models import ModelConfig, MoETransformer, loss_fn
     from fp8jax.parallel.mesh import make_mesh
 
-    names = items(c.recipes)
-    if not names:
-        raise BenchConfigError("config.recipes is empty: give presets, the first is the base")
+    names = items(c.recipes)  # at least one (bench_fields)
     seq, batch = int(c.seq), int(c.batch)
     model = bench_model(int(c.d_model), int(c.layers))
     cfg = ModelConfig.tiny(**model, max_seq_len=max(seq, 128))
@@ -205,16 +205,7 @@ def model_step(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
 
     from fp8jax.bench import moe_step
 
-    rows = items(c.recipes)
-    for spec in rows:
-        try:
-            moe_step.parse_spec(spec)
-        except (KeyError, ValueError) as e:
-            raise BenchConfigError(f"config.recipes: {e}") from None
-    if c.preset not in moe_step.PRESETS:
-        raise BenchConfigError(
-            f"config.preset = {c.preset!r}: give one of {list(moe_step.PRESETS)}"
-        )
+    rows = items(c.recipes)  # rows and preset checked (bench_fields)
     records, note = moe_step.bench_train_steps(
         rows,
         preset=str(c.preset),
@@ -270,9 +261,6 @@ def sweep_config(c: ml_collections.ConfigDict, out_dir: str):
             square_sizes=[int(s) for s in items(c.square_sizes)],
             dsv3_n=[int(n) for n in items(c.dsv3_n)] or gemm_cases.DSV3_N,
         )
-    for name in ("warmup", "iters", "moe_batch", "moe_iters"):
-        if int(c[name]) < (0 if name == "warmup" else 1):
-            raise ValueError(f"config.{name} = {c[name]} is out of range")
     return bench.SweepConfig(
         shapes=shapes,
         recipes=items(c.recipes) or None,
@@ -321,7 +309,59 @@ def sweep(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
     print(f"wall {results['wall_s']:.1f} s; wrote {', '.join(sorted(paths.values()))}")
 
 
+def compilers(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
+    """The accelerators' compilers' predictions, per target x case x recipe x impl, vs bf16."""
+    # Deviceless: the CUDA plugin must not look for a GPU (it fails without one,
+    # and then offers no compile-only client either).  Read when JAX starts its
+    # backends, which happens after this.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    from fp8jax.bench import compilers as compilers_lib
+    from fp8jax.bench import predicted
+
+    targets = []
+    for name in items(c.targets):
+        try:
+            t = compilers_lib.target(name)
+        except ValueError as e:
+            raise BenchConfigError(f"config.targets: {e}") from None
+        why = compilers_lib.unavailable(t)
+        if why:
+            print(f"skipped: {why}")
+            continue
+        targets.append(t)
+    recipes, impls = items(c.recipes), items(c.impls)
+    shapes = predicted.parse_shapes(c.shapes)
+    records: list[dict] = []
+    for t in targets:
+        print(f"== {t.name}: {t.source}")
+        for shape in shapes:
+            records += predicted.gemm_case(shape, recipes, impls, t)
+        for spec in items(c.grouped):
+            e, rows, k, n = (int(v) for v in spec.lower().split("x"))
+            records += predicted.grouped_case(e, rows, k, n, recipes, impls, t)
+        if c.moe_step:
+            records += predicted.moe_step_case(str(c.moe_step), int(c.batch), recipes, t)
+        print(predicted.table([r for r in records if r["target"] == t.name]))
+    compile_times = None
+    if c.cpu_compile_recipe:
+        compile_times = predicted.cpu_compile_ratio(
+            str(c.cpu_compile_preset), int(c.batch), str(c.cpu_compile_recipe)
+        )
+        print(
+            f"CPU compile of the {c.cpu_compile_preset} train step: "
+            f"{c.cpu_compile_recipe} {compile_times[c.cpu_compile_recipe]:.1f} s, "
+            f"bf16 {compile_times['bf16']:.1f} s, ratio {compile_times['ratio']:.2f} (goal <= 2)"
+        )
+    print(
+        "Predictions of the compilers, not measurements: GEMMs priced as a roofline "
+        "(no autotuning without a device), other GPU kernels by XLA's cost model, TPU by libtpu."
+    )
+    _write_json(out_dir, {"records": records, "cpu_compile": compile_times})
+
+
 BENCHMARKS: dict[str, Callable[[ml_collections.ConfigDict, str | None], None]] = {
+    "compilers": compilers,
     "core": core,
     "kernels": kernels,
     "memory": memory,
@@ -329,3 +369,20 @@ BENCHMARKS: dict[str, Callable[[ml_collections.ConfigDict, str | None], None]] =
     "parallel": parallel,
     "sweep": sweep,
 }
+
+
+def checked_benchmark(
+    c: ml_collections.ConfigDict,
+) -> Callable[[ml_collections.ConfigDict, str | None], None]:
+    """The benchmark ``c.benchmark`` names, once every field of ``c`` is checked.
+
+    Raises ConfigError (one line naming the field) for an unknown benchmark, a
+    field of the wrong type or range, an unknown name, or sizes whose arrays
+    alone exceed the memory available.
+    """
+    name = choice(*BENCHMARKS)("benchmark", c.get("benchmark"))
+    what = f"the {name} benchmark"
+    values = check_fields(c, {"benchmark": choice(*BENCHMARKS), **FIELDS[name]}, what)
+    if name in FOOTPRINTS:
+        check_allocation(FOOTPRINTS[name](values), f"{what} at these sizes")
+    return BENCHMARKS[name]

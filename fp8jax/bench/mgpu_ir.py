@@ -1,16 +1,12 @@
 """The Mosaic GPU kernels compiled for an H100 on a machine without a GPU.
 
-JAX's CUDA plugin compiles a program for a described GPU (XLA's
-``GpuTargetConfig``, ``gpu_targets/h100_sxm.txtpb``: the device facts the
-compiler needs) from a CPU machine: ``get_topology_desc(platform="cuda")``.
-Mosaic GPU then writes what it made of each kernel into ``MOSAIC_GPU_DUMP_TO``:
-the PTX, ``ptxas``'s report (registers, spills) and the kernel's shared
-memory.  This module compiles one kernel call that way and counts what the
-code holds: FP8 ``wgmma`` instructions, TMA copies (``cp.async.bulk.tensor``),
-any ``mma.sync`` fallback.  These are compiler output, not measurements.
-
-Needs the CUDA plugin of the installed jax (``jax[cuda13]`` at the same
-version); :func:`cuda_compiler_available` says whether it is there.
+:mod:`fp8jax.bench.compilers` compiles a program for a described GPU from a
+CPU machine (XLA's compile-only CUDA client).  Mosaic GPU then writes what it
+made of each kernel into ``MOSAIC_GPU_DUMP_TO``: the PTX, ``ptxas``'s report
+(registers, spills) and the kernel's shared memory.  This module compiles one
+kernel call that way and counts what the code holds: FP8 ``wgmma``
+instructions, TMA copies (``cp.async.bulk.tensor``), the promotion's FP32
+FFMA, any ``mma.sync`` fallback.  These are compiler output, not measurements.
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import importlib.util
 import os
 import re
 import tempfile
@@ -27,14 +22,11 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import topologies
 
-from fp8jax import platforms
+from fp8jax.bench import compilers
 from fp8jax.kernels import block_gemm
 from fp8jax.kernels import grouped_block_gemm as grouped
 
-#: XLA's description of an H100 SXM (132 SMs, compute capability 9.0).
-H100_TARGET = Path(__file__).parent / "gpu_targets" / "h100_sxm.txtpb"
 #: Shared memory one thread block may use on an H100 / H200 (227 KiB).
 H100_SHARED_BYTES = 227 * 1024
 #: Registers one thread may use.
@@ -58,25 +50,9 @@ class KernelCode:
     ptx: str = dataclasses.field(repr=False)
 
 
-def cuda_compiler_available() -> bool:
-    """Whether JAX's CUDA plugin (which compiles for a GPU target without one) is installed."""
-    if importlib.util.find_spec("jax_plugins") is None:
-        return False
-    return any(
-        importlib.util.find_spec(f"jax_plugins.{name}") is not None
-        for name in ("xla_cuda13", "xla_cuda12")
-    )
-
-
-@functools.cache
-def _h100_sharding() -> jax.sharding.NamedSharding:
-    # The plugin refuses to start without a driver unless told it only compiles.
-    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
-    topo = topologies.get_topology_desc(
-        platform="cuda", target_config=H100_TARGET.read_text(), topology="1x1x1"
-    )
-    mesh = jax.sharding.Mesh(topo.devices, ("d",))
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+def unavailable() -> str | None:
+    """Why no H100 program can be compiled here (one line), or None."""
+    return compilers.unavailable(compilers.target("h100"))
 
 
 @contextlib.contextmanager
@@ -96,10 +72,8 @@ def _mosaic_dump() -> Iterator[Path]:
 
 def compile_h100(fn: Callable, *args: jax.ShapeDtypeStruct) -> list[KernelCode]:
     """Compile ``jax.jit(fn)`` for an H100 here; what each Mosaic GPU kernel in it became."""
-    sharding = _h100_sharding()
-    args = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args)
-    with _mosaic_dump() as dump, platforms.lowering_for_cuda("9.0"):
-        jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).compile()
+    with _mosaic_dump() as dump:
+        compilers.compile_for(fn, args, "h100")
         codes = [_read(ptx) for ptx in sorted(dump.glob("*.ptx"))]
     if not codes:
         raise ValueError("no Mosaic GPU kernel was compiled (is interpret=False?)")

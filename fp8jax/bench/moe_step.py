@@ -70,9 +70,20 @@ class _Stepper:
         return metrics["loss"]
 
 
-def _compile_row(cfg: ModelConfig, spec: str, tokens: jax.Array) -> tuple[_Stepper, dict]:
-    """Build the model and train state of one row and compile its step."""
-    recipe, telemetry = parse_spec(spec)
+def train_step_program(
+    cfg: ModelConfig,
+    recipe: recipes_lib.Recipe,
+    batch: int,
+    *,
+    telemetry: bool = True,
+    tokens: jax.Array | None = None,
+):
+    """(the jitted, donating train step, (its state, a batch of tokens)) for one recipe.
+
+    The step is what training runs (forward, backward, AdamW, FP8-state
+    overwrite, router-bias update); tokens default to ``batch`` rows of
+    uniform random ids of the model's length.
+    """
     model = MoETransformer(cfg, recipe, rngs=nnx.Rngs(0), telemetry=telemetry)
     tx, _ = make_optimizer(peak_lr=1e-3, total_steps=1000, warmup_steps=10)
     graphdef, state = create_train_state(model, tx)
@@ -83,6 +94,18 @@ def _compile_row(cfg: ModelConfig, spec: str, tokens: jax.Array) -> tuple[_Stepp
         bias_rate=cfg.bias_update_rate,
         update_bias_fn=update_router_bias,
         donate=True,
+    )
+    if tokens is None:
+        shape = (batch, cfg.max_seq_len)
+        tokens = jax.random.randint(jax.random.key(0), shape, 0, cfg.vocab_size, jnp.int32)
+    return step, (state, tokens)
+
+
+def _compile_row(cfg: ModelConfig, spec: str, tokens: jax.Array) -> tuple[_Stepper, dict]:
+    """Build the model and train state of one row and compile its step."""
+    recipe, telemetry = parse_spec(spec)
+    step, (state, tokens) = train_step_program(
+        cfg, recipe, tokens.shape[0], telemetry=telemetry, tokens=tokens
     )
     t0 = time.perf_counter()
     compiled = step.lower(state, tokens).compile()

@@ -1,7 +1,8 @@
 """FP8 GEMM kernels: block-scaled (DeepSeek-V3 1x128 / 128x128) Mosaic GPU kernels and dispatch.
 
-See docs/kernels.md.  The kernels are compiled where a program is lowered for a Hopper+
-NVIDIA GPU and run in Mosaic GPU's interpreter elsewhere (tests).
+See docs/kernels.md.  The kernels exported here are compiled where a program is lowered
+for a Hopper+ NVIDIA GPU and run in Mosaic GPU's interpreter elsewhere (tests);
+``fp8jax.kernels.tpu_block_gemm`` holds the same GEMMs as Pallas TPU (Mosaic) kernels.
 """
 
 from fp8jax.kernels.availability import hopper_gpu, kernel_available, self_check_error

@@ -257,6 +257,7 @@ def _cmd_convert(args) -> int:
             quiet=args.quiet,
             rounding=getattr(args, "rounding", "deepseek"),
             scale_fmt=args.scale_fmt,
+            amax_floor=getattr(args, "amax_floor", None),
         )
     except convert.ConversionTerminated as e:
         print(f"fp8jax convert: {e}; partial output removed", file=sys.stderr)
@@ -268,6 +269,8 @@ def _cmd_convert(args) -> int:
         print(f"read {rep.layout_name}")
     elif rep.scale_fmt == "ue8m0":
         rounding = ", power-of-two (ue8m0) scales"
+    if rep.amax_floor:
+        rounding += f", amax floored at {rep.amax_floor:g}"
     # The conversion's own time, and the whole command's (Python and JAX start-up included).
     total = _seconds_since_start()
     whole = f" ({total:.2f} s since the command started)" if total is not None else ""
@@ -460,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="memory, cards, nodes and decode bound of a deployment")
     p.add_argument(
         "--model",
-        help="named config: deepseek-v3, deepseek-r1, deepseek-v4-{flash,pro}, llama-3.1-{8b,70b,405b}",
+        help="named config: deepseek-v3, deepseek-r1, deepseek-v4-{flash,pro}, deepseek-v4.1-flash, llama-3.1-{8b,70b,405b}",
     )
     p.add_argument("--params", type=_POSITIVE, help="custom model: total parameters (e.g. 70e9)")
     p.add_argument("--active", type=_POSITIVE, help="custom model: active parameters per token")
@@ -548,6 +551,15 @@ def build_parser() -> argparse.ArgumentParser:
                 default="float32",
                 help="float32 (default): amax / 448 per block; ue8m0: rounded up to a power of "
                 "two (DeepSeek-V3.1's format), still stored as float32",
+            )
+            q.add_argument(
+                "--amax-floor",
+                type=float,
+                default=None,
+                metavar="X",
+                help="floor each block's amax at X before the scale is taken (default: 1e-4, "
+                "DeepSeek's inference act_quant since 2025-08 and DeepGEMM, with ue8m0 scales; "
+                "0, no floor, with float32 scales)",
             )
         q.add_argument("--quiet", action="store_true", help="no progress bar")
     q = conv.add_parser("example", help="write a small FP8 checkpoint in DeepSeek-V3's layout")

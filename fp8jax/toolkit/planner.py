@@ -47,6 +47,13 @@ W4A16 is always dequantized (its activations are BF16/FP16).
 
 Units: GB = 1e9 bytes; card memory is the vendor figure read as 1e9 bytes.
 
+Card counts are exact: the bytes, the overhead and the card memory are taken
+as the decimals they were written as (:func:`exact`: 0.1 is 1/10, not the
+float just above it) and the ceiling is taken of their rational quotient
+(:func:`cards_for`), so a total that fills whole cards exactly (V4-Pro in BF16:
+1.1 x 3,200 GB = 44 x 80 GB) is not pushed one card up by a rounding error.
+The other figures (GB, tokens/s) are floats.
+
 Inputs are refused (ValueError, one line) outside :data:`LIMITS`: ranges
 three or more orders of magnitude wider than any model or card in the
 tables, inside which every byte count and rate is a finite float64.  Beyond
@@ -59,6 +66,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from fp8jax.toolkit import catalog
 from fp8jax.toolkit.hardware import Accelerator
@@ -82,10 +90,14 @@ MAX_CARDS = 10**9
 # of the routed experts).  DeepSeek-V4 stores FP8 E4M3 with one E8M0 byte per
 # 128x128 block and routed experts in FP4 E2M1 with one E8M0 byte per 32
 # (MXFP4's bytes); its BF16 conversion is 2 bytes per parameter throughout.
+# DeepSeek-V4.1 the same with one E8M0 byte per 32x32 FP8 block, and its
+# Engram lookup tables in FP8 (ModelSpec.table_params, one byte each, also in
+# the BF16 conversion, which passes them through).
 CHECKPOINT_LAYOUTS: dict[str, tuple[str, str]] = {
     "bf16": ("bf16", "bf16"),
     "deepseek-v3": ("fp8", "fp8"),
     "deepseek-v4": ("fp8-e8m0", "mxfp4"),
+    "deepseek-v4.1": ("fp8-e8m0-32", "mxfp4"),
 }
 
 
@@ -123,6 +135,10 @@ class ModelSpec:
     # The published checkpoint's layout (a CHECKPOINT_LAYOUTS key; "": none
     # named), which "auto" weights plan with on cards with native FP8.
     layout: str = ""
+    # Lookup-table parameters within total_params (DeepSeek-V4.1's Engram
+    # n-gram memory): FP8 rows, one byte each in every layout (``fp8jax convert``
+    # passes them through), read per token only for the rows a token hits.
+    table_params: float = 0.0
 
     def __post_init__(self) -> None:
         for what, v in (("total", self.total_params), ("active", self.active_params)):
@@ -132,6 +148,8 @@ class ModelSpec:
                 )
         if not 0 <= self.expert_params <= self.total_params:
             raise ValueError("expert parameters must be between 0 and the total parameters")
+        if not 0 <= self.table_params <= self.total_params - self.expert_params:
+            raise ValueError("table parameters must be between 0 and the non-expert parameters")
         if self.layout and self.layout not in CHECKPOINT_LAYOUTS:
             raise ValueError(
                 f"unknown checkpoint layout {self.layout!r}; one of {sorted(CHECKPOINT_LAYOUTS)}"
@@ -184,6 +202,34 @@ def _deepseek_v4(
     )
 
 
+def _deepseek_v41_flash() -> ModelSpec:
+    # 40 layers, every one MoE: 384 routed experts x 3 projections of hidden
+    # 5120 x moe_intermediate_size 2304.
+    expert = float(40 * 384 * 3 * 5120 * 2304)
+    return ModelSpec(
+        name="DeepSeek-V4.1-Flash",
+        total_params=552e9 + 197e9,
+        active_params=16e9,
+        n_layers=40,
+        # Assumption: the published 890 bytes of global KV cache per token, over
+        # 40 layers, read as 11 BF16 elements per layer (880 bytes).
+        kv_elems_per_layer=11,
+        kv_kind="assumed 11 elements (890 bytes per token published, over 40 layers)",
+        source="DeepSeek-V4.1-Flash (2026-09) as its config.json and safetensors headers "
+        "are summarised in public deployment notes (vLLM Ascend's DeepSeek-V4.1-Flash "
+        "tutorial; sqliteai/warp docs/DS41.md), not read from the files here: 552B "
+        "backbone + 197B Engram n-gram memory (FP8 lookup tables), 16B activated per "
+        "decode token (8B per prefill token), 40 layers, hidden 5120, 384 routed experts "
+        "of moe_intermediate_size 2304, 890 bytes of global KV cache per token; routed "
+        f"experts {expert / 1e9:.1f}B (computed), the rest assumed = total - experts - "
+        "tables; the published 510 GB also hold the vision tower, BF16 leftovers and the "
+        "DSpark draft module, not modelled",
+        expert_params=expert,
+        layout="deepseek-v4.1",
+        table_params=197e9,
+    )
+
+
 def _llama(name: str, params: float, layers: int) -> ModelSpec:
     return ModelSpec(
         name=name,
@@ -201,6 +247,7 @@ MODELS: dict[str, ModelSpec] = {
     "deepseek-r1": _deepseek("DeepSeek-R1"),
     "deepseek-v4-flash": _deepseek_v4("DeepSeek-V4-Flash", 284e9, 13e9, 43, 4096, 2048, 256),
     "deepseek-v4-pro": _deepseek_v4("DeepSeek-V4-Pro", 1.6e12, 49e9, 61, 7168, 3072, 384),
+    "deepseek-v4.1-flash": _deepseek_v41_flash(),
     "llama-3.1-8b": _llama("Llama-3.1-8B", 8e9, 32),
     "llama-3.1-70b": _llama("Llama-3.1-70B", 70e9, 80),
     "llama-3.1-405b": _llama("Llama-3.1-405B", 405e9, 126),
@@ -274,17 +321,52 @@ def _split_bytes(
     )
 
 
+def exact(x: float) -> Fraction:
+    """``x`` as the decimal it was written as, exactly (its shortest repr): 0.1 -> 1/10.
+
+    Scales per parameter such as 1 / 16384 are powers of two, exact either way.
+    """
+    return Fraction(repr(x)) if isinstance(x, float) else Fraction(x)
+
+
+# Lookup tables (ModelSpec.table_params): FP8 E4M3 rows, one byte per parameter.
+TABLE_BYTES = 1
+
+
+def _model_bytes(
+    model: ModelSpec, dense: WeightFormat, expert: WeightFormat
+) -> tuple[Fraction, Fraction]:
+    """(element bytes, scale bytes), exactly: routed experts in ``expert``, lookup
+    tables at TABLE_BYTES, the rest in ``dense``."""
+    experts, tables = exact(model.expert_params), exact(model.table_params)
+    rest = exact(model.total_params) - experts - tables
+    elements = rest * exact(dense.bytes_per_param) + experts * exact(expert.bytes_per_param)
+    scales = rest * exact(dense.scale_bytes_per_param) + experts * exact(
+        expert.scale_bytes_per_param
+    )
+    return elements + tables * TABLE_BYTES, scales
+
+
+def exact_checkpoint_bytes(model: ModelSpec, layout: str) -> Fraction:
+    """:func:`checkpoint_bytes` in rational arithmetic (what card counts use)."""
+    return sum(_model_bytes(model, *_layout_parts(layout)), Fraction(0))
+
+
 def checkpoint_bytes(model: ModelSpec, layout: str) -> float:
     """Bytes of ``model``'s weights, scales included, in a checkpoint layout.
 
-    Experts (``model.expert_params``) in the layout's expert format, the rest
-    in its other format; see :data:`CHECKPOINT_LAYOUTS`.
+    Experts (``model.expert_params``) in the layout's expert format, lookup
+    tables (``model.table_params``) at one byte, the rest in its other format;
+    see :data:`CHECKPOINT_LAYOUTS`.
     """
-    dense, expert = _layout_parts(layout)
-    elements, scales = _split_bytes(
-        model.total_params - model.expert_params, model.expert_params, dense, expert
-    )
-    return elements + scales
+    return float(exact_checkpoint_bytes(model, layout))
+
+
+def cards_for(nbytes: float | Fraction, card_gb: float, overhead: float = 0.10) -> int:
+    """Cards of ``card_gb`` GB that hold ``nbytes`` plus ``overhead`` of it:
+    ceil(nbytes x (1 + overhead) / (card_gb x 1e9)), exactly (:func:`exact`)."""
+    total = (nbytes if isinstance(nbytes, Fraction) else exact(nbytes)) * (1 + exact(overhead))
+    return math.ceil(total / (exact(card_gb) * 10**9))
 
 
 def active_bytes(model: ModelSpec, wf: WeightFormat) -> float:
@@ -299,7 +381,8 @@ def active_bytes(model: ModelSpec, wf: WeightFormat) -> float:
     if not wf.layout:
         return model.active_params * (wf.bytes_per_param + wf.scale_bytes_per_param)
     dense, expert = _layout_parts(wf.layout)
-    rest = min(model.total_params - model.expert_params, model.active_params)
+    # Lookup tables are read a few rows per token: not counted.
+    rest = min(model.total_params - model.expert_params - model.table_params, model.active_params)
     return sum(_split_bytes(rest, model.active_params - rest, dense, expert))
 
 
@@ -315,15 +398,18 @@ def published_format(model: ModelSpec) -> WeightFormat:
     dense, expert = _layout_parts(model.layout)
     if dense == expert or not model.expert_params:
         return dense
-    rest = model.total_params - model.expert_params
-    elements, scales = _split_bytes(rest, model.expert_params, dense, expert)
+    rest = model.total_params - model.expert_params - model.table_params
+    elements, scales = (float(b) for b in _model_bytes(model, dense, expert))
+    tables = (
+        f", lookup tables ({model.table_params / 1e9:.1f}B) in FP8" if model.table_params else ""
+    )
     return WeightFormat(
         model.layout,
         elements / model.total_params,
         scales / model.total_params,
         dense.needs_fp8 or expert.needs_fp8,
         f"{model.layout} checkpoint: routed experts ({model.expert_params / 1e9:.1f}B) in "
-        f"{expert.describe}, the rest ({rest / 1e9:.1f}B) in {dense.describe}",
+        f"{expert.describe}{tables}, the rest ({rest / 1e9:.1f}B) in {dense.describe}",
         layout=model.layout,
         expert_format=expert,
     )
@@ -333,6 +419,9 @@ def _layout_format(name: str) -> WeightFormat:
     if name == "fp8-e8m0":
         # One E8M0 byte (not a float32) per 128x128 block.
         return WeightFormat(name, 1.0, 1 / (BLOCK * BLOCK), True, "FP8 E4M3 + E8M0 per 128x128")
+    if name == "fp8-e8m0-32":
+        # DeepSeek-V4.1: one E8M0 byte per 32x32 block.
+        return WeightFormat(name, 1.0, 1 / (32 * 32), True, "FP8 E4M3 + E8M0 per 32x32")
     return WEIGHT_FORMATS[name]
 
 
@@ -480,7 +569,8 @@ def plan(
     elif model.expert_params:
         notes.append(
             f"{model.name}'s published checkpoint (FP4 experts, FP8 rest, E8M0 scales) is "
-            f"{checkpoint_bytes(model, 'deepseek-v4') / 1e9:,.1f} GB; this plan prices every "
+            f"{checkpoint_bytes(model, model.layout or 'deepseek-v4') / 1e9:,.1f} GB; this plan "
+            "prices every "
             f"parameter as {wf.describe} (planner.checkpoint_bytes gives each layout's bytes)."
         )
 
@@ -492,8 +582,11 @@ def plan(
         kv = "bf16"
 
     # Memory.
-    weight_bytes = model.total_params * wf.bytes_per_param
-    scale_bytes = model.total_params * wf.scale_bytes_per_param
+    if wf.layout:
+        weight_bytes = model.total_params * wf.bytes_per_param
+        scale_bytes = model.total_params * wf.scale_bytes_per_param
+    else:  # lookup tables stay FP8 whatever the weights' format
+        weight_bytes, scale_bytes = (float(b) for b in _model_bytes(model, wf, wf))
     kv_per_token = model.n_layers * model.kv_elems_per_layer * KV_BYTES[kv]
     kv_bytes = batch * context * kv_per_token
     sub = weight_bytes + scale_bytes + kv_bytes
@@ -505,7 +598,13 @@ def plan(
             f"{model.name} needs {total / 1e9:.3g} GB, over {MAX_CARDS:,} cards of "
             f"{card_gb:g} GB: outside what the planner plans (a unit mistake?)"
         )
-    cards = math.ceil(total / card_bytes)
+    # Exact: weights (a published layout's two formats each), KV and overhead as written.
+    exact_weights = (
+        exact_checkpoint_bytes(model, wf.layout)
+        if wf.layout
+        else sum(_model_bytes(model, wf, wf), Fraction(0))
+    )
+    cards = cards_for(exact_weights + exact(kv_bytes), card_gb, overhead)
     nodes = math.ceil(cards / node_size)
     if cards <= node_size:
         layout_cards = _next_pow2(cards)

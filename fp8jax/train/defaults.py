@@ -27,12 +27,10 @@ from fp8jax import registry
 from fp8jax.models import ModelConfig
 from fp8jax.recipes import Recipe
 from fp8jax.train import injection
+from fp8jax.train.fields import ConfigError
+from fp8jax.train.fields import finite as _finite
+from fp8jax.train.fields import require as _require
 from fp8jax.train.optimizer import MOMENT_DTYPE
-
-
-class ConfigError(ValueError):
-    """A user mistake in a config, a path or the data: the message is one line with the fix."""
-
 
 # Fields a run may change when it resumes from its workdir: they decide how
 # long it trains and what it logs, not what a step computes.  ``steps`` may
@@ -335,15 +333,6 @@ def _check_known_fields(config: ml_collections.ConfigDict, extra: tuple[str, ...
             f"config has no field {missing[0]!r}: build it from "
             "fp8jax.train.defaults.base_config() (the schema; configs/*.py start from it)"
         )
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def _finite(x: float) -> bool:
-    return isinstance(x, int | float) and math.isfinite(x)
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:

@@ -27,6 +27,7 @@ from fp8jax import host_memory
 from fp8jax.models import ModelConfig
 from fp8jax.parallel.mesh import AXES, axis_sizes
 from fp8jax.train.defaults import ConfigError
+from fp8jax.train.fields import size_text
 
 SIMULATE_DEVICES = "XLA_FLAGS=--xla_force_host_platform_device_count=N"
 
@@ -108,13 +109,6 @@ def step_memory_lower_bound(
     return host, device
 
 
-def _size(n: float) -> str:
-    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
-        if n >= div:
-            return f"{n / div:.1f} {unit}"
-    return f"{n:.0f} bytes"
-
-
 def check_memory(
     config: ml_collections.ConfigDict,
     mcfg: ModelConfig,
@@ -136,8 +130,8 @@ def check_memory(
         where = "this machine has" if on_cpu else "a device holds"
         raise ConfigError(
             f"batch_size {config.batch_size} x seq_len {seq} (eval {config.eval_batches} x "
-            f"{config.eval_batch_size}) needs more than {_size(need)} for its tokens and logits "
-            f"alone, but {where} {_size(avail)}: lower --config.batch_size or "
+            f"{config.eval_batch_size}) needs more than {size_text(need)} for its tokens and logits "
+            f"alone, but {where} {size_text(avail)}: lower --config.batch_size or "
             "--config.eval_batch_size, or raise --config.microbatches"
         )
 

@@ -91,6 +91,20 @@ def _flag_error_line(e: BaseException, argv: Sequence[str]) -> str:
         if close:
             return f"unknown config field {arg}; did you mean --config.{close}?"
         return f"unknown config field {arg} (fields: fp8jax/train/defaults.py)"
+    bad_int = re.search(r"flag (--config\.[\w.]+)=(\S*): invalid literal for int\(\)", text)
+    if bad_int:
+        return (
+            f"{bad_int.group(1)}={bad_int.group(2)}: this field is an integer; write it in "
+            "digits, e.g. 512 (not 1e3 or 2.5)"
+        )
+    if isinstance(e, SyntaxError):
+        return (
+            f"config file {e.filename!r} line {e.lineno}: {e.msg}: fix the file "
+            "(it is Python: python -m py_compile FILE shows the spot)"
+        )
+    if isinstance(e, NameError | ImportError):
+        arg = next((a for a in reversed(argv) if a.startswith("--config=")), "--config=?")
+        return f"config file {arg.split('=', 1)[1]!r} fails to load: {type(e).__name__}: {text}"
     if "Failed loading config file" in text:
         arg = next((a for a in reversed(argv) if a.startswith("--config=")), "--config=?")
         path = arg.split("=", 1)[1].split(":")[0]
@@ -119,5 +133,15 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
             # config_flags defers a load failure to the first access: make it happen here.
             list(flags.FLAGS["config"].value.keys())
         return rest
-    except (flags.Error, AttributeError, KeyError, OSError, ValueError, TypeError) as e:
+    except (
+        flags.Error,
+        AttributeError,
+        KeyError,
+        OSError,
+        ValueError,
+        TypeError,
+        SyntaxError,
+        NameError,
+        ImportError,
+    ) as e:
         usage_error(_flag_error_line(e, argv))

@@ -31,7 +31,7 @@ import ml_collections  # noqa: E402
 
 from fp8jax.bench.experiments import items  # noqa: E402
 from fp8jax.numerics import accumulation_study as study  # noqa: E402
-from fp8jax.numerics.studies import StudyConfigError  # noqa: E402
+from fp8jax.train.fields import integer, integers, names, shapes  # noqa: E402
 
 
 def _legend() -> str:
@@ -46,18 +46,32 @@ def _legend() -> str:
     return "\n".join(lines)
 
 
+# The settings (configs/study/accumulation.py) and what each accepts.
+FIELDS = {
+    "m": integer(1),
+    "n": integer(1),
+    "distributions": names(study.DISTRIBUTIONS, empty=True),
+    "ks": integers(1),
+    "seed": integer(0),
+    "time_shapes": shapes(empty=True),
+}
+
+
+def footprint(v: dict) -> int:
+    """Bytes at least, of the checked settings ``v``: the float64 dequantized x (M, K) and
+    w (K, N) of the longest K, or a timed shape's float32 x, w and y."""
+    m, n, k = v["m"], v["n"], max(v["ks"])
+    timed = [4 * (a * b + b * d + a * d) for a, b, d in v["time_shapes"]]
+    return max([8 * (m * k + k * n), *timed])
+
+
 def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:
     del runs
     out_dir = out_dir or tempfile.mkdtemp(prefix="fp8jax_accumulation_")
     os.makedirs(out_dir, exist_ok=True)
     m, n, seed = int(c.m), int(c.n), int(c.seed)
     ks = [int(k) for k in items(c.ks)]
-    distributions = items(c.distributions) or list(study.DISTRIBUTIONS)
-    unknown = [d for d in distributions if d not in study.DISTRIBUTIONS]
-    if unknown:
-        raise StudyConfigError(
-            f"config.distributions: {unknown} not in {', '.join(study.DISTRIBUTIONS)}"
-        )
+    distributions = items(c.distributions) or list(study.DISTRIBUTIONS)  # checked: FIELDS
     rows = []
     for dist in distributions:
         rows += study.error_vs_k(dist, ks, m=m, n=n, seed=seed)

@@ -30,6 +30,7 @@ from fp8jax.numerics.captured import trained_run_operands
 from fp8jax.numerics.gemm_error import gemm_errors
 from fp8jax.numerics.studies import StudyConfigError, one_run
 from fp8jax.registry import get as get_recipe
+from fp8jax.train.fields import integer, recipe_names, text
 
 COLS = ("x_sat", "w_sat", "dy_sat", "x_flush", "w_flush", "dy_flush", "y_rel", "dx_rel", "dw_rel")
 DN = (((1,), (0,)), ((), ()))
@@ -93,6 +94,16 @@ def means(rows: list[dict]) -> str:
             f"| {rule} | " + " | ".join(f"{np.mean([r[c] for r in sel]):.2e}" for c in COLS) + " |"
         )
     return "\n".join(lines)
+
+
+# The settings (configs/study/block_rules.py) and what each accepts; the sites are
+# checked against the run's model once it is restored.
+FIELDS = {
+    "batch": integer(1),
+    "seed": integer(0),
+    "rules": recipe_names(),
+    "last_block_sites": text,
+}
 
 
 def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:

@@ -27,6 +27,7 @@ from fp8jax.numerics.gemm_error import format_table, gemm_errors, linear_outputs
 from fp8jax.numerics.metrics import relative_error
 from fp8jax.numerics.studies import StudyConfigError, one_run
 from fp8jax.registry import get as get_recipe
+from fp8jax.train.fields import integer, recipe_names, text
 
 # Each accumulation arm and the recipe with the same quantization and exact
 # (float32) accumulation: their difference is the accumulation error alone.
@@ -35,6 +36,11 @@ ACC_TWINS = {
     "acc_promote128": "current_tensor",
     "acc_tiles": "deepseek_v3",
 }
+
+
+# The settings (configs/study/captured_gemm_error.py) and what each accepts; the
+# sites are checked against the run's model once it is restored.
+FIELDS = {"batch": integer(1), "seed": integer(0), "sites": text, "recipes": recipe_names()}
 
 
 def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:

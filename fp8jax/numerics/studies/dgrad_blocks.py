@@ -37,6 +37,10 @@ from fp8jax.numerics.gemm_error import gemm_errors  # noqa: E402
 from fp8jax.numerics.studies import StudyConfigError, one_run  # noqa: E402
 from fp8jax.numerics.token_error import token_quant_errors  # noqa: E402
 from fp8jax.registry import get as get_recipe  # noqa: E402
+from fp8jax.train.fields import integer  # noqa: E402
+
+# The settings (configs/study/dgrad_blocks.py) and what each accepts.
+FIELDS = {"batch": integer(1), "seed": integer(0)}
 
 
 def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:

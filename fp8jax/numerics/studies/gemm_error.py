@@ -18,6 +18,23 @@ from fp8jax import recipes, registry
 from fp8jax.bench.experiments import items
 from fp8jax.numerics.gemm_error import format_table, gemm_errors
 from fp8jax.numerics.inputs import DISTRIBUTIONS, make_gemm_inputs
+from fp8jax.train.fields import integer, recipe_names
+
+# The settings (configs/study/gemm_error.py) and what each accepts.
+FIELDS = {
+    "m": integer(1),
+    "k": integer(1),
+    "n": integer(1),
+    "seed": integer(0),
+    "recipes": recipe_names(),
+}
+
+
+def footprint(v: dict) -> int:
+    """Bytes at least, of the checked settings ``v``: x (M, K), w (K, N) and dy (M, N) in
+    float32 and their float64 copies."""
+    m, k, n = v["m"], v["k"], v["n"]
+    return 12 * (m * k + k * n + m * n)
 
 
 def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:

@@ -18,6 +18,15 @@ import ml_collections
 from fp8jax.bench.experiments import items
 from fp8jax.lab.telemetry_plot import DEFAULT_STATS, plot_telemetry
 from fp8jax.numerics.studies import StudyConfigError
+from fp8jax.train.fields import file_name, pattern, text
+
+# The settings (configs/study/plot_telemetry.py) and what each accepts.
+FIELDS = {
+    "png": file_name,
+    "stats": text,
+    "sites": pattern,
+    "labels": text,
+}
 
 
 def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:

@@ -37,6 +37,7 @@ from fp8jax.numerics.captured import GemmSite, tap_gemms
 from fp8jax.operands import e5m6_tiles
 from fp8jax.train import loop
 from fp8jax.train.defaults import config_file, model_config, seq_len
+from fp8jax.train.fields import integer
 
 FLOOR = 1e-4
 
@@ -148,6 +149,10 @@ def _report_wgrad(label: str, x: np.ndarray) -> None:
     print("scales                           direct   re-quantized from cached FP8 1x128")
     for k, (d, r) in _wgrad_x_errors(x).items():
         print(f"{k:<32} {d:>6.2%}   {r:>6.2%}")
+
+
+# The settings (configs/study/scale_sites.py) and what each accepts.
+FIELDS = {"steps": integer(0), "seed": integer(0)}
 
 
 def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:

@@ -12,7 +12,8 @@ also the variant ``attn_out_e5m6_unscaled`` at attn_out (its Wgrad cache in
 E5M6 without scales).  Each draw (``seeds``, one numpy generator per seed
 for both input distributions) gives one value per cell, listed in seed order; the
 ratio columns give each row's Fprop and Wgrad error over the reference's of
-the same draw, per draw, then their range.  With an output directory: the
+the same draw, per draw, then their geometric mean and its 95% interval over
+the draws.  With an output directory: the
 Markdown table in ``table.md`` and ``results.json`` with every value.  A
 trained run's captured tensors are added as one more fixed draw.  Settings:
 configs/study/site_errors.py.
@@ -28,9 +29,11 @@ import numpy as np
 
 from fp8jax import recipes, variants
 from fp8jax.bench.experiments import items
+from fp8jax.lab.stats import mean_interval
 from fp8jax.numerics.act_quant_reference import reference_linear
 from fp8jax.numerics.gemm_error import linear_outputs
 from fp8jax.numerics.metrics import relative_error
+from fp8jax.train.fields import integer, integers
 
 
 def heavy_tailed(distribution: str, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
@@ -73,8 +76,25 @@ def errors(x, w, dy) -> dict[str, tuple[float, float, float]]:
 REF_NAME = "DeepSeek act_quant (numpy reference)"
 
 
+def ratio_cell(ratios: np.ndarray) -> str:
+    """'1.83, 1.11, 1.25; geomean 1.36 [0.71, 2.61]': the draws, their mean and 95% interval.
+
+    Ratios are averaged on a log scale: the geometric mean, and the t-interval
+    of the mean log ratio over the draws (:func:`fp8jax.lab.stats.mean_interval`)
+    mapped back with exp, so the interval is never below 0 and 2x and 0.5x
+    weigh alike.  With three draws t = 4.30: the interval is wide.  One draw (a
+    trained run's tensors) is shown alone.
+    """
+    text = ", ".join(f"{v:.2f}" for v in ratios)
+    if len(ratios) < 2:
+        return text
+    st = mean_interval(np.log(ratios))
+    mean, lo, hi = np.exp([st["mean"], st["lo"], st["hi"]])
+    return f"{text}; geomean {mean:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
 def table(results: dict[str, list[dict[str, tuple[float, float, float]]]]) -> str:
-    """Markdown: per row the draws' values in seed order, ratios per draw and their range."""
+    """Markdown: per row the draws' values in seed order, ratios per draw, their geomean and interval."""
     lines = [
         "| inputs | quantization | Fprop y | Dgrad dx | Wgrad dW | y / ref | dW / ref |",
         "|---|---|---|---|---|---|---|",
@@ -84,11 +104,7 @@ def table(results: dict[str, list[dict[str, tuple[float, float, float]]]]) -> st
             errs = np.array([d[name] for d in draws])  # (draws, 3)
             refs = np.array([d[REF_NAME] for d in draws])
             cells = [", ".join(f"{v:.4f}" for v in errs[:, j]) for j in range(3)]
-            ratios = []
-            for j in (0, 2):
-                r = errs[:, j] / refs[:, j]
-                span = f" ({r.min():.2f}-{r.max():.2f})" if len(r) > 1 else ""
-                ratios.append(", ".join(f"{v:.2f}" for v in r) + span)
+            ratios = [ratio_cell(errs[:, j] / refs[:, j]) for j in (0, 2)]
             lines.append(f"| {inputs} | {name} | " + " | ".join(cells + ratios) + " |")
     return "\n".join(lines) + "\n"
 
@@ -119,6 +135,23 @@ def synthetic_inputs(seed: int, m: int, k: int, n: int) -> dict[str, tuple]:
         w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
         inputs[f"{distribution} ({m}x{k}x{n})"] = (x, w, heavy_tailed(distribution, (m, n), rng))
     return inputs
+
+
+# The settings (configs/study/site_errors.py) and what each accepts: the sizes are
+# whole 128-blocks (DeepSeek's reference quantizes 128-long groups).
+FIELDS = {
+    "m": integer(128, multiple=128),
+    "k": integer(128, multiple=128),
+    "n": integer(128, multiple=128),
+    "seeds": integers(0),
+}
+
+
+def footprint(v: dict) -> int:
+    """Bytes at least, of the checked settings ``v``: x (M, K), w (K, N) and dy (M, N) in
+    float32 and their float64 copies."""
+    m, k, n = v["m"], v["k"], v["n"]
+    return 12 * (m * k + k * n + m * n)
 
 
 def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:

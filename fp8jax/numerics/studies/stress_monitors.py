@@ -24,6 +24,7 @@ from fp8jax.lab.stress import LOSS_WINDOW, format_lead_table, lead_records
 from fp8jax.lab.telemetry_plot import plot_telemetry
 from fp8jax.numerics.studies import StudyConfigError, one_run
 from fp8jax.train.defaults import ConfigError, config_file
+from fp8jax.train.fields import number, pattern, text
 from fp8jax.train.run_log import find_log, read_jsonl, to_jsonable
 
 # How far (relative) above the baseline's loss a run's averaged training
@@ -79,6 +80,17 @@ def analyze(
         labels=list(seed0),
     )
     return table
+
+
+# The settings (configs/study/stress_monitors.py) and what each accepts; the
+# comparison file is checked when it loads.
+FIELDS = {
+    "comparison": text,
+    "arg": text,
+    "loss_spike": number(0, above=True),
+    "stats": text,
+    "sites": pattern,
+}
 
 
 def run(c: ml_collections.ConfigDict, runs: list[str], out_dir: str | None) -> None:

@@ -209,20 +209,25 @@ _GROUP = 64
 
 
 @functools.cache
-def _block_quantizer(pow2: bool):
+def _block_quantizer(pow2: bool, amax_floor: float):
     # fp8jax.quantize's "block" granularity on a stack of 128x128 blocks gives
     # each block its own scale, the same arithmetic as on the 2-D weight; one
     # fixed stack shape means one compilation for every tensor of a checkpoint.
-    return jax.jit(lambda x: quantize(x, E4M3, "block", tile=BLOCK, pow2=pow2))
+    return jax.jit(
+        lambda x: quantize(x, E4M3, "block", tile=BLOCK, pow2=pow2, amax_floor=amax_floor)
+    )
 
 
-def quant_rows(x: np.ndarray, pow2: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def quant_rows(
+    x: np.ndarray, pow2: bool = False, amax_floor: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
     """Quantize a stripe of rows to E4M3 with 128x128 block scales: (data, float32 scale_inv).
 
-    Exactly ``fp8jax.quantize(x, E4M3, "block", pow2=pow2)`` (see the module
-    docstring).  ``pow2=True`` gives DeepSeek-V3.1's UE8M0 scales: amax / 448
-    rounded up to a power of two, ``2^ceil(log2(amax / 448))``, so that no
-    element saturates (still stored as float32);
+    Exactly ``fp8jax.quantize(x, E4M3, "block", pow2=pow2, amax_floor=amax_floor)``
+    (see the module docstring).  ``pow2=True`` gives DeepSeek-V3.1's UE8M0 scales:
+    max(amax, amax_floor) / 448 rounded up to a power of two,
+    ``2^ceil(log2(amax / 448))``, so that no element saturates (still stored as
+    float32);
     ``x`` (rows starting at a multiple of 128) must be finite.  The stripe is
     zero-padded to whole blocks (zeros never raise a block's amax, and
     fp8jax.quantize pads partial blocks with zeros itself) and quantized as a
@@ -239,7 +244,7 @@ def quant_rows(x: np.ndarray, pow2: bool = False) -> tuple[np.ndarray, np.ndarra
     total = -(-n // _GROUP) * _GROUP
     if total > n:
         blocks = np.concatenate([blocks, np.zeros((total - n, BLOCK, BLOCK), x.dtype)])
-    quant = _block_quantizer(pow2)
+    quant = _block_quantizer(pow2, amax_floor)
     data, scale = [], []
     for g in range(0, total, _GROUP):
         q = quant(blocks[g : g + _GROUP])

@@ -1,9 +1,11 @@
 """Convert DeepSeek checkpoints between FP8 / FP4 (block scales) and BF16.
 
 The layouts read (DeepSeek-V3; V3.1 / V3.2 with power-of-two "ue8m0" scales;
-V4 with E8M0 scales and packed FP4 routed experts) are described, with their
-sources, in :mod:`fp8jax.toolkit.convert.layouts`; FP4 tensors dequantize the
-same way as FP8 ones below, their E2M1 values decoded first.
+V4 with E8M0 scales and packed FP4 routed experts; V4.1 with 32x32 blocks,
+settings under ``text_config`` and Engram tables passed through) are
+described, with their sources, in :mod:`fp8jax.toolkit.convert.layouts`; FP4
+tensors dequantize the same way as FP8 ones below, their E2M1 values decoded
+first.  Every FP8 scale grid must be the one config.json's block gives.
 
 ``fp8_to_bf16(src, dst)``: every FP8 tensor ``x`` with its float32
 ``x_scale_inv`` becomes BF16 ``x * scale_inv`` (``rounding="deepseek"``, the
@@ -79,6 +81,7 @@ from fp8jax.atomic_output import (
     remove_stale_partials,
 )
 from fp8jax.progress import Progress
+from fp8jax.scaling import DEEPSEEK_AMAX_FLOOR
 from fp8jax.toolkit.convert.blockwise import (
     BLOCK,
     ROUNDINGS,
@@ -95,7 +98,9 @@ from fp8jax.toolkit.convert.layouts import (
     QuantConfig,
     check_scale_values,
     decode_e2m1,
+    grid_shape,
     infer_block,
+    is_engram,
     read_quant_config,
 )
 from fp8jax.toolkit.convert.safetensors_io import (
@@ -450,6 +455,10 @@ def _plan_fp8_to_bf16(source: Source, qc: QuantConfig) -> dict[str, list[Action]
         acts = []
         for name in f.names():
             t = f.info(name)
+            if is_engram(name):
+                # DeepSeek-V4.1's Engram lookup tables (and their scales) stay as they are.
+                acts.append(Action("copy", name, ((name, t.dtype, t.shape),)))
+                continue
             base = _weight_of_scale(name)
             if base is not None:
                 bf = source.locate(base, s)
@@ -476,8 +485,9 @@ def _plan_fp8_to_bf16(source: Source, qc: QuantConfig) -> dict[str, list[Action]
                     )
                 sname, sf = found
                 scale = sf.get(sname)
+                block = _fp8_block(name, s, t.shape, sname, tuple(scale.shape), qc)
                 try:
-                    check_scale(name, t.shape, sname, scale, qc.block, qc.scale_fmt)
+                    check_scale(name, t.shape, sname, scale, block, qc.scale_fmt)
                 except ValueError as e:
                     raise ConversionError(str(e)) from None
                 _require_holdable(name, s, "BF16", t.shape)
@@ -488,7 +498,7 @@ def _plan_fp8_to_bf16(source: Source, qc: QuantConfig) -> dict[str, list[Action]
                         ((name, "BF16", t.shape),),
                         sname,
                         "fp8",
-                        qc.block,
+                        block,
                         sf.info(sname).dtype,
                     )
                 )
@@ -514,6 +524,37 @@ def _plan_fp8_to_bf16(source: Source, qc: QuantConfig) -> dict[str, list[Action]
             "high-precision checkpoint; nothing to convert"
         )
     return plan
+
+
+def _fp8_block(
+    name: str,
+    shard: str,
+    shape: tuple[int, ...],
+    sname: str,
+    grid: tuple[int, ...],
+    qc: QuantConfig,
+) -> tuple[int, int]:
+    """The block of an FP8 tensor: config.json's, once its scale grid agrees.
+
+    The grid a power-of-two block would give (:func:`infer_block`) must be the
+    one config.json's ``weight_block_size`` gives (DeepSeek's 128x128 when it
+    has none); otherwise the tensor is refused in one line naming it, the
+    block its grid implies and the config's.
+    """
+    if len(shape) != 2 or grid_shape(tuple(shape), qc.block) == grid:
+        return qc.block  # (check_scale refuses a tensor that is not 2-D)
+    inferred = infer_block(tuple(shape), grid)
+    seen = f"blocks of {inferred[0]}x{inferred[1]}" if inferred else "no power-of-two block"
+    said = (
+        f"config.json's weight_block_size is {list(qc.block)}"
+        if qc.block_from_config
+        else f"config.json gives no weight_block_size (DeepSeek's default {list(qc.block)})"
+    )
+    raise ConversionError(
+        f"{name!r} ({shard}): its scale {sname!r} is a {list(grid)} grid over {list(shape)} "
+        f"({seen}), but {said}: the checkpoint contradicts its config; refusing rather than "
+        "rescaling the weight by the wrong blocks"
+    )
 
 
 def _plan_fp4(
@@ -549,11 +590,28 @@ def _plan_fp4(
 
 
 def layout_of(plan: dict[str, list[Action]], qc: QuantConfig) -> str:
-    """The layout a dequantization plan read (a key of layouts.LAYOUT_NAMES)."""
+    """The layout a dequantization plan read (a key of layouts.LAYOUT_NAMES).
+
+    ``qc`` is what config.json says, not what the caller asked the scales to
+    be read as: the name follows the files.
+    """
     deq = [a for acts in plan.values() for a in acts if a.op == "dequant"]
     if any(a.fmt == "fp4" or a.scale_dtype == "F8_E8M0" for a in deq):
-        return "deepseek-v4"
+        small = any(a.fmt == "fp8" and max(a.block) < BLOCK for a in deq)
+        return "deepseek-v4.1" if small or max(qc.block) < BLOCK else "deepseek-v4"
     return "deepseek-v3.1" if qc.scale_fmt == "ue8m0" else "deepseek-v3"
+
+
+def engram_note(plan: dict[str, list[Action]], source: Source) -> str | None:
+    """The line saying which Engram tables fp8-to-bf16 passed through (None: none)."""
+    names = [(s, a.name) for s, acts in plan.items() for a in acts if is_engram(a.name)]
+    if not names:
+        return None
+    nbytes = sum(source.file(s).info(n).nbytes for s, n in names)
+    return (
+        f"{len(names)} Engram lookup tensor(s), {nbytes / 1e9:.3g} GB, passed through as they "
+        "are (FP8 rows fetched by an n-gram hash, not GEMM weights; see docs/toolkit.md)"
+    )
 
 
 def _plan_bf16_to_fp8(source: Source, keep: Sequence[str]) -> dict[str, list[Action]]:
@@ -630,6 +688,12 @@ def _converted_config(cfg: dict | None, direction: str, scale_fmt: str) -> dict 
     if direction == "fp8-to-bf16":
         cfg.pop("quantization_config", None)
         cfg.pop("expert_dtype", None)
+        if isinstance(cfg.get("text_config"), dict):  # DeepSeek-V4.1's nested settings
+            cfg["text_config"] = {
+                k: v
+                for k, v in cfg["text_config"].items()
+                if k not in ("quantization_config", "expert_dtype")
+            }
         cfg["torch_dtype"] = "bfloat16"
     else:
         cfg["quantization_config"] = dict(FP8_QUANT_CONFIG)
@@ -649,6 +713,7 @@ def _write_shard(
     progress: Progress,
     rounding: str,
     pow2: bool = False,
+    amax_floor: float = 0.0,
 ) -> None:
     f = source.file(shard)
     specs = [o for a in acts for o in a.out]
@@ -708,7 +773,7 @@ def _write_shard(
                             f"non-finite values in {a.name!r} (rows {r0}..{r1}) of {shard}: "
                             f"{describe_nonfinite(x)}"
                         )
-                    data, sc = quant_rows(x, pow2=pow2)
+                    data, sc = quant_rows(x, pow2=pow2, amax_floor=amax_floor)
                     w.write(a.name, data)
                     scales.append(sc)
                     progress.update((r1 - r0) * t.shape[1] * t.np_dtype.itemsize, a.name)
@@ -792,10 +857,21 @@ class Report:
     warnings: tuple[str, ...] = ()
     layout: str | None = None  # fp8-to-bf16: the layout read (layouts.LAYOUT_NAMES)
     scale_fmt: str | None = None  # the scale format read or written: "float32" / "ue8m0"
+    amax_floor: float = 0.0  # bf16-to-fp8: the floor each block's amax was clamped to
 
     @property
     def layout_name(self) -> str | None:
         return None if self.layout is None else LAYOUT_NAMES[self.layout]
+
+
+def _resolve(path: str | os.PathLike, what: str) -> Path:
+    """``path`` with its symlinks resolved; a loop of links is refused in one line."""
+    try:
+        return Path(path).resolve()
+    except RuntimeError:  # Python < 3.13: "Symlink loop from ..."
+        raise ConversionError(f"{what} {path} is a loop of symbolic links") from None
+    except OSError as e:  # Python >= 3.13 reports the loop as ELOOP
+        raise ConversionError(f"{what} {path} cannot be resolved: {e.strerror}") from None
 
 
 def _check_paths(src_p: Path, dst_p: Path) -> None:
@@ -821,6 +897,7 @@ def convert_checkpoint(
     rounding: str = "deepseek",
     warn: Callable[[str], None] | None = None,
     scale_fmt: str = "auto",
+    amax_floor: float | None = None,
 ) -> Report:
     """Convert ``src`` into a new directory ``dst`` ("fp8-to-bf16" or "bf16-to-fp8").
 
@@ -831,6 +908,11 @@ def convert_checkpoint(
     ("float32" / "ue8m0"); bf16-to-fp8 writes float32 amax / 448 scales
     ("auto" / "float32") or DeepSeek-V3.1's power-of-two ones ("ue8m0"), in
     float32 ``_scale_inv`` tensors either way.
+    ``amax_floor`` (bf16-to-fp8): each block's amax is floored at it before
+    the scale is taken; None (default): DeepSeek's inference floor
+    ``fp8jax.scaling.DEEPSEEK_AMAX_FLOOR`` (1e-4) with ue8m0 scales, as
+    DeepGEMM's ``per_block_cast_to_fp8``, and none (0) with float32 scales, as
+    the training quantizer and DeepSeek-V3's 2024 code.
     ``warn`` receives one-line warnings (default: printed to stderr); they are
     also returned in the report.  Raises ConversionError (and leaves no
     ``dst``) on any problem, ConversionTerminated on SIGTERM / SIGHUP: while
@@ -843,6 +925,14 @@ def convert_checkpoint(
         raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
     if scale_fmt not in SCALE_FMT_CHOICES:
         raise ValueError(f"scale_fmt must be one of {SCALE_FMT_CHOICES}, got {scale_fmt!r}")
+    if amax_floor is not None and not (math.isfinite(amax_floor) and amax_floor >= 0):
+        raise ValueError(f"amax_floor must be a finite number >= 0, got {amax_floor!r}")
+    if direction == "fp8-to-bf16" and amax_floor:
+        raise ValueError("amax_floor applies to bf16-to-fp8 (fp8-to-bf16 quantizes nothing)")
+    floor_used = 0.0
+    if direction == "bf16-to-fp8":
+        default = DEEPSEEK_AMAX_FLOOR if scale_fmt == "ue8m0" else 0.0
+        floor_used = default if amax_floor is None else float(amax_floor)
     t0 = time.monotonic()
     warnings: list[str] = []
     sink = warn or _stderr_warn
@@ -851,7 +941,7 @@ def convert_checkpoint(
         warnings.append(msg)
         sink(msg)
 
-    src_p, dst_p = Path(src).resolve(), Path(dst).resolve()
+    src_p, dst_p = _resolve(src, "source"), _resolve(dst, "destination")
     _check_paths(src_p, dst_p)
     source = open_source(src_p, warn=note)
     tmp: Path | None = None
@@ -864,10 +954,14 @@ def convert_checkpoint(
                     qc = read_quant_config(src_config, f"config {src_p / 'config.json'}")
                 except ValueError as e:
                     raise ConversionError(str(e)) from None
+                file_qc = qc
                 if scale_fmt != "auto":
                     qc = dataclasses.replace(qc, scale_fmt=scale_fmt)
                 plan = _plan_fp8_to_bf16(source, qc)
-                layout, fmt_used = layout_of(plan, qc), qc.scale_fmt
+                layout, fmt_used = layout_of(plan, file_qc), qc.scale_fmt
+                engram = engram_note(plan, source)
+                if engram:
+                    note(engram)
             else:
                 plan = _plan_bf16_to_fp8(source, keep)
                 fmt_used = "ue8m0" if scale_fmt == "ue8m0" else "float32"
@@ -893,7 +987,14 @@ def convert_checkpoint(
             n_out = 0
             for s in shards:
                 _write_shard(
-                    source, s, plan[s], tmp / s, progress, rounding, pow2=fmt_used == "ue8m0"
+                    source,
+                    s,
+                    plan[s],
+                    tmp / s,
+                    progress,
+                    rounding,
+                    pow2=fmt_used == "ue8m0",
+                    amax_floor=floor_used,
                 )
                 nbytes = _verify_shard(tmp / s, plan[s])
                 n_out += sum(len(a.out) for a in plan[s])
@@ -925,6 +1026,7 @@ def convert_checkpoint(
             warnings=tuple(warnings),
             layout=layout,
             scale_fmt=fmt_used,
+            amax_floor=floor_used,
         )
     except SafetensorsError as e:
         raise ConversionError(str(e)) from None

@@ -42,9 +42,21 @@ unpack it.  Code ``0b1000`` is -0 (OCP; ml_dtypes' ``float4_e2m1fn``);
 DeepSeek's own ``FP4_TABLE`` maps it to +0, so a BF16 file DeepSeek's script
 writes may differ from this module's in the sign of zeros, nowhere else.
 
-Block sizes come from the files: the FP8 block from ``weight_block_size``
-(128x128 when config.json has none), the FP4 block from the scale grid
-(:func:`infer_block`).  A block is a power of two along each axis; for a
+* **DeepSeek-V4.1** (``deepseek-v4.1``; V4.1-Flash, 2026-09): V4's tensors,
+  but the FP8 weights' E8M0 scales are one per 32x32 block
+  (``quantization_config``: ``weight_block_size: [32, 32]``, ``scale_fmt:
+  "ue8m0"``), and config.json holds the text model's settings, the
+  ``quantization_config`` among them, under ``text_config`` (read there
+  when the top level has none).  Its FP8 "Engram" lookup tables (tensor
+  names containing ``engram``) are rows fetched by an n-gram hash, not GEMM
+  weights: fp8-to-bf16 passes them through as they are, with their scale
+  tensors if they have any, and says so (:func:`is_engram`).
+
+Block sizes come from the files: each FP8 tensor's block is inferred from its
+scale grid (:func:`infer_block`) and must agree with config.json's
+``weight_block_size`` where it gives one (a disagreement is refused, naming the
+tensor: a reader assuming the wrong block rescales every weight without an
+error); 128x128 when neither decides.  The FP4 block comes from the scale grid.  A block is a power of two along each axis; for a
 power of two ``b`` the grid ``ceil(n / b)`` determines ``b`` uniquely when
 it has two or more entries along that axis, and with one entry every
 candidate ``b >= n`` groups the axis the same way, so the grid alone says
@@ -63,6 +75,7 @@ result is the exact product rounded once to BF16.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -81,7 +94,14 @@ LAYOUT_NAMES = {
     "deepseek-v3": "DeepSeek-V3 (FP8, float32 block scales)",
     "deepseek-v3.1": "DeepSeek-V3.1/V3.2 (FP8, power-of-two ue8m0 scales stored as float32)",
     "deepseek-v4": "DeepSeek-V4 (FP8 and FP4 weights, E8M0 scales)",
+    "deepseek-v4.1": "DeepSeek-V4.1 (FP8 weights in 32x32 blocks, FP4 experts, E8M0 scales)",
 }
+_ENGRAM = re.compile(r"engram", re.IGNORECASE)
+
+
+def is_engram(name: str) -> bool:
+    """An Engram lookup table (DeepSeek-V4.1) or its scale: passed through by fp8-to-bf16."""
+    return bool(_ENGRAM.search(name))
 
 
 def decode_e2m1(packed: np.ndarray) -> np.ndarray:
@@ -138,6 +158,7 @@ class QuantConfig:
     block: tuple[int, int] = (BLOCK, BLOCK)
     expert_dtype: str | None = None  # DeepSeek-V4's top-level "expert_dtype" ("fp4")
     from_config: bool = False
+    block_from_config: bool = False  # config.json gave weight_block_size
 
 
 def read_quant_config(cfg: dict | None, where: str) -> QuantConfig:
@@ -149,17 +170,24 @@ def read_quant_config(cfg: dict | None, where: str) -> QuantConfig:
     """
     if cfg is None:
         return QuantConfig()
+    text = cfg.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ValueError(f"{where}: text_config is not a JSON object")
     q = cfg.get("quantization_config")
+    key = "quantization_config"
+    if q is None and text is not None:
+        # DeepSeek-V4.1: the text model's settings, quantization included, in text_config.
+        q, key = text.get("quantization_config"), "text_config.quantization_config"
     if q is None:
         q = {}
     if not isinstance(q, dict):
-        raise ValueError(f"{where}: quantization_config is not a JSON object")
+        raise ValueError(f"{where}: {key} is not a JSON object")
     fmt = q.get("scale_fmt")
     if fmt is None:
         fmt = "float32"
     if fmt not in SCALE_FMTS:
         raise ValueError(
-            f"{where}: quantization_config.scale_fmt is {fmt!r}; known: 'ue8m0' (power-of-two "
+            f"{where}: {key}.scale_fmt is {fmt!r}; known: 'ue8m0' (power-of-two "
             "scales) or none (float32 scales)"
         )
     block = q.get("weight_block_size", [BLOCK, BLOCK])
@@ -170,13 +198,15 @@ def read_quant_config(cfg: dict | None, where: str) -> QuantConfig:
     )
     if not ok:
         raise ValueError(
-            f"{where}: quantization_config.weight_block_size is {block!r}; expected two "
+            f"{where}: {key}.weight_block_size is {block!r}; expected two "
             "positive integers such as [128, 128]"
         )
     expert = cfg.get("expert_dtype", q.get("expert_dtype"))
+    if expert is None and text is not None:
+        expert = text.get("expert_dtype")
     if expert is not None and not isinstance(expert, str):
         raise ValueError(f"{where}: expert_dtype is {expert!r}; expected a string such as 'fp4'")
-    return QuantConfig(fmt, (block[0], block[1]), expert, True)
+    return QuantConfig(fmt, (block[0], block[1]), expert, True, "weight_block_size" in q)
 
 
 def scale_values(scale: np.ndarray) -> np.ndarray:

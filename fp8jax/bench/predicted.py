@@ -1,0 +1,222 @@
+"""What the accelerators' compilers predict for fp8jax's programs, as ratios to bf16.
+
+Every case is compiled deviceless (:mod:`fp8jax.bench.compilers`) for each
+target and compared with the same program on the standard ops
+(``lax.dot_general`` / ``lax.ragged_dot`` in bfloat16, float32
+accumulation) compiled for the same target:
+
+* ``gemm``: fwd+bwd of one ``fp8jax.dot_general`` (x (M, K) @ w (K, N),
+  bfloat16 inputs, the cotangent the output itself) per recipe x impl;
+* ``grouped``: fwd+bwd of one ``fp8jax.ragged_dot`` over E equal groups;
+* ``moe_step``: one train step of the MoE model (forward, backward, AdamW).
+
+Each record holds the census (GEMM kernels, fusions, loops, temporaries,
+HBM bytes, predicted time) and ``ratio``: predicted time / the bf16 twin's.
+On a GPU target ``non_gemm_vs_bf16_gemms`` is the predicted time of every
+kernel but the GEMMs over the bf16 GEMMs' time at the card's BF16 peak.
+These are compiler predictions, not measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import fp8jax
+from fp8jax import path_record, registry
+from fp8jax.bench import compilers
+from fp8jax.bench.gemm_cases import Shape, parse_shape
+
+_MM = (((1,), (0,)), ((), ()))
+
+
+def _recipe(name: str, impl: str):
+    """The preset ``name`` with ``impl`` ("auto" keeps the preset's own), or None for "bf16"."""
+    if name == "bf16":
+        return None
+    r = registry.get(name)
+    return r if impl == "auto" else dataclasses.replace(r, impl=impl)
+
+
+def gemm_program(recipe) -> Callable:
+    """fwd+bwd of x @ w: fp8jax.dot_general under ``recipe``, or bf16 lax.dot_general (None)."""
+
+    def f(x, w):
+        if recipe is None:
+            y = lax.dot_general(x, w, _MM, preferred_element_type=jnp.float32)
+            return y.astype(x.dtype)
+        return fp8jax.dot_general(x, w, _MM, recipe=recipe)
+
+    def fwd_bwd(x, w):
+        y, vjp = jax.vjp(f, x, w)
+        return vjp(y)
+
+    return fwd_bwd
+
+
+def grouped_program(recipe, experts: int) -> Callable:
+    """fwd+bwd of a ragged_dot over ``experts`` equal groups (fp8jax's, or lax's for None)."""
+
+    def f(x, w):
+        sizes = jnp.full((experts,), x.shape[0] // experts, jnp.int32)
+        if recipe is None:
+            y = lax.ragged_dot(x, w, sizes, preferred_element_type=jnp.float32)
+            return y.astype(x.dtype)
+        return fp8jax.ragged_dot(x, w, sizes, recipe=recipe)
+
+    def fwd_bwd(x, w):
+        y, vjp = jax.vjp(f, x, w)
+        return vjp(y)
+
+    return fwd_bwd
+
+
+def _record(case: str, recipe: str, impl: str, census, paths: dict | None) -> dict[str, Any]:
+    rec = {"case": case, "recipe": recipe, "impl": impl, **census.as_dict()}
+    if paths:
+        rec["paths"] = paths
+    return rec
+
+
+def _compile_case(fn: Callable, args: Sequence[Any], target, platform: str):
+    with path_record.recording(platform) as paths:
+        c = compilers.compile_for(fn, args, target)
+    return compilers.census(c), path_record.as_table(paths)
+
+
+def gemm_case(
+    shape: Shape, recipes: Sequence[str], impls: Sequence[str], target: compilers.Target
+) -> list[dict[str, Any]]:
+    """Records of one dense shape: bf16 first, then every recipe x impl (see module doc)."""
+    x = jax.ShapeDtypeStruct((shape.m, shape.k), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((shape.k, shape.n), jnp.bfloat16)
+    case = f"gemm {shape.m}x{shape.k}x{shape.n}"
+    out = [_one(case, "bf16", "lax", gemm_program(None), (x, w), target)]
+    for name in recipes:
+        for impl in impls:
+            out.append(_one(case, name, impl, gemm_program(_recipe(name, impl)), (x, w), target))
+    return _ratios(out)
+
+
+def grouped_case(
+    experts: int,
+    rows: int,
+    k: int,
+    n: int,
+    recipes: Sequence[str],
+    impls: Sequence[str],
+    target: compilers.Target,
+) -> list[dict[str, Any]]:
+    """Records of one grouped expert GEMM (``experts`` groups of ``rows`` tokens)."""
+    x = jax.ShapeDtypeStruct((experts * rows, k), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((experts, k, n), jnp.bfloat16)
+    case = f"ragged_dot {experts}x{rows}x{k}x{n}"
+    out = [_one(case, "bf16", "lax", grouped_program(None, experts), (x, w), target)]
+    for name in recipes:
+        for impl in impls:
+            prog = grouped_program(_recipe(name, impl), experts)
+            out.append(_one(case, name, impl, prog, (x, w), target))
+    return _ratios(out)
+
+
+def moe_step_case(
+    preset: str, batch: int, recipes: Sequence[str], target: compilers.Target
+) -> list[dict[str, Any]]:
+    """Records of one MoE train step (the model preset, ``batch`` sequences) per recipe."""
+    from fp8jax.bench.moe_step import model_config, train_step_program
+
+    cfg = model_config(preset)
+    case = f"moe_step {preset} batch {batch}"
+    out = []
+    for name in ("bf16", *recipes):
+        step, args = train_step_program(cfg, registry.get(name), batch)
+        out.append(_one(case, name, "auto" if name != "bf16" else "lax", step, args, target))
+    return _ratios(out)
+
+
+def _one(case, recipe, impl, fn, args, target) -> dict[str, Any]:
+    try:
+        census, paths = _compile_case(fn, args, target, target.platform)
+    except Exception as e:  # noqa: BLE001 -- a case that does not compile is a result
+        line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return {
+            "case": case,
+            "recipe": recipe,
+            "impl": impl,
+            "target": target.name,
+            "error": line[:300],
+        }
+    return _record(case, recipe, impl, census, paths)
+
+
+def _ratios(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each record's predicted time and bytes over the first (bf16) record's."""
+    base = records[0]
+    for r in records:
+        if "error" in r or "error" in base:
+            continue
+        if r["total_us"] is not None and base["total_us"]:
+            r["ratio"] = r["total_us"] / base["total_us"]
+        r["bytes_ratio"] = r["hbm_bytes"] / base["hbm_bytes"] if base["hbm_bytes"] else None
+        r["compile_ratio"] = r["compile_seconds"] / base["compile_seconds"]
+        bf16_gemms = compilers.bf16_gemm_us(base["gemm_flops"], r["target"])
+        if bf16_gemms and r["other_us"] is not None:
+            r["non_gemm_vs_bf16_gemms"] = r["other_us"] / bf16_gemms
+    return records
+
+
+def table(records: Sequence[dict[str, Any]]) -> str:
+    """One line per record: kernels, loops, temporaries, bytes, predicted time and ratios."""
+    head = (
+        f"{'target':7s} {'case':28s} {'recipe':16s} {'impl':8s} {'GEMM kernels':30s} "
+        f"{'fus':>4s} {'loops':>5s} {'temp MiB':>8s} {'HBM MB':>8s} {'pred us':>8s} "
+        f"{'x bf16':>6s} {'bytes':>5s} {'nonGEMM':>7s} {'compile s':>9s}"
+    )
+    lines = [head]
+    for r in records:
+        if "error" in r:
+            lines.append(
+                f"{r['target']:7s} {r['case']:28s} {r['recipe']:16s} {r['impl']:8s} "
+                f"error: {r['error'][:120]}"
+            )
+            continue
+        kernels = ", ".join(f"{n} {k}" for k, n in sorted(r["gemm_kernels"].items())) or "-"
+        loops = sum(1 for loop in r["loops"] if loop["gemms"])
+
+        def f(v, fmt):
+            return format(v, fmt) if v is not None else "-"
+
+        lines.append(
+            f"{r['target']:7s} {r['case']:28s} {r['recipe']:16s} {r['impl']:8s} {kernels:30s} "
+            f"{r['fusions']:4d} {loops:5d} {r['temp_bytes'] / 2**20:8.1f} "
+            f"{r['hbm_bytes'] / 1e6:8.1f} {f(r['total_us'], '8.1f')} "
+            f"{f(r.get('ratio'), '6.2f')} {f(r.get('bytes_ratio'), '5.2f')} "
+            f"{f(r.get('non_gemm_vs_bf16_gemms'), '7.2f')} {r['compile_seconds']:9.1f}"
+        )
+    return "\n".join(lines)
+
+
+def parse_shapes(text: str) -> list[Shape]:
+    """'MxKxN,MxKxN' -> shapes (see :func:`fp8jax.bench.gemm_cases.parse_shape`)."""
+    return [parse_shape(s) for s in text.split(",") if s.strip()]
+
+
+def cpu_compile_ratio(preset: str, batch: int, recipe: str) -> dict[str, float]:
+    """Seconds to trace, lower and compile the train step on this CPU: ``recipe`` and bf16."""
+    from fp8jax.bench.moe_step import model_config, train_step_program
+
+    cfg = model_config(preset)
+    out = {}
+    for name in ("bf16", recipe):
+        step, args = train_step_program(cfg, registry.get(name), batch)
+        start = time.perf_counter()
+        jax.jit(step).trace(*args).lower().compile()
+        out[name] = time.perf_counter() - start
+    out["ratio"] = out[recipe] / out["bf16"]
+    return out

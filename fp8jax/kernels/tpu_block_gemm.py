@@ -1,0 +1,470 @@
+"""Block-scaled FP8 GEMM (DeepSeek-V3 1x128 / 128x128 scaling) as a Pallas TPU (Mosaic) kernel.
+
+The same math as :mod:`fp8jax.kernels.block_gemm` (``c`` runs over the
+128-long K runs)::
+
+    out[m, n] = sum_c ( sum_{k in c} a[m, k] * b[k, n] ) * a_scale[m, c] * b_scale[c, n // 128]
+
+Each run's FP8 x FP8 dot is taken on the FP8 codes themselves with a float32
+result (``preferred_element_type=float32``), which Mosaic hands to the matrix
+unit as FP8 operands on chips that multiply FP8 (Ironwood, tpu7x).  The run's
+float32 partial is multiplied by ``fl32(a_scale * b_scale)`` and added to a
+float32 accumulator that stays in VMEM for the whole K loop (the promotion
+every 128 of DeepSeek-V3, on chip); the accumulator is rounded once to
+``out_dtype`` (bfloat16 or float32) when the last K step is done.
+
+Grid ``(M / bm, N / bn, K / (128 j))``: output tiles, then K steps of ``j``
+runs each (an unrolled inner loop over the runs of a step); the K axis is
+"arbitrary" (sequential: the accumulator carries across it), the two
+output axes "parallel".  Three orientations, all read in the layout the
+operands are stored in (no transposes in HBM):
+
+    "nn" (fprop)  a (M, K) with 1x128 tiles,   b (K, N) with 128x128 blocks
+    "nt" (dgrad)  a (M, K) with 1x128 tiles,   b given as (N, K), blocks (N/128, K/128)
+    "tn" (wgrad)  a given as (K, M), b (K, N), both with 128x1 tiles along K
+
+Inside the kernel the scales take one form: A's as ``(K/128, M)`` (one row of
+``bm`` scales per run) and B's as ``(K/128, N)`` (one scale per column per
+run; a 128x128 block scale repeated over its 128 columns).  A's row of
+scales becomes a column by one small transpose per K step.
+
+Shapes that are not multiples of the blocks are padded outside the kernel:
+data with zeros (a zero product adds nothing), scales with ones (inert), and
+the result is cropped.  Where the block sizes exceed a small operand they
+shrink to it (rounded up to the hardware tiles).
+
+The grouped kernel (MoE experts) reads the expert-aligned layout the GEMM
+core builds (``fp8jax.groups.group_layout``): rows sorted by expert in tiles
+of ``tile`` rows, ``tile_group[t]`` the expert of tile t, -1 for a tile of
+padding (written as zeros, no matrix-unit work, one block of reads).
+The tile ids reach the kernel as scalar prefetch (SMEM), so each tile's
+weight blocks are DMA'd from its own expert.
+
+``interpret=True`` runs the kernel in Pallas' TPU interpret mode (DMAs and
+the grid simulated on CPU), the way the tests check it without a TPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from fp8jax import platforms
+from fp8jax.kernels.block_gemm import (
+    CHUNK,
+    _pad_to,
+    cdiv,
+    check_operands,
+    check_tn_operands,
+    expand_b_scale,
+    round_up,
+)
+
+#: Default tiles: the output block (rows x columns) and runs per K step.
+#: 512 x 512 keeps each operand's re-reads from HBM at N/512 (A) and M/512 (B)
+#: passes; with 8 runs (1024 along K) the double-buffered VMEM footprint is
+#: ~5 MiB (codes 2 x 2 x 512 KiB, float32 accumulator 1 MiB, output 2 x 1 MiB),
+#: inside every TPU generation's default scoped VMEM.
+BLOCK_M = 512
+BLOCK_N = 512
+RUNS_PER_STEP = 8
+
+# Mosaic's native tiles: 8-bit data is tiled (32, 128); every block's last
+# dimension is a multiple of 128.
+_SUBLANE_FP8 = 32
+_LANE = 128
+
+
+def _blocks(m: int, n: int, kc: int, block_m: int, block_n: int, runs: int, orient: str):
+    """(bm, bn, j) clipped to the operand (rounded up to the hardware tiles)."""
+    # In "tn" A's rows sit on the lanes of its (K, M) blocks.
+    m_tile = _LANE if orient == "tn" else _SUBLANE_FP8
+    bm = min(block_m, round_up(m, m_tile))
+    bn = min(block_n, round_up(n, _LANE))
+    # A step of j runs: its (j, bm) scale block needs j % 8 == 0 or j == all runs.
+    j = kc if kc <= runs else runs
+    return bm, bn, j
+
+
+def _check_blocks(block_m: int, block_n: int, runs: int) -> None:
+    if block_m < _LANE or block_m % _LANE:
+        raise ValueError(f"block_m must be a multiple of 128, got {block_m}")
+    if block_n < _LANE or block_n % _LANE:
+        raise ValueError(f"block_n must be a multiple of 128, got {block_n}")
+    if runs < 8 or runs % 8:
+        raise ValueError(f"runs_per_step must be a multiple of 8, got {runs}")
+
+
+def _run_dot(a, b, orient: str):
+    """One run's FP8 x FP8 dot with a float32 result (the matrix unit's FP8 mode)."""
+    contract = {"nn": ((1,), (0,)), "nt": ((1,), (1,)), "tn": ((0,), (0,))}[orient]
+    return lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
+
+
+def _accumulate(a_ref, sa_ref, b_ref, sb_ref, acc_ref, *, j: int, orient: str, run: int) -> None:
+    """Add the ``j`` runs (of ``run`` along K each) of this K step to the float32 accumulator."""
+    # sa_ref (j, bm): one row of A's scales per run; as columns, (bm, j).
+    sa_cols = jnp.transpose(sa_ref[...])
+    for t in range(j):
+        ks = slice(t * run, (t + 1) * run)
+        a = a_ref[ks, :] if orient == "tn" else a_ref[:, ks]
+        b = b_ref[:, ks] if orient == "nt" else b_ref[ks, :]
+        partial = _run_dot(a, b, orient)
+        # Promotion: the run's float32 partial times fl32(a_scale * b_scale).
+        scale = sa_cols[:, t : t + 1] * sb_ref[t : t + 1, :]
+        acc_ref[...] += partial * scale
+
+
+def _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, acc_ref, *, j: int, orient: str, run: int):
+    k = pl.program_id(2)
+
+    @pl.when(k == 0)
+    def _init():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    _accumulate(a_ref, sa_ref, b_ref, sb_ref, acc_ref, j=j, orient=orient, run=run)
+
+    @pl.when(k == pl.num_programs(2) - 1)
+    def _write():
+        # One rounding of the float32 accumulator to the output dtype.
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+def cost_estimate(
+    mp: int, np_: int, kp: int, bm: int, bn: int, out_dtype, run: int = CHUNK
+) -> pl.CostEstimate:
+    """What the kernel moves and computes: 2 M N K flops; codes, scales and output bytes.
+
+    Each of the ``N / bn`` output column blocks reads all of A (codes and
+    scales) once, each of the ``M / bm`` row blocks all of B; the output is
+    written once.
+    """
+    n_m, n_n, kc = mp // bm, np_ // bn, kp // run
+    a_bytes = (mp * kp + kc * mp * 4) * n_n
+    b_bytes = (kp * np_ + kc * np_ * 4) * n_m
+    out_bytes = mp * np_ * jnp.dtype(out_dtype).itemsize
+    return pl.CostEstimate(
+        flops=2 * mp * np_ * kp, transcendentals=0, bytes_accessed=a_bytes + b_bytes + out_bytes
+    )
+
+
+def _compiler_params(interpret: bool, n_axes: int = 3):
+    if interpret:
+        return None
+    semantics = ("parallel",) * (n_axes - 1) + ("arbitrary",)
+    return pltpu.CompilerParams(dimension_semantics=semantics)
+
+
+def _interpret(interpret: bool):
+    # TPU interpret mode: the grid, DMAs and VMEM simulated on the host.
+    return pltpu.InterpretParams() if interpret else False
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("orient", "out_dtype", "block_m", "block_n", "runs", "interpret", "run"),
+)
+def _dense(a, sa_t, b, sb_cols, *, orient, out_dtype, block_m, block_n, runs, interpret, run=CHUNK):
+    """Pad, launch, crop.  ``a``/``b`` as stored (module docstring); ``sa_t`` (Kc, M),
+    ``sb_cols`` (Kc, N) with Kc = ceil(K / run).  ``run``: the K run of one scale
+    (DeepSeek-V3's 128; another value only for measuring what the promotion costs)."""
+    if orient == "tn":
+        k, m = a.shape
+    else:
+        m, k = a.shape
+    n = b.shape[0] if orient == "nt" else b.shape[1]
+    kc = cdiv(k, run)
+    bm, bn, j = _blocks(m, n, kc, block_m, block_n, runs, orient)
+    mp, np_, kcp = round_up(m, bm), round_up(n, bn), round_up(kc, j)
+    kp, bk = kcp * run, j * run
+
+    # Zero codes add nothing; unit scales keep the padding inert.
+    a_p = _pad_to(a, (kp, mp) if orient == "tn" else (mp, kp), 0)
+    b_p = _pad_to(b, (np_, kp) if orient == "nt" else (kp, np_), 0)
+    sa_p = _pad_to(sa_t, (kcp, mp), 1.0)
+    sb_p = _pad_to(sb_cols, (kcp, np_), 1.0)
+
+    if orient == "tn":
+        a_spec = pl.BlockSpec((bk, bm), lambda i, jn, kk: (kk, i))
+    else:
+        a_spec = pl.BlockSpec((bm, bk), lambda i, jn, kk: (i, kk))
+    if orient == "nt":
+        b_spec = pl.BlockSpec((bn, bk), lambda i, jn, kk: (jn, kk))
+    else:
+        b_spec = pl.BlockSpec((bk, bn), lambda i, jn, kk: (kk, jn))
+    out = pl.pallas_call(
+        functools.partial(_dense_kernel, j=j, orient=orient, run=run),
+        out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
+        grid=(mp // bm, np_ // bn, kcp // j),
+        in_specs=[
+            a_spec,
+            pl.BlockSpec((j, bm), lambda i, jn, kk: (kk, i)),
+            b_spec,
+            pl.BlockSpec((j, bn), lambda i, jn, kk: (kk, jn)),
+        ],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, jn, kk: (i, jn)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        compiler_params=_compiler_params(interpret),
+        cost_estimate=cost_estimate(mp, np_, kp, bm, bn, out_dtype, run),
+        interpret=_interpret(interpret),
+        name=f"fp8_block_scaled_matmul_{orient}",
+    )(a_p, sa_p, b_p, sb_p)
+    return out[:m, :n]
+
+
+def launch(fn: Callable, *args: jax.Array, interpret: bool | None, **kw) -> jax.Array:
+    """``fn(*args, interpret=..., **kw)``; ``interpret=None``: compiled for a TPU lowering,
+    TPU interpret mode on every other platform."""
+    if interpret is not None:
+        return fn(*args, interpret=bool(interpret), **kw)
+
+    def build(compiled: bool):
+        if compiled:
+            # Mosaic lowers for TPU only: dead zeros in any other branch.
+            compiled_fn = functools.partial(fn, interpret=False, **kw)
+            return lambda: platforms.only_on(("tpu",), compiled_fn, *args)
+        return lambda: fn(*args, interpret=True, **kw)
+
+    return platforms.choose(lambda p: p == "tpu", build)
+
+
+def _dense_kw(out_dtype, block_m, block_n, runs_per_step):
+    _check_blocks(block_m, block_n, runs_per_step)
+    return dict(
+        out_dtype=jnp.dtype(out_dtype), block_m=block_m, block_n=block_n, runs=runs_per_step
+    )
+
+
+def block_scaled_matmul(
+    a_data: jax.Array,
+    a_scale: jax.Array,
+    b_data: jax.Array,
+    b_scale: jax.Array,
+    *,
+    out_dtype=jnp.bfloat16,
+    block_m: int = BLOCK_M,
+    block_n: int = BLOCK_N,
+    runs_per_step: int = RUNS_PER_STEP,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """Fprop ("nn"): ``a`` (M, K) with ``a_scale`` (M, ceil(K/128)) x ``b`` (K, N) with
+    ``b_scale`` (ceil(K/128), ceil(N/128)) -> (M, N) in ``out_dtype``.
+
+    The operands of :func:`fp8jax.kernels.block_gemm.block_scaled_matmul`; the
+    math of the module docstring.
+    """
+    m, k, n = check_operands(a_data, a_scale, b_data, b_scale, out_dtype, b_layout="kn")
+    return launch(
+        _dense,
+        a_data,
+        a_scale.T,
+        b_data,
+        expand_b_scale(b_scale, n),
+        orient="nn",
+        interpret=interpret,
+        **_dense_kw(out_dtype, block_m, block_n, runs_per_step),
+    )
+
+
+def block_scaled_matmul_nt(
+    a_data: jax.Array,
+    a_scale: jax.Array,
+    bt_data: jax.Array,
+    bt_scale: jax.Array,
+    *,
+    out_dtype=jnp.bfloat16,
+    block_m: int = BLOCK_M,
+    block_n: int = BLOCK_N,
+    runs_per_step: int = RUNS_PER_STEP,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """Dgrad ("nt"): ``out = a @ bt.T`` with ``bt`` (N, K), ``bt_scale`` (ceil(N/128),
+    ceil(K/128)); in y = x W, ``dx = dy W^T`` is this call with ``bt = W`` as stored."""
+    m, k, n = check_operands(a_data, a_scale, bt_data, bt_scale, out_dtype, b_layout="nk")
+    return launch(
+        _dense,
+        a_data,
+        a_scale.T,
+        bt_data,
+        expand_b_scale(bt_scale.T, n),
+        orient="nt",
+        interpret=interpret,
+        **_dense_kw(out_dtype, block_m, block_n, runs_per_step),
+    )
+
+
+def block_scaled_matmul_tn(
+    at_data: jax.Array,
+    at_scale: jax.Array,
+    b_data: jax.Array,
+    b_scale: jax.Array,
+    *,
+    out_dtype=jnp.bfloat16,
+    block_m: int = BLOCK_M,
+    block_n: int = BLOCK_N,
+    runs_per_step: int = RUNS_PER_STEP,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """Wgrad ("tn", 128x1 tiles on both sides): ``out = at.T @ b``.
+
+    ``at`` (K, M) with ``at_scale`` (ceil(K/128), M), ``b`` (K, N) with
+    ``b_scale`` (ceil(K/128), N); K (the tokens in Wgrad) is contracted.
+    """
+    check_tn_operands(at_data, at_scale, b_data, b_scale, out_dtype)
+    return launch(
+        _dense,
+        at_data,
+        at_scale,
+        b_data,
+        b_scale,
+        orient="tn",
+        interpret=interpret,
+        **_dense_kw(out_dtype, block_m, block_n, runs_per_step),
+    )
+
+
+# ----------------------------------------------------------------------------
+# grouped (MoE experts) on the expert-aligned tile layout
+# ----------------------------------------------------------------------------
+
+
+def _grouped_kernel(
+    group_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, acc_ref, *, j: int, orient: str
+):
+    t, k = pl.program_id(0), pl.program_id(2)
+    expert = group_ref[t]
+
+    @pl.when(k == 0)
+    def _init():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    @pl.when(expert >= 0)
+    def _compute():
+        _accumulate(a_ref, sa_ref, b_ref, sb_ref, acc_ref, j=j, orient=orient, run=CHUNK)
+
+    @pl.when(k == pl.num_programs(2) - 1)
+    def _write():
+        # One rounding to the output dtype; a padding tile writes zeros.
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("orient", "out_dtype", "block_n", "runs", "interpret"))
+def _grouped(a, sa_t, b, sb_cols, tile_group, *, orient, out_dtype, block_n, runs, interpret):
+    """``a`` (Mp, K) aligned rows, ``sa_t`` (Kc, Mp), ``b`` (E, K, N) ("nn") or (E, N, K)
+    ("nt"), ``sb_cols`` (E, Kc, N), ``tile_group`` (Mp / tile,)."""
+    mp, k = a.shape
+    num_groups = b.shape[0]
+    n = b.shape[1] if orient == "nt" else b.shape[2]
+    tile = mp // tile_group.shape[0]
+    kc = cdiv(k, CHUNK)
+    _, bn, j = _blocks(tile, n, kc, tile, block_n, runs, orient)
+    np_, kcp = round_up(n, bn), round_up(kc, j)
+    kp, bk = kcp * CHUNK, j * CHUNK
+
+    a_p = _pad_to(a, (mp, kp), 0)
+    b_p = _pad_to(b, (num_groups, np_, kp) if orient == "nt" else (num_groups, kp, np_), 0)
+    sa_p = _pad_to(sa_t, (kcp, mp), 1.0)
+    sb_p = _pad_to(sb_cols, (num_groups, kcp, np_), 1.0)
+
+    # A padding tile (expert -1) reads expert 0's first blocks, once (the block
+    # index stays put across its steps, so Pallas issues no further DMA).
+    def step(t, kk, g):
+        live = g[t] >= 0
+        return jnp.where(live, kk, 0), jnp.maximum(g[t], 0)
+
+    def a_map(t, jn, kk, g):
+        return t, step(t, kk, g)[0]
+
+    def sa_map(t, jn, kk, g):
+        return step(t, kk, g)[0], t
+
+    def b_map(t, jn, kk, g):
+        kk, e = step(t, kk, g)
+        return (e, jn, kk) if orient == "nt" else (e, kk, jn)
+
+    def sb_map(t, jn, kk, g):
+        kk, e = step(t, kk, g)
+        return e, kk, jn
+
+    b_block = (None, bn, bk) if orient == "nt" else (None, bk, bn)
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1,
+        grid=(mp // tile, np_ // bn, kcp // j),
+        in_specs=[
+            pl.BlockSpec((tile, bk), a_map),
+            pl.BlockSpec((j, tile), sa_map),
+            pl.BlockSpec(b_block, b_map),
+            pl.BlockSpec((None, j, bn), sb_map),
+        ],
+        out_specs=pl.BlockSpec((tile, bn), lambda t, jn, kk, g: (t, jn)),
+        scratch_shapes=[pltpu.VMEM((tile, bn), jnp.float32)],
+    )
+    # Every tile re-reads its expert's weight: M / tile passes over B at most.
+    cost = cost_estimate(mp, np_, kp, tile, bn, out_dtype)
+    out = pl.pallas_call(
+        functools.partial(_grouped_kernel, j=j, orient=orient),
+        out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
+        grid_spec=grid_spec,
+        compiler_params=_compiler_params(interpret),
+        cost_estimate=cost,
+        interpret=_interpret(interpret),
+        name=f"fp8_grouped_block_scaled_matmul_{orient}",
+    )(tile_group.astype(jnp.int32), a_p, sa_p, b_p, sb_p)
+    return out[:, :n]
+
+
+def grouped_block_scaled_matmul_aligned(
+    a_data: jax.Array,
+    a_scale: jax.Array,
+    b_data: jax.Array,
+    b_scale: jax.Array,
+    tile_group: jax.Array,
+    *,
+    out_dtype=jnp.bfloat16,
+    b_layout: str = "kn",
+    block_n: int = BLOCK_N,
+    runs_per_step: int = RUNS_PER_STEP,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """Grouped GEMM on expert-aligned rows (the layout of ``fp8jax.groups.group_layout``).
+
+    ``a_data`` (Mp, K) FP8 rows sorted by expert in tiles of ``tile = Mp /
+    len(tile_group)`` rows (a multiple of 32; 128 in the GEMM core),
+    ``a_scale`` (Mp, ceil(K/128)); ``tile_group`` int (Mp / tile,): the expert
+    of each tile, -1 for padding (zeros out, no matrix-unit work; empty
+    groups own no tile).  ``b_layout`` "kn": ``b_data`` (E, K, N),
+    ``b_scale`` (E, Kc, Nc) (fprop); "nk": (E, N, K), (E, Nc, Kc) (dgrad, the
+    weights as stored).  Rows of tile t: ``out = a @ b[tile_group[t]]`` with
+    the module docstring's math.
+    """
+    mp, _, n = check_operands(
+        a_data, a_scale, b_data, b_scale, out_dtype, b_layout=b_layout, b_batch=True
+    )
+    if tile_group.ndim != 1 or tile_group.shape[0] == 0 or mp % tile_group.shape[0]:
+        raise ValueError(
+            f"tile_group must be 1-d with a length dividing M={mp}, got shape {tile_group.shape}"
+        )
+    tile = mp // tile_group.shape[0]
+    if tile % _SUBLANE_FP8 or (tile != mp and tile % _LANE):
+        raise ValueError(f"tiles of {tile} rows: a multiple of 128 needed (or all rows)")
+    _check_blocks(_LANE, block_n, runs_per_step)
+    kn_scale = b_scale if b_layout == "kn" else jnp.swapaxes(b_scale, 1, 2)
+    return launch(
+        _grouped,
+        a_data,
+        a_scale.T,
+        b_data,
+        expand_b_scale(kn_scale, n),
+        tile_group,
+        orient="nn" if b_layout == "kn" else "nt",
+        interpret=interpret,
+        out_dtype=jnp.dtype(out_dtype),
+        block_n=block_n,
+        runs=runs_per_step,
+    )

@@ -1,0 +1,169 @@
+"""fp8jax.bench.compilers: the census of compiled programs, and deviceless compiles.
+
+The census is checked on a hand-written HLO module (every rule: GEMM kinds,
+loops and trip counts, conditionals, XLA's estimates and the distrusted ones,
+rooflines), then on real compiles for an H100 (where the jax CUDA plugin is
+installed: CI's GPU-image environment) and for tpu7x (where libtpu is).  No
+test asserts a time: only structure (which kernels, loops, temporaries).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import fp8jax
+from fp8jax.bench import compilers, predicted
+from fp8jax.bench.gemm_cases import Shape
+
+# A module as XLA's GPU compiler prints it (trimmed to what the census reads):
+# a quantize fusion with XLA's estimate, a loop of 4 trips around a cuBLASLt
+# FP8 GEMM and a scale fusion, a conditional whose dearer branch counts, and a
+# fusion whose estimate is absurd for its bytes.
+HLO = """\
+HloModule m, is_scheduled=true
+
+%fused_q (p0: bf16[256,256]) -> f8e4m3fn[256,256] {
+  %p0 = bf16[256,256]{1,0} parameter(0)
+  ROOT %c = f8e4m3fn[256,256]{1,0} convert(%p0)
+}
+
+%body (arg: (s32[], f32[256,256])) -> (s32[], f32[256,256]) {
+  %arg = (s32[], f32[256,256]) parameter(0)
+  %i = s32[] get-tuple-element(%arg), index=0
+  %acc = f32[256,256]{1,0} get-tuple-element(%arg), index=1
+  %a8 = f8e4m3fn[256,64]{1,0} parameter(1)
+  %b8 = f8e4m3fn[64,256]{1,0} parameter(2)
+  %mm = f32[256,256]{1,0} custom-call(%a8, %b8), custom_call_target="__cublas$lt$matmul$f8"
+  %add = f32[256,256]{1,0} fusion(%acc, %mm), kind=kLoop, calls=%fused_q, backend_config={"reification_cost":[{"exec_time_us":2.5}]}
+  ROOT %t = (s32[], f32[256,256]) tuple(%i, %add)
+}
+
+%cond (arg: (s32[], f32[256,256])) -> pred[] {
+  %arg = (s32[], f32[256,256]) parameter(0)
+  %i = s32[] get-tuple-element(%arg), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%cheap (x: bf16[256,256]) -> bf16[256,256] {
+  %x = bf16[256,256]{1,0} parameter(0)
+  ROOT %f = bf16[256,256]{1,0} fusion(%x), kind=kLoop, calls=%fused_q, backend_config={"reification_cost":[{"exec_time_us":1.0}]}
+}
+
+%dear (x: bf16[256,256]) -> bf16[256,256] {
+  %x = bf16[256,256]{1,0} parameter(0)
+  ROOT %f2 = bf16[256,256]{1,0} fusion(%x), kind=kLoop, calls=%fused_q, backend_config={"reification_cost":[{"exec_time_us":3.0}]}
+}
+
+ENTRY %main (x: bf16[256,256], w: bf16[256,256], p: pred[]) -> bf16[256,256] {
+  %x = bf16[256,256]{1,0} parameter(0)
+  %w = bf16[256,256]{1,0} parameter(1)
+  %p = pred[] parameter(2)
+  %q = f8e4m3fn[256,256]{1,0} fusion(%x), kind=kInput, calls=%fused_q, metadata={op_name="jit(f)/quantize"}, backend_config={"reification_cost":[{"exec_time_us":4.0}]}
+  %init = (s32[], f32[256,256]) tuple(%x, %x)
+  %loop = (s32[], f32[256,256]) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"4"}}
+  %br = bf16[256,256]{1,0} conditional(%p, %x, %x), true_computation=%cheap, false_computation=%dear
+  %absurd = bf16[256,256]{1,0} fusion(%x), kind=kCustom, calls=%fused_q, backend_config={"reification_cost":[{"exec_time_us":18000.0}]}
+  ROOT %y = bf16[256,256]{1,0} custom-call(%q, %w), custom_call_target="__gpu$xla.gpu.triton"
+}
+"""
+
+
+def test_census_reads_kernels_loops_branches_and_estimates():
+    t = compilers.target("h100")
+    c = compilers.census_of_text(HLO, t, temp=1234)
+    assert c.gemm_kernels == {"cuBLASLt FP8": 1, "Pallas Triton": 1}
+    assert c.loops == [{"name": "loop", "trips": 4, "gemms": 1}]
+    assert c.gemm_in_loop
+    # The quantize fusion, the loop's fusion, the dearer branch's fusion, the absurd one.
+    assert c.fusions == 4
+    assert c.temp_bytes == 1234
+    # The loop's fusion 4 times, the dearer branch; the absurd estimate replaced
+    # by its bytes at HBM speed (2 x 128 KiB at the config's 3.35 TB/s).
+    floor = 2 * 256 * 256 * 2 / 3_352_320_000_000 * 1e6
+    assert c.other_us == pytest.approx(4.0 + 4 * 2.5 + 3.0 + floor)
+    assert c.distrusted == [{"name": "absurd", "xla_us": 18000.0, "used_us": round(floor, 3)}]
+    # The loop's fusion 4 times first, then the quantize.
+    assert c.top_other[0] == {"us": 10.0, "name": "add", "op": ""}
+    assert c.top_other[1] == {"us": 4.0, "name": "q", "op": "jit(f)/quantize"}
+    # GEMM FLOPs: 4 trips of 256x64x256 and one 256^3 (a square custom call).
+    assert c.gemm_flops == pytest.approx(4 * 2 * 256 * 64 * 256 + 2 * 256**3)
+
+
+def test_unknown_target_is_one_line():
+    with pytest.raises(ValueError, match="unknown compile target 'h900'; known"):
+        compilers.target("h900")
+
+
+def _cuda_or_skip():
+    t = compilers.target("h100")
+    why = compilers.unavailable(t)
+    if why:
+        pytest.skip(why)
+    return t
+
+
+def _census(program, shapes, t):
+    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in shapes]
+    return compilers.predict(program, args, t)
+
+
+def test_h100_auto_fwd_bwd_has_three_fp8_kernels_and_no_gemm_loop():
+    t = _cuda_or_skip()
+    shape = [(256, 512), (512, 256)]
+    bf16 = _census(predicted.gemm_program(None), shape, t)
+    auto = _census(predicted.gemm_program(fp8jax.recipes.deepseek_v3()), shape, t)
+    assert sum(bf16.gemm_kernels.values()) == 3
+    assert sum(auto.gemm_kernels.values()) == 3, auto.gemm_kernels
+    assert not any(k.startswith("XLA") or k.startswith("cuBLAS") for k in auto.gemm_kernels)
+    assert not auto.gemm_in_loop, auto.loops
+    assert auto.gemm_flops == pytest.approx(bf16.gemm_flops)
+    # Temporaries bounded by twice bf16's (its GEMMs' float32 outputs and workspace).
+    assert auto.temp_bytes <= 2 * bf16.temp_bytes
+
+
+def test_h100_chunked_runs_gemms_in_a_k_run_loop():
+    t = _cuda_or_skip()
+    recipe = fp8jax.recipes.deepseek_v3()
+    chunked = _census(
+        predicted.gemm_program(dataclasses.replace(recipe, impl="chunked")),
+        [(256, 512), (512, 256)],
+        t,
+    )
+    assert chunked.gemm_in_loop
+    assert {loop["trips"] for loop in chunked.loops if loop["gemms"]} <= {2, 4}
+
+
+def test_gemm_case_reports_ratios_to_bf16():
+    t = _cuda_or_skip()
+    recs = predicted.gemm_case(Shape("s", "custom", 256, 256, 256), ["deepseek_v3"], ["auto"], t)
+    assert [r["recipe"] for r in recs] == ["bf16", "deepseek_v3"]
+    assert recs[0]["ratio"] == 1.0
+    assert recs[1]["paths"]["dense/fprop"].startswith("pallas")
+    assert "non_gemm_vs_bf16_gemms" in recs[1]
+    text = predicted.table(recs)
+    assert "deepseek_v3" in text and "Mosaic GPU" in text
+
+
+def test_tpu7x_estimates_a_plain_bf16_gemm():
+    t = compilers.target("tpu7x")
+    why = compilers.unavailable(t)
+    if why:
+        pytest.skip(why)
+    c = _census(predicted.gemm_program(None), [(256, 512), (512, 256)], t)
+    assert c.total_us is not None and c.total_us > 0
+    assert sum(c.gemm_kernels.values()) == 3
+    assert c.gemm_flops == pytest.approx(3 * 2 * 256 * 512 * 256)
+
+
+def test_h100_grouped_fwd_bwd_runs_kernels_only():
+    # fp8jax.ragged_dot over 4 experts: the grouped Fprop / Dgrad and the
+    # per-tile Wgrad are kernels, none in a loop; lax.ragged_dot is the baseline.
+    t = _cuda_or_skip()
+    x = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((4, 256, 384), jnp.bfloat16)
+    fp8 = compilers.predict(predicted.grouped_program(fp8jax.recipes.deepseek_v3(), 4), [x, w], t)
+    assert fp8.gemm_kernels and all(k == "Mosaic GPU" for k in fp8.gemm_kernels), fp8
+    assert not fp8.gemm_in_loop

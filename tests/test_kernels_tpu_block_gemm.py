@@ -1,0 +1,274 @@
+"""The Mosaic TPU block-scaled GEMM in Pallas' TPU interpret mode on CPU, and compiled for
+TPU topologies through libtpu (where libtpu is installed).
+
+Against the float64 oracle of ``test_kernels_block_gemm`` and the plain-jnp
+references beside the Triton kernels (the same runs and promotion order; a
+run's 128 products may be summed in another float32 order, so they agree to
+float32 summation-order differences).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_kernels_block_gemm import E4M3, E5M2, assert_close, fp8, make_case, scales
+from test_kernels_grouped_block_gemm import assert_grouped_close, make_grouped
+
+from fp8jax.groups import group_layout
+from fp8jax.kernels import block_gemm as bg
+from fp8jax.kernels import grouped_block_gemm as gg
+from fp8jax.kernels import tpu_block_gemm as tg
+
+
+def assert_near_reference(got, want):
+    """Equal up to float32 summation-order differences within a 128-long run."""
+    want = np.asarray(want, np.float64)
+    atol = 1e-5 * np.max(np.abs(want))
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=atol)
+
+
+# Small blocks so that tiny shapes still have several tiles in M and N.
+SMALL = dict(block_m=128, block_n=128, interpret=True)
+
+# (M, K, N): odd M and N (padding), one run, several runs in one K step,
+# more runs than one step holds (two K steps, K padded to 16 runs).
+SHAPES = [(37, 300, 200), (130, 128, 129), (20, 1100, 70)]
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+def test_fprop_matches_float64_and_the_reference(m, k, n, dtype):
+    a, sa, b, sb = make_case(m + k + n, m, k, n, dtype)
+    got = tg.block_scaled_matmul(a, sa, b, sb, out_dtype=jnp.float32, **SMALL)
+    assert_close(got, a, sa, b, sb, jnp.float32)
+    assert_near_reference(
+        got, bg.block_scaled_matmul_reference(a, sa, b, sb, out_dtype=jnp.float32)
+    )
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES[:2])
+def test_dgrad_layout_matches_float64(m, k, n):
+    a, sa, b, sb = make_case(3 + m, m, k, n)
+    bt, sbt = np.ascontiguousarray(b.T), np.ascontiguousarray(sb.T)
+    got = tg.block_scaled_matmul_nt(a, sa, bt, sbt, out_dtype=jnp.bfloat16, **SMALL)
+    assert got.dtype == jnp.bfloat16
+    assert_close(got, a, sa, b, sb, jnp.bfloat16)
+
+
+@pytest.mark.parametrize("m,k,n", [(70, 300, 45), (200, 1100, 130)])
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+def test_wgrad_layout_matches_float64(m, k, n, dtype):
+    # K (the tokens) contracted, 128x1 tiles along it on both operands.
+    rng = np.random.default_rng(k + n)
+    kc = bg.cdiv(k, 128)
+    at, b = fp8(rng, (k, m), dtype), fp8(rng, (k, n), dtype)
+    sat, sb = scales(rng, (kc, m)), scales(rng, (kc, n))
+    got = tg.block_scaled_matmul_tn(at, sat, b, sb, out_dtype=jnp.float32, **SMALL)
+    # float64: the per-column scales of b are 128x1 tiles, not blocks.
+    a64 = at.T.astype(np.float64) * np.repeat(sat.T.astype(np.float64), 128, axis=1)[:, :k]
+    b64 = b.astype(np.float64) * np.repeat(sb.astype(np.float64), 128, axis=0)[:k]
+    ref, mag = a64 @ b64, np.abs(a64) @ np.abs(b64)
+    tol = (k + 3 * kc + 4) * 2.0**-24 * mag + 1e-30
+    assert np.all(np.abs(np.asarray(got, np.float64) - ref) <= tol)
+    assert_near_reference(
+        got, bg.block_scaled_matmul_tn_reference(at, sat, b, sb, out_dtype=jnp.float32)
+    )
+
+
+def test_default_blocks_clip_to_a_small_operand():
+    a, sa, b, sb = make_case(5, 17, 140, 33)
+    f = jax.jit(lambda *xs: tg.block_scaled_matmul(*xs, out_dtype=jnp.float32, interpret=True))
+    assert_close(f(a, sa, b, sb), a, sa, b, sb, jnp.float32)
+
+
+@pytest.mark.parametrize(
+    "gs,layout",
+    [([70, 0, 100, 20], "kn"), ([0, 130, 0, 0], "nk"), ([5, 0, 0, 1], "kn")],
+)
+def test_grouped_aligned_matches_float64(gs, layout):
+    # Ragged groups, empty experts, rows past sum(gs), tiles of padding only.
+    m, k, n = 200, 300, 136
+    a, sa, b, sb, gs = make_grouped(sum(gs) + len(gs), m, k, n, gs)
+    lay = group_layout(jnp.asarray(gs), m, 128)
+    valid = np.asarray(lay.row_valid)[:, None]
+    src = np.asarray(lay.src_row)
+    a_al = np.where(valid, a[src], np.zeros((), a.dtype))
+    sa_al = np.where(valid, sa[src], 1.0).astype(np.float32)
+    b_in = b if layout == "kn" else np.ascontiguousarray(np.swapaxes(b, 1, 2))
+    sb_in = sb if layout == "kn" else np.ascontiguousarray(np.swapaxes(sb, 1, 2))
+    y = tg.grouped_block_scaled_matmul_aligned(
+        a_al,
+        sa_al,
+        b_in,
+        sb_in,
+        lay.tile_group,
+        out_dtype=jnp.float32,
+        b_layout=layout,
+        block_n=128,
+        interpret=True,
+    )
+    padding_tiles = np.asarray(lay.tile_group) < 0
+    assert padding_tiles.any()
+    assert np.all(np.asarray(y).reshape(lay.num_tiles, 128, n)[padding_tiles] == 0)
+    got = jnp.where(lay.in_group[:, None], y[lay.dst_row], 0.0)
+    assert_grouped_close(got, a, sa, b, sb, gs, jnp.float32)
+    assert_near_reference(
+        got, gg.grouped_block_scaled_matmul_reference(a, sa, b, sb, gs, out_dtype=jnp.float32)
+    )
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(block_m=96), "block_m"),
+        (dict(block_n=200), "block_n"),
+        (dict(runs_per_step=4), "runs_per_step"),
+        (dict(out_dtype=jnp.float16), "out_dtype"),
+    ],
+)
+def test_bad_arguments_raise(kw, match):
+    a, sa, b, sb = make_case(0, 8, 256, 128)
+    with pytest.raises((ValueError, TypeError), match=match):
+        tg.block_scaled_matmul(a, sa, b, sb, interpret=True, **kw)
+
+
+def test_grouped_bad_tile_group_raises():
+    a, sa, b, sb, _ = make_grouped(0, 256, 128, 128, [100, 100])
+    with pytest.raises(ValueError, match="tile_group"):
+        tg.grouped_block_scaled_matmul_aligned(a, sa, b, sb, jnp.zeros((3,), jnp.int32))
+
+
+# ----------------------------------------------------------------------------
+# compiled for TPU topologies (libtpu, no TPU attached)
+# ----------------------------------------------------------------------------
+
+_DIMS = (((1,), (0,)), ((), ()))
+
+
+@functools.cache
+def _sharding(topology: str):
+    from jax.experimental import topologies
+
+    device = topologies.get_topology_desc(topology, "tpu").devices[0]
+    return jax.sharding.NamedSharding(
+        jax.sharding.Mesh(np.array([device]), ("x",)), jax.sharding.PartitionSpec()
+    )
+
+
+def test_auto_compiles_one_mosaic_kernel_per_gemm_for_ironwood():
+    pytest.importorskip("libtpu")
+    import fp8jax
+    from fp8jax import path_record, recipes
+
+    sh = _sharding("tpu7x:2x2x1")
+    x = jax.ShapeDtypeStruct((256, 384), jnp.float32, sharding=sh)
+    w = jax.ShapeDtypeStruct((384, 256), jnp.float32, sharding=sh)
+    r = recipes.deepseek_v3()
+
+    def loss(x, w):
+        return jnp.sum(fp8jax.dot_general(x, w, _DIMS, recipe=r).astype(jnp.float32) ** 2)
+
+    with path_record.recording("tpu") as paths:
+        traced = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(x, w)
+    assert set(path_record.as_table(paths).values()) == {"pallas tpu"}
+    text = traced.lower(lowering_platforms=("tpu",)).compile().as_text()
+    assert text.count('custom_call_target="tpu_custom_call"') == 3
+    # No loop over K runs outside the kernels.
+    assert not re.search(r"\bwhile\(", text)
+
+
+@pytest.mark.slow
+def test_ragged_dot_compiles_grouped_mosaic_kernels_for_ironwood():
+    pytest.importorskip("libtpu")
+    import fp8jax
+    from fp8jax import path_record, recipes
+
+    sh = _sharding("tpu7x:2x2x1")
+    x = jax.ShapeDtypeStruct((512, 256), jnp.float32, sharding=sh)
+    w = jax.ShapeDtypeStruct((4, 256, 384), jnp.float32, sharding=sh)
+    gs = jax.ShapeDtypeStruct((4,), jnp.int32, sharding=sh)
+    r = recipes.deepseek_v3()
+
+    def loss(x, w, gs):
+        return jnp.sum(fp8jax.ragged_dot(x, w, gs, recipe=r).astype(jnp.float32) ** 2)
+
+    with path_record.recording("tpu") as paths:
+        traced = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(x, w, gs)
+    # Fprop and Dgrad: the grouped kernel on the expert-aligned tiles; Wgrad:
+    # the dense kernel over the tiles, summed per expert.
+    assert path_record.as_table(paths) == {
+        "expert/fprop": "pallas grouped tpu",
+        "expert/dgrad": "pallas grouped tpu",
+        "expert/wgrad": "pallas tpu",
+    }
+    text = traced.lower(lowering_platforms=("tpu",)).compile().as_text()
+    assert text.count('custom_call_target="tpu_custom_call"') == 3
+
+
+_MXU_CHECK = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import topologies
+from fp8jax.kernels import tpu_block_gemm as tg
+dev = topologies.get_topology_desc({topology!r}, "tpu").devices[0]
+sh = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array([dev]), ("x",)), jax.sharding.PartitionSpec())
+s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sh)
+f8 = jnp.float8_e4m3fn
+f = jax.jit(lambda *xs: tg.block_scaled_matmul(*xs, interpret=False))
+args = s((256, 256), f8), s((256, 2), jnp.float32), s((256, 256), f8), s((2, 2), jnp.float32)
+f.trace(*args).lower(lowering_platforms=("tpu",)).compile()
+"""
+
+
+def _matmul_formats(topology: str, tmp_path) -> set[str]:
+    """The matrix-unit operand formats of the compiled kernel, from Mosaic's LLO dump."""
+    pytest.importorskip("libtpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    # libtpu reads its flags when it loads: a child process.
+    env["LIBTPU_INIT_ARGS"] = f"--xla_mosaic_dump_to={tmp_path}"
+    code = _MXU_CHECK.format(topology=topology)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    formats = set()
+    for path in tmp_path.glob("*fp8_block_scaled_matmul_nn*finalize-llo.txt"):
+        text = path.read_text()
+        assert "llo.vmatmul" in text
+        formats |= set(re.findall(r"matmul_data_format<(\w+)>", text))
+    return formats
+
+
+def test_fp8_operands_reach_ironwoods_matrix_unit(tmp_path):
+    # E4M3 codes are the matrix unit's operands on tpu7x, not widened first.
+    assert _matmul_formats("tpu7x:2x2x1", tmp_path) == {"e4m3b"}
+
+
+@pytest.mark.slow
+def test_v6e_widens_fp8_to_bfloat16_in_the_matrix_unit(tmp_path):
+    # No FP8 matrix unit: the same kernel compiles, codes widened on the way in.
+    assert _matmul_formats("v6e:2x2", tmp_path) == {"e4m3b_to_bf16"}
+
+
+def test_prediction_command_refuses_a_bad_shape(capsys):
+    from fp8jax.bench import tpu_kernel
+
+    assert tpu_kernel.main(["--shape", "4096,4096"]) == 2
+    assert "--shape" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_predictions_at_a_small_shape():
+    pytest.importorskip("libtpu")
+    from fp8jax.bench import tpu_kernel
+
+    out = tpu_kernel.kernels("tpu7x", 256, 512, 256)
+    assert [out[k]["mosaic_kernels"] for k in ("fprop", "dgrad", "wgrad")] == [1, 1, 1]
+    assert out["bytes_accessed"] > 0
+    # The promotion per run is part of the kernel body: fewer runs, fewer bundles per K.
+    per_k = [tpu_kernel.bundles("tpu7x", r)["bundles_per_k128"] for r in (128, 2048)]
+    assert per_k[0] > per_k[1] > 0
