@@ -44,12 +44,7 @@ from fp8jax import accumulate, blockscaled, host_cpu, path_record, platforms
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
 from fp8jax.kernels import tpu_block_gemm
 from fp8jax.kernels.availability import kernel_available
-from fp8jax.kernels.block_gemm import (
-    CHUNK,
-    block_scaled_matmul,
-    block_scaled_matmul_nt,
-    block_scaled_matmul_tn,
-)
+from fp8jax.kernels.block_gemm import CHUNK, batched_matmul_nt
 from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligned
 from fp8jax.layout import Layout, repeat_crop
 from fp8jax.operands import materialize
@@ -76,8 +71,8 @@ _ALG = lax.DotAlgorithmPreset
 # The one table of implementations: for each scheme of the two operands,
 # the implementations a recipe may name (``fp8jax.recipes.IMPLS``, where a
 # Recipe checks its ``impl``), and what "auto" runs on each platform a
-# program is lowered for (the first entry that is available there).  On a CUDA GPU: "pallas" where the operands have the Pallas
-# kernel's layouts and the target is a Hopper or later GPU, else "chunked";
+# program is lowered for (the first entry that is available there).  On a CUDA GPU: "pallas" (the
+# Mosaic GPU kernel) where the operands have its layouts and the target is a Hopper or later GPU, else "chunked";
 # the block formats take "scaled_matmul" on a Blackwell target (>= 10.0).
 # Hardware FP8 dots ("fp8", "fp8_fast") are named, never chosen: their
 # named FP8 dot algorithms lie past the StableHLO version that ``jax.export``
@@ -112,7 +107,7 @@ AUTO: dict[tuple[str, str], tuple[str, ...]] = {
     ("nvfp4", "tpu"): ("xla",),
 }
 # Compute capabilities the CUDA paths need: FP8 tensor cores (Ada / Hopper),
-# the Pallas kernel's FP8 wgmma (Hopper), native MXFP8 / NVFP4 (Blackwell).
+# the Mosaic GPU kernel's FP8 wgmma (Hopper), native MXFP8 / NVFP4 (Blackwell).
 _CUDA_FP8 = "8.9"
 _CUDA_KERNEL = "9.0"
 _CUDA_BLOCK_FORMATS = "10.0"
@@ -141,7 +136,11 @@ def auto_impl(scheme: str, platform: str, a=None, b=None, kind: str = "fprop") -
 def _auto_available(impl: str, platform: str, a, b, kind: str) -> bool:
     """Whether "auto" may take ``impl`` on ``platform`` for these operands."""
     if impl == "pallas":
-        return a is not None and _kernel_layout_fits(a, b, kind) and _compiled_kernel(platform)
+        if a is None or not _kernel_layout_fits(a, b, kind) or not _compiled_kernel(platform):
+            return False
+        # Mixed E4M3 x E5M2 operands: FP8 wgmma takes them; the TPU kernel
+        # is taken for one format at a time.
+        return platform != "tpu" or a.data.dtype == b.data.dtype
     if impl == "scaled_matmul":
         capability = platforms.cuda_capability() if platform == "cuda" else None
         return blockscaled.native_block_gemm_available(platform, capability)
@@ -187,7 +186,7 @@ def unsupported(impl: str, platform: str) -> str | None:
 
 
 def _kernel_layout_fits(a, b, kind: str) -> bool:
-    """Both operands have the Pallas kernel's layouts (128-wide tiles/blocks, E4M3/E5M2)."""
+    """Both operands have the kernel's layouts (128-wide tiles/blocks, E4M3/E5M2, mixed or not)."""
 
     def q(op, fits_layout):
         return (
@@ -208,7 +207,7 @@ def _kernel_layout_fits(a, b, kind: str) -> bool:
         fits = q(a, tiles_along(2)) and q(b, blocks)
     else:
         fits = q(a, tiles_along(1)) and q(b, tiles_along(1))
-    return fits and a.data.dtype == b.data.dtype
+    return fits
 
 
 def select_impl(recipe: Recipe, a, b, kind: str, platform: str | None = None) -> str:
@@ -280,7 +279,7 @@ def describe_path(impl: str, recipe: Recipe, a, b, how: str = "") -> str:
     "chunked" (FP8 codes per run of constant scales, exact products,
     float32 sums in XLA's order, promotion fused by XLA into one FMA), "fp8" / "fp8_fast" (the same with hardware FP8 dots),
     "pallas" (or "pallas tpu", the Mosaic TPU kernel, or "pallas interpret",
-    the Triton kernel in Pallas interpret mode),
+    the Mosaic GPU kernel in its interpreter),
     "scaled_matmul" (the native block-format GEMM), or "emulate" with the
     accumulation model's parameters; "unsupported <impl>" where the platform
     cannot run it.  Block formats (MXFP8, NVFP4) are prefixed with their
@@ -565,13 +564,7 @@ def _chunked(
     return acc
 
 
-# The dense block-scaled kernels per GEMM kind: Triton (CUDA, and interpret
-# mode elsewhere) and Mosaic TPU.
-_TRITON_KERNELS = {
-    "fprop": block_scaled_matmul,
-    "dgrad": block_scaled_matmul_nt,
-    "wgrad": block_scaled_matmul_tn,
-}
+# The dense Mosaic TPU kernels per GEMM kind.
 _MOSAIC_KERNELS = {
     "fprop": tpu_block_gemm.block_scaled_matmul,
     "dgrad": tpu_block_gemm.block_scaled_matmul_nt,
@@ -580,29 +573,55 @@ _MOSAIC_KERNELS = {
 
 
 def _pallas(a: QTensor, b: QTensor, kind: str, *, how: str, out_dtype=jnp.float32) -> jax.Array:
-    """The block-scaled Pallas kernel: compiled for a CUDA target (Triton, how
-    "compiled") or a TPU (Mosaic, how "mosaic"), else the Triton kernel in Pallas
-    interpret mode (the same math as XLA operations, for tests), writing ``out_dtype``
-    from its float32 accumulator."""
+    """The block-scaled Pallas kernel, writing ``out_dtype`` from its float32 accumulator:
+    the Mosaic GPU kernel compiled for a CUDA target (how "compiled") or in its
+    interpreter elsewhere (how "interpret", for tests), the Mosaic TPU kernel on a
+    TPU (how "mosaic").
+
+    The Mosaic GPU kernel reads both operands K-major (the contraction axis
+    minor), the only layout of Hopper's FP8 ``wgmma``: Dgrad's weight is that
+    as stored; Fprop's weight and Wgrad's two token-tiled operands are
+    transposed in XLA first (FP8 codes, exact; their scales only change places).
+    """
+    if how == "mosaic":
+        return _tpu_pallas(a, b, kind, out_dtype)
+    if kind == "fprop":
+        # x (B, M, K) 1x128 tiles; w (B, K, N) 128x128 blocks -> w^T (B, N, K).
+        args = (a.data, a.scale, _swap12(b.data), b.scale)
+    elif kind == "dgrad":
+        # dy (B, M, N) tiles along N; w (B, K, N) is K-major for a contraction over N.
+        args = (a.data, a.scale, b.data, _swap12(b.scale))
+    else:
+        # x (B, T, K) and dy (B, T, N) in 128x1 tiles along the tokens T:
+        # x^T (B, K, T) and dy^T (B, N, T), the tile scales per column of each.
+        args = (_swap12(a.data), _swap12(a.scale), _swap12(b.data), b.scale)
+    run = partial(
+        batched_matmul_nt,
+        b_cols=kind == "wgrad",
+        out_dtype=out_dtype,
+        interpret=how == "interpret",
+    )
+    return _on_kernel_platform(how, run, *args)
+
+
+def _tpu_pallas(a: QTensor, b: QTensor, kind: str, out_dtype) -> jax.Array:
+    """The Mosaic TPU kernel of ``kind`` on the canonical operands as stored."""
     # fprop: (B, M, K) tiles along K x (B, K, N) blocks; dgrad: dy (B, M, N) x
     # w (B, K, N) contracted over N (w is the kernels' "nt" operand as stored);
     # wgrad: x (B, M, K) and dy (B, M, N), both in 128x1 tiles along the tokens M.
-    kernels = _MOSAIC_KERNELS if how == "mosaic" else _TRITON_KERNELS
-    fn = partial(kernels[kind], out_dtype=out_dtype, interpret=how == "interpret")
+    fn = partial(_MOSAIC_KERNELS[kind], out_dtype=out_dtype, interpret=False)
 
     def run(a_data, a_scale, b_data, b_scale):
         if a_data.shape[0] == 1:
             return fn(a_data[0], a_scale[0], b_data[0], b_scale[0])[None]
         return jax.vmap(fn)(a_data, a_scale, b_data, b_scale)
 
-    args = (a.data, a.scale, b.data, b.scale)
-    # A compiled kernel has one platform's lowering only (Triton: CUDA,
-    # Mosaic: TPU); any other platform of a multi-platform export sees dead zeros.
-    return _on_kernel_platform(how, run, *args)
+    return _on_kernel_platform("mosaic", run, a.data, a.scale, b.data, b.scale)
 
 
 def _on_kernel_platform(how: str, fn: Callable, *args) -> Any:
-    """``fn(*args)``, lowered only for the platform of a compiled kernel (``how``)."""
+    """``fn(*args)``, lowered only for the platform of a compiled kernel (``how``):
+    any other platform of a multi-platform export sees dead zeros."""
     if how == "interpret":
         return fn(*args)
     return platforms.only_on(("tpu",) if how == "mosaic" else ("cuda",), fn, *args)
@@ -638,7 +657,7 @@ def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_group
     dgrad: a = dy (M, N) rows (or its (T, tile, N) tiles), b = w (E, K, N) -> (M, K);
     wgrad: a = x (T, tile, K), b = dy (T, tile, N) already in tiles -> (E, K, N).
     Rows in no group give 0.  Runs as a batched :func:`gemm` over the tiles
-    of ``layout`` (or the grouped Pallas kernel, which reads that layout).
+    of ``layout`` (or the grouped kernel, which reads that layout).
     """
     with path_record.scope("expert"):
         if kind == "wgrad":
@@ -655,7 +674,9 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
     # Rows (M, C), or operands already laid out in tiles (T, tile, C).
     a_t = a if len(a.shape) == 3 else tile_rows(a, layout)
     decisions = {p: _decision(recipe, a_t, b, kind, p) for p in platforms.PLATFORMS}
-    kernel = {p: d for p, d in decisions.items() if d[0] == "pallas"}
+    # The grouped kernel reads 128-row tiles; other tile lengths run the dense
+    # kernel per tile.
+    kernel = {p: d for p, d in decisions.items() if d[0] == "pallas" and layout.tile == CHUNK}
     others = tuple(p for p in platforms.PLATFORMS if p not in kernel)
     if kernel:
         path_record.note(
@@ -683,8 +704,8 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
 
 
 def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, how: str) -> jax.Array:
-    """The grouped Pallas kernel on the aligned rows and each tile's expert id
-    (``how`` as in :func:`_pallas`)."""
+    """The grouped kernel (Mosaic GPU, or Mosaic TPU where ``how`` is "mosaic") on the
+    aligned rows and each tile's expert id (``how`` as in :func:`_pallas`)."""
     mp = layout.src_row.shape[0]
 
     if how == "mosaic":

@@ -11,7 +11,7 @@ being lowered for (every other branch is dropped before XLA sees it).
 Two more pieces for what only one platform can lower:
 
 * :func:`only_on` wraps a computation whose lowering exists on some
-  platforms only (a compiled Triton kernel, a dot with an FP8 algorithm
+  platforms only (a compiled Mosaic GPU kernel, a dot with an FP8 algorithm
   preset, which JAX's CPU lowering refuses).  In a multi-platform export
   every branch of a ``platform_dependent`` is lowered for every exported
   platform; this wrapper lowers its computation only for its own platforms
@@ -82,7 +82,7 @@ def cuda_target(capability: str) -> Iterator[None]:
         _CUDA_TARGET.pop()
 
 
-#: A GPU of each compute capability, by the device kind JAX's Triton lowering knows.
+#: A GPU of each compute capability, by the device kind JAX's Pallas GPU lowerings know.
 CUDA_DEVICE_KINDS: dict[str, str] = {
     "8.9": "NVIDIA L4",
     "9.0": "NVIDIA H200",
@@ -95,7 +95,7 @@ def lowering_for_cuda(capability: str = DEFAULT_CUDA_TARGET) -> Iterator[None]:
     """Trace and lower for a CUDA GPU of ``capability`` from any machine.
 
     Sets the CUDA target (:func:`cuda_target`) and, where JAX asks for one
-    (Pallas' Triton lowering on jax >= 0.11 with no GPU attached), an
+    (Pallas' GPU lowerings on jax >= 0.11 with no GPU attached), an
     abstract device of that kind in an abstract mesh, so that
     ``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`` reaches
     GPU code on a CPU machine::

@@ -253,7 +253,7 @@ def test_kernel_bench_shapes_and_cpu_cases():
     res = kernel.bench_dense(
         gemm_cases.INTERPRET_SHAPE, impls=["bf16", "pallas_nt"], iters=1, interpret=True
     )
-    assert res[1].note.startswith("Pallas interpret mode") and res[1].ratio_to_bf16 is None
+    assert res[1].note.startswith("Mosaic GPU interpret mode") and res[1].ratio_to_bf16 is None
     with pytest.raises(ValueError, match="unknown implementations"):
         kernel.bench_dense(gemm_cases.INTERPRET_SHAPE, impls=["cuda"], iters=1, interpret=True)
     if jax.default_backend() != "gpu":

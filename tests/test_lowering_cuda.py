@@ -3,8 +3,8 @@
 One traced ``fp8jax.dot_general`` (forward and both gradients) is lowered with
 ``lowering_platforms=("cuda",)`` and the StableHLO that XLA would receive is
 read: FP8 operands and the named FP8 dot algorithm in runs of 128 for "fp8",
-one Triton call per GEMM for "pallas" (no interpret-mode loop), cuDNN's block
-GEMM for MXFP8 / NVFP4 on a Blackwell target.
+one Mosaic GPU kernel call per GEMM for "pallas" (no interpreter), cuDNN's
+block GEMM for MXFP8 / NVFP4 on a Blackwell target.
 """
 
 from __future__ import annotations
@@ -84,12 +84,13 @@ def test_hardware_fp8_dots(name, impl):
 
 
 @pytest.mark.parametrize("impl", ["auto", "pallas"])
-def test_pallas_kernels_are_triton_calls(impl):
+def test_pallas_kernels_are_mosaic_gpu_calls(impl):
     recipe = dataclasses.replace(recipes.deepseek_v3(), impl=impl)
     text, paths = _lower(recipe)
-    calls = re.findall(r"stablehlo.custom_call @__gpu\$xla\.gpu\.triton", text)
+    calls = re.findall(r"stablehlo.custom_call @mosaic_gpu\w*", text)
     assert len(calls) == 3  # Fprop, Dgrad, Wgrad
-    # No interpret-mode loop: the only loops would be Pallas' grid emulation.
+    # No Triton call, no interpreter (its host callbacks), no per-run loop.
+    assert "triton" not in text and "callback" not in text
     assert "stablehlo.while" not in text
     assert set(paths.values()) == {"pallas"}
 
@@ -128,17 +129,17 @@ def test_block_formats_use_cudnn_on_blackwell(name, data, scale):
 @pytest.mark.parametrize("name", ["deepseek_v3", "hybrid_delayed", "current_tensor", "mxfp8"])
 def test_presets_export_for_every_platform(name):
     x, w = _args()
-    # The Pallas kernel is a Triton custom call, which jax.export accepts only
+    # The kernel is a Mosaic GPU custom call, which jax.export accepts only
     # when told that its compatibility is the exporter's business.
-    triton = export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+    mosaic = [export.DisabledSafetyCheck.custom_call(t) for t in ("mosaic_gpu", "mosaic_gpu_v2")]
     with platforms.lowering_for_cuda("9.0"):
         exp = export.export(
-            _fwd_bwd(registry.get(name)), platforms=["cpu", "cuda", "tpu"], disabled_checks=[triton]
+            _fwd_bwd(registry.get(name)), platforms=["cpu", "cuda", "tpu"], disabled_checks=mosaic
         )(x, w)
     assert exp.platforms == ("cpu", "cuda", "tpu")
     if name == "deepseek_v3":
-        # The Triton kernel in the CUDA branch, the Mosaic kernel in the TPU branch.
-        assert "__gpu$xla.gpu.triton" in exp.mlir_module()
+        # The Mosaic GPU kernel in the CUDA branch, the Mosaic kernel in the TPU branch.
+        assert "mosaic_gpu" in exp.mlir_module()
         assert "tpu_custom_call" in exp.mlir_module()
 
 

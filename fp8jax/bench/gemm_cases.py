@@ -130,7 +130,7 @@ def kernel_shapes(small: bool) -> list[Shape]:
     return gemm_shapes(SHAPE_GROUPS, square_sizes=(4096,))
 
 
-#: Pallas interpret mode is a correctness tool: one tiny shape shows the kernel runs.
+#: Mosaic GPU interpret mode is a correctness tool: one tiny shape shows the kernel runs.
 INTERPRET_SHAPE = Shape("interpret_tiny", "custom", 64, 256, 128)
 
 

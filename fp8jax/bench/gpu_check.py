@@ -20,7 +20,7 @@ printed) as soon as it is measured; a step ends with a line in
 ``DIR/steps.jsonl``.  Imports only what the GPU image has (jax, flax,
 optax, numpy): no config, logging or data libraries.  ``--small`` runs tiny
 shapes (the CPU test of this script); on a machine without a Hopper GPU the
-kernels run in Pallas interpret mode and their timings carry that note.
+kernels run in Mosaic GPU interpret mode and their timings carry that note.
 """
 
 from __future__ import annotations

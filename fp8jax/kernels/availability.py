@@ -1,4 +1,4 @@
-"""Whether the compiled Pallas block-scaled GEMM runs here: two separate questions.
+"""Whether the compiled block-scaled GEMM (Mosaic GPU) runs here: two separate questions.
 
 * :func:`hopper_gpu`: is an NVIDIA GPU of compute capability >= 9.0 (Hopper
   and later) attached?  Where none is, the GPU tests skip.
@@ -65,7 +65,9 @@ def kernel_available() -> bool:
         return False
     error = self_check_error()
     if error is not None:
-        logging.warning("fp8jax: the compiled Pallas block GEMM fails its self-check: %s", error)
+        logging.warning(
+            "fp8jax: the compiled Mosaic GPU block GEMM fails its self-check: %s", error
+        )
         return False
     return True
 

@@ -12,17 +12,23 @@ rows past ``sum(group_sizes)`` belong to no expert and come out as zeros::
 
 with the same FP32 two-level accumulation as ``block_gemm`` (see there).
 
-**Alignment.**  The kernel needs every ``block_m``-row tile to belong to one
-expert (DeepGEMM requires each expert's segment to be padded to its M block
-size).  ``grouped_block_scaled_matmul`` accepts any ``group_sizes`` and builds
-that layout itself: ``fp8jax.groups.group_layout`` places group ``e`` at the next
-multiple of ``block_m``, padding rows get zero data and unit scales, tiles
-that hold only padding are tagged -1 and skipped (written as zeros).  The
-aligned buffer has the static size ``(ceil(M / block_m) + E) * block_m`` rows
-(an upper bound on sum_e ceil(g_e / block_m) tiles), so the gather costs one
+**Alignment.**  The kernel (:mod:`fp8jax.kernels.mgpu_block_gemm`) needs
+every 128-row tile to belong to one expert (DeepGEMM requires each expert's
+segment to be padded to its M block size).  ``grouped_block_scaled_matmul``
+accepts any ``group_sizes`` (empty groups, boundaries anywhere) and builds
+that layout itself: ``fp8jax.groups.group_layout`` places group ``e`` at the
+next multiple of 128, padding rows get zero data and unit scales, tiles that
+hold only padding are tagged -1 and skipped (written as zeros, nothing
+loaded).  The aligned buffer has the static size ``(ceil(M / 128) + E) * 128``
+rows (an upper bound on sum_e ceil(g_e / 128) tiles), so the gather costs one
 extra pass over A, and at most ``E`` tiles of wasted MMA work.  Callers that
 already produce aligned groups (a dispatcher that pads each expert's segment)
 call ``grouped_block_scaled_matmul_aligned`` with one expert id per row tile.
+
+**Weight layout.**  FP8 ``wgmma`` reads K-major operands only: with "nk"
+weights (E, N, K) (Dgrad's W as stored) nothing moves; "kn" weights (E, K, N)
+(Fprop's W) are transposed once in XLA (FP8 codes, exact), which a quantizer
+that writes W^T alongside W saves.
 """
 
 from __future__ import annotations
@@ -32,23 +38,18 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
 
 from fp8jax.groups import group_layout
+from fp8jax.kernels import mgpu_block_gemm as mgpu
 from fp8jax.kernels.block_gemm import (
     CHUNK,
-    _compiler_params,
-    _launch_args,
     _pad_to,
     block_scaled_matmul_reference,
-    check_blocks,
-    check_int32_offsets,
     check_operands,
-    chunk_loop,
     launch,
     round_up,
-    tile_ij,
 )
+from fp8jax.kernels.mgpu_block_gemm import BLOCK_M
 
 
 def _check_group_sizes(group_sizes, num_groups):
@@ -58,10 +59,6 @@ def _check_group_sizes(group_sizes, num_groups):
         )
     if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
         raise TypeError(f"group_sizes must be an integer array, got {group_sizes.dtype}")
-
-
-def _to_kn_scales(b_scale, b_layout):
-    return b_scale if b_layout == "kn" else jnp.swapaxes(b_scale, 1, 2)
 
 
 # ----------------------------------------------------------------------------
@@ -105,118 +102,30 @@ def grouped_block_scaled_matmul_reference(
 # ----------------------------------------------------------------------------
 
 
-def _grouped_kernel(
-    gid_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *, n_k, bm, bn, n_m, n_n, group_m, trans_b
-):
-    e = gid_ref[0]
-    _, j = tile_ij(pl.program_id(0), n_m, n_n, group_m)
-    n0 = pl.multiple_of(j * bn, bn)
-    sb_col = lax.div(j * bn, CHUNK)
-
-    @pl.when(e >= 0)
-    def _compute():
-        def load_a(c):
-            return a_ref[:, pl.ds(pl.multiple_of(c * CHUNK, CHUNK), CHUNK)]
-
-        def load_b(c):
-            ks = pl.ds(pl.multiple_of(c * CHUNK, CHUNK), CHUNK)
-            ns = pl.ds(n0, bn)
-            return b_ref[e, ns, ks] if trans_b else b_ref[e, ks, ns]
-
-        acc = chunk_loop(
-            load_a,
-            load_b,
-            lambda c: sa_ref[c, :],
-            lambda c: sb_ref[e, c, sb_col],
-            n_k,
-            bm,
-            bn,
-            trans_b=trans_b,
-        )
-        # Single rounding of the FP32 accumulator to the output dtype.
-        o_ref[...] = acc.astype(o_ref.dtype)
-
-    @pl.when(e < 0)
-    def _padding_tile():
-        o_ref[...] = jnp.zeros((bm, bn), o_ref.dtype)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "out_dtype",
-        "block_m",
-        "block_n",
-        "b_layout",
-        "group_m",
-        "num_warps",
-        "num_stages",
-        "interpret",
-    ),
-)
+@functools.partial(jax.jit, static_argnames=("out_dtype", "b_layout", "interpret", "stages"))
 def _grouped_aligned(
-    a_data,
-    a_scale,
-    b_data,
-    b_scale_kn,
-    block_group,
-    *,
-    out_dtype,
-    block_m,
-    block_n,
-    b_layout,
-    group_m,
-    num_warps,
-    num_stages,
-    interpret,
+    a_data, a_scale, b_data, b_scale, block_group, *, out_dtype, b_layout, interpret, stages
 ):
-    trans_b = b_layout == "nk"
+    """Pad K and N to the kernel's tiles, bring B to (E, N, K), run the kernel, crop."""
     mp, k = a_data.shape
-    num_groups = b_data.shape[0]
-    n = b_data.shape[1] if trans_b else b_data.shape[2]
-    bm, bn = block_m, block_n
+    if b_layout == "kn":
+        # FP8 wgmma reads K-major B only: transpose the codes once in XLA (exact).
+        b_data = jnp.swapaxes(b_data, 1, 2)
+    else:
+        # The kernel reads B's block scales as (E, Kc, Nc), one per K step.
+        b_scale = jnp.swapaxes(b_scale, 1, 2)
+    num_groups, n, _ = b_data.shape
     kp, np_ = round_up(k, CHUNK), round_up(n, CHUNK)
     kc, nc = kp // CHUNK, np_ // CHUNK
-    n_m, n_n = mp // bm, np_ // bn
-
     # Zero data padding adds exact zeros; unit scale padding keeps it inert.
     a_p = _pad_to(a_data, (mp, kp), 0)
-    b_p = _pad_to(b_data, (num_groups, np_, kp) if trans_b else (num_groups, kp, np_), 0)
-    # A's scales transposed to (Kc, Mp): one contiguous row of bm scales per chunk.
+    b_p = _pad_to(b_data, (num_groups, np_, kp), 0)
+    # A's scales as (Kc, Mp): each K step loads one contiguous row of 128.
     sa_t = _pad_to(a_scale, (mp, kc), 1.0).T
-    sb = _pad_to(b_scale_kn, (num_groups, kc, nc), 1.0)
-
-    def ij(pid):
-        return tile_ij(pid, n_m, n_n, group_m)
-
-    kernel = functools.partial(
-        _grouped_kernel,
-        n_k=kc,
-        bm=bm,
-        bn=bn,
-        n_m=n_m,
-        n_n=n_n,
-        group_m=group_m,
-        trans_b=trans_b,
+    sb = _pad_to(b_scale, (num_groups, kc, nc), 1.0)
+    out = mgpu.grouped_matmul_nt(
+        block_group, a_p, sa_t, b_p, sb, out_dtype=out_dtype, interpret=interpret, stages=stages
     )
-    out = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
-        grid=(n_m * n_n,),
-        in_specs=[
-            pl.BlockSpec((1,), lambda pid: (ij(pid)[0],)),
-            pl.BlockSpec((bm, kp), lambda pid: (ij(pid)[0], 0)),
-            pl.BlockSpec((kc, bm), lambda pid: (0, ij(pid)[0])),
-            # Whole weight stack: the expert is chosen inside the kernel from
-            # the tile's group id (the Triton lowering has no scalar prefetch).
-            pl.BlockSpec(b_p.shape, lambda pid: (0, 0, 0)),
-            pl.BlockSpec(sb.shape, lambda pid: (0, 0, 0)),
-        ],
-        out_specs=pl.BlockSpec((bm, bn), lambda pid: ij(pid)),
-        compiler_params=_compiler_params(num_warps, num_stages, interpret),
-        interpret=interpret,
-        name="fp8_grouped_block_scaled_matmul",
-    )(block_group.astype(jnp.int32), a_p, sa_t, b_p, sb)
     return out[:, :n]
 
 
@@ -228,40 +137,38 @@ def grouped_block_scaled_matmul_aligned(
     block_group: jax.Array,
     *,
     out_dtype=jnp.bfloat16,
-    block_m: int = 128,
-    block_n: int = 128,
     b_layout: str = "kn",
-    interpret: bool | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    group_m: int = 8,
+    interpret=None,
+    stages: int = mgpu.STAGES,
 ) -> jax.Array:
-    """Grouped GEMM on rows already aligned to ``block_m``.
+    """Grouped GEMM on rows already aligned to 128-row tiles.
 
-    ``a_data`` (Mp, K) with Mp a multiple of ``block_m``; ``block_group`` int32
-    (Mp // block_m,): expert of each row tile, -1 for a tile of padding (output
-    zeros, no MMA work).  ``b_layout`` "kn": b_data (E, K, N), b_scale
-    (E, Kc, Nc); "nk": b_data (E, N, K), b_scale (E, Nc, Kc).
+    ``a_data`` (Mp, K) with Mp a multiple of 128; ``block_group`` int32
+    (Mp // 128,): expert of each row tile, -1 for a tile of padding (output
+    zeros, no loads, no MMA work).  ``b_layout`` "kn": b_data (E, K, N),
+    b_scale (E, Kc, Nc), transposed once in XLA to the kernel's K-major
+    layout; "nk": b_data (E, N, K), b_scale (E, Nc, Kc), the kernel's own
+    layout (Dgrad's weight as stored).  ``interpret``: see
+    :func:`fp8jax.kernels.block_gemm.launch`.
     """
     mp, _, _ = check_operands(
         a_data, a_scale, b_data, b_scale, out_dtype, b_layout=b_layout, b_batch=True
     )
-    check_blocks(block_m, block_n)
-    check_int32_offsets(a_data, b_data)
-    if mp % block_m:
-        raise ValueError(f"aligned rows: M={mp} must be a multiple of block_m={block_m}")
-    if block_group.shape != (mp // block_m,):
-        raise ValueError(f"block_group must have shape ({mp // block_m},), got {block_group.shape}")
+    if mp % BLOCK_M:
+        raise ValueError(f"aligned rows: M={mp} must be a multiple of {BLOCK_M}")
+    if block_group.shape != (mp // BLOCK_M,):
+        raise ValueError(f"block_group must have shape ({mp // BLOCK_M},), got {block_group.shape}")
     return launch(
         _grouped_aligned,
         a_data,
         a_scale,
         b_data,
-        _to_kn_scales(b_scale, b_layout),
-        block_group,
-        **_launch_args(
-            out_dtype, block_m, block_n, b_layout, group_m, num_warps, num_stages, interpret
-        ),
+        b_scale,
+        block_group.astype(jnp.int32),
+        interpret=interpret,
+        out_dtype=jnp.dtype(out_dtype),
+        b_layout=b_layout,
+        stages=stages,
     )
 
 
@@ -273,13 +180,9 @@ def grouped_block_scaled_matmul(
     group_sizes: jax.Array,
     *,
     out_dtype=jnp.bfloat16,
-    block_m: int = 128,
-    block_n: int = 128,
     b_layout: str = "kn",
-    interpret: bool | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    group_m: int = 8,
+    interpret=None,
+    stages: int = mgpu.STAGES,
 ) -> jax.Array:
     """MoE grouped GEMM, contiguous layout, any ``group_sizes`` (see module docstring).
 
@@ -289,9 +192,8 @@ def grouped_block_scaled_matmul(
     m, _, n = check_operands(
         a_data, a_scale, b_data, b_scale, out_dtype, b_layout=b_layout, b_batch=True
     )
-    check_blocks(block_m, block_n)
     _check_group_sizes(group_sizes, b_data.shape[0])
-    layout = group_layout(group_sizes, m, block_m)
+    layout = group_layout(group_sizes, m, BLOCK_M)
     valid = layout.row_valid[:, None]
     # Padding rows: zero data (adds nothing) and unit scales (inert).
     a_al = jnp.where(valid, a_data[layout.src_row], jnp.zeros((), a_data.dtype))
@@ -303,12 +205,8 @@ def grouped_block_scaled_matmul(
         b_scale,
         layout.tile_group,
         out_dtype=out_dtype,
-        block_m=block_m,
-        block_n=block_n,
         b_layout=b_layout,
         interpret=interpret,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        group_m=group_m,
+        stages=stages,
     )
     return jnp.where(layout.in_group[:, None], y_al[layout.dst_row], jnp.zeros((), y_al.dtype))

@@ -1,0 +1,272 @@
+"""Block-scaled FP8 GEMM (DeepSeek-V3 / DeepGEMM scaling) as a Mosaic GPU kernel for Hopper.
+
+One kernel body serves the dense GEMMs (a batch of independent products) and
+the grouped MoE GEMM (row tiles that each pick their expert's weight).  Both
+operands are **K-major** (the contraction axis is the minor one), the only
+layout Hopper's FP8 ``wgmma`` reads on jax 0.11 ("Only f16 WGMMA supports
+transposes"), which is DeepGEMM's NT-only constraint::
+
+    a   float8 (B, Mp, Kp)   a_scale_t float32 (B, Kc, Mp)     one scale per 1x128 tile
+    b   float8 (E, Np, Kp)   b_scale   float32 (E, Kc, Nc)     one per 128x128 block
+                             or        float32 (E, Kc, Np)     one per 128x1 tile ("columns")
+
+    out[m, n] = sum_c ( sum_{k in c} a[m, k] * b[n, k] ) * a_scale_t[c, m] * s_b(c, n)
+
+with ``s_b(c, n) = b_scale[c, n // 128]`` (blocks) or ``b_scale[c, n]``
+(columns).  Mp, Np and Kp are multiples of 128 (the callers pad: zero codes
+add nothing, unit scales keep padding inert) and Kc = Kp / 128.  E4M3 and
+E5M2 operands may be mixed (FP8 ``wgmma`` takes its two types separately).
+
+Design (read from JAX's ``hopper_matmul_mgpu`` and DeepGEMM's description):
+
+* One CTA computes a 128x128 output tile: two consumer warpgroups of 64 rows
+  each and one producer warpgroup that issues the TMA loads
+  (``emit_pipeline_warp_specialized``), ``STAGES`` K steps of 128 in flight in
+  shared memory (128-byte swizzle, the FP8 rows being 128 bytes).
+* Per K step of 128 (= one scale run), each consumer warpgroup runs four
+  ``wgmma m64n128k32`` FP8 instructions into a *fresh* FP32 accumulator,
+  waits for them, and promotes in registers:
+  ``acc += partial * (a_scale[rows, c] * s_b(c, cols))`` (one FFMA per
+  element).  The tensor core's limited-precision accumulation therefore
+  never spans more than 128 products (DeepSeek-V3's N_C = 128), and the
+  main accumulator never leaves the registers (64 + 64 FP32 registers per
+  thread for the partial and the main accumulator).
+* The epilogue rounds the FP32 accumulator once to the output dtype
+  (bfloat16 or float32), stages it in shared memory and stores it with TMA.
+* Grouped: the CTA reads its row tile's expert id; a tile tagged -1 is
+  padding and is written as zeros without loading or multiplying anything.
+
+Numerics: FP8 products are exact; the 128 products of a run are summed by
+the tensor core (on Hopper with its own ~14-bit-mantissa accumulation; in
+interpret mode exactly in FP32); the run's FP32 partial times the FP32
+product of the two scales is added with one FFMA; one rounding to the output
+dtype at the end.  Power-of-two and UE8M0 scales arrive as float32 values.
+
+``interpret``: ``False`` compiles the kernel (a ``mosaic_gpu`` custom call,
+lowered only for CUDA), an ``InterpretGPUParams`` runs Mosaic GPU's
+interpreter (shared memory, barriers, TMA and warpgroups simulated, races
+detected on request) on any platform.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+#: K run = scale tile = promotion interval; also the K step of the pipeline.
+CHUNK = 128
+#: Output tile of one CTA: two consumer warpgroups of 64 rows, 128 columns.
+BLOCK_M = 128
+BLOCK_N = 128
+_WG_ROWS = 64
+_CONSUMERS = BLOCK_M // _WG_ROWS
+#: K steps in flight in shared memory (33 KiB each).
+STAGES = 4
+# Registers kept by the producer warpgroup (it only issues TMA copies).
+_PRODUCER_REGISTERS = 40
+
+
+def interpret_params(detect_races: bool = False) -> plgpu.InterpretGPUParams:
+    """Mosaic GPU interpret mode on any platform (races raise when ``detect_races``)."""
+    return plgpu.InterpretGPUParams(detect_races=detect_races)
+
+
+def _swizzled():
+    # FP8 rows of 128 elements are 128 bytes: the 128-byte swizzle wgmma reads
+    # without bank conflicts.
+    swizzle = plgpu.find_swizzle(CHUNK * 8)
+    return (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
+
+
+def _body(*refs, kc: int, b_cols: bool, grouped: bool, stages: int, out_dtype):
+    """One CTA: the 128x128 output tile (m, n) of batch b, or of row tile m's expert.
+
+    Refs (global memory): [tile_group,] a, a_scale_t, b, b_scale, out, as in
+    :func:`matmul_nt` / :func:`grouped_matmul_nt`.
+    """
+    if grouped:
+        gid_g, a_g, sa_g, b_g, sb_g, o_g = refs
+        i, j = lax.axis_index("m"), lax.axis_index("n")
+        ab, e = 0, gid_g[i]
+    else:
+        a_g, sa_g, b_g, sb_g, o_g = refs
+        i, j, ab = lax.axis_index("m"), lax.axis_index("n"), lax.axis_index("b")
+        e = ab
+    wg = lax.axis_index("wg")
+    rows = pl.ds(wg * _WG_ROWS, _WG_ROWS)
+    # Padding tiles of the grouped layout (expert -1) read expert 0's refs but
+    # never run the pipeline.
+    b_ref = b_g.at[jnp.maximum(e, 0)]
+    sb_ref = sb_g.at[jnp.maximum(e, 0)]
+
+    def step(idx, a_s, b_s, sa_s, *rest):
+        (c,) = idx
+        *sb_s, acc = rest
+        # The scales first: B's block scale is a load from global memory whose
+        # latency then overlaps the tensor-core work below.
+        if b_cols:
+            scale = sa_s[rows][:, None] * sb_s[0][...][None, :]
+        else:
+            scale = (sa_s[rows] * sb_ref[c, j])[:, None]
+
+        def mma(partial_ref):
+            # b_s holds (BLOCK_N, 128) K-major rows; wgmma reads it as (128, BLOCK_N).
+            plgpu.wgmma(partial_ref, a_s.at[rows], b_s.transpose((1, 0)))
+            return partial_ref[...]
+
+        # A fresh FP32 accumulator per 128-long run: the promotion interval.
+        partial = pl.run_scoped(mma, plgpu.ACC((_WG_ROWS, BLOCK_N), jnp.float32))
+        return acc + partial * scale
+
+    in_specs = [
+        plgpu.BlockSpec((BLOCK_M, CHUNK), lambda c: (i, c), transforms=_swizzled()),
+        plgpu.BlockSpec((BLOCK_N, CHUNK), lambda c: (j, c), transforms=_swizzled()),
+        plgpu.BlockSpec((None, BLOCK_M), lambda c: (c, i)),
+    ]
+    if b_cols:
+        in_specs.append(plgpu.BlockSpec((None, BLOCK_N), lambda c: (c, j)))
+    operands = (a_g.at[ab], b_ref, sa_g.at[ab]) + ((sb_ref,) if b_cols else ())
+
+    def pipeline(body, context):
+        return plgpu.emit_pipeline_warp_specialized(
+            body,
+            grid=(kc,),
+            memory_registers=_PRODUCER_REGISTERS,
+            in_specs=in_specs,
+            wg_axis="wg",
+            num_compute_wgs=_CONSUMERS,
+            max_concurrent_steps=stages,
+            compute_context=context,
+        )
+
+    def ignore(*_, **__):
+        return None
+
+    def store(o_s, value):
+        o_s[wg] = value
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            o_s.at[wg],
+            o_g.at[ab, pl.ds(i * BLOCK_M + wg * _WG_ROWS, _WG_ROWS), pl.ds(j * BLOCK_N, BLOCK_N)],
+        )
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    @functools.partial(
+        pl.run_scoped,
+        allocs=pipeline(ignore, ignore).get_allocations(*operands),
+        o_s=plgpu.SMEM((_CONSUMERS, _WG_ROWS, BLOCK_N), out_dtype),
+        collective_axes="wg",
+    )
+    def _scope(allocs, o_s):
+        def context(run):
+            acc = run(jnp.zeros((_WG_ROWS, BLOCK_N), jnp.float32))
+            # One rounding of the FP32 accumulator to the output dtype.
+            store(o_s, acc.astype(out_dtype))
+
+        def compute():
+            pipeline(step, context)(*operands, allocations=allocs)
+
+        if not grouped:
+            compute()
+            return
+        pl.when(e >= 0)(compute)
+
+        @pl.when((e < 0) & (wg < _CONSUMERS))
+        def _padding_tile():
+            store(o_s, jnp.zeros((_WG_ROWS, BLOCK_N), out_dtype))
+
+
+def _call(body, out_shape, grid, names, interpret):
+    return plgpu.kernel(
+        body,
+        out_type=out_shape,
+        grid=grid,
+        grid_names=names,
+        num_threads=_CONSUMERS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        interpret=interpret or None,
+    )
+
+
+def check_padded(a, b, a_scale_t, b_scale, *, b_cols: bool) -> None:
+    """The kernel's shape contract (see the module docstring)."""
+    for name, x in (("a", a), ("b", b)):
+        if x.ndim != 3 or x.shape[1] % BLOCK_M or x.shape[2] % CHUNK:
+            raise ValueError(
+                f"{name} must be (batch, multiple of 128, multiple of 128), got {x.shape}"
+            )
+    if a.shape[2] != b.shape[2]:
+        raise ValueError(f"contraction mismatch: a {a.shape}, b {b.shape}")
+    kc = a.shape[2] // CHUNK
+    if a_scale_t.shape != (a.shape[0], kc, a.shape[1]):
+        raise ValueError(f"a_scale_t must be {(a.shape[0], kc, a.shape[1])}, got {a_scale_t.shape}")
+    want = (b.shape[0], kc, b.shape[1] if b_cols else b.shape[1] // BLOCK_N)
+    if b_scale.shape != want:
+        raise ValueError(f"b_scale must be {want}, got {b_scale.shape}")
+
+
+def matmul_nt(
+    a: jax.Array,
+    a_scale_t: jax.Array,
+    b: jax.Array,
+    b_scale: jax.Array,
+    *,
+    b_cols: bool,
+    out_dtype,
+    interpret: plgpu.InterpretGPUParams | bool = False,
+    stages: int = STAGES,
+) -> jax.Array:
+    """Batched dense kernel: ``out[i] = A[i] @ B[i]^T`` with block scales, (B, Mp, Np).
+
+    ``a`` (B, Mp, Kp), ``a_scale_t`` (B, Kc, Mp), ``b`` (B, Np, Kp), ``b_scale``
+    (B, Kc, Np // 128) block scales or, with ``b_cols``, (B, Kc, Np) per-row
+    scales of ``b`` (module docstring).
+    """
+    check_padded(a, b, a_scale_t, b_scale, b_cols=b_cols)
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"batch mismatch: a {a.shape}, b {b.shape}")
+    nb, mp, kp = a.shape
+    np_ = b.shape[1]
+    body = functools.partial(
+        _body, kc=kp // CHUNK, b_cols=b_cols, grouped=False, stages=stages, out_dtype=out_dtype
+    )
+    out = jax.ShapeDtypeStruct((nb, mp, np_), out_dtype)
+    grid = (mp // BLOCK_M, np_ // BLOCK_N, nb)
+    return _call(body, out, grid, ("m", "n", "b"), interpret)(a, a_scale_t, b, b_scale)
+
+
+def grouped_matmul_nt(
+    tile_group: jax.Array,
+    a: jax.Array,
+    a_scale_t: jax.Array,
+    b: jax.Array,
+    b_scale: jax.Array,
+    *,
+    out_dtype,
+    interpret: plgpu.InterpretGPUParams | bool = False,
+    stages: int = STAGES,
+) -> jax.Array:
+    """Grouped kernel: row tile t of ``a`` times its expert's ``b[tile_group[t]]^T``, (Mp, Np).
+
+    ``a`` (Mp, Kp), ``a_scale_t`` (Kc, Mp), ``b`` (E, Np, Kp), ``b_scale``
+    (E, Kc, Np // 128), ``tile_group`` int32 (Mp // 128,): expert of each
+    128-row tile, -1 for padding (written as zeros, nothing loaded).
+    """
+    check_padded(a[None], b, a_scale_t[None], b_scale, b_cols=False)
+    mp, kp = a.shape
+    np_ = b.shape[1]
+    if tile_group.shape != (mp // BLOCK_M,):
+        raise ValueError(f"tile_group must have shape ({mp // BLOCK_M},), got {tile_group.shape}")
+    body = functools.partial(
+        _body, kc=kp // CHUNK, b_cols=False, grouped=True, stages=stages, out_dtype=out_dtype
+    )
+    out = jax.ShapeDtypeStruct((1, mp, np_), out_dtype)
+    grid = (mp // BLOCK_M, np_ // BLOCK_N)
+    call = _call(body, out, grid, ("m", "n"), interpret)
+    return call(tile_group.astype(jnp.int32), a[None], a_scale_t[None], b, b_scale)[0]

@@ -1,0 +1,197 @@
+"""The Mosaic GPU block-scaled kernels: interpreted with race detection, lowered and compiled for an H100.
+
+On any machine: Mosaic GPU's interpreter (shared memory, barriers, TMA and the
+three warpgroups simulated, data races raised) against the float64 oracle of
+test_kernels_block_gemm and the jnp references; lowering for CUDA gives one
+``mosaic_gpu`` custom call per GEMM.  Where XLA's compile-only CUDA client is
+installed (``fp8jax.bench.compilers``; it compiles for a described GPU without
+one): the kernels compile for an
+H100 and their PTX holds FP8 ``wgmma`` and TMA copies, no ``mma.sync``, within
+the H100's shared memory and registers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_kernels_block_gemm import (
+    E4M3,
+    E5M2,
+    assert_close,
+    make_case,
+    make_tn_case,
+    tn_oracle,
+    tolerance,
+)
+from test_kernels_grouped_block_gemm import assert_grouped_close, make_grouped
+
+import fp8jax
+from fp8jax import path_record, platforms, recipes
+from fp8jax.bench import mgpu_ir
+from fp8jax.kernels import block_gemm as bg
+from fp8jax.kernels import grouped_block_gemm as gg
+from fp8jax.kernels import mgpu_block_gemm as mgpu
+
+RACES = mgpu.interpret_params(detect_races=True)
+
+
+# ----------------------------------------------------------------------------
+# interpreted, races detected
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("a_fmt,b_fmt", [(E4M3, E4M3), (E5M2, E4M3)])
+def test_dense_kernel_is_race_free_and_exact_to_float32(a_fmt, b_fmt):
+    # Odd M and N (padding), three K runs: more runs than fit one stage.
+    m, k, n = 130, 300, 135
+    a, sa, _, _ = make_case(1, m, k, n, dtype=a_fmt)
+    _, _, b, sb = make_case(2, m, k, n, dtype=b_fmt)
+    got = bg.block_scaled_matmul(a, sa, b, sb, out_dtype=jnp.float32, interpret=RACES)
+    assert_close(got, a, sa, b, sb, jnp.float32)
+    # The jnp reference sums in another float32 order: summation-order apart.
+    want = np.asarray(bg.block_scaled_matmul_reference(a, sa, b, sb, out_dtype=jnp.float32))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
+def test_wgrad_kernel_with_column_scales_is_race_free():
+    at, sat, b, sb = make_tn_case(3, 260, 70, 140)
+    got = bg.block_scaled_matmul_tn(at, sat, b, sb, out_dtype=jnp.bfloat16, interpret=RACES)
+    ref, mag = tn_oracle(at, sat, b, sb)
+    err = np.abs(np.asarray(got.astype(jnp.float32), np.float64) - ref)
+    assert np.all(err <= tolerance(mag, ref, 260, jnp.bfloat16))
+
+
+def test_grouped_kernel_is_race_free_with_empty_and_ragged_groups():
+    # Group boundaries off the 128-row tiles, an empty expert, rows in no group.
+    a, sa, b, sb, gs = make_grouped(4, 300, 256, 130, [0, 140, 1, 0, 120])
+    got = gg.grouped_block_scaled_matmul(a, sa, b, sb, gs, out_dtype=jnp.float32, interpret=RACES)
+    assert_grouped_close(got, a, sa, b, sb, gs, jnp.float32)
+    want = gg.grouped_block_scaled_matmul_reference(a, sa, b, sb, gs, out_dtype=jnp.float32)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-3)
+
+
+def test_kernel_contract_is_checked():
+    a = jnp.zeros((1, 100, 128), jnp.float8_e4m3fn)
+    b = jnp.zeros((1, 128, 128), jnp.float8_e4m3fn)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        mgpu.matmul_nt(
+            a, jnp.ones((1, 1, 100)), b, jnp.ones((1, 1, 1)), b_cols=False, out_dtype=jnp.float32
+        )
+    with pytest.raises(ValueError, match="tile_group"):
+        mgpu.grouped_matmul_nt(
+            jnp.zeros((3,), jnp.int32),
+            b[0],
+            jnp.ones((1, 128)),
+            b,
+            jnp.ones((1, 1, 1)),
+            out_dtype=jnp.float32,
+        )
+
+
+# ----------------------------------------------------------------------------
+# lowered for CUDA (no GPU, no CUDA plugin needed)
+# ----------------------------------------------------------------------------
+
+
+def _cuda_text(fn, *args):
+    with platforms.lowering_for_cuda("9.0"), path_record.recording("cuda") as paths:
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return text, path_record.as_table(paths)
+
+
+def _mosaic_calls(text):
+    return re.findall(r"stablehlo.custom_call @mosaic_gpu\w*", text)
+
+
+def test_auto_lowers_every_deepseek_v3_gemm_to_a_mosaic_gpu_kernel():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((256, 384)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((384, 256)), jnp.float32)
+    recipe = recipes.deepseek_v3()
+    assert recipe.impl == "auto"
+
+    def loss(x, w):
+        y = fp8jax.dot_general(x, w, (((1,), (0,)), ((), ())), recipe=recipe)
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    text, paths = _cuda_text(jax.value_and_grad(loss, argnums=(0, 1)), x, w)
+    assert len(_mosaic_calls(text)) == 3  # Fprop, Dgrad, Wgrad
+    assert "triton" not in text
+    assert set(paths.values()) == {"pallas"}
+
+
+def test_ragged_dot_lowers_to_grouped_mosaic_gpu_kernels():
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((200, 256)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((3, 256, 128)), jnp.float32)
+    gs = jnp.asarray([90, 0, 70], jnp.int32)
+    recipe = recipes.deepseek_v3()
+
+    def loss(x, w):
+        y = fp8jax.ragged_dot(x, w, gs, recipe=recipe, preferred_element_type=jnp.float32)
+        return jnp.sum(y**2)
+
+    text, paths = _cuda_text(jax.value_and_grad(loss, argnums=(0, 1)), x, w)
+    # Grouped Fprop and Dgrad, and Wgrad per token tile (a batch of dense GEMMs).
+    assert len(_mosaic_calls(text)) == 3
+    assert paths["expert/fprop"] == paths["expert/dgrad"] == "pallas grouped"
+    assert paths["expert/wgrad"] == "pallas"
+
+
+# ----------------------------------------------------------------------------
+# compiled for an H100 (needs XLA's compile-only CUDA client; no GPU)
+# ----------------------------------------------------------------------------
+
+
+def _h100_or_skip():
+    why = mgpu_ir.unavailable()
+    if why:
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize(
+    "layout,a_fmt,b_fmt,types",
+    [
+        ("nk", jnp.float8_e4m3fn, None, "e4m3.e4m3"),
+        ("kn", jnp.float8_e5m2, jnp.float8_e4m3fn, "e5m2.e4m3"),
+        ("tn", jnp.float8_e4m3fn, jnp.float8_e5m2, "e4m3.e5m2"),
+        ("grouped_kn", jnp.float8_e4m3fn, None, "e4m3.e4m3"),
+    ],
+)
+def test_h100_code_is_fp8_wgmma_fed_by_tma(layout, a_fmt, b_fmt, types):
+    _h100_or_skip()
+    fn, args = mgpu_ir.kernel_case(layout, a_fmt, b_fmt, out_dtype=jnp.float32)
+    [code] = mgpu_ir.compile_h100(fn, *args)
+    # One K run of 128 per step: four m64n128k32 FP8 wgmma, one per 32 of K.
+    assert code.fp8_wgmma == (f"wgmma.mma_async.sync.aligned.m64n128k32.f32.{types}",)
+    assert code.fp8_wgmma_count == 4
+    # The promotion: each thread's 64 accumulator elements, one FFMA each.
+    assert code.ffma >= 64
+    assert code.mma_sync == 0
+    assert code.tma_loads > 0
+    assert 0 < code.shared_bytes <= mgpu_ir.H100_SHARED_BYTES
+    assert code.registers <= mgpu_ir.MAX_REGISTERS and code.spill_bytes == 0
+
+
+def test_deepseek_v3_fwd_bwd_compiles_for_an_h100():
+    _h100_or_skip()
+    s = jax.ShapeDtypeStruct
+
+    def fwd_bwd(x, w):
+        recipe = dataclasses.replace(recipes.deepseek_v3(), impl="pallas")
+        f = lambda x, w: jnp.sum(
+            fp8jax.dot_general(x, w, (((1,), (0,)), ((), ())), recipe=recipe).astype(jnp.float32)
+        )
+        return jax.grad(f, argnums=(0, 1))(x, w)
+
+    codes = mgpu_ir.compile_h100(fwd_bwd, s((256, 512), jnp.float32), s((512, 384), jnp.float32))
+    # (Mosaic GPU names its dumps per distinct kernel; the lowering test above
+    # counts the three calls.)
+    assert codes
+    for code in codes:
+        assert code.fp8_wgmma and code.mma_sync == 0 and code.tma_loads > 0
