@@ -16,10 +16,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-
-import ml_collections
+from typing import TYPE_CHECKING
 
 from fp8jax.host_memory import available_memory
+
+if TYPE_CHECKING:
+    # Type hints only: the benchmarks also run where ml_collections is not installed.
+    import ml_collections
 
 Check = Callable[[str, object], object]
 
