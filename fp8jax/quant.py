@@ -418,6 +418,17 @@ def quantize(
         raise ValueError("tile must be positive")
     # An unknown granularity is refused here, before any tracing.
     Layout(granularity, axis, tile)
+    return _quantize_online(
+        x, as_format(fmt), granularity, axis, tile, pow2, float(amax_floor), scale_fmt
+    )
+
+
+# Traced once per input shape, dtype and settings, then reused: a model quantizes
+# many operands of the same shapes, and tracing the quantizer's every path (its
+# branches, and each platform's) is most of what compiling an FP8 program costs
+# in Python.  Inside another jit the call is inlined when lowered: same program.
+@partial(jax.jit, static_argnums=(1, 2, 3, 4, 5, 6, 7))
+def _quantize_online(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt) -> QTensor:
     args = (x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt)
     # On a GPU or TPU every guard is an elementwise select in the one pass
     # that reads x (the amax fused into it where the compiler can): a branch
