@@ -167,3 +167,17 @@ def test_h100_grouped_fwd_bwd_runs_kernels_only():
     fp8 = compilers.predict(predicted.grouped_program(fp8jax.recipes.deepseek_v3(), 4), [x, w], t)
     assert fp8.gemm_kernels and all(k == "Mosaic GPU" for k in fp8.gemm_kernels), fp8
     assert not fp8.gemm_in_loop
+
+
+def test_tpu7x_compiles_the_moe_train_step():
+    # Every float32 dot of the model (router, attention core, head, combine)
+    # names each platform's algorithm: libtpu refuses the F32_F32_F32 preset.
+    t = compilers.target("tpu7x")
+    why = compilers.unavailable(t)
+    if why:
+        pytest.skip(why)
+    from fp8jax.bench.moe_step import model_config, train_step_program
+
+    step, args = train_step_program(model_config("tiny"), fp8jax.recipes.bf16(), 1)
+    c = compilers.census(compilers.compile_for(step, args, t))
+    assert c.gemm_kernels and not c.gemm_in_loop

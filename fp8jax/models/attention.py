@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fp8jax.gemm import with_dot_algorithm
 from fp8jax.models.config import ModelConfig
 from fp8jax.nn import Dense
 from fp8jax.recipes import Recipe, for_site
@@ -58,8 +59,11 @@ def _causal_attention_rows(q, k, v, scale: float, first_row) -> jax.Array:
     """
     # High-precision core (paper): float32 logits, softmax and PV.
     qf, kf, vf = (a.astype(jnp.float32) for a in (q, k, v))
+    # Each platform's float32 algorithm (TPUs refuse the F32_F32_F32 preset).
     logits = (
-        jnp.einsum("bthd,bshd->bhts", qf, kf, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32)
+        with_dot_algorithm(
+            jnp.float32, lambda alg: jnp.einsum("bthd,bshd->bhts", qf, kf, precision=alg)
+        )
         * scale
     )
     rows = first_row + jnp.arange(q.shape[1])
@@ -68,8 +72,8 @@ def _causal_attention_rows(q, k, v, scale: float, first_row) -> jax.Array:
     # a select against -inf would have XLA materialize a (B, H, Tq, T) -inf.
     logits = logits + jnp.where(causal, 0.0, -jnp.inf)[None, None]
     probs = jax.nn.softmax(logits, axis=-1)
-    return jnp.einsum(
-        "bhts,bshd->bthd", probs, vf, precision=jax.lax.DotAlgorithmPreset.F32_F32_F32
+    return with_dot_algorithm(
+        jnp.float32, lambda alg: jnp.einsum("bhts,bshd->bthd", probs, vf, precision=alg)
     )
 
 

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fp8jax.gemm import with_dot_algorithm
 from fp8jax.nn.dense import fan_in_init
 
 
@@ -91,10 +92,8 @@ class Router(nnx.Module):
         self.weight = nnx.Param(fan_in_init(d_model)(rngs.params(), (n_experts, d_model)))
 
     def __call__(self, x_TxD: jax.Array) -> jax.Array:
-        # The router stays in float32 (as in DeepSeek-V3): no FP8, no bf16.
-        logits = jnp.dot(
-            x_TxD.astype(jnp.float32),
-            self.weight[...].astype(jnp.float32).T,
-            precision=jax.lax.DotAlgorithmPreset.F32_F32_F32,
-        )
+        # The router stays in float32 (as in DeepSeek-V3): no FP8, no bf16;
+        # each platform's float32 algorithm (TPUs refuse the F32_F32_F32 preset).
+        x, w = x_TxD.astype(jnp.float32), self.weight[...].astype(jnp.float32).T
+        logits = with_dot_algorithm(jnp.float32, lambda alg: jnp.dot(x, w, precision=alg))
         return jax.nn.sigmoid(logits)

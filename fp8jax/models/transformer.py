@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fp8jax.gemm import with_dot_algorithm
 from fp8jax.models.attention import RMSNorm, make_attention
 from fp8jax.models.config import ModelConfig
 from fp8jax.models.moe import MoE, SwiGLU, first_token_rows
@@ -121,12 +122,10 @@ class MoETransformer(nnx.Module):
                 loads.append(aux["load"])
                 bal.append(aux["balance_loss"])
         h = self.final_norm(x)
-        # Output head in float32 (high precision, as in DeepSeek-V3).
-        logits = jnp.dot(
-            h.astype(jnp.float32),
-            self.head[...].astype(jnp.float32),
-            precision=jax.lax.DotAlgorithmPreset.F32_F32_F32,
-        )
+        # Output head in float32 (high precision, as in DeepSeek-V3), with each
+        # platform's float32 algorithm (TPUs refuse the F32_F32_F32 preset).
+        hf, wf = h.astype(jnp.float32), self.head[...].astype(jnp.float32)
+        logits = with_dot_algorithm(jnp.float32, lambda alg: jnp.dot(hf, wf, precision=alg))
         e = cfg.n_routed_experts
         load = jnp.stack(loads) if loads else jnp.zeros((0, e), jnp.float32)
         aux_loss = (

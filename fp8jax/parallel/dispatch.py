@@ -52,6 +52,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp8jax import schemes
+from fp8jax.gemm import with_dot_algorithm
 from fp8jax.layout import Layout
 from fp8jax.quant import QTensor, dequantize
 from fp8jax.recipes import QuantSpec, Recipe
@@ -311,9 +312,8 @@ def combine(
         back = _exchange(rows, axis_name, n_shards)
     back = jnp.concatenate([back, jnp.zeros((1, d), back.dtype)])
     y_TxKxD = back[route.send_pos].reshape(t, k, d).astype(jnp.float32)
-    return jnp.einsum(
-        "tkd,tk->td",
-        y_TxKxD,
-        gates_TxK.astype(jnp.float32),
-        precision=lax.DotAlgorithmPreset.F32_F32_F32,
+    gates = gates_TxK.astype(jnp.float32)
+    # Each platform's float32 algorithm (TPUs refuse the F32_F32_F32 preset).
+    return with_dot_algorithm(
+        jnp.float32, lambda alg: jnp.einsum("tkd,tk->td", y_TxKxD, gates, precision=alg)
     )

@@ -34,9 +34,9 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from fp8jax.gemm import with_dot_algorithm
 from fp8jax.nn.grad_noise import per_shard
 from fp8jax.parallel.dispatch import combine, dispatch, dispatch_stats, plan_route
 from fp8jax.parallel.mesh import AXES, BATCH_SPEC
@@ -132,7 +132,10 @@ def run_local(
     # weighted by their gates.
     inv = jnp.argsort(order)
     y_tk = y[inv].astype(jnp.float32).reshape(t, k, d)
-    out = jnp.einsum("tkd,tk->td", y_tk, gates_TxK, precision=lax.DotAlgorithmPreset.F32_F32_F32)
+    # Each platform's float32 algorithm (TPUs refuse the F32_F32_F32 preset).
+    out = with_dot_algorithm(
+        jnp.float32, lambda alg: jnp.einsum("tkd,tk->td", y_tk, gates_TxK, precision=alg)
+    )
     return out, stats
 
 
