@@ -318,7 +318,10 @@ def compilers(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
     from fp8jax.bench import compilers as compilers_lib
     from fp8jax.bench import predicted
+    from fp8jax.train import provenance
 
+    # Which code made these predictions: read before the run, not after it.
+    git = provenance.git_state()
     targets = []
     for name in items(c.targets):
         try:
@@ -357,15 +360,12 @@ def compilers(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
         "Predictions of the compilers, not measurements: GEMMs priced as a roofline "
         "(no autotuning without a device), other GPU kernels by XLA's cost model, TPU by libtpu."
     )
-    from fp8jax.train import provenance
-
     _write_json(
         out_dir,
         {
             "records": records,
             "cpu_compile": compile_times,
-            # Which code and which compilers made these predictions.
-            "git": provenance.git_state(),
+            "git": git,
             "machine": provenance.machine(),
         },
     )
