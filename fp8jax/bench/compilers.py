@@ -544,26 +544,19 @@ def census_of_text(
         for us, name, op in sorted(top, reverse=True)[:TOP_KERNELS]
     ]
     if t.platform == "tpu":
+        # libtpu prices the whole program itself (or not at all).
         seconds = costs.get("optimal_seconds")
         total = seconds * 1e6 if seconds is not None and seconds >= 0 else None
-        hbm = float(costs.get("bytes accessed", nbytes))
-        return Census(
-            t.name,
-            tally["gemm_kernels"],
-            tally["gemm_flops"],
-            tally["fusions"],
-            tally["other"],
-            tally["loops"],
-            top,
-            tally["distrusted"],
-            temp,
-            hbm,
-            None,
-            None,
-            total,
-            compile_seconds,
-            "libtpu cost_analysis optimal_seconds"
-            + (" (none: libtpu gives no estimate)" if total is None else ""),
+        nbytes = float(costs.get("bytes accessed", nbytes))
+        gemm_us = other_us = None
+        estimate = "libtpu cost_analysis optimal_seconds" + (
+            " (none: libtpu gives no estimate)" if total is None else ""
+        )
+    else:
+        total = gemm_us + other_us
+        estimate = (
+            "GEMMs: roofline max(FLOPs / dense peak, bytes / HBM bandwidth), not autotuned; "
+            "other kernels: XLA's GPU cost model (bytes / bandwidth where it gives none)"
         )
     return Census(
         t.name,
@@ -578,10 +571,9 @@ def census_of_text(
         nbytes,
         gemm_us,
         other_us,
-        gemm_us + other_us,
+        total,
         compile_seconds,
-        "GEMMs: roofline max(FLOPs / dense peak, bytes / HBM bandwidth), not autotuned; "
-        "other kernels: XLA's GPU cost model (bytes / bandwidth where it gives none)",
+        estimate,
     )
 
 

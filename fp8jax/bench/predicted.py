@@ -53,11 +53,7 @@ def gemm_program(recipe) -> Callable:
             return y.astype(x.dtype)
         return fp8jax.dot_general(x, w, _MM, recipe=recipe)
 
-    def fwd_bwd(x, w):
-        y, vjp = jax.vjp(f, x, w)
-        return vjp(y)
-
-    return fwd_bwd
+    return _fwd_bwd(f)
 
 
 def grouped_program(recipe, experts: int) -> Callable:
@@ -69,6 +65,12 @@ def grouped_program(recipe, experts: int) -> Callable:
             y = lax.ragged_dot(x, w, sizes, preferred_element_type=jnp.float32)
             return y.astype(x.dtype)
         return fp8jax.ragged_dot(x, w, sizes, recipe=recipe)
+
+    return _fwd_bwd(f)
+
+
+def _fwd_bwd(f: Callable) -> Callable:
+    """Forward and backward of ``f(x, w)``, the output itself its cotangent."""
 
     def fwd_bwd(x, w):
         y, vjp = jax.vjp(f, x, w)
