@@ -108,7 +108,7 @@ def test_study_settings_refused(memory_16gb, name, overrides, message):
         ("sweep.py", {"impls": "xla,cublas"}, "config.impls: unknown name 'cublas'"),
         ("sweep.py", {"iters": 0}, "config.iters must be >= 1"),
         ("sweep.py", {"time_budget_s": float("nan")}, "config.time_budget_s must be a finite"),
-        ("core.py", {"benchmark": "cores"}, "config.benchmark = 'cores': give one of core,"),
+        ("core.py", {"benchmark": "cores"}, "config.benchmark = 'cores': give one of "),
     ],
 )
 def test_benchmark_settings_refused(memory_16gb, name, overrides, message):
