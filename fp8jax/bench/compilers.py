@@ -338,7 +338,7 @@ def _inst_bytes(inst: _Inst, types: dict[str, str]) -> int:
     return sum(_shape_bytes(inst.type_text)) + sum(operands)
 
 
-def _gemm_kind(inst: _Inst, comps: dict[str, list[_Inst]], platform: str) -> str | None:
+def _gemm_kind(inst: _Inst, comps: dict[str, list[_Inst]]) -> str | None:
     """The GEMM kind of a kernel, or None where it is no GEMM."""
     if inst.opcode == "custom-call":
         m = _TARGET_RE.search(inst.line)
@@ -501,7 +501,7 @@ def census_of_text(
                     g, o, b = cost(m.group(1), weight, in_loop)
                     gemm_us, other_us, nbytes = gemm_us + g, other_us + o, nbytes + b
                 continue
-            kind = _gemm_kind(inst, comps, t.platform)
+            kind = _gemm_kind(inst, comps)
             b = _inst_bytes(inst, types)
             nbytes += b
             if kind is not None:

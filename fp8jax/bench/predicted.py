@@ -86,8 +86,8 @@ def _record(case: str, recipe: str, impl: str, census, paths: dict | None) -> di
     return rec
 
 
-def _compile_case(fn: Callable, args: Sequence[Any], target, platform: str):
-    with path_record.recording(platform) as paths:
+def _compile_case(fn: Callable, args: Sequence[Any], target: compilers.Target):
+    with path_record.recording(target.platform) as paths:
         c = compilers.compile_for(fn, args, target)
     return compilers.census(c), path_record.as_table(paths)
 
@@ -144,7 +144,7 @@ def moe_step_case(
 
 def _one(case, recipe, impl, fn, args, target) -> dict[str, Any]:
     try:
-        census, paths = _compile_case(fn, args, target, target.platform)
+        census, paths = _compile_case(fn, args, target)
     except Exception as e:  # noqa: BLE001 -- a case that does not compile is a result
         line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return {
