@@ -86,6 +86,23 @@ def fmt_min_normal(fmt) -> float:
     return float(ml_dtypes.finfo(as_format(fmt)).smallest_normal)
 
 
+def saturate(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.ndarray:
+    """x clipped to +-fmt_max, +-Inf and NaN kept: what :func:`saturating_cast` casts.
+
+    float32 (or float64) stays as it is; narrower inputs become float32.
+    """
+    m = fmt_max(fmt)
+    # Clip in the input's own precision when it is float32/float64 so that the
+    # rounding of the cast happens exactly once (from x), never twice.
+    if not jnp.issubdtype(x.dtype, jnp.floating) or jnp.finfo(x.dtype).bits < 32:
+        x = x.astype(jnp.float32)
+    if assume_finite:
+        return jnp.clip(x, -m, m)
+    # Finite values saturate; +-Inf bypasses the clip so that the cast maps it
+    # to the format's Inf or NaN code (clip leaves NaN unchanged).
+    return jnp.where(jnp.isinf(x), x, jnp.clip(x, -m, m))
+
+
 def saturating_cast(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.ndarray:
     """Cast to ``fmt`` with saturation (see module docstring).
 
@@ -97,17 +114,7 @@ def saturating_cast(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.
     goes through :func:`fp8_codes` (the cast's codes, on the bit patterns).
     """
     fmt = as_format(fmt)
-    m = fmt_max(fmt)
-    # Clip in the input's own precision when it is float32/float64 so that the
-    # rounding of the cast happens exactly once (from x), never twice.
-    if not jnp.issubdtype(x.dtype, jnp.floating) or jnp.finfo(x.dtype).bits < 32:
-        x = x.astype(jnp.float32)
-    if assume_finite:
-        y = jnp.clip(x, -m, m)
-    else:
-        # Finite values saturate; +-Inf bypasses the clip so that the cast
-        # maps it to the format's Inf or NaN code (clip leaves NaN unchanged).
-        y = jnp.where(jnp.isinf(x), x, jnp.clip(x, -m, m))
+    y = saturate(x, fmt, assume_finite=assume_finite)
     if fmt in _IEEE_FP8 and y.dtype == jnp.float32:
         # The same codes either way: integer arithmetic on XLA CPU, whose own
         # conversion is a slow scalar routine; the hardware conversion on GPUs

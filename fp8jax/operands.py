@@ -157,14 +157,61 @@ def _requantize_transposed(cached: QTensor, spec: QuantSpec, caxis: int, recipe:
         out, _ = quantize_operand(materialize(cached, jnp.float32), spec, caxis, recipe)
         return out
 
+    ways = {
+        "transposed": partial(requantize_through_transpose, cached, spec, caxis, recipe),
+        "in place": in_place,
+        "kernel": partial(_requantize_tpu_kernel, cached, spec),
+    }
+    kernel = _tpu_requantize_fits(cached, spec, caxis)
     return platforms.choose(
-        lambda p: "transposed" if p == "cuda" else "in place",
-        lambda how: (
-            partial(requantize_through_transpose, cached, spec, caxis, recipe)
-            if how == "transposed"
-            else in_place
+        lambda p: (
+            "transposed" if p == "cuda" else ("kernel" if p == "tpu" and kernel else "in place")
         ),
+        ways.__getitem__,
     )
+
+
+def _tpu_requantize_fits(cached: QTensor, spec: QuantSpec, caxis: int) -> bool:
+    """Whether :func:`fp8jax.kernels.tpu_quantize.requantize_col` gives ``in place``'s operand:
+    FP8 codes in 1x128 tiles along the last axis, quantized again (online, plain) in
+    128-long tiles along the second-to-last (leading axes stack matrices)."""
+    fp8 = (as_format("e4m3"), as_format("e5m2"))
+    nd = len(cached.shape)
+    return (
+        cached.scheme == "fp8"
+        and nd >= 2
+        and caxis % nd == nd - 2
+        and cached.layout.tiled
+        and cached.axis == nd - 1
+        and cached.tile == 128
+        and cached.dtype in fp8
+        and spec.fmt is not None
+        and as_format(spec.fmt) in fp8
+        and spec.granularity == "tile"
+        and spec.tile == 128
+        and spec.scaling == "current"
+        and not (spec.hadamard or spec.stochastic)
+    )
+
+
+def _requantize_tpu_kernel(cached: QTensor, spec: QuantSpec) -> QTensor:
+    """``in place`` in one Mosaic TPU kernel: the codes read once, no float32 copy in HBM."""
+    from fp8jax.kernels import tpu_quantize
+
+    run = partial(
+        tpu_quantize.requantize_col,
+        fmt=as_format(spec.fmt),
+        pow2=spec.pow2,
+        amax_floor=spec.amax_floor,
+        # The operand carries float32 scales either way (quantize_operand).
+        ue8m0=spec.scale_fmt == "ue8m0",
+    )
+    cached = float32_scales(cached)
+    # Matrices stacked along leading axes: one grid each.
+    for _ in range(len(cached.shape) - 2):
+        run = jax.vmap(run)
+    data, scale = platforms.only_on(("tpu",), run, cached.data, cached.scale)
+    return QTensor(data, scale, Layout(spec.granularity, len(cached.shape) - 2, spec.tile))
 
 
 def requantize_through_transpose(cached: QTensor, spec: QuantSpec, caxis: int, recipe: Recipe):

@@ -71,6 +71,8 @@ from jax import lax
 
 from fp8jax import platforms
 from fp8jax.formats import (
+    E4M3,
+    E5M2,
     E8M0,
     SCALE_FMTS,
     as_format,
@@ -252,8 +254,13 @@ def _divide(x: jnp.ndarray, scale: jnp.ndarray, assume_finite: bool) -> jnp.ndar
 
 def _divide_ieee(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
     """:func:`_divide` where float32 arithmetic keeps subnormals (CUDA GPUs, XLA's default):
-    the IEEE division is exact for them, no offset needed."""
-    return jnp.where(jnp.isinf(x), x, exact_div(x, scale))
+    the IEEE division is exact for them, no offset needed, and +-Inf / scale is +-Inf."""
+    # The plain division: XLA's GPU compiler keeps x / broadcast(scale) a
+    # division (the reciprocal rewrite that exact_div defeats is the CPU
+    # simplifier's), so no x * 0 term, and no isinf mask to keep Inf out of
+    # it, which XLA materialized as a pred array next to each transposing
+    # quantization.
+    return x / scale
 
 
 def _divide_offset(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
@@ -436,10 +443,67 @@ def _quantize_online(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fm
     # code and buffers.  On a CPU the branches pay: the common tensor takes
     # the plain float path, which XLA CPU vectorises far better.  Both give
     # the same codes and scales, bit for bit.
+    kernel = _tpu_kernel_orient(x, fmt, granularity, axis, tile)
+    ways = {
+        "branches": _quantize_branches,
+        "one pass": _quantize_one_pass,
+        "kernel": partial(_quantize_tpu_kernel, orient=kernel),
+    }
     return platforms.choose(
-        lambda p: "branches" if p == "cpu" else "one pass",
-        lambda how: partial(_quantize_branches if how == "branches" else _quantize_one_pass, *args),
+        lambda p: "branches" if p == "cpu" else ("kernel" if p == "tpu" and kernel else "one pass"),
+        lambda how: partial(ways[how], *args),
     )
+
+
+def _tpu_kernel_orient(x, fmt, granularity, axis, tile) -> str | None:
+    """The orientation of :mod:`fp8jax.kernels.tpu_quantize` that quantizes ``x``, or None.
+
+    128-long tiles along the last axis (any leading axes, as rows), 128-long
+    tiles along the second-to-last, 128x128 blocks of the last two (leading
+    axes stack matrices); IEEE FP8 formats; float32 / bfloat16 inputs.
+    """
+    if tile != 128 or as_format(fmt) not in (E4M3, E5M2) or x.size == 0:
+        return None
+    if jnp.dtype(x.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        return None
+    ax = _norm_axis(axis, x.ndim)
+    if granularity == "tile" and ax == x.ndim - 1:
+        return "row"
+    if x.ndim >= 2 and granularity == "tile" and ax == x.ndim - 2:
+        return "col"
+    if x.ndim >= 2 and granularity == "block":
+        return "block"
+    return None
+
+
+def _quantize_tpu_kernel(
+    x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt, *, orient
+) -> QTensor:
+    """:func:`quantize` by the Pallas TPU kernel (one read of x; the same codes and scales)."""
+    from fp8jax.kernels import tpu_quantize
+
+    ue8m0 = scale_fmt == "ue8m0"
+    # Tiles along the last axis: the leading axes are rows (a reshape that
+    # keeps TPU's tiled layout: the last axis stays where it is).
+    x2 = x.reshape(-1, x.shape[-1]) if orient == "row" else x
+    run = partial(
+        tpu_quantize.quantize_2d,
+        fmt=as_format(fmt),
+        orient=orient,
+        pow2=pow2,
+        amax_floor=amax_floor,
+        ue8m0=ue8m0,
+    )
+    # Matrices stacked along leading axes (experts, a batch): one grid each.
+    for _ in range(x2.ndim - 2):
+        run = jax.vmap(run)
+    data, scale = platforms.only_on(("tpu",), run, x2)
+    if orient == "row":
+        data = data.reshape(x.shape)
+        scale = scale.reshape(x.shape[:-1] + scale.shape[-1:])
+    layout = Layout(granularity, _norm_axis(axis, x.ndim), tile)
+    # UE8M0: the kernel's scales are the powers of two the bytes hold.
+    return QTensor(data, encode_e8m0(scale) if ue8m0 else scale, layout)
 
 
 def _online_scale(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt) -> jnp.ndarray:

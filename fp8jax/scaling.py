@@ -171,7 +171,9 @@ def _subnormal_scale_bits(amax: jnp.ndarray, fm: float) -> jnp.ndarray:
     t = e + 149 - p
     num = m << jnp.clip(t, 0, 7)
     den = jnp.int32(o) << jnp.clip(-t, 0, 24)  # beyond 2^24 the quotient is 0
-    q = num // den
+    # Both are non-negative, so the truncating division is the floor one
+    # (and lowers without the sign corrections of ``//``, in Pallas TPU too).
+    q = lax.div(num, den)
     twice_rem = 2 * (num - q * den)
     up = (twice_rem > den) | ((twice_rem == den) & ((q & 1) == 1))
     q = q + up.astype(jnp.int32)

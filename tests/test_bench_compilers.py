@@ -124,6 +124,26 @@ def test_h100_auto_fwd_bwd_has_three_fp8_kernels_and_no_gemm_loop():
     assert auto.temp_bytes <= 2 * bf16.temp_bytes
 
 
+def test_h100_quantizer_keeps_no_mask_in_memory():
+    # On CUDA the quantizer divides plainly (IEEE: +-Inf / scale stays +-Inf).
+    # With the division's own isinf guard XLA wrote that mask out, a pred
+    # array of the operand's size, beside the transposing passes; at this
+    # size it now writes no mask at all.
+    t = _cuda_or_skip()
+    recipe = fp8jax.recipes.deepseek_v3()
+    c = compilers.compile_for(
+        predicted.gemm_program(recipe),
+        [
+            jax.ShapeDtypeStruct((256, 512), jnp.bfloat16),
+            jax.ShapeDtypeStruct((512, 256), jnp.bfloat16),
+        ],
+        t,
+    )
+    comps, entry = compilers._parse(c.text)
+    masks = [i.name for i in comps[entry] if "pred[" in i.type_text and "256" in i.type_text]
+    assert not masks, masks
+
+
 def test_h100_chunked_runs_gemms_in_a_k_run_loop():
     t = _cuda_or_skip()
     recipe = fp8jax.recipes.deepseek_v3()

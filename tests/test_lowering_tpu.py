@@ -67,9 +67,14 @@ def _compile(recipe, chip: str, m=256, k=384, n=256):
 def test_deepseek_v3_compiles_for_v6e():
     # The Mosaic kernel, one per GEMM (v6e widens the FP8 codes to bfloat16
     # in its matrix unit).
+    # Around them the quantizer's Mosaic kernel, once per operand layout:
+    # x's and dy's 1x128 tiles, W's blocks, x's and dy's 128-token tiles.
     text, paths = _compile(recipes.deepseek_v3(), "v6e", 128, 256, 128)
     assert set(paths.values()) == {"pallas tpu"}
-    assert text.count('custom_call_target="tpu_custom_call"') == 3
+    calls = [line for line in text.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
+    assert sum("fp8_block_scaled_matmul" in line for line in calls) == 3
+    assert sum("fp8_quantize_" in line for line in calls) == 5
+    assert len(calls) == 8
 
 
 @pytest.mark.slow

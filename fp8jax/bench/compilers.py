@@ -118,6 +118,9 @@ _GEMM_TARGETS = (
     ("mosaic_gpu", "Mosaic GPU"),
     ("tpu_custom_call", "Mosaic TPU"),
 )
+#: Pallas kernels that are no GEMM, by the kernel names fp8jax gives them
+#: (the quantizer's): their custom calls share the GEMM kernels' targets.
+_NOT_GEMM_KERNELS = ("fp8_quantize_",)
 _FREE_OPS = {
     "parameter",
     "constant",
@@ -343,6 +346,8 @@ def _gemm_kind(inst: _Inst, comps: dict[str, list[_Inst]]) -> str | None:
     if inst.opcode == "custom-call":
         m = _TARGET_RE.search(inst.line)
         tgt = m.group(1) if m else ""
+        if any(name in inst.line for name in _NOT_GEMM_KERNELS):
+            return None
         for prefix, kind in _GEMM_TARGETS:
             if tgt.startswith(prefix):
                 return kind

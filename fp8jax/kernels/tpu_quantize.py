@@ -1,0 +1,316 @@
+"""Online FP8 quantization (DeepSeek-V3 1x128 tiles, 128x1 tiles, 128x128 blocks) as a
+Pallas TPU (Mosaic) kernel: x is read from HBM once, codes and scales written once.
+
+The numerics are :func:`fp8jax.quant.quantize`'s on a TPU, operation for
+operation, so the codes and scales are the same bits:
+
+* amax per group over the finite elements, on the float32 bit patterns
+  (exact under flush-to-zero, NaN and +-Inf ignored);
+* the scale from it by :func:`fp8jax.scaling.scale_from_amax` (correctly
+  rounded amax / fmt_max, the subnormal and zero guards, ``pow2`` rounding,
+  ``amax_floor``), floored at 2^-127 for UE8M0 scales;
+* x / scale correctly rounded (the offset division, immune to
+  flush-to-zero), saturated to +-fmt_max, +-Inf to the format's code, then
+  the hardware cast.
+
+Why a kernel: XLA's TPU compiler splits the same computation into several
+passes over HBM.  The scale groups are reshapes of x ((M, K) -> (M, K/128,
+128)) that change the tiled layout, so it copies x (and the scales broadcast
+to x's size) through HBM, and moves the amax's layout change to the
+SparseCore: about 1 GB of traffic for three 4096 x 4096 operands, where the
+data themselves are 96 MB in bfloat16.  Here each grid step holds a block
+of x in VMEM, reduces each group there and writes its codes.
+
+Orientations (``x`` 2-D, (R, C)):
+
+    "row"    1x128 tiles along C (activations, output gradients; Fprop, Dgrad)
+             scales (R, C/128).  A block is (bm, C): every tile of its rows.
+    "col"    128x1 tiles along R (the 128-token tiles of Wgrad)
+             scales (R/128, C).  A block is (128 i, bn).
+    "block"  128x128 blocks (weights)
+             scales (R/128, C/128).  A block is (128 i, bn); the kernel
+             writes each block's scale over its 128 columns, (R/128, C), and
+             every 128th column is kept (the GEMM kernel's own B-scale form).
+
+Shapes that are not multiples of the blocks are padded with zeros (a zero
+changes no amax) and the outputs cropped.  ``interpret=True`` runs the kernel
+in Pallas' TPU interpret mode (the tests, on CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from fp8jax import formats, scaling
+from fp8jax.kernels.block_gemm import _pad_to, cdiv, round_up
+
+#: The group length (DeepSeek-V3's 128).
+GROUP = 128
+ORIENTS = ("row", "col", "block")
+
+#: Bytes of x per "row" block (at least 32 rows, at most 256); groups of 128
+#: rows per block of "col" and "block" steps, and their columns.  A 2 MiB
+#: block, double-buffered with its codes and the float32 temporaries of one
+#: group, stays inside every TPU generation's default scoped VMEM (16 MiB on
+#: v5e, measured by compiling for it).
+ROW_BLOCK_BYTES = 2 << 20
+ROW_BLOCK_MAX = 256
+COL_GROUPS = 8
+COL_BLOCK = 512
+
+
+def _scale(amax: jax.Array, fmt, pow2: bool, amax_floor: float, ue8m0: bool) -> jax.Array:
+    """The online scale of each group from its finite amax (``quant._online_scale``'s steps)."""
+    scale = scaling.scale_from_amax(amax, fmt, pow2=pow2, amax_floor=amax_floor)
+    # E8M0 holds no power of two below 2^-127: such groups get 2^-127.
+    return formats.floor_e8m0(scale) if ue8m0 else scale
+
+
+def _codes(xs: jax.Array, scale: jax.Array, fmt) -> jax.Array:
+    """x / scale to ``fmt``: quant.quantize_with_scale's per-element steps on a TPU."""
+    # Imported here: quant imports this module to dispatch to it.
+    from fp8jax.quant import _divide_offset
+
+    return formats.saturate(_divide_offset(xs, scale), fmt).astype(fmt)
+
+
+def _row_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0):
+    for t in range(groups):
+        cols = slice(t * GROUP, (t + 1) * GROUP)
+        # float32: bfloat16 / float16 values are exact in it, and the amax of
+        # the float32 bit patterns is the amax of the values.
+        xs = x_ref[:, cols].astype(jnp.float32)
+        amax = scaling._bits_amax(xs, 1, True)
+        scale = _scale(amax, fmt, pow2, amax_floor, ue8m0)
+        q_ref[:, cols] = _codes(xs, scale, fmt)
+        s_ref[:, t : t + 1] = scale
+
+
+def _col_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0):
+    for t in range(groups):
+        rows = slice(t * GROUP, (t + 1) * GROUP)
+        xs = x_ref[rows, :].astype(jnp.float32)
+        amax = scaling._bits_amax(xs, 0, True)
+        scale = _scale(amax, fmt, pow2, amax_floor, ue8m0)
+        q_ref[rows, :] = _codes(xs, scale, fmt)
+        s_ref[t : t + 1, :] = scale
+
+
+def _block_kernel(x_ref, q_ref, s_ref, *, groups, col_groups, fmt, pow2, amax_floor, ue8m0):
+    for t in range(groups):
+        rows = slice(t * GROUP, (t + 1) * GROUP)
+        for c in range(col_groups):
+            cols = slice(c * GROUP, (c + 1) * GROUP)
+            xs = x_ref[rows, cols].astype(jnp.float32)
+            amax = scaling._bits_amax(scaling._bits_amax(xs, 1, True), 0, True)
+            scale = _scale(amax, fmt, pow2, amax_floor, ue8m0)
+            q_ref[rows, cols] = _codes(xs, scale, fmt)
+            s_ref[t : t + 1, cols] = jnp.broadcast_to(scale, (1, GROUP))
+
+
+def _requantize_kernel(
+    d_ref,
+    st_ref,
+    flag_ref,
+    q_ref,
+    s_ref,
+    *,
+    groups,
+    col_groups,
+    fmt_in,
+    fmt,
+    pow2,
+    amax_floor,
+    ue8m0,
+):
+    # Imported here: quant imports this module to dispatch to it.
+    from fp8jax.quant import _exact_product
+
+    # The cached tiles' scales, one column per 128-column tile of the block.
+    s_cols = jnp.transpose(st_ref[...])
+    subnormal = flag_ref[0:1, 0:1] != 0
+    for t in range(groups):
+        rows = slice(t * GROUP, (t + 1) * GROUP)
+        for c in range(col_groups):
+            cols = slice(c * GROUP, (c + 1) * GROUP)
+            d = d_ref[rows, cols].astype(jnp.float32)
+            s = jnp.broadcast_to(s_cols[rows, c : c + 1], d.shape)
+            # quant.dequantize on a TPU: the plain product, or the bit-pattern
+            # one (subnormal scales, which flush-to-zero would zero) for every
+            # element when any scale of the cache is subnormal.
+            x = jnp.where(subnormal, _exact_product(d, s, fmt_in), d * s)
+            amax = scaling._bits_amax(x, 0, True)
+            scale = _scale(amax, fmt, pow2, amax_floor, ue8m0)
+            q_ref[rows, cols] = _codes(x, scale, fmt)
+            s_ref[t : t + 1, cols] = scale
+
+
+def cost_estimate(rows: int, cols: int, in_itemsize: int) -> pl.CostEstimate:
+    """One read of x, one write of its codes and of its float32 scales (at most one per
+    column per group).  About 60 integer and float operations per element (amax, the
+    offset division, saturation)."""
+    scales = 4 * rows * cols // GROUP
+    return pl.CostEstimate(
+        flops=60 * rows * cols,
+        transcendentals=0,
+        bytes_accessed=rows * cols * (in_itemsize + 1) + scales,
+    )
+
+
+def _blocks(rows: int, cols: int, orient: str, itemsize: int) -> tuple[int, int]:
+    """The block (rows, columns) of one grid step, clipped to the operand."""
+    if orient == "row":
+        cp = round_up(cols, GROUP)
+        # Multiples of 32 rows: FP8 codes are tiled (32, 128).
+        bm = max(32, min(ROW_BLOCK_MAX, ROW_BLOCK_BYTES // (cp * itemsize)) // 32 * 32)
+        return min(bm, round_up(rows, 32)), cp
+    bm = GROUP * min(COL_GROUPS, cdiv(rows, GROUP))
+    return bm, min(COL_BLOCK, round_up(cols, GROUP))
+
+
+@functools.partial(
+    jax.jit, static_argnames=("fmt", "orient", "pow2", "amax_floor", "ue8m0", "interpret")
+)
+def quantize_2d(
+    x: jax.Array,
+    *,
+    fmt,
+    orient: str,
+    pow2: bool = False,
+    amax_floor: float = 0.0,
+    ue8m0: bool = False,
+    interpret: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """(codes, float32 scales) of a 2-D ``x`` (module docstring).
+
+    Scales: "row" (R, ceil(C/128)); "col" (ceil(R/128), C); "block"
+    (ceil(R/128), ceil(C/128)).  ``ue8m0``: the scales are the powers of two
+    an E8M0 byte holds (needs ``pow2``); the caller encodes them.
+    """
+    if orient not in ORIENTS:
+        raise ValueError(f"orient must be one of {ORIENTS}, got {orient!r}")
+    if x.ndim != 2:
+        raise ValueError(f"quantize_2d takes a 2-D array, got shape {x.shape}")
+    fmt = jnp.dtype(fmt)
+    r, c = x.shape
+    bm, bn = _blocks(r, c, orient, jnp.dtype(x.dtype).itemsize)
+    rp, cp = round_up(r, bm), round_up(c, bn)
+    xp = _pad_to(x, (rp, cp), 0)
+    kw = dict(fmt=fmt, pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0)
+    if orient == "row":
+        kernel = functools.partial(_row_kernel, groups=bn // GROUP, **kw)
+        s_shape, s_block = (rp, cp // GROUP), (bm, bn // GROUP)
+        grid = (rp // bm,)
+        x_spec = pl.BlockSpec((bm, bn), lambda i: (i, 0))
+        s_spec = pl.BlockSpec(s_block, lambda i: (i, 0))
+    else:
+        if orient == "col":
+            kernel = functools.partial(_col_kernel, groups=bm // GROUP, **kw)
+        else:
+            kernel = functools.partial(
+                _block_kernel, groups=bm // GROUP, col_groups=bn // GROUP, **kw
+            )
+        s_shape, s_block = (rp // GROUP, cp), (bm // GROUP, bn)
+        grid = (rp // bm, cp // bn)
+        x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
+        s_spec = pl.BlockSpec(s_block, lambda i, j: (i, j))
+    params = None
+    if not interpret:
+        params = pltpu.CompilerParams(dimension_semantics=("parallel",) * len(grid))
+    codes, scales = pl.pallas_call(
+        kernel,
+        out_shape=(
+            jax.ShapeDtypeStruct((rp, cp), fmt),
+            jax.ShapeDtypeStruct(s_shape, jnp.float32),
+        ),
+        grid=grid,
+        in_specs=[x_spec],
+        out_specs=(x_spec, s_spec),
+        compiler_params=params,
+        cost_estimate=cost_estimate(rp, cp, jnp.dtype(x.dtype).itemsize),
+        interpret=pltpu.InterpretParams() if interpret else False,
+        name=f"fp8_quantize_{orient}",
+    )(xp)
+    codes = codes[:r, :c]
+    if orient == "row":
+        return codes, scales[:, : cdiv(c, GROUP)][:r]
+    if orient == "col":
+        return codes, scales[: cdiv(r, GROUP), :c]
+    # One scale per 128x128 block, written over its 128 columns: keep the first.
+    return codes, scales[: cdiv(r, GROUP), : cdiv(c, GROUP) * GROUP : GROUP]
+
+
+@functools.partial(jax.jit, static_argnames=("fmt", "pow2", "amax_floor", "ue8m0", "interpret"))
+def requantize_col(
+    codes: jax.Array,
+    row_scales: jax.Array,
+    *,
+    fmt,
+    pow2: bool = False,
+    amax_floor: float = 0.0,
+    ue8m0: bool = False,
+    interpret: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """FP8 ``codes`` (R, C) with 1x128 tiles (float32 ``row_scales`` (R, ceil(C/128)))
+    quantized again in 128x1 tiles: (codes, float32 scales (ceil(R/128), C)).
+
+    The values are :func:`fp8jax.quant.dequantize`'s on a TPU (float32), then
+    quantized as by ``quantize_2d(..., orient="col")``; the float32 values
+    never leave VMEM.  The cached activations of DeepSeek-V3's Wgrad: read
+    as their FP8 codes (one byte each) instead of a float32 copy.
+    """
+    if codes.ndim != 2:
+        raise ValueError(f"requantize_col takes a 2-D array, got shape {codes.shape}")
+    fmt = jnp.dtype(fmt)
+    r, c = codes.shape
+    # 8 tiles of the cache's scales per block: its (C/128, R) scale block
+    # needs 8 rows (the float32 sublane tile).
+    bm, bn = GROUP * min(COL_GROUPS, cdiv(r, GROUP)), GROUP * 8
+    bn = min(bn, round_up(c, GROUP))
+    rp, cp = round_up(r, bm), round_up(c, bn)
+    dp = _pad_to(codes, (rp, cp), 0)
+    # Unit scales keep the padding zeros; the flag reads the real scales only.
+    st = _pad_to(row_scales.astype(jnp.float32), (rp, cp // GROUP), 1.0).T
+    subnormal = jnp.any(
+        (jax.lax.bitcast_convert_type(row_scales.astype(jnp.float32), jnp.int32) & 0x7FFFFFFF)
+        < 0x00800000
+    )
+    flag = jnp.full((8, GROUP), subnormal, jnp.int32)
+    kernel = functools.partial(
+        _requantize_kernel,
+        groups=bm // GROUP,
+        col_groups=bn // GROUP,
+        fmt_in=jnp.dtype(codes.dtype),
+        fmt=fmt,
+        pow2=pow2,
+        amax_floor=amax_floor,
+        ue8m0=ue8m0,
+    )
+    params = None
+    if not interpret:
+        params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
+    x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
+    out_codes, scales = pl.pallas_call(
+        kernel,
+        out_shape=(
+            jax.ShapeDtypeStruct((rp, cp), fmt),
+            jax.ShapeDtypeStruct((rp // GROUP, cp), jnp.float32),
+        ),
+        grid=(rp // bm, cp // bn),
+        in_specs=[
+            x_spec,
+            pl.BlockSpec((bn // GROUP, bm), lambda i, j: (j, i)),
+            pl.BlockSpec((8, GROUP), lambda i, j: (0, 0)),
+        ],
+        out_specs=(x_spec, pl.BlockSpec((bm // GROUP, bn), lambda i, j: (i, j))),
+        compiler_params=params,
+        cost_estimate=cost_estimate(rp, cp, 1),
+        interpret=pltpu.InterpretParams() if interpret else False,
+        name="fp8_quantize_requantize_col",
+    )(dp, st, flag)
+    return out_codes[:r, :c], scales[: cdiv(r, GROUP), :c]

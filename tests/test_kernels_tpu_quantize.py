@@ -1,0 +1,174 @@
+"""The Pallas TPU quantizer in TPU interpret mode on CPU: the same codes and scales as
+``fp8jax.quantize``, bit for bit; and, where libtpu is installed, compiled for a TPU
+as the quantizer's one kernel.
+
+``fp8jax.quantize`` on CPU is the reference here (its own tests check it
+against numpy / ml_dtypes in float64): the kernel must give its bits for
+every group kind, format and scale option, on data that hits every guard
+(NaN, +-Inf, all-zero groups, float32 subnormals, values past the format's
+range) and on shapes that are not multiples of the blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp8jax import quant
+from fp8jax.kernels import tpu_quantize as tq
+
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+GRANULARITY = {"row": ("tile", -1), "col": ("tile", 0), "block": ("block", -1)}
+
+
+def _data(shape, dtype, seed=0):
+    """Values over many binades, with every special case of the quantizer's guards."""
+    rng = np.random.default_rng(seed)
+    r, c = shape
+    x = rng.standard_normal(shape) * np.exp2(rng.uniform(-20, 20, (r, 1)))
+    x[0, 1], x[1, 0], x[2, 2] = np.nan, np.inf, -np.inf
+    x[3, :] = 0.0  # all-zero row tiles
+    x[:, 4] = 0.0  # all-zero column tiles
+    if dtype == jnp.float32:
+        x[5, :] = rng.standard_normal(c) * 1e-41  # float32 subnormals
+    x[6, 7] = 3e38  # past every format's range
+    return jnp.asarray(x.astype(np.float32)).astype(dtype)
+
+
+def _bits(a) -> np.ndarray:
+    a = np.asarray(a)
+    return a.view({1: np.uint8, 4: np.uint32}[a.dtype.itemsize])
+
+
+def _reference(x, fmt, orient, **kw):
+    granularity, axis = GRANULARITY[orient]
+    return quant.quantize(x, fmt, granularity, axis=axis, **kw)
+
+
+@pytest.mark.parametrize("orient", tq.ORIENTS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+def test_kernel_gives_quantize_bits(orient, dtype, fmt):
+    x = _data((300, 260), dtype)
+    codes, scales = tq.quantize_2d(x, fmt=fmt, orient=orient, interpret=True)
+    want = _reference(x, fmt, orient)
+    assert codes.dtype == fmt and codes.shape == x.shape
+    np.testing.assert_array_equal(_bits(codes), _bits(want.data))
+    np.testing.assert_array_equal(_bits(scales), _bits(want.scale))
+
+
+@pytest.mark.parametrize("orient", tq.ORIENTS)
+def test_kernel_scale_options(orient):
+    # Power-of-two scales (DeepSeek-V3.1's UE8M0 ones, floored at 2^-127),
+    # and an amax floor (DeepGEMM's 1e-4).
+    x = _data((160, 384), jnp.float32, seed=1)
+    for kw in (
+        dict(pow2=True),
+        dict(pow2=True, scale_fmt="ue8m0"),
+        dict(amax_floor=1e-4),
+    ):
+        codes, scales = tq.quantize_2d(
+            x,
+            fmt=E4M3,
+            orient=orient,
+            pow2=kw.get("pow2", False),
+            amax_floor=kw.get("amax_floor", 0.0),
+            ue8m0=kw.get("scale_fmt") == "ue8m0",
+            interpret=True,
+        )
+        want = quant.float32_scales(_reference(x, E4M3, orient, **kw))
+        np.testing.assert_array_equal(_bits(codes), _bits(want.data), err_msg=str(kw))
+        np.testing.assert_array_equal(_bits(scales), _bits(want.scale), err_msg=str(kw))
+
+
+def test_kernel_under_jit_and_small_shapes():
+    # A shape smaller than one block in both axes; jitted around the kernel.
+    x = _data((40, 130), jnp.bfloat16, seed=2)
+    f = jax.jit(lambda x: tq.quantize_2d(x, fmt=E4M3, orient="col", interpret=True))
+    codes, scales = f(x)
+    want = _reference(x, E4M3, "col")
+    np.testing.assert_array_equal(_bits(codes), _bits(want.data))
+    np.testing.assert_array_equal(_bits(scales), _bits(want.scale))
+
+
+@pytest.mark.parametrize("cache_fmt, fmt", [(E4M3, E4M3), (E5M2, E4M3)])
+@pytest.mark.parametrize("subnormal_scales", [False, True])
+def test_requantize_gives_dequantize_then_quantize_bits(cache_fmt, fmt, subnormal_scales):
+    # DeepSeek-V3's cached activation for Wgrad: FP8 codes in 1x128 tiles,
+    # quantized again in 128-token tiles from the values they hold.
+    x = np.asarray(_data((300, 260), jnp.float32, seed=3))
+    x = np.where(np.isfinite(x), x, 1.0)
+    if subnormal_scales:
+        # A tile of tiny values: its scale is a float32 subnormal, and the
+        # dequantizer forms every product on the bit patterns.
+        x[9, :] *= 1e-36
+    cached = quant.quantize(jnp.asarray(x), cache_fmt, "tile", axis=1)
+    codes, scales = tq.requantize_col(cached.data, cached.scale, fmt=fmt, interpret=True)
+    want = quant.quantize(quant.dequantize(cached), fmt, "tile", axis=0)
+    np.testing.assert_array_equal(_bits(codes), _bits(want.data))
+    np.testing.assert_array_equal(_bits(scales), _bits(want.scale))
+
+
+def test_refuses_what_it_cannot_quantize():
+    with pytest.raises(ValueError, match="orient"):
+        tq.quantize_2d(jnp.ones((128, 128)), fmt=E4M3, orient="diagonal", interpret=True)
+    with pytest.raises(ValueError, match="2-D"):
+        tq.quantize_2d(jnp.ones((2, 128, 128)), fmt=E4M3, orient="row", interpret=True)
+    with pytest.raises(ValueError, match="2-D"):
+        tq.requantize_col(jnp.ones((2, 128, 128), E4M3), jnp.ones((2, 128, 1)), fmt=E4M3)
+
+
+def test_quantizer_chooses_the_kernel_for_its_groups():
+    x2, x3 = jnp.ones((256, 384), jnp.bfloat16), jnp.ones((2, 256, 384), jnp.float32)
+    orient = quant._tpu_kernel_orient
+    assert orient(x3, E4M3, "tile", -1, 128) == "row"
+    assert orient(x2, E4M3, "tile", 0, 128) == "col"
+    assert orient(x3, E5M2, "tile", 1, 128) == "col"
+    assert orient(x2, E4M3, "block", -1, 128) == "block"
+    # Not the kernel's: other tiles, formats, inputs, groups.
+    assert orient(x2, E4M3, "tile", -1, 32) is None
+    assert orient(x2, jnp.float8_e4m3fnuz, "tile", -1, 128) is None
+    assert orient(x2.astype(jnp.float16), E4M3, "tile", -1, 128) is None
+    assert orient(x3, E4M3, "tile", 0, 128) is None
+    assert orient(x2, E4M3, "row", -1, 128) is None
+
+
+def test_requantize_is_chosen_for_tiles_moving_axis():
+    from fp8jax import recipes
+    from fp8jax.operands import _tpu_requantize_fits
+
+    spec = recipes.deepseek_v3().wgrad.lhs
+    for shape in [(256, 384), (2, 256, 384)]:
+        cached = quant.quantize(jnp.ones(shape), E4M3, "tile", axis=-1)
+        assert _tpu_requantize_fits(cached, spec, len(shape) - 2)
+        # Along any other axis, from other tiles, or to another granularity: not the kernel's.
+        assert not _tpu_requantize_fits(cached, spec, len(shape) - 1)
+        assert not _tpu_requantize_fits(cached, dataclasses.replace(spec, granularity="block"), 0)
+    cols = quant.quantize(jnp.ones((256, 384)), E4M3, "tile", axis=0)
+    assert not _tpu_requantize_fits(cols, spec, 0)
+
+
+@pytest.mark.parametrize(
+    "granularity, axis, shape",
+    [("tile", -1, (2, 256, 512)), ("tile", 0, (512, 256)), ("block", -1, (384, 512))],
+)
+def test_quantize_compiles_to_the_kernel_for_tpu(granularity, axis, shape):
+    pytest.importorskip("libtpu")
+    from fp8jax.bench import compilers
+
+    def q(x):
+        out = quant.quantize(x, E4M3, granularity, axis=axis)
+        return out.data, out.scale
+
+    c = compilers.compile_for(q, [jax.ShapeDtypeStruct(shape, jnp.bfloat16)], "tpu7x")
+    kernels = [
+        line for line in c.text.splitlines() if "fp8_quantize_" in line and "custom-call(" in line
+    ]
+    assert len(kernels) == 1, kernels
+    # One read of x: no fusion of XLA's touches the full-size data.
+    census = compilers.census(c)
+    assert census.fusions == 0 and not census.gemm_kernels
