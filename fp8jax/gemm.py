@@ -650,26 +650,89 @@ def take_batch(op, index: jax.Array):
     return op.take(index) if is_quantized(op) else op[index]
 
 
-def grouped_gemm(a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_groups: int):
-    """One grouped GEMM; float32 result.
+def grouped_gemm(
+    a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_groups: int, out_dtype=jnp.float32
+):
+    """One grouped GEMM, accumulated in float32 and rounded once to ``out_dtype``.
 
     fprop: a = x (M, K) rows, b = w (E, K, N) -> (M, N);
     dgrad: a = dy (M, N) rows (or its (T, tile, N) tiles), b = w (E, K, N) -> (M, K);
     wgrad: a = x (T, tile, K), b = dy (T, tile, N) already in tiles -> (E, K, N).
     Rows in no group give 0.  Runs as a batched :func:`gemm` over the tiles
-    of ``layout`` (or the grouped kernel, which reads that layout).
+    of ``layout`` (or a grouped kernel, which reads that layout and writes
+    ``out_dtype`` itself: no float32 result in memory).
     """
+    # The kernels write bfloat16 or float32; another dtype is rounded from float32.
+    kernel_dtype = jnp.dtype(out_dtype) if out_dtype in _KERNEL_OUT else jnp.dtype(jnp.float32)
     with path_record.scope("expert"):
         if kind == "wgrad":
-            # Each token tile's result is complete (scaled, promoted) before the
-            # tiles of a group are added in float32; under the accumulation
-            # emulator's FFMA promotion a dense GEMM would instead fold every
-            # chain into one accumulator, so the two can differ in the last bits.
-            return sum_tiles(gemm(a, b, "wgrad", recipe), layout, num_groups)
-        return _grouped_rows(a, b, layout, kind, recipe)
+            y = _grouped_wgrad(a, b, layout, recipe, num_groups, kernel_dtype)
+        else:
+            y = _grouped_rows(a, b, layout, kind, recipe, kernel_dtype)
+    return y.astype(out_dtype)
 
 
-def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
+_KERNEL_OUT = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+
+
+def _token_tiles(op) -> bool:
+    """FP8 codes in expert-aligned 128-token tiles, one scale per tile and column."""
+    return (
+        is_quantized(op)
+        and op.scheme == "fp8"
+        and op.layout.tiled
+        and op.axis == 1
+        and op.tile == CHUNK
+        and len(op.shape) == 3
+        and op.shape[1] == CHUNK
+    )
+
+
+def _grouped_wgrad(a, b, layout: GroupLayout, recipe: Recipe, num_groups: int, out_dtype):
+    """The wgrad grouped GEMM of :func:`grouped_gemm`.
+
+    On a TPU lowering, where "pallas" runs and both operands are FP8 token
+    tiles, the grouped Wgrad kernel (``tpu_block_gemm.grouped_wgrad``): each
+    expert's tiles added into one accumulator in VMEM.  Elsewhere each token
+    tile's GEMM is complete (scaled, promoted) before the tiles of a group are
+    added in float32, through a (tiles, K, N) float32 intermediate.  Both add
+    the tiles' promoted partials in tile order; the kernel may fuse each
+    promotion into the add (one rounding), and under the accumulation
+    emulator's FFMA promotion a dense GEMM would fold every chain into one
+    accumulator, so the paths can differ in the last bits.
+    """
+    fits = layout.tile == CHUNK and _token_tiles(a) and _token_tiles(b)
+    kernel = tuple(
+        p
+        for p in platforms.PLATFORMS
+        if fits and _decision(recipe, a, b, "wgrad", p) == ("pallas", "mosaic")
+    )
+    others = tuple(p for p in platforms.PLATFORMS if p not in kernel)
+    if kernel:
+        path_record.note("wgrad", {p: "pallas grouped tpu" for p in kernel})
+
+    def build(use_kernel: bool):
+        if use_kernel:
+            run = partial(
+                tpu_block_gemm.grouped_wgrad,
+                num_groups=num_groups,
+                out_dtype=out_dtype,
+                interpret=False,
+            )
+            args = (a.data, a.scale, b.data, b.scale, layout.tile_group)
+            return lambda: _on_kernel_platform("mosaic", run, *args)
+
+        def per_tile():
+            with path_record.only(others):
+                dw = sum_tiles(gemm(a, b, "wgrad", recipe), layout, num_groups)
+            return dw.astype(out_dtype)
+
+        return per_tile
+
+    return platforms.choose(lambda p: p in kernel, build)
+
+
+def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe, out_dtype):
     """The fprop / dgrad grouped GEMM of :func:`grouped_gemm`."""
     # Rows (M, C), or operands already laid out in tiles (T, tile, C).
     a_t = a if len(a.shape) == 3 else tile_rows(a, layout)
@@ -689,21 +752,21 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe):
 
     def build(d):
         if d[0] == "pallas":
-            return lambda: _grouped_kernel(a_t, b, layout, kind, how=d[1])
+            return lambda: _grouped_kernel(a_t, b, layout, kind, how=d[1], out_dtype=out_dtype)
 
         def dense_tiles():
             # Each tile's expert (padding tiles take expert 0).
             tile_expert = jnp.maximum(layout.tile_group, 0)
             with path_record.only(others):
                 y = gemm(a_t, b, kind, recipe, b_index=tile_expert)
-            return from_tiles(y, layout)
+            return from_tiles(y, layout).astype(out_dtype)
 
         return dense_tiles
 
     return platforms.choose(lambda p: kernel.get(p, ("dense tiles", "")), build)
 
 
-def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, how: str) -> jax.Array:
+def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, how: str, out_dtype) -> jax.Array:
     """The grouped kernel (Mosaic GPU, or Mosaic TPU where ``how`` is "mosaic") on the
     aligned rows and each tile's expert id (``how`` as in :func:`_pallas`)."""
     mp = layout.src_row.shape[0]
@@ -720,7 +783,7 @@ def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, how: str) -> jax.
             b_data,
             b_scale,
             tile_group,
-            out_dtype=jnp.float32,
+            out_dtype=out_dtype,
             b_layout="kn" if kind == "fprop" else "nk",
             interpret=how == "interpret",
         )

@@ -123,7 +123,7 @@ def _grouped_fwd(x, w, group_sizes, state, recipe, dtypes, with_stats):
         qx, new_x = _quantize_rows(x, recipe.fprop.lhs, recipe, state_part(state, "x"))
     # A weight gathered in FP8 arrives quantized: used as is.
     qw, new_w = take_operand(w, recipe.fprop.rhs, 1, recipe, state_part(state, "w"))
-    y = grouped_gemm(qx, qw, layout, "fprop", recipe, w.shape[0]).astype(dtypes[0])
+    y = grouped_gemm(qx, qw, layout, "fprop", recipe, w.shape[0], dtypes[0])
     # A pre-quantized input's values, only for telemetry / an E5M6 cache.
     x_hp, w_hp = (materialize(t, jnp.float32) if is_quantized(t) else t for t in (x, w))
     out = (y, {"x": operand_stats(x_hp, qx), "w": operand_stats(w_hp, qw)}) if with_stats else y
@@ -148,7 +148,7 @@ def _grouped_bwd(recipe, dtypes, with_stats, res, g):
     else:
         qdy, new_dy = _quantize_rows(dy, recipe.dgrad.lhs, recipe, state_part(state, "dy"))
     w_d = requantize(qw, recipe.dgrad.rhs, 2, recipe, recipe.fprop.rhs, state_part(state, "w"))
-    dx = grouped_gemm(qdy, w_d, layout, "dgrad", recipe, num_groups).astype(x_dtype)
+    dx = grouped_gemm(qdy, w_d, layout, "dgrad", recipe, num_groups, x_dtype)
     x_cached = after_gradient(x_cached, qdy)
     # Wgrad: dw[e] = x_e^T dy_e over expert-aligned tiles of tokens; x from its cache.
     if is_quantized(x_cached) and recipe.wgrad.lhs == recipe.fprop.lhs:
@@ -168,7 +168,7 @@ def _grouped_bwd(recipe, dtypes, with_stats, res, g):
     dy_w = _quantize_tokens(
         to_tiles(dy, layout), recipe.wgrad.rhs, layout, recipe, state_part(state, "dy")
     )
-    dw = grouped_gemm(x_w, dy_w, layout, "wgrad", recipe, num_groups).astype(w_dtype)
+    dw = grouped_gemm(x_w, dy_w, layout, "wgrad", recipe, num_groups, w_dtype)
     # Overwrite-with-gradient: the state's cotangent is the updated state.
     dstate = scaling.updated_gemm_state(state, new_x, new_w, new_dy)
     # Pre-quantized inputs: the gradient of the values they represent.

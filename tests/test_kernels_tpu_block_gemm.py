@@ -140,6 +140,65 @@ def test_bad_arguments_raise(kw, match):
         tg.block_scaled_matmul(a, sa, b, sb, interpret=True, **kw)
 
 
+@pytest.mark.parametrize(
+    "tile_group",
+    [
+        [0, 0, 2, 2, 2, -1],  # experts 1 and 3 own no tile; one padding tile
+        [3, 3, 3],  # the last expert only
+        [-1, -1],  # no tokens at all: every expert's Wgrad is zero
+    ],
+)
+def test_grouped_wgrad_matches_float64(tile_group):
+    # dw[e] = sum over e's 128-token tiles of x_t^T dy_t, with each tile's
+    # scales per column; odd M and N (padded blocks), empty experts.
+    rng = np.random.default_rng(len(tile_group))
+    t, m, n, e = len(tile_group), 200, 300, 4
+    a, b = fp8(rng, (t, 128, m)), fp8(rng, (t, 128, n))
+    sa, sb = scales(rng, (t, 1, m)), scales(rng, (t, 1, n))
+    tg_ = jnp.asarray(tile_group, jnp.int32)
+    got = np.asarray(
+        tg.grouped_wgrad(a, sa, b, sb, tg_, e, block_m=128, block_n=128, interpret=True)
+    )
+    a64 = np.asarray(a, np.float64) * np.asarray(sa, np.float64)
+    b64 = np.asarray(b, np.float64) * np.asarray(sb, np.float64)
+    want, mag = np.zeros((e, m, n)), np.zeros((e, m, n))
+    for i, g in enumerate(tile_group):
+        if g >= 0:
+            want[g] += a64[i].T @ b64[i]
+            mag[g] += np.abs(a64[i]).T @ np.abs(b64[i])
+    assert got.shape == (e, m, n) and got.dtype == np.float32
+    # float32 sums of at most a few 128-long runs.
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * (mag.max() + 1e-30))
+    assert not got[[i for i in range(e) if i not in tile_group]].any()
+
+
+def test_grouped_wgrad_equals_the_per_tile_path():
+    # The kernel against the dense "tn" kernel per tile summed per expert (the
+    # path it replaces), in the same interpret mode.
+    from fp8jax.groups import sum_tiles
+
+    rng = np.random.default_rng(7)
+    tile_group = jnp.asarray([0, 1, 1, 3, -1], jnp.int32)
+    a, b = fp8(rng, (5, 128, 256)), fp8(rng, (5, 128, 384))
+    sa, sb = scales(rng, (5, 1, 256)), scales(rng, (5, 1, 384))
+    got = tg.grouped_wgrad(a, sa, b, sb, tile_group, 4, block_m=128, block_n=128, interpret=True)
+    per_tile = jnp.stack(
+        [
+            tg.block_scaled_matmul_tn(a[i], sa[i], b[i], sb[i], out_dtype=jnp.float32, **SMALL)
+            for i in range(5)
+        ]
+    )
+    layout = type("L", (), {"tile_group": tile_group})()
+    want = sum_tiles(per_tile, layout, 4)
+    assert_near_reference(got, want)
+
+
+def test_grouped_wgrad_refuses_other_tiles():
+    a = jnp.zeros((2, 64, 128), jnp.float8_e4m3fn)
+    with pytest.raises(ValueError, match="tiles"):
+        tg.grouped_wgrad(a, jnp.ones((2, 1, 128)), a, jnp.ones((2, 1, 128)), jnp.zeros(2), 1)
+
+
 def test_grouped_bad_tile_group_raises():
     a, sa, b, sb, _ = make_grouped(0, 256, 128, 128, [100, 100])
     with pytest.raises(ValueError, match="tile_group"):
@@ -211,11 +270,11 @@ def test_ragged_dot_compiles_grouped_mosaic_kernels_for_ironwood():
     with path_record.recording("tpu") as paths:
         traced = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(x, w, gs)
     # Fprop and Dgrad: the grouped kernel on the expert-aligned tiles; Wgrad:
-    # the dense kernel over the tiles, summed per expert.
+    # the grouped Wgrad kernel, each expert's tiles summed in VMEM.
     assert path_record.as_table(paths) == {
         "expert/fprop": "pallas grouped tpu",
         "expert/dgrad": "pallas grouped tpu",
-        "expert/wgrad": "pallas tpu",
+        "expert/wgrad": "pallas grouped tpu",
     }
     text = traced.lower(lowering_platforms=("tpu",)).compile().as_text()
     assert _gemm_kernels(text) == 3

@@ -468,3 +468,164 @@ def grouped_block_scaled_matmul_aligned(
         block_n=block_n,
         runs=runs_per_step,
     )
+
+
+# --------------------------------------------------------------------------
+# Grouped Wgrad: dw[e] = sum over the token tiles of expert e
+# --------------------------------------------------------------------------
+
+
+def _grouped_wgrad_kernel(
+    tile_ref, group_ref, eff_ref, first_ref, last_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, acc_ref
+):
+    del tile_ref, eff_ref  # the blocks' indices
+    s = pl.program_id(2)
+
+    @pl.when(first_ref[s] != 0)
+    def _init():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    @pl.when(group_ref[s] >= 0)
+    def _compute():
+        # One tile is one 128-token run: its float32 partial times
+        # fl32(a_scale * b_scale), added to the expert's accumulator.
+        _accumulate(a_ref, sa_ref, b_ref, sb_ref, acc_ref, j=1, orient="tn", run=CHUNK)
+
+    @pl.when(last_ref[s] != 0)
+    def _write():
+        # One rounding of the expert's float32 accumulator to the output dtype.
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+def _wgrad_steps(tile_group: jax.Array, num_groups: int):
+    """The grouped Wgrad's steps: one opening step per expert, then its tiles.
+
+    Returns (tile, group, expert, first, last), each (T + E,): the tile whose
+    blocks a step reads, the expert it adds into (-1: nothing to add), the
+    expert whose output block it holds, and whether it opens (zeroes the
+    accumulator) or closes (writes it) that expert's run of steps.  Every
+    expert has a run, so an expert with no tile writes zeros; padding tiles
+    close the last expert's run.
+    """
+    t = tile_group.shape[0]
+    group = tile_group.astype(jnp.int32)
+    keys = jnp.concatenate(
+        [jnp.where(group >= 0, 2 * group + 1, 2 * num_groups), 2 * jnp.arange(num_groups)]
+    )
+    order = jnp.argsort(keys, stable=True)
+    opening = order >= t
+    tile = jnp.where(opening, t, order)
+    # An opening step reads the blocks of the tile after it (no extra DMA).
+    tile = jnp.minimum(lax.cummin(tile, axis=0, reverse=True), t - 1)
+    step_group = jnp.where(opening, -1, group[jnp.minimum(order, t - 1)])
+    expert = jnp.where(
+        opening, order - t, jnp.where(step_group >= 0, step_group, num_groups - 1)
+    ).astype(jnp.int32)
+    change = (expert[1:] != expert[:-1]).astype(jnp.int32)
+    one = jnp.ones((1,), jnp.int32)
+    first = jnp.concatenate([one, change])
+    last = jnp.concatenate([change, one])
+    return tile.astype(jnp.int32), step_group, expert, first, last
+
+
+@functools.partial(
+    jax.jit, static_argnames=("num_groups", "out_dtype", "block_m", "block_n", "interpret")
+)
+def _grouped_wgrad(a, sa, b, sb, tile_group, *, num_groups, out_dtype, block_m, block_n, interpret):
+    """``a`` (T, 128, M), ``sa`` (T, 1, M), ``b`` (T, 128, N), ``sb`` (T, 1, N)."""
+    num_tiles, _, m = a.shape
+    n = b.shape[2]
+    bm = min(block_m, round_up(m, _LANE))
+    bn = min(block_n, round_up(n, _LANE))
+    mp, np_ = round_up(m, bm), round_up(n, bn)
+    a_p = _pad_to(a, (num_tiles, CHUNK, mp), 0)
+    b_p = _pad_to(b, (num_tiles, CHUNK, np_), 0)
+    sa_p = _pad_to(sa, (num_tiles, 1, mp), 1.0)
+    sb_p = _pad_to(sb, (num_tiles, 1, np_), 1.0)
+    steps = _wgrad_steps(tile_group, num_groups)
+
+    def a_map(i, j, s, tile, *_):
+        return tile[s], 0, i
+
+    def b_map(i, j, s, tile, *_):
+        return tile[s], 0, j
+
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=5,
+        grid=(mp // bm, np_ // bn, num_tiles + num_groups),
+        in_specs=[
+            pl.BlockSpec((None, CHUNK, bm), a_map),
+            pl.BlockSpec((None, 1, bm), a_map),
+            pl.BlockSpec((None, CHUNK, bn), b_map),
+            pl.BlockSpec((None, 1, bn), b_map),
+        ],
+        out_specs=pl.BlockSpec((None, bm, bn), lambda i, j, s, tile, g, e, *_: (e[s], i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+    )
+    # A re-read once per column block, B once per row block, the output written once.
+    cost = pl.CostEstimate(
+        flops=2 * num_tiles * CHUNK * mp * np_,
+        transcendentals=0,
+        bytes_accessed=(num_tiles * (CHUNK + 4) * mp) * (np_ // bn)
+        + (num_tiles * (CHUNK + 4) * np_) * (mp // bm)
+        + num_groups * mp * np_ * jnp.dtype(out_dtype).itemsize,
+    )
+    out = pl.pallas_call(
+        _grouped_wgrad_kernel,
+        out_shape=jax.ShapeDtypeStruct((num_groups, mp, np_), out_dtype),
+        grid_spec=grid_spec,
+        compiler_params=_compiler_params(interpret),
+        cost_estimate=cost,
+        interpret=_interpret(interpret),
+        name="fp8_grouped_block_scaled_matmul_wgrad",
+    )(*steps, a_p, sa_p, b_p, sb_p)
+    return out[:, :m, :n]
+
+
+def grouped_wgrad(
+    a_data: jax.Array,
+    a_scale: jax.Array,
+    b_data: jax.Array,
+    b_scale: jax.Array,
+    tile_group: jax.Array,
+    num_groups: int,
+    *,
+    out_dtype=jnp.float32,
+    block_m: int = BLOCK_M,
+    block_n: int = BLOCK_N,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """The experts' Wgrad over expert-aligned token tiles, (E, M, N) in ``out_dtype``.
+
+    ``a_data`` (T, 128, M) and ``b_data`` (T, 128, N): the FP8 codes of x and
+    dy in 128-token tiles (``fp8jax.groups.group_layout``'s), their scales
+    ``a_scale`` (T, 1, M) and ``b_scale`` (T, 1, N) (one per tile and
+    column); ``tile_group`` (T,) the expert of each tile (ascending), -1 for
+    padding.  ``out[e] = sum_{t: tile_group[t] == e} (a[t]^T b[t]) * a_scale[t]^T
+    * b_scale[t]``: each tile's float32 partial times fl32(a_scale * b_scale)
+    added in tile order to a float32 accumulator in VMEM (each tile is one
+    128-long K run of DeepSeek-V3's promotion); an expert with no tile gets
+    zeros (each expert's run of grid steps opens with a step that only zeroes
+    the accumulator).  No (T, M, N) intermediate reaches HBM.
+    """
+    if a_data.ndim != 3 or a_data.shape[1] != CHUNK or b_data.shape[:2] != a_data.shape[:2]:
+        raise ValueError(
+            f"grouped_wgrad takes (T, {CHUNK}, M) and (T, {CHUNK}, N) tiles, got "
+            f"{a_data.shape} and {b_data.shape}"
+        )
+    if tile_group.shape != a_data.shape[:1]:
+        raise ValueError(f"tile_group must be ({a_data.shape[0]},), got {tile_group.shape}")
+    _check_blocks(block_m, block_n, RUNS_PER_STEP)
+    return launch(
+        _grouped_wgrad,
+        a_data,
+        a_scale.astype(jnp.float32),
+        b_data,
+        b_scale.astype(jnp.float32),
+        tile_group,
+        interpret=interpret,
+        num_groups=num_groups,
+        out_dtype=jnp.dtype(out_dtype),
+        block_m=block_m,
+        block_n=block_n,
+    )
