@@ -79,24 +79,23 @@ from fp8jax.formats import (
     check_scale_fmt,
     decode_e8m0,
     encode_e8m0,
-    float32_from_parts,
-    float32_parts,
     floor_e8m0,
-    ldexp_exact,
     saturating_cast,
 )
 from fp8jax.layout import Layout
-from fp8jax.scaling import exact_div, finite_amax, scale_from_amax
+from fp8jax.scaling import (
+    OFFSET_SCALE_BITS,
+    divide_offset,
+    exact_div,
+    exact_product,
+    finite_amax,
+    scale_from_amax,
+)
 
-_F32_MAX = float(np.finfo(np.float32).max)
 # Tiles with amax >= 2^-64 have normal scales (>= 2^-80 for any FP8 max), and
 # a subnormal element x of such a tile has |x / scale| < 2^-46, which rounds
 # to 0 in every FP8 format: for them XLA's flush-to-zero changes nothing.
 _FAST_MIN_AMAX_BITS = int(np.float32(2.0**-64).view(np.int32))
-# Below this scale an element's quotient can be lost to flush-to-zero
-# (|x| < 2^-126 and |x / scale| >= 2^-30): divide on the offset path.
-_OFFSET_SCALE_BITS = int(np.float32(2.0**-96).view(np.int32))
-_OFFSET = 64
 
 
 @dataclass(frozen=True)
@@ -248,7 +247,7 @@ def _divide(x: jnp.ndarray, scale: jnp.ndarray, assume_finite: bool) -> jnp.ndar
         return exact_div(x, scale)
     return platforms.choose(
         lambda p: "ieee" if p == "cuda" else "offset",
-        lambda how: partial(_divide_ieee if how == "ieee" else _divide_offset, x, scale),
+        lambda how: partial(_divide_ieee if how == "ieee" else divide_offset, x, scale),
     )
 
 
@@ -261,37 +260,6 @@ def _divide_ieee(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
     # it, which XLA materialized as a pred array next to each transposing
     # quantization.
     return x / scale
-
-
-def _divide_offset(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
-    """:func:`_divide` on any backend, flush-to-zero included (the offset division)."""
-    # Branch-free: every group is shifted by k = 64 (tiny scale) or 0 (an
-    # exact identity), so the whole division stays one elementwise fusion; a
-    # lax.cond between the two would make XLA materialize float32 copies of
-    # x and of the quotient as the branches' operand and result.
-    shifted = _bits(scale) < _OFFSET_SCALE_BITS
-    k = jnp.where(shifted, _OFFSET, 0)
-    # Finite x that overflow once shifted are far beyond fmt_max * scale:
-    # float32's max keeps them finite so that they saturate.
-    xs = jnp.clip(_shift_offset(x, shifted), -_F32_MAX, _F32_MAX)
-    y = exact_div(xs, ldexp_exact(scale, k))
-    return jnp.where(jnp.isinf(x), x, y)
-
-
-def _shift_offset(x: jnp.ndarray, shifted: jnp.ndarray) -> jnp.ndarray:
-    """x * 2^64 where ``shifted`` (else x), exact: :func:`ldexp_exact` with k in {0, 64}.
-
-    Per element, so cheap: a normal x times 2^64 is an exact float product (or
-    overflows to +-Inf, as ldexp_exact's does); a subnormal x is m * 2^-149
-    with an integer m < 2^23, so x * 2^64 = float(m) * 2^-85, both factors
-    normal (no flush-to-zero can touch it).  NaN and +-Inf pass through.
-    """
-    bits = lax.bitcast_convert_type(x, jnp.int32)
-    mag = bits & 0x7FFFFFFF
-    from_mantissa = mag.astype(jnp.float32) * jnp.float32(2.0 ** (_OFFSET - 149))
-    tiny = jnp.where(bits < 0, -from_mantissa, from_mantissa)
-    out = jnp.where(mag < 0x00800000, tiny, x * jnp.float32(2.0**_OFFSET))
-    return jnp.where(shifted, out, x)
 
 
 def expand_scale(scale: jnp.ndarray, shape, granularity: str, axis: int, tile: int):
@@ -563,25 +531,10 @@ def _quantize_branches(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_
 
         # All-zero groups alone (common: padding) need the exact amax but no
         # per-element care: finite values and no scale below 2^-96.
-        simple = jnp.all(jnp.isfinite(amax)) & jnp.all(_bits(scale) >= _OFFSET_SCALE_BITS)
+        simple = jnp.all(jnp.isfinite(amax)) & jnp.all(_bits(scale) >= OFFSET_SCALE_BITS)
         return jax.lax.cond(simple, plain, careful, x)
 
     return jax.lax.cond(fast_ok, fast, robust, x)
-
-
-def _exact_product(d: jnp.ndarray, scale: jnp.ndarray, fmt) -> jnp.ndarray:
-    """d * scale rounded once to float32, on the bit patterns (subnormals kept).
-
-    ``d`` holds FP8 values (as float32), so its significand has at most
-    nmant + 1 bits and the integer product with the scale's 24-bit
-    significand fits in int32.
-    """
-    shift = 23 - int(ml_dtypes.finfo(fmt).nmant)
-    nd, md, ed = float32_parts(d)
-    ns, ms, es = float32_parts(scale)
-    out = float32_from_parts(nd ^ ns, (md >> shift) * ms, ed + shift + es)
-    # NaN / Inf codes propagate (scales are positive).
-    return jnp.where(jnp.isfinite(d), out, d)
 
 
 def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:
@@ -608,7 +561,7 @@ def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:
 
     def exact(data, scale):
         s = q.layout.expand(scale, data.shape)
-        return _exact_product(data.astype(jnp.float32), s.astype(jnp.float32), fmt).astype(dtype)
+        return exact_product(data.astype(jnp.float32), s.astype(jnp.float32), fmt).astype(dtype)
 
     if int(ml_dtypes.finfo(fmt).nmant) > 6:
         # Not an FP8 payload: the plain product.

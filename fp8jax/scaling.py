@@ -47,11 +47,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax import lax
 
 from fp8jax import platforms
-from fp8jax.formats import float32_parts, fmt_max, ldexp_exact
+from fp8jax.formats import float32_from_parts, float32_parts, fmt_max, ldexp_exact
 
 if TYPE_CHECKING:
     # Type hints only: scaling sits below recipes and never imports it at run
@@ -76,6 +77,64 @@ def exact_div(num: jnp.ndarray, den: jnp.ndarray) -> jnp.ndarray:
     result matters: ``inf * 0`` is NaN.)
     """
     return num / (den + num * 0)
+
+
+# Below this scale an element's quotient can be lost to flush-to-zero
+# (|x| < 2^-126 and |x / scale| >= 2^-30): :func:`divide_offset` shifts it.
+OFFSET_SCALE_BITS = int(np.float32(2.0**-96).view(np.int32))
+OFFSET = 64
+
+
+def divide_offset(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
+    """x / scale (broadcasting) in float32, correctly rounded under flush-to-zero too.
+
+    Where a scale is below 2^-96 the group is divided as (x * 2^64) /
+    (scale * 2^64), both factors formed exactly (:func:`shift_offset`,
+    ``ldexp_exact``): the same quotient, which flush-to-zero cannot lose.
+    +-Inf elements stay +-Inf.  The quantizer's division on CPUs and TPUs.
+    """
+    # Branch-free: every group is shifted by k = 64 (tiny scale) or 0 (an
+    # exact identity), so the whole division stays one elementwise fusion; a
+    # lax.cond between the two would make XLA materialize float32 copies of
+    # x and of the quotient as the branches' operand and result.
+    shifted = (lax.bitcast_convert_type(scale, jnp.int32) & 0x7FFFFFFF) < OFFSET_SCALE_BITS
+    k = jnp.where(shifted, OFFSET, 0)
+    # Finite x that overflow once shifted are far beyond fmt_max * scale:
+    # float32's max keeps them finite so that they saturate.
+    xs = jnp.clip(shift_offset(x, shifted), -_F32_MAX, _F32_MAX)
+    y = exact_div(xs, ldexp_exact(scale, k))
+    return jnp.where(jnp.isinf(x), x, y)
+
+
+def shift_offset(x: jnp.ndarray, shifted: jnp.ndarray) -> jnp.ndarray:
+    """x * 2^64 where ``shifted`` (else x), exact: :func:`ldexp_exact` with k in {0, 64}.
+
+    Per element, so cheap: a normal x times 2^64 is an exact float product (or
+    overflows to +-Inf, as ldexp_exact's does); a subnormal x is m * 2^-149
+    with an integer m < 2^23, so x * 2^64 = float(m) * 2^-85, both factors
+    normal (no flush-to-zero can touch it).  NaN and +-Inf pass through.
+    """
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    mag = bits & 0x7FFFFFFF
+    from_mantissa = mag.astype(jnp.float32) * jnp.float32(2.0 ** (OFFSET - 149))
+    tiny = jnp.where(bits < 0, -from_mantissa, from_mantissa)
+    out = jnp.where(mag < 0x00800000, tiny, x * jnp.float32(2.0**OFFSET))
+    return jnp.where(shifted, out, x)
+
+
+def exact_product(d: jnp.ndarray, scale: jnp.ndarray, fmt) -> jnp.ndarray:
+    """d * scale rounded once to float32, on the bit patterns (subnormals kept).
+
+    ``d`` holds FP8 values (as float32), so its significand has at most
+    nmant + 1 bits and the integer product with the scale's 24-bit
+    significand fits in int32.
+    """
+    shift = 23 - int(ml_dtypes.finfo(fmt).nmant)
+    nd, md, ed = float32_parts(d)
+    ns, ms, es = float32_parts(scale)
+    out = float32_from_parts(nd ^ ns, (md >> shift) * ms, ed + shift + es)
+    # NaN / Inf codes propagate (scales are positive).
+    return jnp.where(jnp.isfinite(d), out, d)
 
 
 def finite_amax(x: jnp.ndarray, axis=None, keepdims: bool = False) -> jnp.ndarray:

@@ -453,7 +453,7 @@ def test_shift_offset_is_ldexp_exact_by_64(jit):
     x = np.concatenate([bits, bits | 0x80000000]).view(np.float32)
     x = np.concatenate([x, np.random.default_rng(1).standard_normal(1000).astype(np.float32)])
     shifted = np.arange(x.size) % 3 != 0
-    got = _jit(quant._shift_offset, jit)(jnp.asarray(x), jnp.asarray(shifted))
+    got = _jit(scaling.shift_offset, jit)(jnp.asarray(x), jnp.asarray(shifted))
     with np.errstate(over="ignore"):  # beyond float32's range: +-Inf, as ldexp's
         want = np.where(shifted, np.ldexp(x.astype(np.float64), 64), x).astype(np.float32)
     np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))

@@ -73,10 +73,7 @@ def _scale(amax: jax.Array, fmt, pow2: bool, amax_floor: float, ue8m0: bool) -> 
 
 def _codes(xs: jax.Array, scale: jax.Array, fmt) -> jax.Array:
     """x / scale to ``fmt``: quant.quantize_with_scale's per-element steps on a TPU."""
-    # Imported here: quant imports this module to dispatch to it.
-    from fp8jax.quant import _divide_offset
-
-    return formats.saturate(_divide_offset(xs, scale), fmt).astype(fmt)
+    return formats.saturate(scaling.divide_offset(xs, scale), fmt).astype(fmt)
 
 
 def _row_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0):
@@ -128,9 +125,6 @@ def _requantize_kernel(
     amax_floor,
     ue8m0,
 ):
-    # Imported here: quant imports this module to dispatch to it.
-    from fp8jax.quant import _exact_product
-
     # The cached tiles' scales, one column per 128-column tile of the block.
     s_cols = jnp.transpose(st_ref[...])
     subnormal = flag_ref[0:1, 0:1] != 0
@@ -143,7 +137,7 @@ def _requantize_kernel(
             # quant.dequantize on a TPU: the plain product, or the bit-pattern
             # one (subnormal scales, which flush-to-zero would zero) for every
             # element when any scale of the cache is subnormal.
-            x = jnp.where(subnormal, _exact_product(d, s, fmt_in), d * s)
+            x = jnp.where(subnormal, scaling.exact_product(d, s, fmt_in), d * s)
             amax = scaling._bits_amax(x, 0, True)
             scale = _scale(amax, fmt, pow2, amax_floor, ue8m0)
             q_ref[rows, cols] = _codes(x, scale, fmt)
