@@ -663,16 +663,15 @@ def grouped_gemm(
     ``out_dtype`` itself: no float32 result in memory).
     """
     # The kernels write bfloat16 or float32; another dtype is rounded from float32.
-    kernel_dtype = jnp.dtype(out_dtype) if out_dtype in _KERNEL_OUT else jnp.dtype(jnp.float32)
+    kernel_dtype = (
+        jnp.dtype(out_dtype) if out_dtype in _KERNEL_OUT_DTYPES else jnp.dtype(jnp.float32)
+    )
     with path_record.scope("expert"):
         if kind == "wgrad":
             y = _grouped_wgrad(a, b, layout, recipe, num_groups, kernel_dtype)
         else:
             y = _grouped_rows(a, b, layout, kind, recipe, kernel_dtype)
     return y.astype(out_dtype)
-
-
-_KERNEL_OUT = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
 
 def _token_tiles(op) -> bool:
