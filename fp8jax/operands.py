@@ -22,7 +22,14 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax import platforms, scaling, schemes
-from fp8jax.formats import as_format, e5m6_scale_exponent, ldexp_exact, round_to_e5m6
+from fp8jax.formats import (
+    E4M3,
+    E5M2,
+    as_format,
+    e5m6_scale_exponent,
+    ldexp_exact,
+    round_to_e5m6,
+)
 from fp8jax.layout import Layout
 from fp8jax.quant import (
     QTensor,
@@ -175,7 +182,7 @@ def _tpu_requantize_fits(cached: QTensor, spec: QuantSpec, caxis: int) -> bool:
     """Whether :func:`fp8jax.kernels.tpu_quantize.requantize_col` gives ``in place``'s operand:
     FP8 codes in 1x128 tiles along the last axis, quantized again (online, plain) in
     128-long tiles along the second-to-last (leading axes stack matrices)."""
-    fp8 = (as_format("e4m3"), as_format("e5m2"))
+    fp8 = (E4M3, E5M2)
     nd = len(cached.shape)
     return (
         cached.scheme == "fp8"
@@ -207,10 +214,7 @@ def _requantize_tpu_kernel(cached: QTensor, spec: QuantSpec) -> QTensor:
         ue8m0=spec.scale_fmt == "ue8m0",
     )
     cached = float32_scales(cached)
-    # Matrices stacked along leading axes: one grid each.
-    for _ in range(len(cached.shape) - 2):
-        run = jax.vmap(run)
-    data, scale = platforms.only_on(("tpu",), run, cached.data, cached.scale)
+    data, scale = tpu_quantize.on_tpu(run, cached.data, cached.scale)
     return QTensor(data, scale, Layout(spec.granularity, len(cached.shape) - 2, spec.tile))
 
 

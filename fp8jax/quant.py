@@ -462,10 +462,7 @@ def _quantize_tpu_kernel(
         amax_floor=amax_floor,
         ue8m0=ue8m0,
     )
-    # Matrices stacked along leading axes (experts, a batch): one grid each.
-    for _ in range(x2.ndim - 2):
-        run = jax.vmap(run)
-    data, scale = platforms.only_on(("tpu",), run, x2)
+    data, scale = tpu_quantize.on_tpu(run, x2)
     if orient == "row":
         data = data.reshape(x.shape)
         scale = scale.reshape(x.shape[:-1] + scale.shape[-1:])

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from fp8jax import formats, scaling
+from fp8jax import formats, platforms, scaling
 from fp8jax.kernels.block_gemm import _pad_to, cdiv, round_up
 
 #: The group length (DeepSeek-V3's 128).
@@ -308,3 +308,12 @@ def requantize_col(
         name="fp8_quantize_requantize_col",
     )(dp, st, flag)
     return out_codes[:r, :c], scales[: cdiv(r, GROUP), :c]
+
+
+def on_tpu(fn, *arrays: jax.Array):
+    """``fn`` (one of this module's 2-D entry points, its settings bound) over ``arrays``
+    whose leading axes stack matrices (experts, a batch: one grid each), lowered for
+    TPU only: any other platform of a multi-platform export sees dead zeros."""
+    for _ in range(arrays[0].ndim - 2):
+        fn = jax.vmap(fn)
+    return platforms.only_on(("tpu",), fn, *arrays)
