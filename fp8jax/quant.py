@@ -66,7 +66,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_dtypes
-import numpy as np
 from jax import lax
 
 from fp8jax import platforms
@@ -89,13 +88,9 @@ from fp8jax.scaling import (
     exact_div,
     exact_product,
     finite_amax,
+    flagged_bits_amax,
     scale_from_amax,
 )
-
-# Tiles with amax >= 2^-64 have normal scales (>= 2^-80 for any FP8 max), and
-# a subnormal element x of such a tile has |x / scale| < 2^-46, which rounds
-# to 0 in every FP8 format: for them XLA's flush-to-zero changes nothing.
-_FAST_MIN_AMAX_BITS = int(np.float32(2.0**-64).view(np.int32))
 
 
 @dataclass(frozen=True)
@@ -278,48 +273,23 @@ def compute_scale(
     amax_floor: float = 0.0,
 ) -> jnp.ndarray:
     """The online scale layout of ``x`` (see module docstring for shapes)."""
-    amax = group_amax(x, granularity, axis, tile, finite_only=True)
+    amax = group_amax(x, granularity, axis, tile)
     return scale_from_amax(amax, fmt, pow2=pow2, amax_floor=amax_floor)
 
 
-def _plain_amax(x, axis=None, keepdims=False):
-    # max(max(x), -min(x)) == max|x|, and XLA on CPU vectorises the two plain
-    # reductions about 6x better than a reduction of |x|.  The initial 0
-    # gives empty groups amax 0 and leaves max|x| unchanged.
-    # A NaN must make its group's amax non-finite on every backend (the caller
-    # then takes the robust path), but XLA on CPU can drop a NaN, and the
-    # values reduced before it, from a max-reduction: [[3, 1], [nan, 2]] gave
-    # 2.  A sum propagates NaN in any order: x * 0 is +-0 for finite x and NaN
-    # for NaN / Inf, so its sum adds exactly 0 to a finite group's amax and NaN
-    # to any other.  It fuses into the same pass as the max and the min.
-    # Subnormal elements read as 0 under flush-to-zero: the caller sends tiny
-    # amaxes to the robust (bit pattern) path.
-    # Reduced in x's own dtype, cast after: rounding to float32 is monotone,
-    # so the max of the cast values is the cast of the max (exact for bf16 /
-    # f16), and XLA then keeps no float32 copy of x for the reduction to share
-    # with the quantizer's division (a whole float32 activation per call).
-    hi = jnp.max(x, axis=axis, keepdims=keepdims, initial=0)
-    lo = jnp.min(x, axis=axis, keepdims=keepdims, initial=0)
-    nonfinite = jnp.sum(x * 0, axis=axis, keepdims=keepdims)
-    return (jnp.maximum(hi, -lo) + nonfinite).astype(jnp.float32)
-
-
-def group_amax(
-    x: jnp.ndarray, granularity: str, axis: int = -1, tile: int = 128, *, finite_only: bool = True
-) -> jnp.ndarray:
+def group_amax(x: jnp.ndarray, granularity: str, axis: int = -1, tile: int = 128) -> jnp.ndarray:
     """max |x| per scale group (the scale layout's shape), float32.
 
-    ``finite_only`` ignores NaN / Inf elements and reads subnormals exactly
-    (bit patterns); without it a non-finite element makes its group's amax
-    non-finite and subnormals may read as 0 (cheaper: plain float reductions).
+    NaN / Inf elements are ignored and subnormals read exactly
+    (:func:`fp8jax.scaling.finite_amax`).
     """
     axis = _norm_axis(axis, x.ndim) if x.ndim else 0
-    return layout_amax(x, Layout(granularity, axis, tile), finite_only=finite_only)
+    return layout_amax(x, Layout(granularity, axis, tile))
 
 
-def layout_amax(x: jnp.ndarray, layout: Layout, *, finite_only: bool = True) -> jnp.ndarray:
+def layout_amax(x: jnp.ndarray, layout: Layout) -> jnp.ndarray:
     """max |x| per scale group of ``layout`` (axis normalized), float32: :func:`group_amax`."""
-    return layout.reduce_groups(x, finite_amax if finite_only else _plain_amax)
+    return layout.reduce_groups(x, finite_amax)
 
 
 def quantize_with_scale(
@@ -473,7 +443,13 @@ def _quantize_tpu_kernel(
 
 def _online_scale(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt) -> jnp.ndarray:
     """The online scales of ``x``: exact amax over its finite elements, every guard."""
-    scale = compute_scale(x, fmt, granularity, axis, tile, pow2=pow2, amax_floor=amax_floor)
+    amax = group_amax(x, granularity, axis, tile)
+    return _scale_of_amax(amax, fmt, pow2, amax_floor, scale_fmt)
+
+
+def _scale_of_amax(amax, fmt, pow2, amax_floor, scale_fmt) -> jnp.ndarray:
+    """:func:`_online_scale` of given (finite) group amaxes."""
+    scale = scale_from_amax(amax, fmt, pow2=pow2, amax_floor=amax_floor)
     if scale_fmt == "ue8m0":
         # E8M0 holds no power of two below 2^-127: such tiles get 2^-127.
         scale = floor_e8m0(scale)
@@ -487,51 +463,39 @@ def _quantize_one_pass(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_
 
 
 def _quantize_branches(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt) -> QTensor:
-    """:func:`quantize` with a fast branch for the common tensor (CPU; same values).
+    """:func:`quantize` with a plain branch for the common tensor (CPU; same values).
 
-    Fast path for the common tensor (all finite, no tiny or all-zero group):
-    a plain float amax, no per-element isfinite select, one plain division.
-    Otherwise the robust path recomputes the amax over the finite elements
-    on the bit patterns (exact for subnormals) and divides tiny groups on
-    the offset path.  lax.cond runs one branch (both under vmap, where it
-    becomes a select).
+    One reduction over x (:func:`fp8jax.scaling.flagged_bits_amax`) gives
+    every group its exact amax over the finite elements (subnormals read
+    exactly under flush-to-zero) and whether it holds a NaN or Inf; the
+    scales follow with every guard (per group, so cheap).  Where no group
+    holds a non-finite element and no scale is below 2^-96, the plain branch
+    divides and casts (one plain correctly rounded division per element);
+    otherwise the careful branch divides tiny groups on the offset path and
+    keeps +-Inf.  lax.cond runs one branch (both under vmap, where it becomes
+    a select).  Few kernels on purpose: XLA's CPU compiler pays a fixed cost
+    per kernel, which an FP8 program's many quantizations multiply (a
+    (512, 256) bfloat16 tile quantization compiles to 13 kernels, branches
+    included; a form with a float-amax fast branch and a robust one took 26).
     """
-    amax = group_amax(x, granularity, axis, tile, finite_only=False)
-    amax_bits = lax.bitcast_convert_type(amax, jnp.int32)
-    fast_ok = jnp.all(jnp.isfinite(amax)) & jnp.all(amax_bits >= _FAST_MIN_AMAX_BITS)
+    layout = Layout(granularity, _norm_axis(axis, x.ndim), tile)
+    amax, nonfinite = layout.reduce_groups(x, flagged_bits_amax)
+    scale = _scale_of_amax(amax, fmt, pow2, amax_floor, scale_fmt)
+    # One reduction decides: a non-finite element or a scale below 2^-96.
+    simple = ~jnp.any(nonfinite | (_bits(scale) < OFFSET_SCALE_BITS))
+    if scale_fmt == "ue8m0":
+        # The bytes once, outside the branches (both divide by their values).
+        scale = encode_e8m0(scale)
 
-    def fast(x):
-        # The scales are computed once per group, not per element: the amaxes
-        # here are >= 2^-64, so every quotient is a normal float32 and
-        # ``normal=True`` drops the subnormal and zero guards (an integer
-        # division per group), which XLA would otherwise fuse into the
-        # per-element division and repeat for every element; the barrier
-        # keeps the rest apart where the backend honours it.  Values unchanged.
-        scale = lax.optimization_barrier(
-            scale_from_amax(amax, fmt, pow2=pow2, amax_floor=amax_floor, normal=True)
-        )
-        # amax >= 2^-64: the power-of-two scale is >= 2^-73, inside E8M0's range.
+    def plain(x):
         return quantize_with_scale(
             x, scale, fmt, granularity, axis, tile, assume_finite=True, scale_fmt=scale_fmt
         )
 
-    def robust(x):
-        scale = _online_scale(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt)
+    def careful(x):
+        return quantize_with_scale(x, scale, fmt, granularity, axis, tile, scale_fmt=scale_fmt)
 
-        def plain(x):
-            return quantize_with_scale(
-                x, scale, fmt, granularity, axis, tile, assume_finite=True, scale_fmt=scale_fmt
-            )
-
-        def careful(x):
-            return quantize_with_scale(x, scale, fmt, granularity, axis, tile, scale_fmt=scale_fmt)
-
-        # All-zero groups alone (common: padding) need the exact amax but no
-        # per-element care: finite values and no scale below 2^-96.
-        simple = jnp.all(jnp.isfinite(amax)) & jnp.all(_bits(scale) >= OFFSET_SCALE_BITS)
-        return jax.lax.cond(simple, plain, careful, x)
-
-    return jax.lax.cond(fast_ok, fast, robust, x)
+    return jax.lax.cond(simple, plain, careful, x)
 
 
 def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:

@@ -180,6 +180,35 @@ def _bits_amax(x: jnp.ndarray, axis, keepdims: bool) -> jnp.ndarray:
     return lax.bitcast_convert_type(amax, dt).astype(jnp.float32)
 
 
+def flagged_bits_amax(x: jnp.ndarray, axis=None, keepdims: bool = False):
+    """(:func:`finite_amax`, whether the group holds a NaN or Inf), in one reduction.
+
+    Each element becomes its magnitude's bit pattern shifted up by one
+    (uint32), or 1 if it is not finite; the reduction takes the max of the
+    patterns and ORs the low bits, so one pass over x gives both the exact
+    finite amax (subnormals read exactly) and the non-finite flag.
+    """
+    dt = jnp.dtype(x.dtype)
+    if dt not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        dt, x = jnp.dtype(jnp.float32), x.astype(jnp.float32)
+    nbits = 8 * dt.itemsize
+    int_t = jnp.int16 if nbits == 16 else jnp.int32
+    inf_bits = int(np.array(np.inf, dt).view(np.int16 if nbits == 16 else np.int32))
+    mag = lax.bitcast_convert_type(x, int_t) & ((1 << (nbits - 1)) - 1)
+    # Finite magnitudes are below 2^31, so shifted up by one they fit in uint32.
+    key = jnp.where(mag < inf_bits, mag.astype(jnp.uint32) << 1, jnp.uint32(1))
+
+    def combine(a, b):
+        return jnp.maximum(a & ~jnp.uint32(1), b & ~jnp.uint32(1)) | ((a | b) & jnp.uint32(1))
+
+    axes = tuple(range(x.ndim)) if axis is None else tuple(np.atleast_1d(axis) % x.ndim)
+    red = lax.reduce(key, jnp.uint32(0), combine, axes)
+    if keepdims:
+        red = jnp.expand_dims(red, axes)
+    amax = lax.bitcast_convert_type((red >> 1).astype(int_t), dt).astype(jnp.float32)
+    return amax, (red & 1) == 1
+
+
 def pow2_ceil(scale: jnp.ndarray) -> jnp.ndarray:
     """Round a positive finite float32 scale up to the next power of two (exact).
 
@@ -253,7 +282,6 @@ def scale_from_amax(
     *,
     pow2: bool = False,
     amax_floor: float = 0.0,
-    normal: bool = False,
 ) -> jnp.ndarray:
     """float32 scale = max(amax, amax_floor) / fmt_max, with the module docstring's guards.
 
@@ -261,34 +289,27 @@ def scale_from_amax(
     Normal-range scales are the correctly rounded float32 quotient (DeepSeek's
     act_quant computes amax / 448 in fp32); scales below float32's normal
     range are the correctly rounded subnormal quotient, computed on the bit
-    patterns.  ``pow2`` rounds the scale up to a power of two.  ``normal``
-    promises every amax is at least fmt_max * 2^-126 (a normal quotient) and
-    skips the guards for subnormal and zero amaxes: same scales, less work
-    for XLA to fuse into the quantizer's per-element pass.
+    patterns.  ``pow2`` rounds the scale up to a power of two.
     """
     fm = fmt_max(fmt)
     amax = amax.astype(jnp.float32)
     if amax_floor > 0:
         amax = jnp.maximum(amax, jnp.float32(amax_floor))
-    if normal:
-        scale = exact_div(amax, jnp.float32(fm))
-    else:
-        abits = lax.bitcast_convert_type(amax, jnp.int32) & 0x7FFFFFFF
-        # Quotients below 2^-126: an integer division (flush-to-zero cannot touch it).
-        sub_limit = int(np.float32(fm * _F32_TINY).view(np.int32))
-        tiny = abits < sub_limit
-        # Correctly rounded amax / max on normal operands; tiny lanes use 1 as a
-        # stand-in so that the float division never sees a subnormal.
-        safe = jnp.where(tiny, jnp.float32(1.0), amax)
-        norm_bits = lax.bitcast_convert_type(exact_div(safe, jnp.float32(fm)), jnp.int32)
-        bits = jnp.where(tiny, _subnormal_scale_bits(amax, fm), norm_bits)
-        scale = lax.bitcast_convert_type(bits, jnp.float32)
+    abits = lax.bitcast_convert_type(amax, jnp.int32) & 0x7FFFFFFF
+    # Quotients below 2^-126: an integer division (flush-to-zero cannot touch it).
+    sub_limit = int(np.float32(fm * _F32_TINY).view(np.int32))
+    tiny = abits < sub_limit
+    # Correctly rounded amax / max on normal operands; tiny lanes use 1 as a
+    # stand-in so that the float division never sees a subnormal.
+    safe = jnp.where(tiny, jnp.float32(1.0), amax)
+    norm_bits = lax.bitcast_convert_type(exact_div(safe, jnp.float32(fm)), jnp.int32)
+    bits = jnp.where(tiny, _subnormal_scale_bits(amax, fm), norm_bits)
+    scale = lax.bitcast_convert_type(bits, jnp.float32)
     if pow2:
         scale = pow2_ceil(scale)
     bits = _cap_bits(lax.bitcast_convert_type(scale, jnp.int32), _max_scale(fm, pow2))
-    if not normal:
-        # amax == 0: any scale reproduces the zeros; 1 keeps the data exact.
-        bits = jnp.where(abits == 0, _ONE_BITS, bits)
+    # amax == 0: any scale reproduces the zeros; 1 keeps the data exact.
+    bits = jnp.where(abits == 0, _ONE_BITS, bits)
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 

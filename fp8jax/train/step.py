@@ -169,6 +169,12 @@ def make_train_step(
             raise ValueError(f"batch {b} not divisible by microbatches {microbatches}")
         toks_M = tokens.reshape(microbatches, b // microbatches, *tokens.shape[1:])
 
+        # A jit of its own: the scan below needs the shapes of its outputs
+        # first (eval_shape), and a jitted function is traced once for both,
+        # not twice (tracing an FP8 model's GEMMs, every platform's branch of
+        # each, is most of what building the step costs).  Inlined when
+        # lowered: the same program.
+        @jax.jit
         def one(toks):
             (loss, aux), (g_params, g_fp8) = grad_fn(
                 state.params, state.fp8, state.bias, state.rest, toks
