@@ -79,11 +79,12 @@ from fp8jax.formats import (
     decode_e8m0,
     encode_e8m0,
     floor_e8m0,
+    fmt_max,
     saturating_cast,
 )
 from fp8jax.layout import Layout
 from fp8jax.scaling import (
-    OFFSET_SCALE_BITS,
+    OFFSET_SCALE,
     divide_offset,
     exact_div,
     exact_product,
@@ -481,8 +482,16 @@ def _quantize_branches(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_
     layout = Layout(granularity, _norm_axis(axis, x.ndim), tile)
     amax, nonfinite = layout.reduce_groups(x, flagged_bits_amax)
     scale = _scale_of_amax(amax, fmt, pow2, amax_floor, scale_fmt)
-    # One reduction decides: a non-finite element or a scale below 2^-96.
-    simple = ~jnp.any(nonfinite | (_bits(scale) < OFFSET_SCALE_BITS))
+    # The plain division is exact where the scale is at least 2^-96: wherever
+    # max(amax, amax_floor) is 0 (scale 1) or at least fmt_max * 2^-96 (the
+    # scale is the correctly rounded quotient, or a power of two above it).
+    # Decided on the amaxes, not the scales, so that the scales' computation
+    # has one consumer and XLA makes it one kernel; a group just below the
+    # bound whose scale rounds up to 2^-96 takes the careful branch, which
+    # gives the same codes.
+    floored = jnp.maximum(amax, jnp.float32(amax_floor))
+    tiny = (floored != 0) & (floored < jnp.float32(fmt_max(fmt) * OFFSET_SCALE))
+    simple = ~jnp.any(nonfinite | tiny)
     if scale_fmt == "ue8m0":
         # The bytes once, outside the branches (both divide by their values).
         scale = encode_e8m0(scale)
