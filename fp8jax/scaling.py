@@ -81,7 +81,8 @@ def exact_div(num: jnp.ndarray, den: jnp.ndarray) -> jnp.ndarray:
 
 # Below this scale an element's quotient can be lost to flush-to-zero
 # (|x| < 2^-126 and |x / scale| >= 2^-30): :func:`divide_offset` shifts it.
-OFFSET_SCALE_BITS = int(np.float32(2.0**-96).view(np.int32))
+OFFSET_SCALE = 2.0**-96
+OFFSET_SCALE_BITS = int(np.float32(OFFSET_SCALE).view(np.int32))
 OFFSET = 64
 
 
@@ -169,15 +170,35 @@ def _float_amax(x: jnp.ndarray, axis, keepdims: bool) -> jnp.ndarray:
 
 def _bits_amax(x: jnp.ndarray, axis, keepdims: bool) -> jnp.ndarray:
     """:func:`finite_amax` on the bit patterns (exact under flush-to-zero)."""
+    bits = finite_magnitude_bits(x)
+    return magnitude_bits_value(jnp.max(bits, axis=axis, keepdims=keepdims, initial=0), x.dtype)
+
+
+def _magnitude_bits(x: jnp.ndarray):
+    """(|x|'s bit patterns in x's own width, the pattern of +Inf); at or above it: NaN / Inf."""
     dt = jnp.dtype(x.dtype)
     nbits = 8 * dt.itemsize
     int_t = jnp.int16 if nbits == 16 else jnp.int32
     inf_bits = int(np.array(np.inf, dt).view(np.int16 if nbits == 16 else np.int32))
-    bits = lax.bitcast_convert_type(x, int_t) & ((1 << (nbits - 1)) - 1)
+    return lax.bitcast_convert_type(x, int_t) & ((1 << (nbits - 1)) - 1), inf_bits
+
+
+def finite_magnitude_bits(x: jnp.ndarray) -> jnp.ndarray:
+    """|x|'s bit patterns in x's own width (int16 / int32), 0 for NaN and +-Inf.
+
+    For non-negative floats the integer order is the float order, so the max
+    of these is the bit pattern of the finite amax, exact for subnormals.
+    """
+    mag, inf_bits = _magnitude_bits(x)
     # Non-finite values would make the scale Inf/NaN for the whole group.
-    bits = jnp.where(bits < inf_bits, bits, jnp.zeros((), int_t))
-    amax = jnp.max(bits, axis=axis, keepdims=keepdims, initial=0)
-    return lax.bitcast_convert_type(amax, dt).astype(jnp.float32)
+    return jnp.where(mag < inf_bits, mag, jnp.zeros((), mag.dtype))
+
+
+def magnitude_bits_value(bits: jnp.ndarray, dtype) -> jnp.ndarray:
+    """The float32 value of magnitude bit patterns of ``dtype`` (any integer type holding them)."""
+    dt = jnp.dtype(dtype)
+    int_t = jnp.int16 if dt.itemsize == 2 else jnp.int32
+    return lax.bitcast_convert_type(bits.astype(int_t), dt).astype(jnp.float32)
 
 
 def flagged_bits_amax(x: jnp.ndarray, axis=None, keepdims: bool = False):
@@ -188,13 +209,9 @@ def flagged_bits_amax(x: jnp.ndarray, axis=None, keepdims: bool = False):
     patterns and ORs the low bits, so one pass over x gives both the exact
     finite amax (subnormals read exactly) and the non-finite flag.
     """
-    dt = jnp.dtype(x.dtype)
-    if dt not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        dt, x = jnp.dtype(jnp.float32), x.astype(jnp.float32)
-    nbits = 8 * dt.itemsize
-    int_t = jnp.int16 if nbits == 16 else jnp.int32
-    inf_bits = int(np.array(np.inf, dt).view(np.int16 if nbits == 16 else np.int32))
-    mag = lax.bitcast_convert_type(x, int_t) & ((1 << (nbits - 1)) - 1)
+    if jnp.dtype(x.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        x = x.astype(jnp.float32)
+    mag, inf_bits = _magnitude_bits(x)
     # Finite magnitudes are below 2^31, so shifted up by one they fit in uint32.
     key = jnp.where(mag < inf_bits, mag.astype(jnp.uint32) << 1, jnp.uint32(1))
 
@@ -205,8 +222,7 @@ def flagged_bits_amax(x: jnp.ndarray, axis=None, keepdims: bool = False):
     red = lax.reduce(key, jnp.uint32(0), combine, axes)
     if keepdims:
         red = jnp.expand_dims(red, axes)
-    amax = lax.bitcast_convert_type((red >> 1).astype(int_t), dt).astype(jnp.float32)
-    return amax, (red & 1) == 1
+    return magnitude_bits_value(red >> 1, x.dtype), (red & 1) == 1
 
 
 def pow2_ceil(scale: jnp.ndarray) -> jnp.ndarray:

@@ -12,7 +12,8 @@ and the experiments:
 * **flushed**: the fraction of elements that are finite and non-zero in x
   but whose code is zero (underflow below half the smallest subnormal).
 
-Both are float32 scalars over all elements of the operand (NaN elements count
+Both are float32 scalars over all elements of the operand: exact counts, each
+divided by the element count and rounded once (NaN elements count
 as neither), for every format: each element's scale comes from its scheme
 (:func:`fp8jax.schemes.element_scale`).
 """
@@ -27,7 +28,12 @@ from jax import lax
 
 from fp8jax.formats import fmt_max
 from fp8jax.quant import QTensor, is_quantized
-from fp8jax.scaling import exact_div, finite_amax
+from fp8jax.scaling import (
+    exact_div,
+    finite_amax,
+    finite_magnitude_bits,
+    magnitude_bits_value,
+)
 from fp8jax.schemes import element_scale
 
 
@@ -39,6 +45,21 @@ def clip_threshold(fmt) -> float:
     return m + ulp / 2
 
 
+def _clipped(xf: jax.Array, q: QTensor) -> jax.Array:
+    """Per element of float32 ``xf``: whether the saturating cast of ``q`` clips it."""
+    s = jnp.broadcast_to(element_scale(q), xf.shape)
+    y = exact_div(jnp.where(jnp.isfinite(xf), xf, 0.0), s)
+    # Positive scales only, read on the bit patterns (a subnormal one counts).
+    has_scale = lax.bitcast_convert_type(s, jnp.int32) > 0
+    return (jnp.abs(y) > clip_threshold(q.data.dtype)) & has_scale
+
+
+def _flushed(xf: jax.Array, y: jax.Array) -> jax.Array:
+    """Per element of float32 ``xf``: finite and non-zero, but zero in ``y``."""
+    zero = jnp.asarray(y).astype(jnp.float32) == 0
+    return jnp.isfinite(xf) & (xf != 0) & zero
+
+
 def saturated_fraction(x: jax.Array, q: QTensor) -> jax.Array:
     """Fraction of x clipped by the saturating cast of ``q`` (see module docstring).
 
@@ -47,13 +68,7 @@ def saturated_fraction(x: jax.Array, q: QTensor) -> jax.Array:
     without a positive float32 scale (a block format's all-zero or NaN block)
     is not counted.
     """
-    xf = x.astype(jnp.float32)
-    s = jnp.broadcast_to(element_scale(q), xf.shape)
-    y = exact_div(jnp.where(jnp.isfinite(xf), xf, 0.0), s)
-    # Positive scales only, read on the bit patterns (a subnormal one counts).
-    has_scale = lax.bitcast_convert_type(s, jnp.int32) > 0
-    clipped = (jnp.abs(y) > clip_threshold(q.data.dtype)) & has_scale
-    return jnp.mean(clipped.astype(jnp.float32))
+    return _share(jnp.sum(_clipped(x.astype(jnp.float32), q).astype(jnp.int32)), x.size)
 
 
 def flushed_fraction(x: jax.Array, y: jax.Array) -> jax.Array:
@@ -68,25 +83,50 @@ def flushed_fraction(x: jax.Array, y: jax.Array) -> jax.Array:
     in float32: float64 inputs below float32's range count as zeros.
     """
     xf = jnp.asarray(x).astype(jnp.float32)
-    zero = jnp.asarray(y).astype(jnp.float32) == 0
-    return jnp.mean((jnp.isfinite(xf) & (xf != 0) & zero).astype(jnp.float32))
+    return _share(jnp.sum(_flushed(xf, y).astype(jnp.int32)), xf.size)
+
+
+def _share(count: jax.Array, n: int) -> jax.Array:
+    """count / n, correctly rounded to float32 (an exact count of elements: below 2^31)."""
+    # exact_div: XLA would turn a division by the constant n into a multiply
+    # by its rounded reciprocal, an ulp off in some cases.
+    return exact_div(count.astype(jnp.float32), jnp.float32(max(n, 1)))
 
 
 def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
     """{"amax", "saturated", "flushed"} of one GEMM operand (x before, ``op`` after quantization).
 
-    An operand that was not quantized (a plain array) reports zeros for both fractions.
+    An operand that was not quantized (a plain array) reports zeros for both
+    fractions.  A quantized one: the three in one reduction over x (a compiler
+    pays per kernel, and a model has three such operands per GEMM): the max
+    of the finite magnitudes' bit patterns (:func:`fp8jax.scaling.finite_amax`'s
+    value) and integer counts of the clipped and flushed elements, each
+    divided by the element count and rounded once to float32: the values of
+    :func:`saturated_fraction` and :func:`flushed_fraction`.
     """
     zero = jnp.zeros((), jnp.float32)
     if x.size == 0:
         return {"amax": zero, "saturated": zero, "flushed": zero}
-    amax = finite_amax(x)
     if not is_quantized(op):
-        return {"amax": amax, "saturated": zero, "flushed": zero}
+        return {"amax": finite_amax(x), "saturated": zero, "flushed": zero}
+    if jnp.dtype(x.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        x = x.astype(jnp.float32)
+    xf = x.astype(jnp.float32)
+    parts = (
+        finite_magnitude_bits(x).astype(jnp.int32),
+        _clipped(xf, op).astype(jnp.int32),
+        _flushed(xf, op.data).astype(jnp.int32),
+    )
+
+    def combine(a, b):
+        return (jnp.maximum(a[0], b[0]), a[1] + b[1], a[2] + b[2])
+
+    zeros = tuple(jnp.int32(0) for _ in parts)
+    bits, clipped, flushed = lax.reduce(parts, zeros, combine, tuple(range(x.ndim)))
     return {
-        "amax": amax,
-        "saturated": saturated_fraction(x, op),
-        "flushed": flushed_fraction(x, op.data),
+        "amax": magnitude_bits_value(bits, x.dtype),
+        "saturated": _share(clipped, x.size),
+        "flushed": _share(flushed, x.size),
     }
 
 

@@ -1,0 +1,57 @@
+"""Operand telemetry: amax, saturated and flushed fractions against float64 references."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fp8jax
+from fp8jax import quant, telemetry
+
+
+def _awkward(dtype) -> np.ndarray:
+    """Normals over a wide range, subnormals, zeros, NaN and +-Inf."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((6, 256)) * np.exp(rng.uniform(-20, 20, (6, 1)))
+    x[1, :40] = rng.integers(-9, 10, 40) * float(np.finfo(dtype).smallest_subnormal)
+    x[2, 7], x[3, 9], x[4, [3, 4]] = np.nan, np.inf, [-np.inf, np.nan]
+    x[5, :128] = 0
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("jit", [False, True])
+def test_operand_stats_is_the_three_definitions_in_one_pass(jit, dtype):
+    x = jnp.asarray(_awkward(dtype))
+    # Scales from a tame copy, so that the awkward rows saturate and flush.
+    q = quant.quantize(jnp.ones_like(x) * 1e-3, fp8jax.E4M3, "tile", -1, 128)
+    stats = (jax.jit(telemetry.operand_stats) if jit else telemetry.operand_stats)(x, q)
+    x64 = np.asarray(x).astype(np.float64)
+    finite = np.isfinite(x64)
+    assert float(stats["amax"]) == np.abs(x64[finite]).max()
+    # The one-pass fractions are the separate definitions' values, bit for bit.
+    sat = telemetry.saturated_fraction(x, q)
+    flushed = telemetry.flushed_fraction(x, q.data)
+    np.testing.assert_array_equal(np.asarray(stats["saturated"]), np.asarray(sat))
+    np.testing.assert_array_equal(np.asarray(stats["flushed"]), np.asarray(flushed))
+    # Against float64: |x / s| past the clip threshold; non-zero values whose code is 0.
+    s = np.asarray(quant.dequantize(q) / q.data.astype(jnp.float32), np.float64)
+    clip = telemetry.clip_threshold(fp8jax.E4M3)
+    n = np.float32(x64.size)
+    n_sat = np.sum(finite & (np.abs(np.where(finite, x64, 0) / s) > clip))
+    codes = np.asarray(q.data).astype(np.float64)
+    n_flushed = np.sum(finite & (x64 != 0) & (codes == 0))
+    # The fractions: exact counts, one float32 division.
+    assert float(stats["saturated"]) == np.float32(n_sat) / n
+    assert float(stats["flushed"]) == np.float32(n_flushed) / n
+    assert 0 < float(stats["saturated"]) < 1
+
+
+def test_operand_stats_of_plain_and_empty_operands():
+    x = jnp.asarray(np.float32([[1.0, -5.0, np.inf]]))
+    plain = telemetry.operand_stats(x, x)
+    assert float(plain["amax"]) == 5.0
+    assert float(plain["saturated"]) == 0.0 and float(plain["flushed"]) == 0.0
+    empty = jnp.zeros((0, 4), jnp.float32)
+    assert all(float(v) == 0.0 for v in telemetry.operand_stats(empty, empty).values())
