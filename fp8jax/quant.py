@@ -308,7 +308,7 @@ def quantize_with_scale(
 
     Scales must be positive and finite.  ``assume_finite`` promises that x
     holds no NaN / Inf and that no scale is below 2^-96 (then the division is
-    one plain correctly rounded float32 division, the fast path).
+    one plain correctly rounded float32 division, the CPU's plain branch).
     ``scale_fmt="ue8m0"``: the scales (float32 or E8M0) are stored as E8M0
     bytes; a float32 scale that is not a power of two in [2^-127, 2^127] is
     refused (ValueError; under jit its code is NaN and so are its elements).
