@@ -489,8 +489,10 @@ def _quantize_branches(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_
     # has one consumer and XLA makes it one kernel; a group just below the
     # bound whose scale rounds up to 2^-96 takes the careful branch, which
     # gives the same codes.
-    floored = jnp.maximum(amax, jnp.float32(amax_floor))
-    tiny = (floored != 0) & (floored < jnp.float32(fmt_max(fmt) * OFFSET_SCALE))
+    # On the bit patterns (non-negative floats order like their int32 bits):
+    # XLA on CPU reads a subnormal amax as 0 in float comparisons.
+    floored = jnp.maximum(_bits(amax), _bits(jnp.float32(amax_floor)))
+    tiny = (floored != 0) & (floored < _bits(jnp.float32(fmt_max(fmt) * OFFSET_SCALE)))
     simple = ~jnp.any(nonfinite | tiny)
     if scale_fmt == "ue8m0":
         # The bytes once, outside the branches (both divide by their values).

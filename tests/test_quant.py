@@ -430,6 +430,37 @@ def test_one_pass_equals_the_branches_bit_for_bit(gran, axis, pow2, scale_fmt, d
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
+@pytest.mark.parametrize("amax_floor", [0.0, 1e-30])
+@pytest.mark.parametrize("jit", [False, True])
+def test_branches_decide_tiny_tiles_on_bit_patterns(jit, amax_floor):
+    # One tensor's only tiny tiles have float32 subnormal amaxes; another's
+    # sit just either side of fmt_max * 2^-96 (where the plain division stops
+    # being exact under flush-to-zero).  The CPU's branches give the
+    # branch-free pass's bits for both.
+    bound = np.float32(448.0 * 2.0**-96)
+    ramp = np.linspace(-1, 1, 128, dtype=np.float32)
+    args = (fp8jax.E4M3, "tile", -1, 128, False, amax_floor, "float32")
+    for amaxes in ([2.0**-130, 2.0**-149, 1.0, 0.0], [np.nextafter(bound, 0), bound, 1.0]):
+        amaxes = np.float32(amaxes)
+        x = np.repeat(amaxes[:, None], 128, axis=1) * ramp
+        x[:, 0] = amaxes
+        x = jnp.asarray(x.astype(np.float32))
+        one = _jit(lambda x: quant._quantize_one_pass(x, *args), jit)(x)
+        two = _jit(lambda x: quant._quantize_branches(x, *args), jit)(x)
+        for a, b in ((one.data, two.data), (one.scale, two.scale)):
+            np.testing.assert_array_equal(
+                np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8)
+            )
+    # A subnormal tile's largest element maps to E4M3's max (not to NaN, as
+    # a plain division by its flushed scale would give); 2^-149's scale is
+    # the smallest subnormal itself (448 times less would round to 0), so 1.
+    # With the floor, both tiles' scales are 1e-30 / 448: their codes are 0.
+    x = jnp.asarray(np.float32([[2.0**-130] * 128, [2.0**-149] * 128, [1.0] * 128]))
+    got = _jit(lambda x: quant._quantize_branches(x, *args), jit)(x)
+    want = [448.0, 1.0] if amax_floor == 0 else [0.0, 0.0]
+    np.testing.assert_array_equal(np.asarray(got.data, np.float64)[:2, 0], want)
+
+
 @pytest.mark.parametrize("jit", [False, True])
 def test_shift_offset_is_ldexp_exact_by_64(jit):
     # The per-element shift of the offset division against the exact ldexp.
