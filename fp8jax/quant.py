@@ -476,7 +476,7 @@ def _quantize_branches(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_
     keeps +-Inf.  lax.cond runs one branch (both under vmap, where it becomes
     a select).  Few kernels on purpose: XLA's CPU compiler pays a fixed cost
     per kernel, which an FP8 program's many quantizations multiply (a
-    (512, 256) bfloat16 tile quantization compiles to 13 kernels, branches
+    (512, 256) bfloat16 tile quantization compiles to 12 kernels, branches
     included; a form with a float-amax fast branch and a robust one took 26).
     """
     layout = Layout(granularity, _norm_axis(axis, x.ndim), tile)
