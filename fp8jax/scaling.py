@@ -145,12 +145,7 @@ def finite_amax(x: jnp.ndarray, axis=None, keepdims: bool = False) -> jnp.ndarra
     the float order), so a group of float32 subnormals gets its true amax
     where XLA on CPU would flush it to 0.
     """
-    # bfloat16 / float16 are reduced on their own 16-bit patterns and the max
-    # cast after (exact): XLA then keeps no float32 copy of x for the
-    # reduction to share with the quantizer's division.
-    dt = jnp.dtype(x.dtype)
-    if dt not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        dt, x = jnp.dtype(jnp.float32), x.astype(jnp.float32)
+    x = amax_input(x)
     # A CUDA GPU keeps subnormals in float arithmetic, so the float reduction
     # is exact there, and XLA runs it as one reduction kernel; on integer bit
     # patterns it transposes the tensor first when the groups run along a
@@ -160,6 +155,18 @@ def finite_amax(x: jnp.ndarray, axis=None, keepdims: bool = False) -> jnp.ndarra
         lambda p: "float" if p == "cuda" else "bits",
         lambda how: partial(_float_amax if how == "float" else _bits_amax, x, axis, keepdims),
     )
+
+
+def amax_input(x: jnp.ndarray) -> jnp.ndarray:
+    """x in the dtype its amax is reduced in: bfloat16 / float16 as they are, else float32.
+
+    The 16-bit formats are reduced on their own bit patterns and the max cast
+    after (exact): XLA then keeps no float32 copy of x for the reduction to
+    share with the quantizer's division.
+    """
+    if jnp.dtype(x.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return x
+    return x.astype(jnp.float32)
 
 
 def _float_amax(x: jnp.ndarray, axis, keepdims: bool) -> jnp.ndarray:
@@ -209,8 +216,7 @@ def flagged_bits_amax(x: jnp.ndarray, axis=None, keepdims: bool = False):
     patterns and ORs the low bits, so one pass over x gives both the exact
     finite amax (subnormals read exactly) and the non-finite flag.
     """
-    if jnp.dtype(x.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        x = x.astype(jnp.float32)
+    x = amax_input(x)
     mag, inf_bits = _magnitude_bits(x)
     # Finite magnitudes are below 2^31, so shifted up by one they fit in uint32.
     key = jnp.where(mag < inf_bits, mag.astype(jnp.uint32) << 1, jnp.uint32(1))

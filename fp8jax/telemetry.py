@@ -29,6 +29,7 @@ from jax import lax
 from fp8jax.formats import fmt_max
 from fp8jax.quant import QTensor, is_quantized
 from fp8jax.scaling import (
+    amax_input,
     exact_div,
     finite_amax,
     finite_magnitude_bits,
@@ -109,8 +110,7 @@ def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
         return {"amax": zero, "saturated": zero, "flushed": zero}
     if not is_quantized(op):
         return {"amax": finite_amax(x), "saturated": zero, "flushed": zero}
-    if jnp.dtype(x.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        x = x.astype(jnp.float32)
+    x = amax_input(x)
     xf = x.astype(jnp.float32)
     parts = (
         finite_magnitude_bits(x).astype(jnp.int32),
