@@ -90,6 +90,38 @@ def test_default_blocks_clip_to_a_small_operand():
 
 
 @pytest.mark.parametrize(
+    "size,block,tile,want",
+    [
+        (100, 1024, 32, 128),
+        (1024, 1024, 32, 1024),
+        (1536, 1024, 32, 768),
+        (4096, 1024, 128, 1024),
+        (7168, 1024, 128, 1024),
+        (1100, 1024, 128, 640),
+        (300, 256, 128, 256),
+    ],
+)
+def test_blocks_split_an_axis_into_equal_lane_multiples(size, block, tile, want):
+    got = tg._fit(size, block, tile)
+    assert got == want
+    # Never above the block once split, and the padding under one 128-lane tile per block.
+    blocks = -(-size // got)
+    assert got <= max(block, -(-size // tile) * tile)
+    assert blocks * got - size < 128 * blocks
+
+
+def test_split_blocks_keep_the_values():
+    # 520 rows in blocks of at most 512: two blocks of 384 (not two of 512);
+    # 300 columns in blocks of at most 256: two of 256.
+    assert tg._blocks(520, 300, 2, 512, 256, 8, "nn")[:2] == (384, 256)
+    a, sa, b, sb = make_case(520, 256, 300, 41)
+    kw = dict(block_m=512, block_n=256, out_dtype=jnp.float32, interpret=True)
+    call = functools.partial(tg.block_scaled_matmul, **kw)
+    for f in (call, jax.jit(call)):
+        assert_close(f(a, sa, b, sb), a, sa, b, sb, jnp.float32)
+
+
+@pytest.mark.parametrize(
     "gs,layout",
     [([70, 0, 100, 20], "kn"), ([0, 130, 0, 0], "nk"), ([5, 0, 0, 1], "kn")],
 )

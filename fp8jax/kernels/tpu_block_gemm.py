@@ -67,13 +67,24 @@ from fp8jax.kernels.block_gemm import (
 )
 
 #: Default tiles: the output block (rows x columns) and runs per K step.
-#: 512 x 512 keeps each operand's re-reads from HBM at N/512 (A) and M/512 (B)
-#: passes; with 8 runs (1024 along K) the double-buffered VMEM footprint is
-#: ~5 MiB (codes 2 x 2 x 512 KiB, float32 accumulator 1 MiB, output 2 x 1 MiB),
-#: inside every TPU generation's default scoped VMEM.
-BLOCK_M = 512
-BLOCK_N = 512
+#: 1024 x 1024 keeps each operand's re-reads from HBM at N/1024 (A) and
+#: M/1024 (B) passes: at 4096^3 a GEMM moves about 160 MiB instead of the 290
+#: MiB of 512 x 512 blocks (libtpu's count, tpu7x).  With 8 runs (1024 along
+#: K) the double-buffered VMEM footprint is about 16 MiB (codes 2 x 2 x 1 MiB,
+#: float32 accumulator 4 MiB, output 2 x 2 MiB in bfloat16 or 2 x 4 MiB in
+#: float32) plus the float32 product of one run (4 MiB): above v5e's default
+#: scoped VMEM (16 MiB), hence :data:`VMEM_LIMIT`.
+BLOCK_M = 1024
+BLOCK_N = 1024
 RUNS_PER_STEP = 8
+#: The scoped VMEM the GEMM kernels ask for.  v5e, v6e and tpu7x have at
+#: least 64 MiB of VMEM per core (tpu7x 64, v5e and v6e 128); the three
+#: orientations compile at 4096^3 for all three with bfloat16 and float32
+#: outputs.  The limit also shapes what libtpu keeps in VMEM around the
+#: kernel: for deepseek_v3's fwd+bwd at 4096^3 on tpu7x, 32 MiB gave 12
+#: prefetch copies and a 632 us estimate, 48 MiB 9 copies and 577 us (40 MiB
+#: gave no estimate at all at 4096 x 7168 x 2048).
+VMEM_LIMIT = 48 << 20
 
 # Mosaic's native tiles: 8-bit data is tiled (32, 128); every block's last
 # dimension is a multiple of 128.
@@ -81,12 +92,22 @@ _SUBLANE_FP8 = 32
 _LANE = 128
 
 
+def _fit(size: int, block: int, tile: int) -> int:
+    """The block along an axis of ``size``: the whole axis (rounded up to ``tile``) when
+    it fits in ``block``, else equal blocks of at most ``block`` (multiples of 128), so
+    that the padding stays under one lane tile per block (1536 rows: two of 768, not
+    two of 1024)."""
+    if size <= block:
+        return round_up(size, tile)
+    return round_up(cdiv(size, cdiv(size, block)), _LANE)
+
+
 def _blocks(m: int, n: int, kc: int, block_m: int, block_n: int, runs: int, orient: str):
     """(bm, bn, j) clipped to the operand (rounded up to the hardware tiles)."""
     # In "tn" A's rows sit on the lanes of its (K, M) blocks.
     m_tile = _LANE if orient == "tn" else _SUBLANE_FP8
-    bm = min(block_m, round_up(m, m_tile))
-    bn = min(block_n, round_up(n, _LANE))
+    bm = _fit(m, block_m, m_tile)
+    bn = _fit(n, block_n, _LANE)
     # A step of j runs: its (j, bm) scale block needs j % 8 == 0 or j == all runs.
     j = kc if kc <= runs else runs
     return bm, bn, j
@@ -158,7 +179,7 @@ def _compiler_params(interpret: bool, n_axes: int = 3):
     if interpret:
         return None
     semantics = ("parallel",) * (n_axes - 1) + ("arbitrary",)
-    return pltpu.CompilerParams(dimension_semantics=semantics)
+    return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=VMEM_LIMIT)
 
 
 def _interpret(interpret: bool):
@@ -535,8 +556,7 @@ def _grouped_wgrad(a, sa, b, sb, tile_group, *, num_groups, out_dtype, block_m, 
     """``a`` (T, 128, M), ``sa`` (T, 1, M), ``b`` (T, 128, N), ``sb`` (T, 1, N)."""
     num_tiles, _, m = a.shape
     n = b.shape[2]
-    bm = min(block_m, round_up(m, _LANE))
-    bn = min(block_n, round_up(n, _LANE))
+    bm, bn = _fit(m, block_m, _LANE), _fit(n, block_n, _LANE)
     mp, np_ = round_up(m, bm), round_up(n, bn)
     a_p = _pad_to(a, (num_tiles, CHUNK, mp), 0)
     b_p = _pad_to(b, (num_tiles, CHUNK, np_), 0)
