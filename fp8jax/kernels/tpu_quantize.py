@@ -48,6 +48,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from fp8jax import formats, platforms, scaling
 from fp8jax.kernels.block_gemm import _pad_to, cdiv, round_up
+from fp8jax.kernels.tpu_block_gemm import compiler_params
 
 #: The group length (DeepSeek-V3's 128).
 GROUP = 128
@@ -215,7 +216,7 @@ def quantize_2d(
         s_spec = pl.BlockSpec(s_block, lambda i, j: (i, j))
     params = None
     if not interpret:
-        params = pltpu.CompilerParams(dimension_semantics=("parallel",) * len(grid))
+        params = compiler_params(("parallel",) * len(grid))
     codes, scales = pl.pallas_call(
         kernel,
         out_shape=(
@@ -287,7 +288,7 @@ def requantize_col(
     )
     params = None
     if not interpret:
-        params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
+        params = compiler_params(("parallel", "parallel"))
     x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
     out_codes, scales = pl.pallas_call(
         kernel,
