@@ -68,8 +68,9 @@ from fp8jax.kernels.block_gemm import (
 
 #: Default tiles: the output block (rows x columns) and runs per K step.
 #: 1024 x 1024 keeps each operand's re-reads from HBM at N/1024 (A) and
-#: M/1024 (B) passes: at 4096^3 a GEMM moves about 160 MiB instead of the 290
-#: MiB of 512 x 512 blocks (libtpu's count, tpu7x).  With 8 runs (1024 along
+#: M/1024 (B) passes (libtpu's count on tpu7x, one GEMM at 4096^3: 168 MiB
+#: with these blocks and :data:`VMEM_LIMIT`, 363 MiB with 512 x 512 blocks at
+#: the default limit).  With 8 runs (1024 along
 #: K) the double-buffered VMEM footprint is about 16 MiB (codes 2 x 2 x 1 MiB,
 #: float32 accumulator 4 MiB, output 2 x 2 MiB in bfloat16 or 2 x 4 MiB in
 #: float32) plus the float32 product of one run (4 MiB): above v5e's default
@@ -81,10 +82,12 @@ RUNS_PER_STEP = 8
 #: least 64 MiB of VMEM per core (tpu7x 64, v5e and v6e 128); the three
 #: orientations compile at 4096^3 for all three with bfloat16 and float32
 #: outputs.  The limit also shapes what libtpu keeps in VMEM around the
-#: kernel: for deepseek_v3's fwd+bwd at 4096^3 on tpu7x, 32 MiB gave 12
-#: prefetch copies and a 632 us estimate, 48 MiB 9 copies and 577 us (40 MiB
-#: gave no estimate at all at 4096 x 7168 x 2048).  The quantizers' requantizing
-#: kernel: 28 us and 99 MiB at the default limit, 10 us and 35 MiB at 48 MiB.
+#: kernel: for deepseek_v3's fwd+bwd at 4096^3 on tpu7x, with the limit on
+#: the GEMM kernels only, 32 MiB gave 12 prefetch copies and a 632 us
+#: estimate, 48 MiB 9 copies and 577 us (40 MiB gave no estimate at all at
+#: 4096 x 7168 x 2048).  The quantizers' requantizing kernel: 28 us and 99 MiB
+#: at the default limit, 10 us and 35 MiB at 48 MiB; with every kernel at 48
+#: MiB the fwd+bwd is 486 us.
 VMEM_LIMIT = 48 << 20
 
 # Mosaic's native tiles: 8-bit data is tiled (32, 128); every block's last
