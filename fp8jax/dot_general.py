@@ -49,12 +49,11 @@ from jax import lax
 
 from fp8jax import path_record, scaling
 from fp8jax.gemm import gemm, with_dot_algorithm
-from fp8jax.layout import Layout
 from fp8jax.operands import (
     after_gradient,
     cache_for_wgrad,
     materialize,
-    quantize_operand,
+    quantize_operand_twice,
     requantize,
     state_part,
     take_operand,
@@ -101,10 +100,15 @@ def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
     x_cached, qw, state, new_x, new_w, (x_pre, w_pre) = res
     _, x_dtype, w_dtype = dtypes
     dy = g[0] if with_stats else g
-    # Dgrad: dx = dy @ w^T, contraction over N.
-    qdy_d, new_dy = quantize_operand(
-        dy, recipe.dgrad.lhs, _DGRAD_DY_AXIS, recipe, state_part(state, "dy")
+    # dy for Dgrad (contraction over N) and for Wgrad (over the tokens M).
+    qdy_d, qdy_w, new_dy = quantize_operand_twice(
+        dy,
+        (recipe.dgrad.lhs, recipe.wgrad.rhs),
+        (_DGRAD_DY_AXIS, _WGRAD_DY_AXIS),
+        recipe,
+        state_part(state, "dy"),
     )
+    # Dgrad: dx = dy @ w^T.
     w_d = requantize(
         qw, recipe.dgrad.rhs, _DGRAD_W_AXIS, recipe, recipe.fprop.rhs, state_part(state, "w")
     )
@@ -118,13 +122,6 @@ def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
         recipe.fprop.lhs,
         state_part(state, "x"),
     )
-    if recipe.wgrad.rhs == recipe.dgrad.lhs and Layout.of(recipe.wgrad.rhs).per_tensor:
-        # One tensor scale does not depend on the contraction axis: reuse Dgrad's dy.
-        qdy_w = qdy_d
-    else:
-        qdy_w, _ = quantize_operand(
-            dy, recipe.wgrad.rhs, _WGRAD_DY_AXIS, recipe, state_part(state, "dy")
-        )
     dw = gemm(x_w, qdy_w, "wgrad", recipe, out_dtype=w_dtype)
     # Pre-quantized inputs: the gradient of the values they represent.
     dx = dx if x_pre is None else value_cotangent(x_pre, dx)

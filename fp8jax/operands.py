@@ -21,7 +21,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from fp8jax import platforms, scaling, schemes
+from fp8jax import platforms, quant, scaling, schemes
 from fp8jax.formats import (
     E4M3,
     E5M2,
@@ -74,6 +74,57 @@ def quantize_operand(
         return float32_scales(q), new
     # The GEMM multiplies float32 scales (UE8M0 bytes decoded, exact).
     return float32_scales(schemes.quantize(t, spec, caxis, seed=recipe.seed)), None
+
+
+def quantize_operand_twice(
+    t: jax.Array,
+    specs: tuple[QuantSpec, QuantSpec],
+    caxes: tuple[int, int],
+    recipe: Recipe,
+    dstate=None,
+) -> tuple[QTensor | jax.Array, QTensor | jax.Array, scaling.DelayedState | None]:
+    """:func:`quantize_operand` of ``t`` for two GEMMs (an output gradient's Dgrad and
+    Wgrad): (first operand, second operand, the first's updated delayed state).
+
+    Online FP8 tiles of one length along the last two axes, with the same
+    format and scale options, come from :func:`fp8jax.quant.quantize_rows_and_cols`
+    (one read of ``t`` on a TPU; the same bits).  One tensor scale on both
+    sides is the same operand for both.
+    """
+    first, second = specs
+    nd = t.ndim
+    if first == second and Layout.of(first).per_tensor:
+        # One tensor scale does not depend on the contraction axis.
+        q, new = quantize_operand(t, first, caxes[0], recipe, dstate)
+        return q, q, new
+    if _tiles_both_ways(first, second, {c % nd for c in caxes}, nd):
+        rows, cols = quant.quantize_rows_and_cols(
+            t,
+            first.fmt,
+            first.tile,
+            pow2=first.pow2,
+            amax_floor=first.amax_floor,
+            scale_fmt=first.scale_fmt,
+        )
+        # The GEMMs multiply float32 scales (UE8M0 bytes decoded, exact).
+        by_axis = {nd - 1: float32_scales(rows), nd - 2: float32_scales(cols)}
+        return by_axis[caxes[0] % nd], by_axis[caxes[1] % nd], None
+    q1, new = quantize_operand(t, first, caxes[0], recipe, dstate)
+    q2, _ = quantize_operand(t, second, caxes[1], recipe, dstate)
+    return q1, q2, new
+
+
+def _tiles_both_ways(first: QuantSpec, second: QuantSpec, axes: set[int], nd: int) -> bool:
+    """Whether two specs quantize an operand as quant.quantize_rows_and_cols does."""
+    return (
+        nd >= 2
+        and axes == {nd - 1, nd - 2}
+        and first == second
+        and first.quantized
+        and schemes.scheme_of(first.fmt) == "fp8"
+        and first.granularity == "tile"
+        and first.scaling == "current"
+    )
 
 
 def take_operand(

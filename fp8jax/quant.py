@@ -442,6 +442,65 @@ def _quantize_tpu_kernel(
     return QTensor(data, encode_e8m0(scale) if ue8m0 else scale, layout)
 
 
+def quantize_rows_and_cols(
+    x: jnp.ndarray,
+    fmt,
+    tile: int = 128,
+    *,
+    pow2: bool = False,
+    amax_floor: float = 0.0,
+    scale_fmt: str = "float32",
+) -> tuple[QTensor, QTensor]:
+    """``quantize(x, fmt, "tile", axis=-1, ...)`` and ``quantize(x, fmt, "tile", axis=-2,
+    ...)``: the same two operands, bit for bit (an output gradient's 1x128 tiles for
+    Dgrad and 128-token tiles for Wgrad).
+
+    On a TPU, where :mod:`fp8jax.kernels.tpu_quantize` takes the tiles (128
+    long, IEEE FP8, float32 / bfloat16 x), one kernel reads x once for both.
+    """
+    check_scale_fmt(scale_fmt, pow2)
+    if x.ndim < 2:
+        raise ValueError(f"quantize_rows_and_cols needs at least a 2-d tensor, got shape {x.shape}")
+    if tile <= 0:
+        raise ValueError("tile must be positive")
+    return _rows_and_cols_online(x, as_format(fmt), tile, pow2, float(amax_floor), scale_fmt)
+
+
+@partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def _rows_and_cols_online(x, fmt, tile, pow2, amax_floor, scale_fmt) -> tuple[QTensor, QTensor]:
+    def separately():
+        return tuple(
+            _quantize_online(x, fmt, "tile", axis, tile, pow2, amax_floor, scale_fmt)
+            for axis in (x.ndim - 1, x.ndim - 2)
+        )
+
+    kernel = _tpu_kernel_orient(x, fmt, "tile", -1, tile) == "row"
+    ways = {
+        "separately": separately,
+        "kernel": partial(_rows_and_cols_tpu_kernel, x, fmt, pow2, amax_floor, scale_fmt),
+    }
+    return platforms.choose(
+        lambda p: "kernel" if p == "tpu" and kernel else "separately", ways.__getitem__
+    )
+
+
+def _rows_and_cols_tpu_kernel(x, fmt, pow2, amax_floor, scale_fmt) -> tuple[QTensor, QTensor]:
+    """:func:`quantize_rows_and_cols` by one Pallas TPU kernel (leading axes stack matrices)."""
+    from fp8jax.kernels import tpu_quantize
+
+    ue8m0 = scale_fmt == "ue8m0"
+    run = partial(
+        tpu_quantize.quantize_rows_cols, fmt=fmt, pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0
+    )
+    row_data, row_scale, col_data, col_scale = tpu_quantize.on_tpu(run, x)
+
+    def operand(data, scale, axis):
+        # UE8M0: the kernel's scales are the powers of two the bytes hold.
+        return QTensor(data, encode_e8m0(scale) if ue8m0 else scale, Layout("tile", axis, 128))
+
+    return operand(row_data, row_scale, x.ndim - 1), operand(col_data, col_scale, x.ndim - 2)
+
+
 def _online_scale(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt) -> jnp.ndarray:
     """The online scales of ``x``: exact amax over its finite elements, every guard."""
     amax = group_amax(x, granularity, axis, tile)

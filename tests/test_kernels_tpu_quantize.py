@@ -95,6 +95,42 @@ def test_kernel_under_jit_and_small_shapes():
     np.testing.assert_array_equal(_bits(scales), _bits(want.scale))
 
 
+def _assert_rows_cols(got, x, fmt, **kw):
+    """The kernel's four outputs against fp8jax.quantize along each of x's two axes."""
+    for (codes, scales), axis in zip((got[:2], got[2:]), (1, 0)):
+        want = quant.float32_scales(quant.quantize(x, fmt, "tile", axis=axis, **kw))
+        assert codes.shape == want.data.shape and scales.shape == want.scale.shape
+        np.testing.assert_array_equal(_bits(codes), _bits(want.data), err_msg=f"{axis} {kw}")
+        np.testing.assert_array_equal(_bits(scales), _bits(want.scale), err_msg=f"{axis} {kw}")
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+def test_rows_cols_kernel_gives_both_layouts_bits(dtype, fmt):
+    # An output gradient's 1x128 tiles (Dgrad) and 128-token tiles (Wgrad)
+    # from one read, on a shape that is not a multiple of 128 either way.
+    x = _data((300, 260), dtype, seed=4)
+    _assert_rows_cols(tq.quantize_rows_cols(x, fmt=fmt, interpret=True), x, fmt)
+
+
+def test_rows_cols_kernel_scale_options_blocks_and_jit():
+    # More rows than one block (two blocks of 1024, the second mostly
+    # padding); power-of-two, UE8M0 and floored scales; jitted around it.
+    x = _data((1100, 130), jnp.float32, seed=5)
+    for kw in (dict(), dict(pow2=True), dict(pow2=True, scale_fmt="ue8m0"), dict(amax_floor=1e-4)):
+        f = jax.jit(
+            lambda x, kw=kw: tq.quantize_rows_cols(
+                x,
+                fmt=E4M3,
+                pow2=kw.get("pow2", False),
+                amax_floor=kw.get("amax_floor", 0.0),
+                ue8m0=kw.get("scale_fmt") == "ue8m0",
+                interpret=True,
+            )
+        )
+        _assert_rows_cols(f(x), x, E4M3, **kw)
+
+
 @pytest.mark.parametrize("cache_fmt, fmt", [(E4M3, E4M3), (E5M2, E4M3)])
 @pytest.mark.parametrize("subnormal_scales", [False, True])
 def test_requantize_gives_dequantize_then_quantize_bits(cache_fmt, fmt, subnormal_scales):
@@ -118,6 +154,8 @@ def test_refuses_what_it_cannot_quantize():
         tq.quantize_2d(jnp.ones((128, 128)), fmt=E4M3, orient="diagonal", interpret=True)
     with pytest.raises(ValueError, match="2-D"):
         tq.quantize_2d(jnp.ones((2, 128, 128)), fmt=E4M3, orient="row", interpret=True)
+    with pytest.raises(ValueError, match="2-D"):
+        tq.quantize_rows_cols(jnp.ones((128,)), fmt=E4M3, interpret=True)
     with pytest.raises(ValueError, match="2-D"):
         tq.requantize_col(jnp.ones((2, 128, 128), E4M3), jnp.ones((2, 128, 1)), fmt=E4M3)
 
@@ -172,3 +210,18 @@ def test_quantize_compiles_to_the_kernel_for_tpu(granularity, axis, shape):
     # One read of x: no fusion of XLA's touches the full-size data.
     census = compilers.census(c)
     assert census.fusions == 0 and not census.gemm_kernels
+
+
+def test_rows_and_cols_compile_to_one_kernel_for_tpu():
+    pytest.importorskip("libtpu")
+    from fp8jax.bench import compilers
+
+    def q(x):
+        rows, cols = quant.quantize_rows_and_cols(x, E4M3)
+        return rows.data, rows.scale, cols.data, cols.scale
+
+    c = compilers.compile_for(q, [jax.ShapeDtypeStruct((2, 256, 512), jnp.bfloat16)], "tpu7x")
+    kernels = [
+        line for line in c.text.splitlines() if "fp8_quantize_" in line and "custom-call(" in line
+    ]
+    assert len(kernels) == 1 and "fp8_quantize_rows_cols" in kernels[0], kernels

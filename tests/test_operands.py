@@ -11,7 +11,14 @@ from reference import ref_e5m6_tiles, ref_round_e5m6
 import fp8jax
 from fp8jax import recipes, variants
 from fp8jax.formats import round_to_e5m6
-from fp8jax.operands import after_gradient, cache_for_wgrad, e5m6_tiles, materialize
+from fp8jax.operands import (
+    after_gradient,
+    cache_for_wgrad,
+    e5m6_tiles,
+    materialize,
+    quantize_operand,
+    quantize_operand_twice,
+)
 
 
 @pytest.mark.parametrize("use_jit", [False, True])
@@ -140,3 +147,22 @@ def test_requantize_through_transpose_equals_in_place(name, use_jit):
         np.asarray(a.data).view(np.uint8), np.asarray(b.data).view(np.uint8)
     )
     np.testing.assert_array_equal(np.asarray(a.scale), np.asarray(b.scale))
+
+
+@pytest.mark.parametrize(
+    "name", ["deepseek_v3", "deepseek_v3_1", "current_tensor", "rowwise", "mxfp8"]
+)
+def test_quantize_operand_twice_is_quantize_operand_per_axis(name):
+    # An output gradient (B, M, N) for Dgrad (along N) and Wgrad (along M):
+    # the same operands as two calls, whether or not one read serves both.
+    recipe = fp8jax.registry.get(name)
+    rng = np.random.default_rng(3)
+    dy = jnp.asarray(rng.standard_normal((1, 256, 384)) * 1e-2, jnp.bfloat16)
+    specs, axes = (recipe.dgrad.lhs, recipe.wgrad.rhs), (2, 1)
+    got = quantize_operand_twice(dy, specs, axes, recipe)[:2]
+    for q, spec, axis in zip(got, specs, axes):
+        want, _ = quantize_operand(dy, spec, axis, recipe)
+        for a, b in zip(jax.tree.leaves(q), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        # One tensor scale serves both axes: Dgrad's operand is Wgrad's.
+        assert q.layout.matches(want.layout)

@@ -52,6 +52,30 @@ def test_granularities_match_reference(gran, fmt, jit):
     np.testing.assert_allclose(deq, data.astype(np.float64) * scale_el, rtol=2**-23, atol=0)
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_rows_and_cols_match_reference(jit):
+    # One call, two layouts: 1x128 tiles along the last axis and along the
+    # second-to-last, each the reference's groups.
+    rng = np.random.default_rng(2)
+    shape = (2, 130, 200)
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    x[1, 3, 9] = 1e5
+    f = (
+        jax.jit(quant.quantize_rows_and_cols, static_argnums=1)
+        if jit
+        else quant.quantize_rows_and_cols
+    )
+    rows, cols = f(jnp.asarray(x), fp8jax.E4M3)
+    for q, axis in ((rows, 2), (cols, 1)):
+        assert (q.granularity, q.axis, q.tile) == ("tile", axis, 128)
+        data, scale_el = ref_quantize_groups(x, groups_for(shape, "tile", axis, 128), E4M3)
+        np.testing.assert_array_equal(np.asarray(q.data).view(np.uint8), data.view(np.uint8))
+        deq = np.asarray(fp8jax.dequantize(q, jnp.float32))
+        np.testing.assert_allclose(deq, data.astype(np.float64) * scale_el, rtol=2**-23, atol=0)
+    with pytest.raises(ValueError, match="2-d"):
+        quant.quantize_rows_and_cols(jnp.ones(128), fp8jax.E4M3)
+
+
 def test_scale_shapes():
     x = jnp.ones((5, 300, 7))
     assert fp8jax.quantize(x, fp8jax.E4M3, "tile", axis=1).scale.shape == (5, 3, 7)

@@ -32,6 +32,12 @@ Orientations (``x`` 2-D, (R, C)):
              writes each block's scale over its 128 columns, (R/128, C), and
              every 128th column is kept (the GEMM kernel's own B-scale form).
 
+:func:`quantize_rows_cols` gives "row" and "col" of one x from one read (an
+output gradient: Dgrad's 1x128 tiles and Wgrad's 128-token tiles).  A block
+is (128 g, 128 h); each of its 128 x 128 squares holds whole tiles of both
+kinds, so both are quantized there.  Its 1x128 tiles' scales are written
+transposed, (C/128, R), the form the GEMM kernel reads them in.
+
 Shapes that are not multiples of the blocks are padded with zeros (a zero
 changes no amax) and the outputs cropped.  ``interpret=True`` runs the kernel
 in Pallas' TPU interpret mode (the tests, on CPU).
@@ -63,6 +69,9 @@ ROW_BLOCK_BYTES = 2 << 20
 ROW_BLOCK_MAX = 256
 COL_GROUPS = 8
 COL_BLOCK = 512
+#: Rows and columns of a block of :func:`quantize_rows_cols` (8 groups each: the
+#: float32 sublane tile of both scale arrays).  2 MiB of bfloat16 per block.
+DUAL_BLOCK = 1024
 
 
 def _scale(amax: jax.Array, fmt, pow2: bool, amax_floor: float, ue8m0: bool) -> jax.Array:
@@ -111,6 +120,24 @@ def _block_kernel(x_ref, q_ref, s_ref, *, groups, col_groups, fmt, pow2, amax_fl
             s_ref[t : t + 1, cols] = jnp.broadcast_to(scale, (1, GROUP))
 
 
+def _rows_cols_kernel(x_ref, qr_ref, srt_ref, qc_ref, sc_ref, *, groups, col_groups, **kw):
+    for t in range(groups):
+        rows = slice(t * GROUP, (t + 1) * GROUP)
+        for c in range(col_groups):
+            cols = slice(c * GROUP, (c + 1) * GROUP)
+            xs = x_ref[rows, cols].astype(jnp.float32)
+            # 1x128 tiles: the amax of each row; for the transposed scales the
+            # same maxima taken over the transposed square (max is exact in any
+            # order, so both forms hold the same bits).
+            row_scale = _scale(scaling._bits_amax(xs, 1, True), **kw)
+            qr_ref[rows, cols] = _codes(xs, row_scale, kw["fmt"])
+            srt_ref[c : c + 1, rows] = _scale(scaling._bits_amax(jnp.transpose(xs), 0, True), **kw)
+            # 128x1 tiles: the square's columns are whole tiles.
+            col_scale = _scale(scaling._bits_amax(xs, 0, True), **kw)
+            qc_ref[rows, cols] = _codes(xs, col_scale, kw["fmt"])
+            sc_ref[t : t + 1, cols] = col_scale
+
+
 def _requantize_kernel(
     d_ref,
     st_ref,
@@ -145,15 +172,15 @@ def _requantize_kernel(
             s_ref[t : t + 1, cols] = scale
 
 
-def cost_estimate(rows: int, cols: int, in_itemsize: int) -> pl.CostEstimate:
-    """One read of x, one write of its codes and of its float32 scales (at most one per
-    column per group).  About 60 integer and float operations per element (amax, the
-    offset division, saturation)."""
+def cost_estimate(rows: int, cols: int, in_itemsize: int, layouts: int = 1) -> pl.CostEstimate:
+    """One read of x; for each of ``layouts`` tile layouts, one write of its codes and of
+    its float32 scales (at most one per column per group).  About 60 integer and float
+    operations per element and layout (amax, the offset division, saturation)."""
     scales = 4 * rows * cols // GROUP
     return pl.CostEstimate(
-        flops=60 * rows * cols,
+        flops=60 * rows * cols * layouts,
         transcendentals=0,
-        bytes_accessed=rows * cols * (in_itemsize + 1) + scales,
+        bytes_accessed=rows * cols * (in_itemsize + layouts) + scales * layouts,
     )
 
 
@@ -238,6 +265,71 @@ def quantize_2d(
         return codes, scales[: cdiv(r, GROUP), :c]
     # One scale per 128x128 block, written over its 128 columns: keep the first.
     return codes, scales[: cdiv(r, GROUP), : cdiv(c, GROUP) * GROUP : GROUP]
+
+
+def _dual_block(size: int) -> int:
+    """A block of :func:`quantize_rows_cols` along an axis of ``size``: the whole axis
+    (rounded up to 128) when it fits one block, else :data:`DUAL_BLOCK` (8 groups)."""
+    return round_up(size, GROUP) if size <= DUAL_BLOCK else DUAL_BLOCK
+
+
+@functools.partial(jax.jit, static_argnames=("fmt", "pow2", "amax_floor", "ue8m0", "interpret"))
+def quantize_rows_cols(
+    x: jax.Array,
+    *,
+    fmt,
+    pow2: bool = False,
+    amax_floor: float = 0.0,
+    ue8m0: bool = False,
+    interpret: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``quantize_2d(x, orient="row")`` and ``quantize_2d(x, orient="col")`` from one read
+    of a 2-D ``x``: (row codes, row scales (R, ceil(C/128)), col codes, col scales
+    (ceil(R/128), C)), the same bits as the two calls."""
+    if x.ndim != 2:
+        raise ValueError(f"quantize_rows_cols takes a 2-D array, got shape {x.shape}")
+    fmt = jnp.dtype(fmt)
+    r, c = x.shape
+    bm, bn = _dual_block(r), _dual_block(c)
+    rp, cp = round_up(r, bm), round_up(c, bn)
+    xp = _pad_to(x, (rp, cp), 0)
+    kernel = functools.partial(
+        _rows_cols_kernel,
+        groups=bm // GROUP,
+        col_groups=bn // GROUP,
+        fmt=fmt,
+        pow2=pow2,
+        amax_floor=amax_floor,
+        ue8m0=ue8m0,
+    )
+    x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
+    row_codes, row_scales_t, col_codes, col_scales = pl.pallas_call(
+        kernel,
+        out_shape=(
+            jax.ShapeDtypeStruct((rp, cp), fmt),
+            jax.ShapeDtypeStruct((cp // GROUP, rp), jnp.float32),
+            jax.ShapeDtypeStruct((rp, cp), fmt),
+            jax.ShapeDtypeStruct((rp // GROUP, cp), jnp.float32),
+        ),
+        grid=(rp // bm, cp // bn),
+        in_specs=[x_spec],
+        out_specs=(
+            x_spec,
+            pl.BlockSpec((bn // GROUP, bm), lambda i, j: (j, i)),
+            x_spec,
+            pl.BlockSpec((bm // GROUP, bn), lambda i, j: (i, j)),
+        ),
+        compiler_params=None if interpret else compiler_params(("parallel", "parallel")),
+        cost_estimate=cost_estimate(rp, cp, jnp.dtype(x.dtype).itemsize, layouts=2),
+        interpret=pltpu.InterpretParams() if interpret else False,
+        name="fp8_quantize_rows_cols",
+    )(xp)
+    return (
+        row_codes[:r, :c],
+        row_scales_t[: cdiv(c, GROUP), :r].T,
+        col_codes[:r, :c],
+        col_scales[: cdiv(r, GROUP), :c],
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("fmt", "pow2", "amax_floor", "ue8m0", "interpret"))
