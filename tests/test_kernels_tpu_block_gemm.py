@@ -121,6 +121,38 @@ def test_split_blocks_keep_the_values():
         assert_close(f(a, sa, b, sb), a, sa, b, sb, jnp.float32)
 
 
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
+def test_rows_in_slices_keep_the_values(monkeypatch, out_dtype):
+    # 300 rows in one block of 320, dotted 128 rows at a time (slices of 128,
+    # 128 and 64),
+    # in all three orientations; a float32 output block is its own accumulator.
+    monkeypatch.setattr(tg, "ROWS_PER_DOT", 128)
+    m, k, n = 300, 300, 140
+    a, sa, b, sb = make_case(7, m, k, n)
+    kw = dict(block_m=384, block_n=256, out_dtype=out_dtype, interpret=True)
+    assert tg._blocks(m, n, 3, 384, 256, 8, "nn")[0] == 320
+    bt, sbt = np.ascontiguousarray(b.T), np.ascontiguousarray(sb.T)
+    nn = functools.partial(tg.block_scaled_matmul, **kw)
+    nt = functools.partial(tg.block_scaled_matmul_nt, **kw)
+    for f in (nn, jax.jit(nn)):
+        assert_close(f(a, sa, b, sb), a, sa, b, sb, out_dtype)
+    assert_close(nt(a, sa, bt, sbt), a, sa, b, sb, out_dtype)
+    # "tn": the same product with A stored (K, M) and 128x1 tiles along K on both sides.
+    rng = np.random.default_rng(11)
+    at, bk = fp8(rng, (k, m), E4M3), fp8(rng, (k, n), E4M3)
+    sat, sbk = scales(rng, (3, m)), scales(rng, (3, n))
+    got = tg.block_scaled_matmul_tn(at, sat, bk, sbk, **kw)
+    want = bg.block_scaled_matmul_tn_reference(at, sat, bk, sbk, out_dtype=jnp.float32)
+    assert got.dtype == out_dtype
+    if out_dtype == jnp.float32:
+        assert_near_reference(got, want)
+    else:
+        # One rounding of the float32 sum to bfloat16.
+        np.testing.assert_allclose(
+            np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=2**-8, atol=1e-30
+        )
+
+
 @pytest.mark.parametrize(
     "gs,layout",
     [([70, 0, 100, 20], "kn"), ([0, 130, 0, 0], "nk"), ([5, 0, 0, 1], "kn")],

@@ -10,8 +10,9 @@ result (``preferred_element_type=float32``), which Mosaic hands to the matrix
 unit as FP8 operands on chips that multiply FP8 (Ironwood, tpu7x).  The run's
 float32 partial is multiplied by ``fl32(a_scale * b_scale)`` and added to a
 float32 accumulator that stays in VMEM for the whole K loop (the promotion
-every 128 of DeepSeek-V3, on chip); the accumulator is rounded once to
-``out_dtype`` (bfloat16 or float32) when the last K step is done.
+every 128 of DeepSeek-V3, on chip); the accumulator is rounded once to a
+bfloat16 ``out_dtype`` when the last K step is done (a float32 output block
+is the accumulator itself).
 
 Grid ``(M / bm, N / bn, K / (128 j))``: output tiles, then K steps of ``j``
 runs each (an unrolled inner loop over the runs of a step); the K axis is
@@ -66,29 +67,36 @@ from fp8jax.kernels.block_gemm import (
     round_up,
 )
 
-#: Default tiles: the output block (rows x columns) and runs per K step.
-#: 1024 x 1024 keeps each operand's re-reads from HBM at N/1024 (A) and
-#: M/1024 (B) passes (libtpu's count on tpu7x, one GEMM at 4096^3: 168 MiB
-#: with these blocks and :data:`VMEM_LIMIT`, 363 MiB with 512 x 512 blocks at
-#: the default limit).  With 8 runs (1024 along
-#: K) the double-buffered VMEM footprint is about 16 MiB (codes 2 x 2 x 1 MiB,
-#: float32 accumulator 4 MiB, output 2 x 2 MiB in bfloat16 or 2 x 4 MiB in
-#: float32) plus the float32 product of one run (4 MiB): above v5e's default
-#: scoped VMEM (16 MiB), hence :data:`VMEM_LIMIT`.
+#: The dense kernels' output block (rows x columns).  Each operand is
+#: re-read from HBM once per block on the other side (A N/bn times, B M/bm
+#: times), so larger blocks move fewer bytes: libtpu's count for
+#: deepseek_v3's fwd+bwd at 4096^3 on tpu7x is 699 MiB with 1024 x 1024
+#: blocks, 503 MiB with these.  The double-buffered VMEM of a block with 8
+#: runs (1024 along K) per step: codes 2 x 2 x 2 MiB, output 2 x 8 MiB in
+#: bfloat16 (plus a 16 MiB float32 accumulator) or 2 x 16 MiB in float32 (its
+#: own accumulator), and one row slice's float32 partial
+#: (:data:`ROWS_PER_DOT`); "tn" holds more besides (57.5 MiB on tpu7x).
+DENSE_BLOCK_M = 2048
+DENSE_BLOCK_N = 2048
+#: The grouped (MoE) kernels' blocks: a tile of rows by BLOCK_N columns, and
+#: BLOCK_M x BLOCK_N for the grouped Wgrad.
 BLOCK_M = 1024
 BLOCK_N = 1024
+#: Runs (of 128 along K) per K step.
 RUNS_PER_STEP = 8
-#: The scoped VMEM the GEMM and quantizing kernels ask for.  v5e, v6e and tpu7x have at
-#: least 64 MiB of VMEM per core (tpu7x 64, v5e and v6e 128); the three
-#: orientations compile at 4096^3 for all three with bfloat16 and float32
-#: outputs.  The limit also shapes what libtpu keeps in VMEM around the
-#: kernel: for deepseek_v3's fwd+bwd at 4096^3 on tpu7x, with the limit on
-#: the GEMM kernels only, 32 MiB gave 12 prefetch copies and a 632 us
-#: estimate, 48 MiB 9 copies and 577 us (40 MiB gave no estimate at all at
-#: 4096 x 7168 x 2048).  The quantizers' requantizing kernel: 28 us and 99 MiB
-#: at the default limit, 10 us and 35 MiB at 48 MiB; with every kernel at 48
-#: MiB the fwd+bwd is 486 us.
-VMEM_LIMIT = 48 << 20
+#: Output rows per FP8 dot inside a K step: one run's float32 partial is
+#: ROWS_PER_DOT x bn (4 MiB at 512 x 2048), not the whole block's.
+ROWS_PER_DOT = 512
+#: The scoped VMEM the GEMM and quantizing kernels ask for.  tpu7x has 64
+#: MiB of VMEM per core, v5e and v6e 128; the three dense orientations
+#: compile at 4096^3 with the dense blocks for all three chips with bfloat16
+#: and float32 outputs ("tn" needs 57.5 MiB on tpu7x).  The limit also
+#: shapes what libtpu keeps in VMEM around the kernel: for deepseek_v3's
+#: fwd+bwd at 4096^3 on tpu7x with 1024 x 1024 blocks and the limit on the
+#: GEMM kernels only, 32 MiB gave 12 prefetch copies and a 632 us estimate,
+#: 48 MiB 9 copies and 577 us.  The quantizers' requantizing kernel: 28 us
+#: and 99 MiB at the default limit, 10 us and 35 MiB at 48 MiB.
+VMEM_LIMIT = 60 << 20
 
 # Mosaic's native tiles: 8-bit data is tiled (32, 128); every block's last
 # dimension is a multiple of 128.
@@ -133,20 +141,32 @@ def _run_dot(a, b, orient: str):
 
 
 def _accumulate(a_ref, sa_ref, b_ref, sb_ref, acc_ref, *, j: int, orient: str, run: int) -> None:
-    """Add the ``j`` runs (of ``run`` along K each) of this K step to the float32 accumulator."""
+    """Add the ``j`` runs (of ``run`` along K each) of this K step to the float32 accumulator.
+
+    The rows go through in slices of at most :data:`ROWS_PER_DOT`, so that one
+    run's float32 partial stays small next to the accumulator; every output
+    element still gets each run's whole 128-long dot, then its scale.
+    """
     # sa_ref (j, bm): one row of A's scales per run; as columns, (bm, j).
     sa_cols = jnp.transpose(sa_ref[...])
-    for t in range(j):
-        ks = slice(t * run, (t + 1) * run)
-        a = a_ref[ks, :] if orient == "tn" else a_ref[:, ks]
-        b = b_ref[:, ks] if orient == "nt" else b_ref[ks, :]
-        partial = _run_dot(a, b, orient)
-        # Promotion: the run's float32 partial times fl32(a_scale * b_scale).
-        scale = sa_cols[:, t : t + 1] * sb_ref[t : t + 1, :]
-        acc_ref[...] += partial * scale
+    bm = acc_ref.shape[0]
+    step = min(bm, ROWS_PER_DOT)
+    for r in range(0, bm, step):
+        rows = slice(r, min(r + step, bm))
+        for t in range(j):
+            ks = slice(t * run, (t + 1) * run)
+            a = a_ref[ks, rows] if orient == "tn" else a_ref[rows, ks]
+            b = b_ref[:, ks] if orient == "nt" else b_ref[ks, :]
+            partial = _run_dot(a, b, orient)
+            # Promotion: the run's float32 partial times fl32(a_scale * b_scale).
+            scale = sa_cols[rows, t : t + 1] * sb_ref[t : t + 1, :]
+            acc_ref[rows, :] += partial * scale
 
 
-def _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, acc_ref, *, j: int, orient: str, run: int):
+def _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *scratch, j: int, orient: str, run: int):
+    # A float32 output block is its own accumulator (it stays in VMEM across
+    # the K steps); any other output gets a float32 scratch accumulator.
+    acc_ref = scratch[0] if scratch else o_ref
     k = pl.program_id(2)
 
     @pl.when(k == 0)
@@ -155,10 +175,12 @@ def _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, acc_ref, *, j: int, orien
 
     _accumulate(a_ref, sa_ref, b_ref, sb_ref, acc_ref, j=j, orient=orient, run=run)
 
-    @pl.when(k == pl.num_programs(2) - 1)
-    def _write():
-        # One rounding of the float32 accumulator to the output dtype.
-        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+    if scratch:
+
+        @pl.when(k == pl.num_programs(2) - 1)
+        def _write():
+            # One rounding of the float32 accumulator to the output dtype.
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
 
 def cost_estimate(
@@ -239,7 +261,7 @@ def _dense(a, sa_t, b, sb_cols, *, orient, out_dtype, block_m, block_n, runs, in
             pl.BlockSpec((j, bn), lambda i, jn, kk: (kk, jn)),
         ],
         out_specs=pl.BlockSpec((bm, bn), lambda i, jn, kk: (i, jn)),
-        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        scratch_shapes=[] if out_dtype == jnp.float32 else [pltpu.VMEM((bm, bn), jnp.float32)],
         compiler_params=_compiler_params(interpret),
         cost_estimate=cost_estimate(mp, np_, kp, bm, bn, out_dtype, run),
         interpret=_interpret(interpret),
@@ -278,8 +300,8 @@ def block_scaled_matmul(
     b_scale: jax.Array,
     *,
     out_dtype=jnp.bfloat16,
-    block_m: int = BLOCK_M,
-    block_n: int = BLOCK_N,
+    block_m: int = DENSE_BLOCK_M,
+    block_n: int = DENSE_BLOCK_N,
     runs_per_step: int = RUNS_PER_STEP,
     interpret: bool | None = None,
 ) -> jax.Array:
@@ -309,8 +331,8 @@ def block_scaled_matmul_nt(
     bt_scale: jax.Array,
     *,
     out_dtype=jnp.bfloat16,
-    block_m: int = BLOCK_M,
-    block_n: int = BLOCK_N,
+    block_m: int = DENSE_BLOCK_M,
+    block_n: int = DENSE_BLOCK_N,
     runs_per_step: int = RUNS_PER_STEP,
     interpret: bool | None = None,
 ) -> jax.Array:
@@ -336,8 +358,8 @@ def block_scaled_matmul_tn(
     b_scale: jax.Array,
     *,
     out_dtype=jnp.bfloat16,
-    block_m: int = BLOCK_M,
-    block_n: int = BLOCK_N,
+    block_m: int = DENSE_BLOCK_M,
+    block_n: int = DENSE_BLOCK_N,
     runs_per_step: int = RUNS_PER_STEP,
     interpret: bool | None = None,
 ) -> jax.Array:
