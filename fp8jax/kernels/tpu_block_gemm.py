@@ -87,16 +87,20 @@ RUNS_PER_STEP = 8
 #: Output rows per FP8 dot inside a K step: one run's float32 partial is
 #: ROWS_PER_DOT x bn (4 MiB at 512 x 2048), not the whole block's.
 ROWS_PER_DOT = 512
-#: The scoped VMEM the GEMM and quantizing kernels ask for.  tpu7x has 64
-#: MiB of VMEM per core, v5e and v6e 128; the three dense orientations
-#: compile at 4096^3 with the dense blocks for all three chips with bfloat16
-#: and float32 outputs ("tn" needs 57.5 MiB on tpu7x).  The limit also
-#: shapes what libtpu keeps in VMEM around the kernel: for deepseek_v3's
-#: fwd+bwd at 4096^3 on tpu7x with 1024 x 1024 blocks and the limit on the
-#: GEMM kernels only, 32 MiB gave 12 prefetch copies and a 632 us estimate,
-#: 48 MiB 9 copies and 577 us.  The quantizers' requantizing kernel: 28 us
-#: and 99 MiB at the default limit, 10 us and 35 MiB at 48 MiB.
-VMEM_LIMIT = 60 << 20
+#: The scoped VMEM the grouped GEMM and the quantizing kernels ask for.  The
+#: limit also shapes what libtpu keeps in VMEM around a kernel: for
+#: deepseek_v3's fwd+bwd at 4096^3 on tpu7x with 1024 x 1024 blocks and the
+#: limit on the GEMM kernels only, 32 MiB gave 12 prefetch copies and a 632
+#: us estimate, 48 MiB 9 copies and 577 us; the quantizers' requantizing
+#: kernel took 28 us and 99 MiB at the default limit, 10 us and 35 MiB at 48
+#: MiB.  At 60 MiB libtpu gives no time at all for the grouped fwd+bwd (8 x
+#: 512 x 7168 x 2048), 2008 us at 48.
+VMEM_LIMIT = 48 << 20
+#: The dense GEMM kernels' scoped VMEM.  tpu7x has 64 MiB of VMEM per core,
+#: v5e and v6e 128; the three orientations compile at 4096^3 with the dense
+#: blocks for all three chips with bfloat16 and float32 outputs ("tn" needs
+#: 57.5 MiB on tpu7x, "nn" more than 48).
+DENSE_VMEM_LIMIT = 60 << 20
 
 # Mosaic's native tiles: 8-bit data is tiled (32, 128); every block's last
 # dimension is a multiple of 128.
@@ -201,16 +205,18 @@ def cost_estimate(
     )
 
 
-def compiler_params(semantics: tuple[str, ...]) -> pltpu.CompilerParams:
+def compiler_params(
+    semantics: tuple[str, ...], vmem_limit: int = VMEM_LIMIT
+) -> pltpu.CompilerParams:
     """Mosaic's parameters for a kernel of this package: the grid axes' ``semantics``
-    and :data:`VMEM_LIMIT` of scoped VMEM."""
-    return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=VMEM_LIMIT)
+    and ``vmem_limit`` bytes of scoped VMEM."""
+    return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=vmem_limit)
 
 
-def _compiler_params(interpret: bool, n_axes: int = 3):
+def _compiler_params(interpret: bool, n_axes: int = 3, vmem_limit: int = VMEM_LIMIT):
     if interpret:
         return None
-    return compiler_params(("parallel",) * (n_axes - 1) + ("arbitrary",))
+    return compiler_params(("parallel",) * (n_axes - 1) + ("arbitrary",), vmem_limit)
 
 
 def _interpret(interpret: bool):
@@ -262,7 +268,7 @@ def _dense(a, sa_t, b, sb_cols, *, orient, out_dtype, block_m, block_n, runs, in
         ],
         out_specs=pl.BlockSpec((bm, bn), lambda i, jn, kk: (i, jn)),
         scratch_shapes=[] if out_dtype == jnp.float32 else [pltpu.VMEM((bm, bn), jnp.float32)],
-        compiler_params=_compiler_params(interpret),
+        compiler_params=_compiler_params(interpret, vmem_limit=DENSE_VMEM_LIMIT),
         cost_estimate=cost_estimate(mp, np_, kp, bm, bn, out_dtype, run),
         interpret=_interpret(interpret),
         name=f"fp8_block_scaled_matmul_{orient}",
