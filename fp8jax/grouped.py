@@ -40,7 +40,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fp8jax import scaling, schemes
+from fp8jax import platforms, scaling, schemes
 from fp8jax.gemm import grouped_gemm
 from fp8jax.groups import (
     GroupLayout,
@@ -56,11 +56,13 @@ from fp8jax.operands import (
     materialize,
     quantize_operand,
     requantize,
+    requantize_tpu_kernel,
     state_part,
     take_operand,
+    tpu_requantize_fits,
     value_cotangent,
 )
-from fp8jax.quant import float32_scales, group_amax, is_quantized
+from fp8jax.quant import QTensor, float32_scales, group_amax, is_quantized
 from fp8jax.recipes import QuantSpec, Recipe
 from fp8jax.telemetry import operand_stats
 
@@ -106,6 +108,34 @@ def _quantize_tokens(t_tiles, spec: QuantSpec, layout: GroupLayout, recipe: Reci
         return float32_scales(schemes.quantize(t_tiles, spec, 1, scale=dstate.scale))
     out, _ = quantize_operand(t_tiles, spec, 1, recipe)
     return out
+
+
+def _tokens_from_cache(x_cached, spec: QuantSpec, layout: GroupLayout, recipe: Recipe, dstate):
+    """Wgrad's x in token tiles quantized along the tokens, from x's cache (M, K).
+
+    On a TPU, where the requantizing kernel fits (FP8 codes in 1x128 tiles
+    to 128-token tiles), the codes and their scales are laid out in tiles
+    (padding: code 0, scale 1, the value 0 that ``to_tiles`` pads with) and
+    requantized with the whole cache's subnormal flag: the codes and scales
+    of dequantizing, tiling and quantizing, with no float32 copy of x in HBM.
+    """
+
+    def dequantized():
+        x_t = to_tiles(materialize(x_cached, jnp.float32), layout)
+        return _quantize_tokens(x_t, spec, layout, recipe, dstate)
+
+    if not (is_quantized(x_cached) and tpu_requantize_fits(x_cached, spec, 0)):
+        return dequantized()
+
+    def kernel():
+        q = float32_scales(x_cached)
+        tiles = QTensor(
+            to_tiles(q.data, layout), to_tiles(q.scale, layout, fill=1.0), Layout("tile", 2, q.tile)
+        )
+        return requantize_tpu_kernel(tiles, spec, q.scale)
+
+    ways = {"kernel": kernel, "dequantized": dequantized}
+    return platforms.choose(lambda p: "kernel" if p == "tpu" else "dequantized", ways.__getitem__)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
@@ -163,8 +193,7 @@ def _grouped_bwd(recipe, dtypes, with_stats, res, g):
             layout=dataclasses.replace(x_cached.layout, axis=0),
         )
     else:
-        x_t = to_tiles(materialize(x_cached, jnp.float32), layout)
-        x_w = _quantize_tokens(x_t, recipe.wgrad.lhs, layout, recipe, state_part(state, "x"))
+        x_w = _tokens_from_cache(x_cached, recipe.wgrad.lhs, layout, recipe, state_part(state, "x"))
     dy_w = _quantize_tokens(
         to_tiles(dy, layout), recipe.wgrad.rhs, layout, recipe, state_part(state, "dy")
     )

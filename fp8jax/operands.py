@@ -218,9 +218,9 @@ def _requantize_transposed(cached: QTensor, spec: QuantSpec, caxis: int, recipe:
     ways = {
         "transposed": partial(requantize_through_transpose, cached, spec, caxis, recipe),
         "in place": in_place,
-        "kernel": partial(_requantize_tpu_kernel, cached, spec),
+        "kernel": partial(requantize_tpu_kernel, cached, spec),
     }
-    kernel = _tpu_requantize_fits(cached, spec, caxis)
+    kernel = tpu_requantize_fits(cached, spec, caxis)
     return platforms.choose(
         lambda p: (
             "transposed" if p == "cuda" else ("kernel" if p == "tpu" and kernel else "in place")
@@ -229,7 +229,7 @@ def _requantize_transposed(cached: QTensor, spec: QuantSpec, caxis: int, recipe:
     )
 
 
-def _tpu_requantize_fits(cached: QTensor, spec: QuantSpec, caxis: int) -> bool:
+def tpu_requantize_fits(cached: QTensor, spec: QuantSpec, caxis: int) -> bool:
     """Whether :func:`fp8jax.kernels.tpu_quantize.requantize_col` gives ``in place``'s operand:
     FP8 codes in 1x128 tiles along the last axis, quantized again (online, plain) in
     128-long tiles along the second-to-last (leading axes stack matrices)."""
@@ -252,19 +252,31 @@ def _tpu_requantize_fits(cached: QTensor, spec: QuantSpec, caxis: int) -> bool:
     )
 
 
-def _requantize_tpu_kernel(cached: QTensor, spec: QuantSpec) -> QTensor:
-    """``in place`` in one Mosaic TPU kernel: the codes read once, no float32 copy in HBM."""
+def requantize_tpu_kernel(
+    cached: QTensor, spec: QuantSpec, cache_scales: jax.Array | None = None
+) -> QTensor:
+    """``in place`` in one Mosaic TPU kernel: the codes read once, no float32 copy in HBM.
+
+    ``cache_scales``: the float32 scales of the whole cache ``cached`` was
+    taken from (by default its own).  Dequantization reads every element on
+    the bit patterns when any of them is subnormal, so every matrix of a
+    stack gets that one flag.
+    """
     from fp8jax.kernels import tpu_quantize
 
+    cached = float32_scales(cached)
+    subnormal = tpu_quantize.subnormal_scales(
+        cached.scale if cache_scales is None else cache_scales
+    )
     run = partial(
         tpu_quantize.requantize_col,
+        subnormal=subnormal,
         fmt=as_format(spec.fmt),
         pow2=spec.pow2,
         amax_floor=spec.amax_floor,
         # The operand carries float32 scales either way (quantize_operand).
         ue8m0=spec.scale_fmt == "ue8m0",
     )
-    cached = float32_scales(cached)
     data, scale = tpu_quantize.on_tpu(run, cached.data, cached.scale)
     return QTensor(data, scale, Layout(spec.granularity, len(cached.shape) - 2, spec.tile))
 

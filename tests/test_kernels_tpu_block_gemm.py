@@ -342,6 +342,8 @@ def test_ragged_dot_compiles_grouped_mosaic_kernels_for_ironwood():
     }
     text = traced.lower(lowering_platforms=("tpu",)).compile().as_text()
     assert _gemm_kernels(text) == 3
+    # Wgrad's x: the cached FP8 codes requantized in token tiles by the kernel.
+    assert "fp8_quantize_requantize_col" in text
 
 
 _MXU_CHECK = """

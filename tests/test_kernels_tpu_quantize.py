@@ -149,6 +149,35 @@ def test_requantize_gives_dequantize_then_quantize_bits(cache_fmt, fmt, subnorma
     np.testing.assert_array_equal(_bits(scales), _bits(want.scale))
 
 
+@pytest.mark.parametrize("tiny_row", [None, 20, 290])
+def test_requantize_token_tiles_with_the_cache_flag(tiny_row):
+    # The grouped Wgrad's x: the cache's codes and scales laid out in expert
+    # tiles (padding code 0, scale 1), requantized per tile with the whole
+    # cache's subnormal flag; row 290 is in no expert, yet its tiny scale
+    # decides how every element is dequantized.
+    from fp8jax.groups import group_layout, to_tiles
+
+    x = np.asarray(_data((300, 260), jnp.float32, seed=5))
+    x = np.where(np.isfinite(x), x, 1.0)
+    x[5, :] = 1.0  # no float32 subnormals but those of the tiny row
+    # Expert 0's first columns: normal scales (2^-120) whose products with
+    # subnormal codes are float32 subnormals, which only the bit-pattern
+    # product keeps: there the flag decides the requantized codes.
+    x[:100, 0], x[:100, 1:128] = 448.0 * 2.0**-120, 2.0**-129
+    if tiny_row is not None:
+        x[tiny_row, :] = np.linspace(-1.0, 1.0, 260) * 1e-37  # scale about 2e-40
+    cached = quant.quantize(jnp.asarray(x), E4M3, "tile", axis=1)
+    layout = group_layout(jnp.asarray([100, 0, 150, 30]), 300, 128)
+    want = quant.quantize(to_tiles(quant.dequantize(cached), layout), E4M3, "tile", axis=1)
+    flag = tq.subnormal_scales(cached.scale)
+    assert bool(flag) == (tiny_row is not None)
+    codes, scales = jax.vmap(lambda d, s: tq.requantize_col(d, s, flag, fmt=E4M3, interpret=True))(
+        to_tiles(cached.data, layout), to_tiles(cached.scale, layout, fill=1.0)
+    )
+    np.testing.assert_array_equal(_bits(codes), _bits(want.data))
+    np.testing.assert_array_equal(_bits(scales), _bits(want.scale))
+
+
 def test_refuses_what_it_cannot_quantize():
     with pytest.raises(ValueError, match="orient"):
         tq.quantize_2d(jnp.ones((128, 128)), fmt=E4M3, orient="diagonal", interpret=True)
@@ -177,17 +206,17 @@ def test_quantizer_chooses_the_kernel_for_its_groups():
 
 def test_requantize_is_chosen_for_tiles_moving_axis():
     from fp8jax import recipes
-    from fp8jax.operands import _tpu_requantize_fits
+    from fp8jax.operands import tpu_requantize_fits
 
     spec = recipes.deepseek_v3().wgrad.lhs
     for shape in [(256, 384), (2, 256, 384)]:
         cached = quant.quantize(jnp.ones(shape), E4M3, "tile", axis=-1)
-        assert _tpu_requantize_fits(cached, spec, len(shape) - 2)
+        assert tpu_requantize_fits(cached, spec, len(shape) - 2)
         # Along any other axis, from other tiles, or to another granularity: not the kernel's.
-        assert not _tpu_requantize_fits(cached, spec, len(shape) - 1)
-        assert not _tpu_requantize_fits(cached, dataclasses.replace(spec, granularity="block"), 0)
+        assert not tpu_requantize_fits(cached, spec, len(shape) - 1)
+        assert not tpu_requantize_fits(cached, dataclasses.replace(spec, granularity="block"), 0)
     cols = quant.quantize(jnp.ones((256, 384)), E4M3, "tile", axis=0)
-    assert not _tpu_requantize_fits(cols, spec, 0)
+    assert not tpu_requantize_fits(cols, spec, 0)
 
 
 @pytest.mark.parametrize(

@@ -336,6 +336,7 @@ def quantize_rows_cols(
 def requantize_col(
     codes: jax.Array,
     row_scales: jax.Array,
+    subnormal: jax.Array | None = None,
     *,
     fmt,
     pow2: bool = False,
@@ -350,6 +351,9 @@ def requantize_col(
     quantized as by ``quantize_2d(..., orient="col")``; the float32 values
     never leave VMEM.  The cached activations of DeepSeek-V3's Wgrad: read
     as their FP8 codes (one byte each) instead of a float32 copy.
+    ``subnormal``: whether any scale of the whole cache is subnormal (the
+    dequantization's choice, :func:`subnormal_scales`), where these codes
+    are part of a larger cache; by default, of ``row_scales``.
     """
     if codes.ndim != 2:
         raise ValueError(f"requantize_col takes a 2-D array, got shape {codes.shape}")
@@ -363,10 +367,8 @@ def requantize_col(
     dp = _pad_to(codes, (rp, cp), 0)
     # Unit scales keep the padding zeros; the flag reads the real scales only.
     st = _pad_to(row_scales.astype(jnp.float32), (rp, cp // GROUP), 1.0).T
-    subnormal = jnp.any(
-        (jax.lax.bitcast_convert_type(row_scales.astype(jnp.float32), jnp.int32) & 0x7FFFFFFF)
-        < 0x00800000
-    )
+    if subnormal is None:
+        subnormal = subnormal_scales(row_scales)
     flag = jnp.full((8, GROUP), subnormal, jnp.int32)
     kernel = functools.partial(
         _requantize_kernel,
@@ -401,6 +403,13 @@ def requantize_col(
         name="fp8_quantize_requantize_col",
     )(dp, st, flag)
     return out_codes[:r, :c], scales[: cdiv(r, GROUP), :c]
+
+
+def subnormal_scales(scales: jax.Array) -> jax.Array:
+    """Whether any of the float32 ``scales`` is subnormal (then :func:`requantize_col`
+    dequantizes every element on the bit patterns, as quant.dequantize does)."""
+    bits = jax.lax.bitcast_convert_type(scales.astype(jnp.float32), jnp.int32)
+    return jnp.any((bits & 0x7FFFFFFF) < 0x00800000)
 
 
 def on_tpu(fn, *arrays: jax.Array):
