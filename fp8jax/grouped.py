@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax import platforms, scaling, schemes
-from fp8jax.gemm import grouped_gemm
+from fp8jax.gemm import grouped_gemm, tile_rows
 from fp8jax.groups import (
     GroupLayout,
     check_group_sizes,
@@ -62,7 +62,7 @@ from fp8jax.operands import (
     tpu_requantize_fits,
     value_cotangent,
 )
-from fp8jax.quant import QTensor, float32_scales, group_amax, is_quantized
+from fp8jax.quant import float32_scales, group_amax, is_quantized
 from fp8jax.recipes import QuantSpec, Recipe
 from fp8jax.telemetry import operand_stats
 
@@ -129,10 +129,7 @@ def _tokens_from_cache(x_cached, spec: QuantSpec, layout: GroupLayout, recipe: R
 
     def kernel():
         q = float32_scales(x_cached)
-        tiles = QTensor(
-            to_tiles(q.data, layout), to_tiles(q.scale, layout, fill=1.0), Layout("tile", 2, q.tile)
-        )
-        return requantize_tpu_kernel(tiles, spec, q.scale)
+        return requantize_tpu_kernel(tile_rows(q, layout), spec, q.scale)
 
     ways = {"kernel": kernel, "dequantized": dequantized}
     return platforms.choose(lambda p: "kernel" if p == "tpu" else "dequantized", ways.__getitem__)
