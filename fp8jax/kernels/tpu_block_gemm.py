@@ -87,20 +87,21 @@ RUNS_PER_STEP = 8
 #: Output rows per FP8 dot inside a K step: one run's float32 partial is
 #: ROWS_PER_DOT x bn (4 MiB at 512 x 2048), not the whole block's.
 ROWS_PER_DOT = 512
-#: The scoped VMEM the grouped GEMM and the quantizing kernels ask for.  The
-#: limit also shapes what libtpu keeps in VMEM around a kernel: for
+#: The scoped VMEM the dense GEMM and the quantizing kernels ask for.  tpu7x
+#: has 64 MiB of VMEM per core, v5e and v6e 128; the three dense orientations
+#: compile at 4096^3 with the dense blocks for all three chips with bfloat16
+#: and float32 outputs ("tn" needs 57.5 MiB on tpu7x, "nn" more than 48).
+#: The limit also shapes what libtpu keeps in VMEM around a kernel: for
 #: deepseek_v3's fwd+bwd at 4096^3 on tpu7x with 1024 x 1024 blocks and the
 #: limit on the GEMM kernels only, 32 MiB gave 12 prefetch copies and a 632
 #: us estimate, 48 MiB 9 copies and 577 us; the quantizers' requantizing
 #: kernel took 28 us and 99 MiB at the default limit, 10 us and 35 MiB at 48
-#: MiB.  At 60 MiB libtpu gives no time at all for the grouped fwd+bwd (8 x
-#: 512 x 7168 x 2048), 2008 us at 48.
-VMEM_LIMIT = 48 << 20
-#: The dense GEMM kernels' scoped VMEM.  tpu7x has 64 MiB of VMEM per core,
-#: v5e and v6e 128; the three orientations compile at 4096^3 with the dense
-#: blocks for all three chips with bfloat16 and float32 outputs ("tn" needs
-#: 57.5 MiB on tpu7x, "nn" more than 48).
-DENSE_VMEM_LIMIT = 60 << 20
+#: MiB.  With the quantizers at 60 MiB rather than 48 the fwd+bwd at 4096^3
+#: is 473.4 us and 502.7 MiB rather than 475.1 us and 508.8 MiB.
+VMEM_LIMIT = 60 << 20
+#: The grouped (MoE) GEMM kernels' scoped VMEM: with them at 60 MiB libtpu
+#: gives no time at all for the grouped fwd+bwd (8 x 512 x 7168 x 2048).
+GROUPED_VMEM_LIMIT = 48 << 20
 
 # Mosaic's native tiles: 8-bit data is tiled (32, 128); every block's last
 # dimension is a multiple of 128.
@@ -268,7 +269,7 @@ def _dense(a, sa_t, b, sb_cols, *, orient, out_dtype, block_m, block_n, runs, in
         ],
         out_specs=pl.BlockSpec((bm, bn), lambda i, jn, kk: (i, jn)),
         scratch_shapes=[] if out_dtype == jnp.float32 else [pltpu.VMEM((bm, bn), jnp.float32)],
-        compiler_params=_compiler_params(interpret, vmem_limit=DENSE_VMEM_LIMIT),
+        compiler_params=_compiler_params(interpret),
         cost_estimate=cost_estimate(mp, np_, kp, bm, bn, out_dtype, run),
         interpret=_interpret(interpret),
         name=f"fp8_block_scaled_matmul_{orient}",
@@ -469,7 +470,7 @@ def _grouped(a, sa_t, b, sb_cols, tile_group, *, orient, out_dtype, block_n, run
         functools.partial(_grouped_kernel, j=j, orient=orient),
         out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
         grid_spec=grid_spec,
-        compiler_params=_compiler_params(interpret),
+        compiler_params=_compiler_params(interpret, vmem_limit=GROUPED_VMEM_LIMIT),
         cost_estimate=cost,
         interpret=_interpret(interpret),
         name=f"fp8_grouped_block_scaled_matmul_{orient}",
@@ -631,7 +632,7 @@ def _grouped_wgrad(a, sa, b, sb, tile_group, *, num_groups, out_dtype, block_m, 
         _grouped_wgrad_kernel,
         out_shape=jax.ShapeDtypeStruct((num_groups, mp, np_), out_dtype),
         grid_spec=grid_spec,
-        compiler_params=_compiler_params(interpret),
+        compiler_params=_compiler_params(interpret, vmem_limit=GROUPED_VMEM_LIMIT),
         cost_estimate=cost,
         interpret=_interpret(interpret),
         name="fp8_grouped_block_scaled_matmul_wgrad",
