@@ -68,6 +68,23 @@ def test_env_and_dense_steps(tmp_path):
     assert [json.loads(x)["step"] for x in lines] == ["env", "dense"]
 
 
+def test_programs_step_times_the_predicted_programs(tmp_path):
+    records = _run("programs", tmp_path)
+    by_case: dict[str, dict[str, dict]] = {}
+    for r in records:
+        by_case.setdefault(r["case"], {})[r["recipe"]] = r
+    assert set(by_case) == {"gemm 256x256x256", "grouped 2x64x256x128"}
+    for case, recs in by_case.items():
+        base, fp8 = recs["bf16"], recs["deepseek_v3"]
+        assert base["impl"] == "lax" and base["paths"] == {} and base["ratio_to_bf16"] == 1.0
+        # The ratio is the two medians' of this run; the paths are what "auto" took on CPU.
+        assert fp8["ratio_to_bf16"] == pytest.approx(fp8["median_s"] / base["median_s"])
+        scope = "dense" if case.startswith("gemm") else "expert"
+        assert set(fp8["paths"]) == {f"{scope}/{k}" for k in ("fprop", "dgrad", "wgrad")}
+        # No device plane on a CPU: the profiler ran and saw no kernels.
+        assert fp8["profile"] == {"lines": {}} and "census" not in fp8
+
+
 @pytest.mark.slow
 def test_grouped_and_moe_steps(tmp_path):
     grouped = _run("grouped", tmp_path)

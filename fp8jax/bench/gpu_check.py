@@ -7,6 +7,10 @@ only itself.  Steps (in order: what the machine is, then timings):
 * ``env``: jax / jaxlib versions, the devices, compute capability, whether a
   Hopper GPU is attached and whether the compiled kernel passes its
   self-check (the correctness tests run in the script's pytest step);
+* ``programs``: the fwd+bwd programs the compilers priced
+  (:mod:`fp8jax.bench.measured`), deepseek_v3 on "auto" against bf16
+  ``lax.dot_general`` / ``lax.ragged_dot``: wall time, ratio, the GEMM paths
+  taken and the device time of every kernel from JAX's profiler;
 * ``dense``: TFLOP/s per implementation on ready FP8 operands
   (:func:`fp8jax.bench.kernel.bench_dense`): cuBLAS bf16, per-tensor FP8
   through cuBLASLt, hardware FP8 dots per 128-run (``fp8_runs``), the Pallas
@@ -36,11 +40,11 @@ from typing import Any
 
 import jax
 
-from fp8jax.bench import gemm_cases, kernel, moe_step
+from fp8jax.bench import gemm_cases, kernel, measured, moe_step
 from fp8jax.bench.gemm_cases import Shape
 from fp8jax.kernels import availability
 
-STEPS = ("env", "dense", "grouped", "moe_step")
+STEPS = ("env", "programs", "dense", "grouped", "moe_step")
 
 #: Dense shapes (M, K, N): the 4096^3 goal, DeepSeek-V3's K = 7168 projections
 #: (an expert's up-projection and the attention output's down-projection).
@@ -83,6 +87,11 @@ def _dense(small: bool) -> Iterator[dict[str, Any]]:
             yield dataclasses.asdict(r)
 
 
+def _programs(small: bool) -> Iterator[dict[str, Any]]:
+    for case, make, args in measured.cases(small):
+        yield from measured.measure(case, make, args, iters=3 if small else 10)
+
+
 def _grouped(small: bool) -> Iterator[dict[str, Any]]:
     on_gpu = availability.kernel_available()
     for shape in gemm_cases.grouped_shapes(small):
@@ -108,6 +117,7 @@ def _moe_step(small: bool) -> Iterator[dict[str, Any]]:
 
 _RUNNERS: dict[str, Callable[[bool], Iterator[dict[str, Any]]]] = {
     "env": _env,
+    "programs": _programs,
     "dense": _dense,
     "grouped": _grouped,
     "moe_step": _moe_step,
