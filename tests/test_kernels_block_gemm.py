@@ -195,6 +195,19 @@ def test_kernel_not_available_on_cpu():
     assert availability.kernel_available() is False
 
 
+def test_self_check_answers_from_inside_a_jit_trace():
+    # "auto" asks while tracing a GEMM: the check must run, not be staged into that trace.
+    answers = []
+
+    @jax.jit
+    def traced(x):
+        answers.append(availability.check_error(interpret=True))
+        return x + 1
+
+    traced(jnp.ones(3))
+    assert answers == [None]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not availability.hopper_gpu(), reason="needs a Hopper+ NVIDIA GPU")
 def test_compiled_kernel_passes_its_self_check_on_a_hopper_gpu():

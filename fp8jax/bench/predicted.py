@@ -2,8 +2,9 @@
 
 Every case is compiled deviceless (:mod:`fp8jax.bench.compilers`) for each
 target and compared with the same program on the standard ops
-(``lax.dot_general`` / ``lax.ragged_dot`` in bfloat16, float32
-accumulation) compiled for the same target:
+(``lax.dot_general`` / ``lax.ragged_dot`` with bfloat16 inputs and output,
+whose VJP is bfloat16 GEMMs too; GPU and TPU GEMMs accumulate them in
+float32) compiled for the same target:
 
 * ``gemm``: fwd+bwd of one ``fp8jax.dot_general`` (x (M, K) @ w (K, N),
   bfloat16 inputs, the cotangent the output itself) per recipe x impl;
@@ -49,8 +50,10 @@ def gemm_program(recipe) -> Callable:
 
     def f(x, w):
         if recipe is None:
-            y = lax.dot_general(x, w, _MM, preferred_element_type=jnp.float32)
-            return y.astype(x.dtype)
+            # bf16 in and out, as a bf16 model calls it: its VJP is bf16 GEMMs too.
+            # (A float32 output cast to bf16 would make the backward dot float32
+            # operands: TF32 GEMMs behind converts on a GPU, not a bf16 baseline.)
+            return lax.dot_general(x, w, _MM)
         return fp8jax.dot_general(x, w, _MM, recipe=recipe)
 
     return _fwd_bwd(f)
@@ -62,8 +65,8 @@ def grouped_program(recipe, experts: int) -> Callable:
     def f(x, w):
         sizes = jnp.full((experts,), x.shape[0] // experts, jnp.int32)
         if recipe is None:
-            y = lax.ragged_dot(x, w, sizes, preferred_element_type=jnp.float32)
-            return y.astype(x.dtype)
+            # bf16 in and out, like the dense baseline above.
+            return lax.ragged_dot(x, w, sizes)
         return fp8jax.ragged_dot(x, w, sizes, recipe=recipe)
 
     return _fwd_bwd(f)

@@ -16,6 +16,7 @@ runs it; only an attached GPU is asked.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 
@@ -46,10 +47,16 @@ def self_check_error() -> str | None:
     Returns what failed (a compile error, or the relative error) otherwise.
     Asked only where :func:`hopper_gpu` holds.
     """
+    return check_error(interpret=False)
+
+
+def check_error(interpret: bool) -> str | None:
+    """What :func:`self_check_error` answers, uncached; ``interpret``: Mosaic GPU interpret mode."""
     try:
-        # Evaluate eagerly even when first asked from inside a jit trace.
-        with jax.ensure_compile_time_eval():
-            err = _self_check()
+        # JAX's trace state is per thread: in a fresh thread the check runs at
+        # once even when first asked from inside a jit trace.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            err = pool.submit(_self_check, interpret).result()
     except Exception as e:  # a lowering / compile / run failure is the answer
         return f"{type(e).__name__}: {e}"
     # FP32 vs tensor-core accumulation over 128-element chunks: far below 1e-2.
@@ -72,14 +79,25 @@ def kernel_available() -> bool:
     return True
 
 
-def _self_check() -> float:
-    """Relative max error of the compiled kernel against the jnp reference."""
+def _self_check(interpret: bool = False) -> float:
+    """Relative max error of the kernel against the jnp reference, run outside any trace.
+
+    Both are compiled ahead of time from shapes and called on numpy arrays:
+    the kernel's named grid axes are bound by its own lowering (evaluating it
+    eagerly, under ``jax.ensure_compile_time_eval``, leaves them unbound on a
+    GPU: "unbound axis name: m").  Call it outside any trace (a fresh thread).
+    """
     rng = np.random.default_rng(0)
     m, k, n = 128, 256, 128
-    a = jnp.asarray(rng.uniform(-4, 4, (m, k)), jnp.float8_e4m3fn)
-    b = jnp.asarray(rng.uniform(-4, 4, (k, n)), jnp.float8_e4m3fn)
-    sa = jnp.asarray(rng.uniform(0.5, 2.0, (m, 2)), jnp.float32)
-    sb = jnp.asarray(rng.uniform(0.5, 2.0, (2, 1)), jnp.float32)
-    got = block_scaled_matmul(a, sa, b, sb, out_dtype=jnp.float32, interpret=False)
-    want = block_scaled_matmul_reference(a, sa, b, sb, out_dtype=jnp.float32)
-    return float(jnp.max(jnp.abs(got - want)) / jnp.max(jnp.abs(want)))
+    # Codes drawn in float64 and rounded to E4M3 by ml_dtypes; scales in float32.
+    a = rng.uniform(-4, 4, (m, k)).astype(jnp.float8_e4m3fn)
+    b = rng.uniform(-4, 4, (k, n)).astype(jnp.float8_e4m3fn)
+    sa = rng.uniform(0.5, 2.0, (m, 2)).astype(np.float32)
+    sb = rng.uniform(0.5, 2.0, (2, 1)).astype(np.float32)
+    args = (a, sa, b, sb)
+    shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in args]
+    kernel = functools.partial(block_scaled_matmul, out_dtype=jnp.float32, interpret=interpret)
+    reference = functools.partial(block_scaled_matmul_reference, out_dtype=jnp.float32)
+    got = np.asarray(jax.jit(kernel).lower(*shapes).compile()(*args), np.float64)
+    want = np.asarray(jax.jit(reference).lower(*shapes).compile()(*args), np.float64)
+    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
