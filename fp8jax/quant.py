@@ -455,8 +455,10 @@ def quantize_rows_and_cols(
     ...)``: the same two operands, bit for bit (an output gradient's 1x128 tiles for
     Dgrad and 128-token tiles for Wgrad).
 
-    On a TPU, where :mod:`fp8jax.kernels.tpu_quantize` takes the tiles (128
-    long, IEEE FP8, float32 / bfloat16 x), one kernel reads x once for both.
+    On a TPU (:mod:`fp8jax.kernels.tpu_quantize`) and an NVIDIA GPU of compute
+    capability >= 9.0 (:mod:`fp8jax.kernels.gpu_quantize`), where the kernels
+    take the tiles (128 long, IEEE FP8, float32 / bfloat16 x), one kernel
+    reads x once for both.
     """
     check_scale_fmt(scale_fmt, pow2)
     if x.ndim < 2:
@@ -474,25 +476,39 @@ def _rows_and_cols_online(x, fmt, tile, pow2, amax_floor, scale_fmt) -> tuple[QT
             for axis in (x.ndim - 1, x.ndim - 2)
         )
 
-    kernel = _tpu_kernel_orient(x, fmt, "tile", -1, tile) == "row"
+    from fp8jax.kernels import gpu_quantize
+
+    # The kernels take 128-long tiles of IEEE FP8 from float32 / bfloat16 x.
+    fits = _tpu_kernel_orient(x, fmt, "tile", -1, tile) == "row"
     ways = {
         "separately": separately,
-        "kernel": partial(_rows_and_cols_tpu_kernel, x, fmt, pow2, amax_floor, scale_fmt),
+        "tpu kernel": partial(_rows_and_cols_kernel, x, fmt, pow2, amax_floor, scale_fmt, "tpu"),
+        "gpu kernel": partial(_rows_and_cols_kernel, x, fmt, pow2, amax_floor, scale_fmt, "cuda"),
     }
-    return platforms.choose(
-        lambda p: "kernel" if p == "tpu" and kernel else "separately", ways.__getitem__
-    )
+
+    def decide(p: str) -> str:
+        if fits and p == "tpu":
+            return "tpu kernel"
+        if fits and p == "cuda" and gpu_quantize.available():
+            return "gpu kernel"
+        return "separately"
+
+    return platforms.choose(decide, ways.__getitem__)
 
 
-def _rows_and_cols_tpu_kernel(x, fmt, pow2, amax_floor, scale_fmt) -> tuple[QTensor, QTensor]:
-    """:func:`quantize_rows_and_cols` by one Pallas TPU kernel (leading axes stack matrices)."""
-    from fp8jax.kernels import tpu_quantize
+def _rows_and_cols_kernel(x, fmt, pow2, amax_floor, scale_fmt, platform) -> tuple[QTensor, QTensor]:
+    """:func:`quantize_rows_and_cols` by one Pallas kernel on ``platform`` ("tpu": Mosaic
+    TPU, "cuda": Triton; leading axes stack matrices)."""
+    from fp8jax.kernels import gpu_quantize, tpu_quantize
 
     ue8m0 = scale_fmt == "ue8m0"
-    run = partial(
-        tpu_quantize.quantize_rows_cols, fmt=fmt, pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0
+    module, on = (
+        (tpu_quantize, tpu_quantize.on_tpu)
+        if platform == "tpu"
+        else (gpu_quantize, gpu_quantize.on_gpu)
     )
-    row_data, row_scale, col_data, col_scale = tpu_quantize.on_tpu(run, x)
+    run = partial(module.quantize_rows_cols, fmt=fmt, pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0)
+    row_data, row_scale, col_data, col_scale = on(run, x)
 
     def operand(data, scale, axis):
         # UE8M0: the kernel's scales are the powers of two the bytes hold.

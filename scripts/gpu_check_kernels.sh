@@ -28,7 +28,8 @@ step env 40
 # kernel that fails its self-check on a Hopper GPU fails here (no skip).
 if want pytest; then
   timeout 100 "$PY" -m pytest -q -p no:cacheprovider -m gpu -rs \
-    tests/test_kernels_block_gemm.py tests/test_kernels_grouped_block_gemm.py >"$OUT/pytest.txt" 2>&1
+    tests/test_kernels_block_gemm.py tests/test_kernels_grouped_block_gemm.py \
+    tests/test_kernels_gpu_quantize.py >"$OUT/pytest.txt" 2>&1
   status pytest $?
   tail -n 3 "$OUT/pytest.txt"
 fi

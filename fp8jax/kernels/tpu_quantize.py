@@ -120,7 +120,9 @@ def _block_kernel(x_ref, q_ref, s_ref, *, groups, col_groups, fmt, pow2, amax_fl
             s_ref[t : t + 1, cols] = jnp.broadcast_to(scale, (1, GROUP))
 
 
-def _rows_cols_kernel(x_ref, qr_ref, srt_ref, qc_ref, sc_ref, *, groups, col_groups, **kw):
+def rows_cols_kernel(x_ref, qr_ref, srt_ref, qc_ref, sc_ref, *, groups, col_groups, **kw):
+    """Both tile layouts of a block of ``groups`` x ``col_groups`` 128 x 128 squares
+    (also the body of :func:`fp8jax.kernels.gpu_quantize.quantize_rows_cols`)."""
     for t in range(groups):
         rows = slice(t * GROUP, (t + 1) * GROUP)
         for c in range(col_groups):
@@ -294,7 +296,7 @@ def quantize_rows_cols(
     rp, cp = round_up(r, bm), round_up(c, bn)
     xp = _pad_to(x, (rp, cp), 0)
     kernel = functools.partial(
-        _rows_cols_kernel,
+        rows_cols_kernel,
         groups=bm // GROUP,
         col_groups=bn // GROUP,
         fmt=fmt,

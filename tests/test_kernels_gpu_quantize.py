@@ -1,0 +1,72 @@
+"""dy's two tile layouts by the Pallas Triton quantizer, in Pallas' interpreter on CPU
+(compiled on a Hopper GPU where one is attached): the same codes and scales as
+``fp8jax.quantize`` along each axis, bit for bit, on the data of the TPU
+quantizer's tests (NaN, +-Inf, zero tiles, float32 subnormals, values past
+the format's range, shapes that are not multiples of 128).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from test_kernels_tpu_quantize import E4M3, E5M2, _assert_rows_cols, _data
+
+from fp8jax import platforms
+from fp8jax.kernels import availability
+from fp8jax.kernels import gpu_quantize as gq
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+def test_kernel_gives_both_layouts_bits(dtype, fmt):
+    x = _data((300, 260), dtype, seed=6)
+    _assert_rows_cols(gq.quantize_rows_cols(x, fmt=fmt, interpret=True), x, fmt)
+
+
+def test_scale_options_under_jit():
+    x = _data((130, 257), jnp.float32, seed=7)
+    for kw in (dict(pow2=True), dict(pow2=True, scale_fmt="ue8m0"), dict(amax_floor=1e-4)):
+        f = jax.jit(
+            lambda x, kw=kw: gq.quantize_rows_cols(
+                x,
+                fmt=E4M3,
+                pow2=kw.get("pow2", False),
+                amax_floor=kw.get("amax_floor", 0.0),
+                ue8m0=kw.get("scale_fmt") == "ue8m0",
+                interpret=True,
+            )
+        )
+        _assert_rows_cols(f(x), x, E4M3, **kw)
+
+
+def test_refuses_what_is_not_a_matrix():
+    with pytest.raises(ValueError, match="2-D"):
+        gq.quantize_rows_cols(jnp.zeros((2, 128, 128)), fmt=E4M3, interpret=True)
+
+
+def test_check_against_xla_passes_interpreted_and_from_a_trace():
+    answers = []
+
+    @jax.jit
+    def traced(x):
+        answers.append(gq.compare_with_xla(interpret=True))
+        return x + 1
+
+    traced(jnp.ones(2))
+    assert answers == [None]
+
+
+def test_taken_for_hopper_targets_only():
+    # No GPU here: a CUDA target of 9.0 takes it on trust, 8.0 (no FP8) never.
+    with platforms.cuda_target("9.0"):
+        assert gq.available()
+    with platforms.cuda_target("8.0"):
+        assert not gq.available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not availability.hopper_gpu(), reason="needs a Hopper+ NVIDIA GPU")
+def test_compiled_kernel_gives_the_xla_paths_bits_on_a_hopper_gpu():
+    assert gq.check_error() is None
+    assert gq.available()
