@@ -42,6 +42,8 @@ comes from an amax history of steps < t.  See :class:`DelayedState`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -67,8 +69,27 @@ _F32_TINY = float(np.finfo(np.float32).tiny)
 _ONE_BITS = 0x3F800000
 
 
+#: The correctly rounded division of a kernel being traced (see :func:`ieee_division`).
+_DIVISIONS: list[Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]] = []
+
+
+@contextmanager
+def ieee_division(divide: Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]) -> Iterator[None]:
+    """:func:`exact_div` traced inside the block is ``divide(num, den)``.
+
+    For a kernel whose compiler lowers a float32 ``/`` to an approximation
+    (Pallas Triton: PTX ``div.full.f32``, up to 2 ulp off): it traces the
+    quantizer's body here with the IEEE division its target has.
+    """
+    _DIVISIONS.append(divide)
+    try:
+        yield
+    finally:
+        _DIVISIONS.pop()
+
+
 def exact_div(num: jnp.ndarray, den: jnp.ndarray) -> jnp.ndarray:
-    """Correctly rounded ``num / den`` under XLA.
+    """Correctly rounded ``num / den`` under XLA (or the division of :func:`ieee_division`).
 
     XLA rewrites ``a / broadcast(b)`` and ``a / constant`` into a multiply by
     the reciprocal, which is off by one ulp in about half the cases.  Adding
@@ -76,6 +97,8 @@ def exact_div(num: jnp.ndarray, den: jnp.ndarray) -> jnp.ndarray:
     hoist, so the division is the IEEE one.  (``num`` must be finite where the
     result matters: ``inf * 0`` is NaN.)
     """
+    if _DIVISIONS:
+        return _DIVISIONS[-1](num, den)
     return num / (den + num * 0)
 
 

@@ -31,9 +31,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
 
-from fp8jax import platforms
+from fp8jax import platforms, scaling
 from fp8jax.kernels.block_gemm import _pad_to, cdiv, round_up
 from fp8jax.kernels.tpu_quantize import GROUP, rows_cols_kernel
 
@@ -61,15 +63,24 @@ def quantize_rows_cols(
     # Zero padding to whole squares: a zero changes no amax; the pad is cropped.
     rp, cp = round_up(r, GROUP), round_up(c, GROUP)
     xp = _pad_to(x, (rp, cp), 0)
-    kernel = functools.partial(
+    body = functools.partial(
         rows_cols_kernel,
         groups=1,
         col_groups=1,
+        cast=cast_with_specials,
         fmt=fmt,
         pow2=pow2,
         amax_floor=amax_floor,
         ue8m0=ue8m0,
     )
+
+    def kernel(*refs):
+        if interpret:
+            # The interpreter divides as XLA does (IEEE); it runs no PTX.
+            return body(*refs)
+        with scaling.ieee_division(divide_rn):
+            return body(*refs)
+
     square = pl.BlockSpec((GROUP, GROUP), lambda i, j: (i, j))
     row_codes, row_scales_t, col_codes, col_scales = pl.pallas_call(
         kernel,
@@ -97,6 +108,52 @@ def quantize_rows_cols(
         col_codes[:r, :c],
         col_scales[: cdiv(r, GROUP), :c],
     )
+
+
+#: FP8 codes of +-Inf and NaN as XLA's conversion writes them (ml_dtypes' semantics,
+#: the sign bit the input's): E4M3 has no Inf and takes its NaN code.
+_SPECIAL_CODES = {
+    jnp.dtype(jnp.float8_e4m3fn): (0x7F, 0x7F),
+    jnp.dtype(jnp.float8_e5m2): (0x7C, 0x7E),
+}
+
+
+def divide_rn(num: jax.Array, den: jax.Array) -> jax.Array:
+    """float32 ``num / den`` correctly rounded, as PTX ``div.rn.f32`` (Triton's own
+    ``/`` is ``div.full.f32``, up to 2 ulp off); subnormals kept (no ``.ftz``)."""
+    shape = jnp.broadcast_shapes(jnp.shape(num), jnp.shape(den))
+
+    def bits(v):
+        # The asm takes 32-bit registers: the float32 bits as int32.
+        v = jnp.broadcast_to(jnp.asarray(v, jnp.float32), shape)
+        return lax.bitcast_convert_type(v, jnp.int32)
+
+    (q,) = pl_triton.elementwise_inline_asm(
+        "div.rn.f32 $0, $1, $2;",
+        args=[bits(num), bits(den)],
+        constraints="=r,r,r",
+        pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(shape, jnp.int32)],
+    )
+    return lax.bitcast_convert_type(q, jnp.float32)
+
+
+def cast_with_specials(xs: jax.Array, y: jax.Array, fmt) -> jax.Array:
+    """The saturated quotient ``y`` cast to ``fmt``, +-Inf and NaN of ``xs`` as XLA casts them.
+
+    Triton's float32 -> FP8 conversion saturates (``cvt.rn.satfinite``: +-Inf
+    would become +-max), and its min / max ignore NaN (a NaN would saturate):
+    finite lanes are cast, the others get :data:`_SPECIAL_CODES` by their bits.
+    """
+    finite = jnp.abs(xs) < jnp.inf  # False for +-Inf and NaN
+    codes = jnp.where(finite, y, jnp.float32(0.0)).astype(fmt)
+    code_bits = lax.bitcast_convert_type(codes, jnp.int8).astype(jnp.int32) & 0xFF
+    inf_code, nan_code = _SPECIAL_CODES[jnp.dtype(fmt)]
+    sign = (lax.bitcast_convert_type(xs, jnp.int32) >> 24) & 0x80
+    special = jnp.where(jnp.isinf(xs), jnp.int32(inf_code), jnp.int32(nan_code)) | sign
+    # int32 0..255 to int8 wraps modulo 256: the byte itself.
+    out = jnp.where(finite, code_bits, special).astype(jnp.int8)
+    return lax.bitcast_convert_type(out, fmt)
 
 
 def on_gpu(fn, *arrays: jax.Array):

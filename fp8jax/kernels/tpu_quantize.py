@@ -81,9 +81,14 @@ def _scale(amax: jax.Array, fmt, pow2: bool, amax_floor: float, ue8m0: bool) -> 
     return formats.floor_e8m0(scale) if ue8m0 else scale
 
 
-def _codes(xs: jax.Array, scale: jax.Array, fmt) -> jax.Array:
-    """x / scale to ``fmt``: quant.quantize_with_scale's per-element steps on a TPU."""
-    return formats.saturate(scaling.divide_offset(xs, scale), fmt).astype(fmt)
+def _codes(xs: jax.Array, scale: jax.Array, fmt, cast=None) -> jax.Array:
+    """x / scale to ``fmt``: quant.quantize_with_scale's per-element steps on a TPU.
+
+    ``cast(xs, saturated quotient, fmt)`` replaces the final ``astype`` where a
+    compiler's own conversion differs (:mod:`fp8jax.kernels.gpu_quantize`).
+    """
+    y = formats.saturate(scaling.divide_offset(xs, scale), fmt)
+    return y.astype(fmt) if cast is None else cast(xs, y, fmt)
 
 
 def _row_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0):
@@ -120,9 +125,12 @@ def _block_kernel(x_ref, q_ref, s_ref, *, groups, col_groups, fmt, pow2, amax_fl
             s_ref[t : t + 1, cols] = jnp.broadcast_to(scale, (1, GROUP))
 
 
-def rows_cols_kernel(x_ref, qr_ref, srt_ref, qc_ref, sc_ref, *, groups, col_groups, **kw):
+def rows_cols_kernel(
+    x_ref, qr_ref, srt_ref, qc_ref, sc_ref, *, groups, col_groups, cast=None, **kw
+):
     """Both tile layouts of a block of ``groups`` x ``col_groups`` 128 x 128 squares
-    (also the body of :func:`fp8jax.kernels.gpu_quantize.quantize_rows_cols`)."""
+    (also the body of :func:`fp8jax.kernels.gpu_quantize.quantize_rows_cols`, with its
+    ``cast``; see :func:`_codes`)."""
     for t in range(groups):
         rows = slice(t * GROUP, (t + 1) * GROUP)
         for c in range(col_groups):
@@ -132,11 +140,11 @@ def rows_cols_kernel(x_ref, qr_ref, srt_ref, qc_ref, sc_ref, *, groups, col_grou
             # same maxima taken over the transposed square (max is exact in any
             # order, so both forms hold the same bits).
             row_scale = _scale(scaling._bits_amax(xs, 1, True), **kw)
-            qr_ref[rows, cols] = _codes(xs, row_scale, kw["fmt"])
+            qr_ref[rows, cols] = _codes(xs, row_scale, kw["fmt"], cast)
             srt_ref[c : c + 1, rows] = _scale(scaling._bits_amax(jnp.transpose(xs), 0, True), **kw)
             # 128x1 tiles: the square's columns are whole tiles.
             col_scale = _scale(scaling._bits_amax(xs, 0, True), **kw)
-            qc_ref[rows, cols] = _codes(xs, col_scale, kw["fmt"])
+            qc_ref[rows, cols] = _codes(xs, col_scale, kw["fmt"], cast)
             sc_ref[t : t + 1, cols] = col_scale
 
 
