@@ -382,16 +382,26 @@ def _quantize_online(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fm
     # code and buffers.  On a CPU the branches pay: the common tensor takes
     # the plain float path, which XLA CPU vectorises far better.  Both give
     # the same codes and scales, bit for bit.
+    from fp8jax.kernels import gpu_quantize
+
     kernel = _tpu_kernel_orient(x, fmt, granularity, axis, tile)
     ways = {
         "branches": _quantize_branches,
         "one pass": _quantize_one_pass,
-        "kernel": partial(_quantize_tpu_kernel, orient=kernel),
+        "tpu kernel": partial(_quantize_kernel, orient=kernel, platform="tpu"),
+        "gpu kernel": partial(_quantize_kernel, orient=kernel, platform="cuda"),
     }
-    return platforms.choose(
-        lambda p: "branches" if p == "cpu" else ("kernel" if p == "tpu" and kernel else "one pass"),
-        lambda how: partial(ways[how], *args),
-    )
+
+    def decide(p: str) -> str:
+        if p == "cpu":
+            return "branches"
+        if kernel and p == "tpu":
+            return "tpu kernel"
+        if kernel and p == "cuda" and gpu_quantize.available():
+            return "gpu kernel"
+        return "one pass"
+
+    return platforms.choose(decide, lambda how: partial(ways[how], *args))
 
 
 def _tpu_kernel_orient(x, fmt, granularity, axis, tile) -> str | None:
@@ -415,25 +425,31 @@ def _tpu_kernel_orient(x, fmt, granularity, axis, tile) -> str | None:
     return None
 
 
-def _quantize_tpu_kernel(
-    x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt, *, orient
+def _quantize_kernel(
+    x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt, *, orient, platform
 ) -> QTensor:
-    """:func:`quantize` by the Pallas TPU kernel (one read of x; the same codes and scales)."""
-    from fp8jax.kernels import tpu_quantize
+    """:func:`quantize` by a Pallas kernel on ``platform`` ("tpu": Mosaic TPU, "cuda":
+    Triton; one read of x, the same codes and scales)."""
+    from fp8jax.kernels import gpu_quantize, tpu_quantize
 
+    module, on = (
+        (tpu_quantize, tpu_quantize.on_tpu)
+        if platform == "tpu"
+        else (gpu_quantize, gpu_quantize.on_gpu)
+    )
     ue8m0 = scale_fmt == "ue8m0"
     # Tiles along the last axis: the leading axes are rows (a reshape that
     # keeps TPU's tiled layout: the last axis stays where it is).
     x2 = x.reshape(-1, x.shape[-1]) if orient == "row" else x
     run = partial(
-        tpu_quantize.quantize_2d,
+        module.quantize_2d,
         fmt=as_format(fmt),
         orient=orient,
         pow2=pow2,
         amax_floor=amax_floor,
         ue8m0=ue8m0,
     )
-    data, scale = tpu_quantize.on_tpu(run, x2)
+    data, scale = on(run, x2)
     if orient == "row":
         data = data.reshape(x.shape)
         scale = scale.reshape(x.shape[:-1] + scale.shape[-1:])

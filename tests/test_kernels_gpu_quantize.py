@@ -1,27 +1,52 @@
-"""dy's two tile layouts by the Pallas Triton quantizer, in Pallas' interpreter on CPU
-(compiled on a Hopper GPU where one is attached): the same codes and scales as
-``fp8jax.quantize`` along each axis, bit for bit, on the data of the TPU
-quantizer's tests (NaN, +-Inf, zero tiles, float32 subnormals, values past
-the format's range, shapes that are not multiples of 128).
+"""The Pallas Triton quantizers (1x128 tiles, 128x1 tiles, 128x128 blocks, and dy's
+two tile layouts at once) in Pallas' interpreter on CPU (compiled on a Hopper
+GPU where one is attached): the same codes and scales as ``fp8jax.quantize``
+on CPU, bit for bit, on the data of the TPU quantizer's tests (NaN, +-Inf,
+zero tiles, float32 subnormals, values past the format's range, shapes that
+are not multiples of 128).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
-from test_kernels_tpu_quantize import E4M3, E5M2, _assert_rows_cols, _data
+from test_kernels_tpu_quantize import E4M3, E5M2, _assert_rows_cols, _bits, _data, _reference
 
-from fp8jax import platforms
+from fp8jax import platforms, quant
 from fp8jax.kernels import availability
 from fp8jax.kernels import gpu_quantize as gq
+
+
+@pytest.mark.parametrize("orient", gq.ORIENTS)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+def test_kernel_gives_quantize_bits(orient, dtype, fmt):
+    x = _data((300, 260), dtype, seed=8)
+    codes, scales = gq.quantize_2d(x, fmt=fmt, orient=orient, interpret=True)
+    want = _reference(x, fmt, orient)
+    assert codes.dtype == fmt and codes.shape == x.shape and scales.shape == want.scale.shape
+    assert gq.same_codes(codes, want.data)
+    np.testing.assert_array_equal(_bits(scales), _bits(want.scale))
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("fmt", [E4M3, E5M2])
 def test_kernel_gives_both_layouts_bits(dtype, fmt):
     x = _data((300, 260), dtype, seed=6)
-    _assert_rows_cols(gq.quantize_rows_cols(x, fmt=fmt, interpret=True), x, fmt)
+    rc, rs, cc, cs = gq.quantize_rows_cols(x, fmt=fmt, interpret=True)
+    for (codes, scales), axis in (((rc, rs), 1), ((cc, cs), 0)):
+        want = quant.quantize(x, fmt, "tile", axis=axis)
+        assert gq.same_codes(codes, want.data), axis
+        np.testing.assert_array_equal(_bits(scales), _bits(want.scale))
+
+
+def test_nan_codes_count_as_nan_of_their_sign_only():
+    e5m2 = np.array([0x7E, 0x7F, 0xFE, 0x3C], np.uint8).view(E5M2)
+    assert gq.same_codes(e5m2, np.array([0x7F, 0x7D, 0xFF, 0x3C], np.uint8).view(E5M2))
+    assert not gq.same_codes(e5m2, np.array([0xFF, 0x7F, 0xFE, 0x3C], np.uint8).view(E5M2))
+    assert not gq.same_codes(e5m2, np.array([0x7E, 0x7F, 0xFE, 0x3D], np.uint8).view(E5M2))
 
 
 def test_scale_options_under_jit():
@@ -40,17 +65,19 @@ def test_scale_options_under_jit():
         _assert_rows_cols(f(x), x, E4M3, **kw)
 
 
-def test_refuses_what_is_not_a_matrix():
+def test_refuses_what_is_not_a_matrix_and_unknown_orientations():
     with pytest.raises(ValueError, match="2-D"):
         gq.quantize_rows_cols(jnp.zeros((2, 128, 128)), fmt=E4M3, interpret=True)
+    with pytest.raises(ValueError, match="orient"):
+        gq.quantize_2d(jnp.zeros((128, 128)), fmt=E4M3, orient="diagonal", interpret=True)
 
 
-def test_check_against_xla_passes_interpreted_and_from_a_trace():
+def test_check_against_the_cpu_passes_interpreted_and_from_a_trace():
     answers = []
 
     @jax.jit
     def traced(x):
-        answers.append(gq.compare_with_xla(interpret=True))
+        answers.append(gq.compare_with_cpu(interpret=True))
         return x + 1
 
     traced(jnp.ones(2))
@@ -67,6 +94,6 @@ def test_taken_for_hopper_targets_only():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not availability.hopper_gpu(), reason="needs a Hopper+ NVIDIA GPU")
-def test_compiled_kernel_gives_the_xla_paths_bits_on_a_hopper_gpu():
+def test_compiled_kernels_give_the_cpus_bits_on_a_hopper_gpu():
     assert gq.check_error() is None
     assert gq.available()

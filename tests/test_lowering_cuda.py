@@ -89,9 +89,13 @@ def test_pallas_kernels_are_mosaic_gpu_calls(impl):
     text, paths = _lower(recipe)
     calls = re.findall(r"stablehlo.custom_call @mosaic_gpu\w*", text)
     assert len(calls) == 3  # Fprop, Dgrad, Wgrad
-    # One Triton call: dy's two tile layouts from one read (Dgrad's and Wgrad's).
+    # The quantizers are Triton calls: x's 1x128 tiles, W's 128x128 blocks, dy's
+    # two tile layouts from one read, and Wgrad's 128x1 tiles of the cached x
+    # (quantized along the rows of its transpose).
     triton = re.findall(r"stablehlo.custom_call @__gpu\$xla\.gpu\.triton", text)
-    assert len(triton) == 1 and "fp8_quantize_rows_cols" in text
+    names = set(re.findall(r"fp8_quantize_\w+", text))
+    assert len(triton) == 4
+    assert names == {"fp8_quantize_row", "fp8_quantize_block", "fp8_quantize_rows_cols"}
     # No interpreter (its host callbacks), no per-run loop.
     assert "callback" not in text
     assert "stablehlo.while" not in text
@@ -139,7 +143,9 @@ def test_presets_export_for_every_platform(name):
     unchecked = [export.DisabledSafetyCheck.custom_call(t) for t in kernels]
     with platforms.lowering_for_cuda("9.0"):
         exp = export.export(
-            _fwd_bwd(registry.get(name)), platforms=["cpu", "cuda", "tpu"], disabled_checks=unchecked
+            _fwd_bwd(registry.get(name)),
+            platforms=["cpu", "cuda", "tpu"],
+            disabled_checks=unchecked,
         )(x, w)
     assert exp.platforms == ("cpu", "cuda", "tpu")
     if name == "deepseek_v3":

@@ -91,7 +91,7 @@ def _codes(xs: jax.Array, scale: jax.Array, fmt, cast=None) -> jax.Array:
     return y.astype(fmt) if cast is None else cast(xs, y, fmt)
 
 
-def _row_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0):
+def row_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0, cast=None):
     for t in range(groups):
         cols = slice(t * GROUP, (t + 1) * GROUP)
         # float32: bfloat16 / float16 values are exact in it, and the amax of
@@ -99,21 +99,23 @@ def _row_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0):
         xs = x_ref[:, cols].astype(jnp.float32)
         amax = scaling._bits_amax(xs, 1, True)
         scale = _scale(amax, fmt, pow2, amax_floor, ue8m0)
-        q_ref[:, cols] = _codes(xs, scale, fmt)
+        q_ref[:, cols] = _codes(xs, scale, fmt, cast)
         s_ref[:, t : t + 1] = scale
 
 
-def _col_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0):
+def col_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0, cast=None):
     for t in range(groups):
         rows = slice(t * GROUP, (t + 1) * GROUP)
         xs = x_ref[rows, :].astype(jnp.float32)
         amax = scaling._bits_amax(xs, 0, True)
         scale = _scale(amax, fmt, pow2, amax_floor, ue8m0)
-        q_ref[rows, :] = _codes(xs, scale, fmt)
+        q_ref[rows, :] = _codes(xs, scale, fmt, cast)
         s_ref[t : t + 1, :] = scale
 
 
-def _block_kernel(x_ref, q_ref, s_ref, *, groups, col_groups, fmt, pow2, amax_floor, ue8m0):
+def block_kernel(
+    x_ref, q_ref, s_ref, *, groups, col_groups, fmt, pow2, amax_floor, ue8m0, cast=None
+):
     for t in range(groups):
         rows = slice(t * GROUP, (t + 1) * GROUP)
         for c in range(col_groups):
@@ -121,7 +123,7 @@ def _block_kernel(x_ref, q_ref, s_ref, *, groups, col_groups, fmt, pow2, amax_fl
             xs = x_ref[rows, cols].astype(jnp.float32)
             amax = scaling._bits_amax(scaling._bits_amax(xs, 1, True), 0, True)
             scale = _scale(amax, fmt, pow2, amax_floor, ue8m0)
-            q_ref[rows, cols] = _codes(xs, scale, fmt)
+            q_ref[rows, cols] = _codes(xs, scale, fmt, cast)
             s_ref[t : t + 1, cols] = jnp.broadcast_to(scale, (1, GROUP))
 
 
@@ -235,17 +237,17 @@ def quantize_2d(
     xp = _pad_to(x, (rp, cp), 0)
     kw = dict(fmt=fmt, pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0)
     if orient == "row":
-        kernel = functools.partial(_row_kernel, groups=bn // GROUP, **kw)
+        kernel = functools.partial(row_kernel, groups=bn // GROUP, **kw)
         s_shape, s_block = (rp, cp // GROUP), (bm, bn // GROUP)
         grid = (rp // bm,)
         x_spec = pl.BlockSpec((bm, bn), lambda i: (i, 0))
         s_spec = pl.BlockSpec(s_block, lambda i: (i, 0))
     else:
         if orient == "col":
-            kernel = functools.partial(_col_kernel, groups=bm // GROUP, **kw)
+            kernel = functools.partial(col_kernel, groups=bm // GROUP, **kw)
         else:
             kernel = functools.partial(
-                _block_kernel, groups=bm // GROUP, col_groups=bn // GROUP, **kw
+                block_kernel, groups=bm // GROUP, col_groups=bn // GROUP, **kw
             )
         s_shape, s_block = (rp // GROUP, cp), (bm // GROUP, bn)
         grid = (rp // bm, cp // bn)
