@@ -56,10 +56,10 @@ from fp8jax.operands import (
     materialize,
     quantize_operand,
     requantize,
+    requantize_kernel_fits,
     requantize_tpu_kernel,
     state_part,
     take_operand,
-    tpu_requantize_fits,
     value_cotangent,
 )
 from fp8jax.quant import float32_scales, group_amax, is_quantized
@@ -124,7 +124,7 @@ def _tokens_from_cache(x_cached, spec: QuantSpec, layout: GroupLayout, recipe: R
         x_t = to_tiles(materialize(x_cached, jnp.float32), layout)
         return _quantize_tokens(x_t, spec, layout, recipe, dstate)
 
-    if not (is_quantized(x_cached) and tpu_requantize_fits(x_cached, spec, 0)):
+    if not (is_quantized(x_cached) and requantize_kernel_fits(x_cached, spec, 0)):
         return dequantized()
 
     def kernel():

@@ -215,22 +215,27 @@ def _requantize_transposed(cached: QTensor, spec: QuantSpec, caxis: int, recipe:
         out, _ = quantize_operand(materialize(cached, jnp.float32), spec, caxis, recipe)
         return out
 
+    from fp8jax.kernels import gpu_quantize
+
     ways = {
         "transposed": partial(requantize_through_transpose, cached, spec, caxis, recipe),
         "in place": in_place,
-        "kernel": partial(requantize_tpu_kernel, cached, spec),
+        "tpu kernel": partial(requantize_tpu_kernel, cached, spec),
+        "gpu kernel": partial(requantize_gpu_kernel, cached, spec),
     }
-    kernel = tpu_requantize_fits(cached, spec, caxis)
-    return platforms.choose(
-        lambda p: (
-            "transposed" if p == "cuda" else ("kernel" if p == "tpu" and kernel else "in place")
-        ),
-        ways.__getitem__,
-    )
+    kernel = requantize_kernel_fits(cached, spec, caxis)
+
+    def decide(p: str) -> str:
+        if p == "cuda":
+            return "gpu kernel" if kernel and gpu_quantize.available() else "transposed"
+        return "tpu kernel" if p == "tpu" and kernel else "in place"
+
+    return platforms.choose(decide, ways.__getitem__)
 
 
-def tpu_requantize_fits(cached: QTensor, spec: QuantSpec, caxis: int) -> bool:
-    """Whether :func:`fp8jax.kernels.tpu_quantize.requantize_col` gives ``in place``'s operand:
+def requantize_kernel_fits(cached: QTensor, spec: QuantSpec, caxis: int) -> bool:
+    """Whether the requantizing kernels (:func:`fp8jax.kernels.tpu_quantize.requantize_col`,
+    :func:`fp8jax.kernels.gpu_quantize.requantize_col_t`) give ``in place``'s operand:
     FP8 codes in 1x128 tiles along the last axis, quantized again (online, plain) in
     128-long tiles along the second-to-last (leading axes stack matrices)."""
     fp8 = (E4M3, E5M2)
@@ -279,6 +284,26 @@ def requantize_tpu_kernel(
     )
     data, scale = tpu_quantize.on_tpu(run, cached.data, cached.scale)
     return QTensor(data, scale, Layout(spec.granularity, len(cached.shape) - 2, spec.tile))
+
+
+def requantize_gpu_kernel(cached: QTensor, spec: QuantSpec) -> QTensor:
+    """``transposed`` in one Triton kernel: the codes read once, the new codes written
+    K-major (as the Wgrad kernel reads them), no float32 copy in HBM."""
+    from fp8jax.kernels import gpu_quantize
+
+    cached = float32_scales(cached)
+    run = partial(
+        gpu_quantize.requantize_col_t,
+        fmt=as_format(spec.fmt),
+        pow2=spec.pow2,
+        amax_floor=spec.amax_floor,
+        # The operand carries float32 scales either way (quantize_operand).
+        ue8m0=spec.scale_fmt == "ue8m0",
+    )
+    data_t, scale_t = gpu_quantize.on_gpu(run, cached.data, cached.scale)
+    last = len(cached.shape) - 1
+    out = QTensor(data_t, scale_t, Layout(spec.granularity, last, spec.tile))
+    return out.swapaxes(last - 1, last)
 
 
 def requantize_through_transpose(cached: QTensor, spec: QuantSpec, caxis: int, recipe: Recipe):

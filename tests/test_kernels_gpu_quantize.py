@@ -42,6 +42,21 @@ def test_kernel_gives_both_layouts_bits(dtype, fmt):
         np.testing.assert_array_equal(_bits(scales), _bits(want.scale))
 
 
+@pytest.mark.parametrize("cache_fmt, fmt", [(E4M3, E4M3), (E5M2, E4M3)])
+def test_requantize_gives_dequantize_then_quantize_bits_transposed(cache_fmt, fmt):
+    # DeepSeek-V3's cached x for Wgrad: its 1x128 FP8 tiles quantized again in
+    # 128-token tiles, written K-major; one row of tiny values (subnormal scales).
+    x = np.asarray(_data((300, 260), jnp.float32, seed=9))
+    x = np.where(np.isfinite(x), x, 1.0)
+    x[5, :] *= 1e-38
+    cached = quant.float32_scales(quant.quantize(jnp.asarray(x), cache_fmt, "tile", axis=-1))
+    codes_t, scales_t = gq.requantize_col_t(cached.data, cached.scale, fmt=fmt, interpret=True)
+    want = quant.quantize(quant.dequantize(cached, jnp.float32), fmt, "tile", axis=0)
+    assert codes_t.shape == (260, 300) and scales_t.shape == (260, 3)
+    assert gq.same_codes(codes_t.T, want.data)
+    np.testing.assert_array_equal(_bits(scales_t.T), _bits(want.scale))
+
+
 def test_nan_codes_count_as_nan_of_their_sign_only():
     e5m2 = np.array([0x7E, 0x7F, 0xFE, 0x3C], np.uint8).view(E5M2)
     assert gq.same_codes(e5m2, np.array([0x7F, 0x7D, 0xFF, 0x3C], np.uint8).view(E5M2))

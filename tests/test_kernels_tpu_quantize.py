@@ -206,17 +206,17 @@ def test_quantizer_chooses_the_kernel_for_its_groups():
 
 def test_requantize_is_chosen_for_tiles_moving_axis():
     from fp8jax import recipes
-    from fp8jax.operands import tpu_requantize_fits
+    from fp8jax.operands import requantize_kernel_fits
 
     spec = recipes.deepseek_v3().wgrad.lhs
     for shape in [(256, 384), (2, 256, 384)]:
         cached = quant.quantize(jnp.ones(shape), E4M3, "tile", axis=-1)
-        assert tpu_requantize_fits(cached, spec, len(shape) - 2)
+        assert requantize_kernel_fits(cached, spec, len(shape) - 2)
         # Along any other axis, from other tiles, or to another granularity: not the kernel's.
-        assert not tpu_requantize_fits(cached, spec, len(shape) - 1)
-        assert not tpu_requantize_fits(cached, dataclasses.replace(spec, granularity="block"), 0)
+        assert not requantize_kernel_fits(cached, spec, len(shape) - 1)
+        assert not requantize_kernel_fits(cached, dataclasses.replace(spec, granularity="block"), 0)
     cols = quant.quantize(jnp.ones((256, 384)), E4M3, "tile", axis=0)
-    assert not tpu_requantize_fits(cols, spec, 0)
+    assert not requantize_kernel_fits(cols, spec, 0)
 
 
 @pytest.mark.parametrize(

@@ -91,11 +91,13 @@ def test_pallas_kernels_are_mosaic_gpu_calls(impl):
     assert len(calls) == 3  # Fprop, Dgrad, Wgrad
     # The quantizers are Triton calls: x's 1x128 tiles, W's 128x128 blocks, dy's
     # two tile layouts from one read, and Wgrad's 128x1 tiles of the cached x
-    # (quantized along the rows of its transpose).
+    # (requantized from its FP8 codes).
     triton = re.findall(r"stablehlo.custom_call @__gpu\$xla\.gpu\.triton", text)
-    names = set(re.findall(r"fp8_quantize_\w+", text))
+    names = set(re.findall(r"fp8_(?:re)?quantize_\w+", text))
     assert len(triton) == 4
-    assert names == {"fp8_quantize_row", "fp8_quantize_block", "fp8_quantize_rows_cols"}
+    assert names == {"fp8_quantize_row", "fp8_quantize_block", "fp8_quantize_rows_cols"} | {
+        "fp8_requantize_col_t"
+    }
     # No interpreter (its host callbacks), no per-run loop.
     assert "callback" not in text
     assert "stablehlo.while" not in text

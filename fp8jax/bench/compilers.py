@@ -120,7 +120,7 @@ _GEMM_TARGETS = (
 )
 #: Pallas kernels that are no GEMM, by the kernel names fp8jax gives them
 #: (the quantizer's): their custom calls share the GEMM kernels' targets.
-_NOT_GEMM_KERNELS = ("fp8_quantize_",)
+_NOT_GEMM_KERNELS = ("fp8_quantize_", "fp8_requantize_")
 _FREE_OPS = {
     "parameter",
     "constant",

@@ -40,6 +40,8 @@ from fp8jax.kernels.block_gemm import _pad_to, cdiv, round_up
 from fp8jax.kernels.tpu_quantize import (
     GROUP,
     ORIENTS,
+    _codes,
+    _scale,
     block_kernel,
     col_kernel,
     row_kernel,
@@ -49,6 +51,91 @@ from fp8jax.kernels.tpu_quantize import (
 #: The oldest CUDA target the kernel is taken for (FP8 conversions in Triton need
 #: 8.9; 9.0 is what the GPU check has run it on).
 CUDA_TARGET = "9.0"
+
+
+def _requantize_t_kernel(d_ref, s_ref, qt_ref, st_ref, *, fmt_in, fmt, pow2, amax_floor, ue8m0):
+    # One 128 x 128 square of the cache: 128 tokens x one 1x128 tile along K.
+    d = d_ref[...].astype(jnp.float32)
+    s = jnp.broadcast_to(s_ref[...], d.shape)
+    # quant.dequantize's value, on the bit patterns: the correctly rounded
+    # product with subnormals kept whatever the kernel's flush-to-zero mode.
+    x = jnp.transpose(scaling.exact_product(d, s, fmt_in))
+    # Now K x tokens: each row is one 128-token tile of Wgrad's operand.
+    scale = _scale(scaling._bits_amax(x, 1, True), fmt, pow2, amax_floor, ue8m0)
+    qt_ref[...] = _codes(x, scale, fmt, cast_with_specials)
+    st_ref[...] = scale
+
+
+@functools.partial(jax.jit, static_argnames=("fmt", "pow2", "amax_floor", "ue8m0", "interpret"))
+def requantize_col_t(
+    codes: jax.Array,
+    row_scales: jax.Array,
+    *,
+    fmt,
+    pow2: bool = False,
+    amax_floor: float = 0.0,
+    ue8m0: bool = False,
+    interpret: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """FP8 ``codes`` (R, C) in 1x128 tiles (float32 ``row_scales`` (R, ceil(C/128)))
+    dequantized and quantized again in 128x1 tiles, written transposed: (codes (C, R),
+    float32 scales (C, ceil(R/128))), the transposes of ``quantize_2d(dequantized,
+    orient="col")``'s outputs.  The cached activations of DeepSeek-V3's Wgrad, read
+    as their FP8 codes; the Wgrad GEMM reads the result K-major."""
+    if codes.ndim != 2:
+        raise ValueError(f"requantize_col_t takes a 2-D array, got shape {codes.shape}")
+    fmt = jnp.dtype(fmt)
+    r, c = codes.shape
+    rp, cp = round_up(r, GROUP), round_up(c, GROUP)
+    # Zero codes with unit scales pad: zeros change no amax; the pad is cropped.
+    dp = _pad_to(lax.bitcast_convert_type(codes, jnp.int8), (rp, cp), 0)
+    sp = _pad_to(row_scales.astype(jnp.float32), (rp, cp // GROUP), 1.0)
+    body = functools.partial(
+        _requantize_t_kernel,
+        fmt_in=jnp.dtype(codes.dtype),
+        fmt=fmt,
+        pow2=pow2,
+        amax_floor=amax_floor,
+        ue8m0=ue8m0,
+    )
+
+    def kernel(d_ref, s_ref, qt_ref, st_ref):
+        # The codes travel as int8 (see cast_with_specials): viewed as FP8 here.
+        view = _BitsAsFormat(d_ref, jnp.dtype(codes.dtype))
+        return _traced(body, interpret)(view, s_ref, qt_ref, st_ref)
+
+    out_codes, scales = pl.pallas_call(
+        kernel,
+        out_shape=(
+            jax.ShapeDtypeStruct((cp, rp), jnp.int8),
+            jax.ShapeDtypeStruct((cp, rp // GROUP), jnp.float32),
+        ),
+        grid=(rp // GROUP, cp // GROUP),
+        in_specs=[
+            pl.BlockSpec((GROUP, GROUP), lambda i, j: (i, j)),
+            pl.BlockSpec((GROUP, 1), lambda i, j: (i, j)),
+        ],
+        out_specs=(
+            pl.BlockSpec((GROUP, GROUP), lambda i, j: (j, i)),
+            pl.BlockSpec((GROUP, 1), lambda i, j: (j, i)),
+        ),
+        interpret=interpret,
+        name="fp8_requantize_col_t",
+    )(dp, sp)
+    return (
+        lax.bitcast_convert_type(out_codes[:c, :r], fmt),
+        scales[:c, : cdiv(r, GROUP)],
+    )
+
+
+class _BitsAsFormat:
+    """A ref of int8 bytes read as FP8 values of ``fmt`` (``ref[...]`` only)."""
+
+    def __init__(self, ref, fmt):
+        self.ref, self.fmt = ref, fmt
+
+    def __getitem__(self, idx):
+        return lax.bitcast_convert_type(self.ref[idx], self.fmt)
 
 
 def _traced(body, interpret: bool):
@@ -145,37 +232,41 @@ def quantize_rows_cols(
         groups=1,
         col_groups=1,
         cast=cast_with_specials,
+        row_scales_t=False,
+        cols_t=True,
         fmt=fmt,
         pow2=pow2,
         amax_floor=amax_floor,
         ue8m0=ue8m0,
     )
     square = pl.BlockSpec((GROUP, GROUP), lambda i, j: (i, j))
-    row_codes, row_scales_t, col_codes, col_scales = pl.pallas_call(
+    row_codes, row_scales, col_codes, col_scales = pl.pallas_call(
         _traced(body, interpret),
         out_shape=(
             jax.ShapeDtypeStruct((rp, cp), jnp.int8),
-            # The 1x128 tiles' scales transposed: one (1, 128) row per square.
-            jax.ShapeDtypeStruct((cp // GROUP, rp), jnp.float32),
-            jax.ShapeDtypeStruct((rp, cp), jnp.int8),
-            jax.ShapeDtypeStruct((rp // GROUP, cp), jnp.float32),
+            # The 1x128 tiles' scales as the caller wants them: (R, C/128).
+            jax.ShapeDtypeStruct((rp, cp // GROUP), jnp.float32),
+            # Wgrad's 128x1 tiles written transposed, (C, R) and (C, R/128): its
+            # GEMM reads them token-major, so no transpose of the codes follows.
+            jax.ShapeDtypeStruct((cp, rp), jnp.int8),
+            jax.ShapeDtypeStruct((cp, rp // GROUP), jnp.float32),
         ),
         grid=(rp // GROUP, cp // GROUP),
         in_specs=[square],
         out_specs=(
             square,
-            pl.BlockSpec((1, GROUP), lambda i, j: (j, i)),
-            square,
-            pl.BlockSpec((1, GROUP), lambda i, j: (i, j)),
+            pl.BlockSpec((GROUP, 1), lambda i, j: (i, j)),
+            pl.BlockSpec((GROUP, GROUP), lambda i, j: (j, i)),
+            pl.BlockSpec((GROUP, 1), lambda i, j: (j, i)),
         ),
         interpret=interpret,
         name="fp8_quantize_rows_cols",
     )(xp)
     return (
         lax.bitcast_convert_type(row_codes[:r, :c], fmt),
-        row_scales_t[: cdiv(c, GROUP), :r].T,
-        lax.bitcast_convert_type(col_codes[:r, :c], fmt),
-        col_scales[: cdiv(r, GROUP), :c],
+        row_scales[:r, : cdiv(c, GROUP)],
+        lax.bitcast_convert_type(col_codes[:c, :r], fmt).T,
+        col_scales[:c, : cdiv(r, GROUP)].T,
     )
 
 
@@ -275,8 +366,8 @@ def check_array() -> np.ndarray:
 
 def compare_with_cpu(interpret: bool) -> str | None:
     """Run the kernels on :func:`check_array` (E4M3 and E5M2, bfloat16 and float32 x,
-    every orientation and both layouts at once) and ``quant.quantize`` on the CPU
-    backend, in a thread of its own (so that a jit trace asking for it does not
+    every orientation, both layouts at once, and the requantized E4M3 cache of x)
+    and ``quant.quantize`` on the CPU backend, in a thread of its own (so that a jit trace asking for it does not
     stage it); None where every code and scale has the same bits (a NaN code as
     any of its sign, :func:`same_codes`).
 
@@ -303,7 +394,19 @@ def _compare(interpret: bool) -> str | None:
                 for orient, (gran, axis) in granularity.items():
                     q = quant.quantize(x_cpu, fmt, gran, axis=axis)
                     want[orient] = (q.data, q.scale)
+                # Wgrad's cached x: E4M3 1x128 tiles requantized in 128x1 tiles.
+                cached = quant.quantize(x_cpu, jnp.float8_e4m3fn, "tile", axis=-1)
+                again = quant.dequantize(cached, jnp.float32)
+                q = quant.quantize(again, fmt, "tile", axis=-2)
+                want["requantized"] = (q.data, q.scale)
                 got = {o: quantize_2d(x, fmt=fmt, orient=o, interpret=interpret) for o in ORIENTS}
+                codes_t, scales_t = requantize_col_t(
+                    jax.device_put(cached.data, x.device),
+                    jax.device_put(cached.scale, x.device),
+                    fmt=fmt,
+                    interpret=interpret,
+                )
+                got["requantized"] = (codes_t.T, scales_t.T)
                 rows_cols = quantize_rows_cols(x, fmt=fmt, interpret=interpret)
                 got["rows of both"], got["cols of both"] = rows_cols[:2], rows_cols[2:]
                 want["rows of both"], want["cols of both"] = want["row"], want["col"]

@@ -128,11 +128,24 @@ def block_kernel(
 
 
 def rows_cols_kernel(
-    x_ref, qr_ref, srt_ref, qc_ref, sc_ref, *, groups, col_groups, cast=None, **kw
+    x_ref,
+    qr_ref,
+    srt_ref,
+    qc_ref,
+    sc_ref,
+    *,
+    groups,
+    col_groups,
+    cast=None,
+    row_scales_t=True,
+    cols_t=False,
+    **kw,
 ):
     """Both tile layouts of a block of ``groups`` x ``col_groups`` 128 x 128 squares
     (also the body of :func:`fp8jax.kernels.gpu_quantize.quantize_rows_cols`, with its
-    ``cast``; see :func:`_codes`)."""
+    ``cast`` (see :func:`_codes`) and its 1x128 tiles' scales untransposed,
+    ``row_scales_t=False``: ``srt_ref`` then takes them as (R, C/128); and its 128x1
+    tiles' codes and scales transposed, ``cols_t=True``: (C, R) and (C, R/128))."""
     for t in range(groups):
         rows = slice(t * GROUP, (t + 1) * GROUP)
         for c in range(col_groups):
@@ -143,11 +156,22 @@ def rows_cols_kernel(
             # order, so both forms hold the same bits).
             row_scale = _scale(scaling._bits_amax(xs, 1, True), **kw)
             qr_ref[rows, cols] = _codes(xs, row_scale, kw["fmt"], cast)
-            srt_ref[c : c + 1, rows] = _scale(scaling._bits_amax(jnp.transpose(xs), 0, True), **kw)
+            if row_scales_t:
+                amax_t = scaling._bits_amax(jnp.transpose(xs), 0, True)
+                srt_ref[c : c + 1, rows] = _scale(amax_t, **kw)
+            else:
+                srt_ref[rows, c : c + 1] = row_scale
             # 128x1 tiles: the square's columns are whole tiles.
-            col_scale = _scale(scaling._bits_amax(xs, 0, True), **kw)
-            qc_ref[rows, cols] = _codes(xs, col_scale, kw["fmt"], cast)
-            sc_ref[t : t + 1, cols] = col_scale
+            if cols_t:
+                # The same tiles as rows of the transposed square.
+                xt = jnp.transpose(xs)
+                col_scale = _scale(scaling._bits_amax(xt, 1, True), **kw)
+                qc_ref[cols, rows] = _codes(xt, col_scale, kw["fmt"], cast)
+                sc_ref[cols, t : t + 1] = col_scale
+            else:
+                col_scale = _scale(scaling._bits_amax(xs, 0, True), **kw)
+                qc_ref[rows, cols] = _codes(xs, col_scale, kw["fmt"], cast)
+                sc_ref[t : t + 1, cols] = col_scale
 
 
 def _requantize_kernel(
