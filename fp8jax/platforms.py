@@ -124,6 +124,12 @@ def lowering_for_cuda(capability: str = DEFAULT_CUDA_TARGET) -> Iterator[None]:
         yield
 
 
+def cuda_target_named() -> bool:
+    """Whether CUDA branches are being traced inside :func:`cuda_target` (or
+    :func:`lowering_for_cuda`): a target chosen by the caller, not the default."""
+    return bool(_CUDA_TARGET)
+
+
 def cuda_capability() -> str:
     """The compute capability a CUDA branch targets (see the module docstring)."""
     if _CUDA_TARGET:

@@ -42,7 +42,7 @@ import jax
 
 from fp8jax.bench import gemm_cases, kernel, measured, moe_step
 from fp8jax.bench.gemm_cases import Shape
-from fp8jax.kernels import availability
+from fp8jax.kernels import availability, gpu_quantize
 
 STEPS = ("env", "programs", "dense", "grouped", "moe_step")
 
@@ -71,6 +71,8 @@ def _env(small: bool) -> Iterator[dict[str, Any]]:
         "hopper_gpu": hopper,
         # A Hopper GPU that fails the self-check has a broken kernel, not no GPU.
         "kernel_self_check": (availability.self_check_error() or "passed") if hopper else "n/a",
+        # The Triton quantizers against the CPU's bits: "auto" takes them only if passed.
+        "quantizer_check": (gpu_quantize.check_error() or "passed") if hopper else "n/a",
     }
 
 

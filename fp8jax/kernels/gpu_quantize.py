@@ -341,10 +341,18 @@ def on_gpu(fn, *arrays: jax.Array):
 
 
 def available() -> bool:
-    """Whether "auto" quantizes with the kernel on the CUDA target being lowered for."""
+    """Whether "auto" quantizes with the kernels on the CUDA target being lowered for.
+
+    Where a GPU is attached: once :func:`check_error` has found nothing.
+    Without one: only for a named target (:func:`fp8jax.platforms.lowering_for_cuda`
+    or ``cuda_target``), since Pallas Triton lowers for a known device only;
+    a bare ``lowering_platforms=("cuda",)`` keeps XLA's quantizer.
+    """
     if not platforms.cuda_at_least(CUDA_TARGET):
         return False
-    return platforms.local_cuda_capability() is None or check_error() is None
+    if platforms.local_cuda_capability() is None:
+        return platforms.cuda_target_named()
+    return check_error() is None
 
 
 @functools.cache
@@ -365,51 +373,45 @@ def check_array() -> np.ndarray:
 
 
 def compare_with_cpu(interpret: bool) -> str | None:
-    """Run the kernels on :func:`check_array` (E4M3 and E5M2, bfloat16 and float32 x,
-    every orientation, both layouts at once, and the requantized E4M3 cache of x)
-    and ``quant.quantize`` on the CPU backend, in a thread of its own (so that a jit trace asking for it does not
-    stage it); None where every code and scale has the same bits (a NaN code as
-    any of its sign, :func:`same_codes`).
+    """Run every kernel on :func:`check_array` (E4M3 and E5M2, bfloat16 and float32
+    x; each orientation, both layouts at once, the requantized E4M3 cache of x)
+    here and in Pallas' interpreter on the CPU backend, in a thread of its own
+    (so that a jit trace asking for it does not stage it); None where every
+    code and scale has the same bits (a NaN code as any of its sign,
+    :func:`same_codes`).
 
-    The reference is the CPU's because XLA's GPU path is not it: on an H200 its
-    scales were 1 ulp above the correctly rounded amax / 448 in about half the
-    tiles (and 78 of 98,304 codes one step off), where this kernel's matched
-    the CPU's at every position looked at.
+    The interpreter on CPU gives ``fp8jax.quantize``'s CPU bits (the tests
+    hold it to that, bit for bit). The reference is the CPU's because XLA's
+    GPU path is not it: on an H200 its scales were 1 ulp above the correctly
+    rounded amax / 448 in about half the tiles (and 78 of 98,304 codes one
+    step off), where this kernel's matched the CPU's at every position
+    looked at.
     """
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(_compare, interpret).result()
 
 
-def _compare(interpret: bool) -> str | None:
-    from fp8jax import quant
+def _run_all(x: jax.Array, fmt, interpret: bool) -> dict[str, tuple[jax.Array, jax.Array]]:
+    """Every kernel's (codes, scales) for ``x``, in the layout of ``fp8jax.quantize``."""
+    out = {o: quantize_2d(x, fmt=fmt, orient=o, interpret=interpret) for o in ORIENTS}
+    rows_cols = quantize_rows_cols(x, fmt=fmt, interpret=interpret)
+    out["rows of both"], out["cols of both"] = rows_cols[:2], rows_cols[2:]
+    # Wgrad's cached x: E4M3 1x128 tiles requantized in 128x1 tiles.
+    cached, cached_scales = quantize_2d(x, fmt=jnp.float8_e4m3fn, orient="row", interpret=interpret)
+    codes_t, scales_t = requantize_col_t(cached, cached_scales, fmt=fmt, interpret=interpret)
+    out["requantized"] = (codes_t.T, scales_t.T)
+    return out
 
+
+def _compare(interpret: bool) -> str | None:
     cpu = jax.devices("cpu")[0]
-    granularity = {"row": ("tile", -1), "col": ("tile", -2), "block": ("block", -1)}
     try:
         for dtype in (jnp.bfloat16, jnp.float32):
             for fmt in (jnp.float8_e4m3fn, jnp.float8_e5m2):
                 x = jnp.asarray(check_array(), dtype)
-                x_cpu = jax.device_put(x, cpu)
-                want = {}
-                for orient, (gran, axis) in granularity.items():
-                    q = quant.quantize(x_cpu, fmt, gran, axis=axis)
-                    want[orient] = (q.data, q.scale)
-                # Wgrad's cached x: E4M3 1x128 tiles requantized in 128x1 tiles.
-                cached = quant.quantize(x_cpu, jnp.float8_e4m3fn, "tile", axis=-1)
-                again = quant.dequantize(cached, jnp.float32)
-                q = quant.quantize(again, fmt, "tile", axis=-2)
-                want["requantized"] = (q.data, q.scale)
-                got = {o: quantize_2d(x, fmt=fmt, orient=o, interpret=interpret) for o in ORIENTS}
-                codes_t, scales_t = requantize_col_t(
-                    jax.device_put(cached.data, x.device),
-                    jax.device_put(cached.scale, x.device),
-                    fmt=fmt,
-                    interpret=interpret,
-                )
-                got["requantized"] = (codes_t.T, scales_t.T)
-                rows_cols = quantize_rows_cols(x, fmt=fmt, interpret=interpret)
-                got["rows of both"], got["cols of both"] = rows_cols[:2], rows_cols[2:]
-                want["rows of both"], want["cols of both"] = want["row"], want["col"]
+                with jax.default_device(cpu):
+                    want = _run_all(jax.device_put(x, cpu), fmt, interpret=True)
+                got = _run_all(x, fmt, interpret=interpret)
                 for name, outs in got.items():
                     g_codes, g_scales = (np.asarray(v) for v in outs)
                     w_codes, w_scales = (np.asarray(v) for v in want[name])
