@@ -43,7 +43,9 @@ from fp8jax.kernels.tpu_quantize import (
     _codes,
     _scale,
     block_kernel,
+    check_2d,
     col_kernel,
+    crop,
     row_kernel,
     rows_cols_kernel,
 )
@@ -167,10 +169,7 @@ def quantize_2d(
     """(codes, float32 scales) of a 2-D ``x``: ``tpu_quantize.quantize_2d``'s outputs
     for ``orient`` "row" (1x128 tiles), "col" (128x1) or "block" (128x128), the
     same bits; one program per 128 x 128 square."""
-    if orient not in ORIENTS:
-        raise ValueError(f"orient must be one of {ORIENTS}, got {orient!r}")
-    if x.ndim != 2:
-        raise ValueError(f"quantize_2d takes a 2-D array, got shape {x.shape}")
+    check_2d(x, orient)
     fmt = jnp.dtype(fmt)
     r, c = x.shape
     # Zero padding to whole squares: a zero changes no amax; the pad is cropped.
@@ -200,12 +199,7 @@ def quantize_2d(
         interpret=interpret,
         name=f"fp8_quantize_{orient}",
     )(xp)
-    codes = lax.bitcast_convert_type(codes[:r, :c], fmt)
-    if orient == "row":
-        return codes, scales[:r, : cdiv(c, GROUP)]
-    if orient == "col":
-        return codes, scales[: cdiv(r, GROUP), :c]
-    return codes, scales[: cdiv(r, GROUP), : cdiv(c, GROUP) * GROUP : GROUP]
+    return crop(orient, lax.bitcast_convert_type(codes, fmt), scales, r, c)
 
 
 @functools.partial(jax.jit, static_argnames=("fmt", "pow2", "amax_floor", "ue8m0", "interpret"))

@@ -250,10 +250,7 @@ def quantize_2d(
     (ceil(R/128), ceil(C/128)).  ``ue8m0``: the scales are the powers of two
     an E8M0 byte holds (needs ``pow2``); the caller encodes them.
     """
-    if orient not in ORIENTS:
-        raise ValueError(f"orient must be one of {ORIENTS}, got {orient!r}")
-    if x.ndim != 2:
-        raise ValueError(f"quantize_2d takes a 2-D array, got shape {x.shape}")
+    check_2d(x, orient)
     fmt = jnp.dtype(fmt)
     r, c = x.shape
     bm, bn = _blocks(r, c, orient, jnp.dtype(x.dtype).itemsize)
@@ -294,13 +291,26 @@ def quantize_2d(
         interpret=pltpu.InterpretParams() if interpret else False,
         name=f"fp8_quantize_{orient}",
     )(xp)
+    return crop(orient, codes, scales, r, c)
+
+
+def crop(orient: str, codes: jax.Array, scales: jax.Array, r: int, c: int):
+    """A padded kernel's (codes, scales) of an (r, c) input cut to ``quantize_2d``'s shapes."""
     codes = codes[:r, :c]
     if orient == "row":
-        return codes, scales[:, : cdiv(c, GROUP)][:r]
+        return codes, scales[:r, : cdiv(c, GROUP)]
     if orient == "col":
         return codes, scales[: cdiv(r, GROUP), :c]
     # One scale per 128x128 block, written over its 128 columns: keep the first.
     return codes, scales[: cdiv(r, GROUP), : cdiv(c, GROUP) * GROUP : GROUP]
+
+
+def check_2d(x: jax.Array, orient: str) -> None:
+    """Refuse an unknown orientation or an ``x`` that is not 2-D (``quantize_2d``'s input)."""
+    if orient not in ORIENTS:
+        raise ValueError(f"orient must be one of {ORIENTS}, got {orient!r}")
+    if x.ndim != 2:
+        raise ValueError(f"quantize_2d takes a 2-D array, got shape {x.shape}")
 
 
 def _dual_block(size: int) -> int:
