@@ -12,7 +12,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_kernels_tpu_quantize import E4M3, E5M2, _assert_rows_cols, _bits, _data, _reference
+from test_kernels_tpu_quantize import (
+    E4M3,
+    E5M2,
+    SCALE_OPTIONS,
+    _assert_scale_options_under_jit,
+    _bits,
+    _data,
+    _reference,
+)
 
 from fp8jax import platforms, quant
 from fp8jax.kernels import availability
@@ -66,18 +74,7 @@ def test_nan_codes_count_as_nan_of_their_sign_only():
 
 def test_scale_options_under_jit():
     x = _data((130, 257), jnp.float32, seed=7)
-    for kw in (dict(pow2=True), dict(pow2=True, scale_fmt="ue8m0"), dict(amax_floor=1e-4)):
-        f = jax.jit(
-            lambda x, kw=kw: gq.quantize_rows_cols(
-                x,
-                fmt=E4M3,
-                pow2=kw.get("pow2", False),
-                amax_floor=kw.get("amax_floor", 0.0),
-                ue8m0=kw.get("scale_fmt") == "ue8m0",
-                interpret=True,
-            )
-        )
-        _assert_rows_cols(f(x), x, E4M3, **kw)
+    _assert_scale_options_under_jit(gq.quantize_rows_cols, x, SCALE_OPTIONS)
 
 
 def test_refuses_what_is_not_a_matrix_and_unknown_orientations():

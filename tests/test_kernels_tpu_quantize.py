@@ -117,9 +117,19 @@ def test_rows_cols_kernel_scale_options_blocks_and_jit():
     # More rows than one block (two blocks of 1024, the second mostly
     # padding); power-of-two, UE8M0 and floored scales; jitted around it.
     x = _data((1100, 130), jnp.float32, seed=5)
-    for kw in (dict(), dict(pow2=True), dict(pow2=True, scale_fmt="ue8m0"), dict(amax_floor=1e-4)):
+    _assert_scale_options_under_jit(tq.quantize_rows_cols, x, (dict(), *SCALE_OPTIONS))
+
+
+#: Power-of-two, UE8M0 and floored scales (quant.quantize's keywords).
+SCALE_OPTIONS = (dict(pow2=True), dict(pow2=True, scale_fmt="ue8m0"), dict(amax_floor=1e-4))
+
+
+def _assert_scale_options_under_jit(rows_cols, x, options):
+    """A ``quantize_rows_cols`` (TPU or GPU kernel, interpreted) jitted with each of
+    ``options``, against fp8jax.quantize along each axis."""
+    for kw in options:
         f = jax.jit(
-            lambda x, kw=kw: tq.quantize_rows_cols(
+            lambda x, kw=kw: rows_cols(
                 x,
                 fmt=E4M3,
                 pow2=kw.get("pow2", False),

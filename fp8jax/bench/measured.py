@@ -39,7 +39,7 @@ SMALL_DENSE = ((256, 256, 256),)
 #: Grouped (experts, rows per expert, K, N).
 FULL_GROUPED = ((8, 512, 7168, 2048),)
 SMALL_GROUPED = ((2, 64, 256, 128),)
-#: Profiled lines kept per device plane, and kernels kept per line.
+#: Kernels kept per profiled line (the dearest).
 TOP_KERNELS = 25
 
 
@@ -110,7 +110,11 @@ def measure(
 
 
 def _gpu_target() -> str | None:
-    """The compilers' target of the attached GPU ("h100", "h200"), None off those."""
+    """The compilers' target of the attached GPU ("h100", "h200"), None off those.
+
+    Asks the attached device, not a lowering platform: the programs here run
+    where they are compiled, and no GEMM path depends on the answer.
+    """
     if jax.default_backend() != "gpu":
         return None
     kind = jax.devices()[0].device_kind.upper()
@@ -140,18 +144,20 @@ def kernel_profile(fn: Callable, args: Sequence[Any], calls: int = 3) -> dict[st
     """Device time per kernel and per HLO op over ``calls`` calls, from JAX's profiler.
 
     ``{"lines": {line name: {"total_us": per call, "top": [[event, us per call,
-    count per call], ...]}}}`` for every line of every device plane (on a GPU
-    the CUDA streams, "XLA Ops" and "XLA Modules"); ``{"error": ...}`` where
-    the profiler cannot run, ``{"lines": {}}`` where it sees no device.
+    count per call], ...]}}}`` for every line of every device plane (on the
+    H200, one CUDA stream's); ``{"error": ...}`` where the profiler cannot
+    run, ``{"lines": {}}`` where it sees no device.  The trace is kept in
+    memory (JAX's profiler object, which ``jax.profiler.start_trace`` would
+    write to files).
     """
     from jax._src import profiler as jax_profiler
 
     try:
         jax.block_until_ready(fn(*args))
-        session = jax_profiler._profiler.ProfilerSession()
+        tracer = jax_profiler._profiler.ProfilerSession()
         for _ in range(calls):
             jax.block_until_ready(fn(*args))
-        data = jax.profiler.ProfileData.from_serialized_xspace(session.stop())
+        data = jax.profiler.ProfileData.from_serialized_xspace(tracer.stop())
     except Exception as e:  # noqa: BLE001 -- a profiler that cannot run is a result
         return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     lines: dict[str, Any] = {}

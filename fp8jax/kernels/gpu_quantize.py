@@ -1,26 +1,32 @@
-"""An output gradient's two FP8 tile layouts from one read, as a Pallas Triton kernel
-on an NVIDIA GPU (compute capability >= 9.0).
+"""FP8 quantizers as Pallas Triton kernels on an NVIDIA GPU (compute capability >= 9.0).
 
-:func:`quantize_rows_cols` gives what ``fp8jax.quant.quantize_rows_and_cols``
-gives (Dgrad's 1x128 tiles along the last axis, Wgrad's 128x1 tiles along
-the rows), the same bits: its body is the TPU kernel's
-(:func:`fp8jax.kernels.tpu_quantize.rows_cols_kernel`), the numerics of
-``quant.quantize`` operation for operation (amax on the float32 bit
-patterns over the finite elements, the scale guards, the offset division
-that flush-to-zero cannot change, saturation, then the cast).
+The TPU quantizers' bodies (:mod:`fp8jax.kernels.tpu_quantize`), one program
+per 128 x 128 square:
 
-Why a kernel: XLA's GPU compiler makes the same computation five passes
-over dy (an amax reduction and a quantizing transpose per layout, and the
-Inf/NaN masks between them); measured on an H200 at 4096 x 4096, about
-85 us for one dy.  Here one program per 128 x 128 square reads it once and
-writes both layouts' codes and scales: 64 MiB of traffic for a 32 MiB dy.
+* :func:`quantize_2d`: 1x128 tiles, 128x1 tiles or 128x128 blocks;
+* :func:`quantize_rows_cols`: an output gradient's two layouts from one
+  read, Wgrad's 128x1 tiles written token-major;
+* :func:`requantize_col_t`: Wgrad's cached x, from its FP8 codes, into
+  K-major 128-token tiles.
 
-Where an NVIDIA GPU is attached, "auto" takes the kernel only once it has
-given the XLA path's bits on a test array with zeros, Inf, NaN and values
-spread over 2^-40..2^40 (:func:`check_error`, asked once); a program
-lowered for CUDA from a machine without a GPU takes it when its target's
-compute capability is >= 9.0.  ``interpret=True`` runs the kernel in
-Pallas' interpreter (the tests, on CPU).
+The numerics are ``quant.quantize``'s on a CPU, operation for operation
+(amax on the float32 bit patterns over the finite elements, the scale
+guards, the offset division that flush-to-zero cannot change, saturation,
+the cast), with three rules where Triton differs from XLA: the divisions are
+``div.rn.f32`` (:func:`divide_rn`), only finite lanes are cast and +-Inf /
+NaN get their codes by their bits (:func:`cast_with_specials`), and codes
+travel as int8.
+
+Why kernels: XLA's GPU compiler quantizes in several passes per operand (an
+amax reduction, quantizing transposes, the Inf/NaN masks between them); on
+an H200 at 4096^3 the 19 such fusions of deepseek_v3's fwd+bwd took 258 us,
+dy's alone about 74 us.  A kernel reads its operand once and writes each
+layout's codes and scales once.
+
+Where an NVIDIA GPU is attached, "auto" takes the kernels only once they
+have given the CPU's bits on a test array (:func:`check_error`, asked once);
+without one, only for a named CUDA target (:func:`available`).
+``interpret=True`` runs them in Pallas' interpreter (the tests, on CPU).
 """
 
 from __future__ import annotations
