@@ -45,7 +45,15 @@ def _pad_axis(x: jax.Array, axis: int, multiple: int) -> jax.Array:
 
 
 def split_axis(x: jax.Array, axis: int, tile: int) -> jax.Array:
-    """(..., n, ...) -> (..., ceil(n/tile), tile, ...), zero padded."""
+    """(..., n, ...) -> (..., ceil(n/tile), tile, ...), zero padded; (..., 1, n, ...)
+    where one tile covers the axis (n <= tile).
+
+    The short axis is not padded: its one group holds the same elements
+    either way (the zeros of a pad change no amax), and a pad would be one
+    more pass over x, a kernel of its own on XLA CPU.
+    """
+    if 0 < x.shape[axis] <= tile:
+        return jnp.expand_dims(x, axis)
     xp = _pad_axis(x, axis, tile)
     shape = xp.shape[:axis] + (xp.shape[axis] // tile, tile) + xp.shape[axis + 1 :]
     return xp.reshape(shape)
@@ -157,13 +165,14 @@ class Layout:
         if self.tiled:
             ax = self.axis
             y = f(split_axis(x, ax, t), jnp.expand_dims(scale, ax + 1))
-            # Explicit sizes: a -1 cannot be inferred for zero-size arrays.
-            y = y.reshape(y.shape[:ax] + (y.shape[ax] * t,) + y.shape[ax + 2 :])
+            # Explicit sizes (the tile axis is shorter than t where one tile
+            # covers x's axis): a -1 cannot be inferred for zero-size arrays.
+            y = y.reshape(y.shape[:ax] + (y.shape[ax] * y.shape[ax + 1],) + y.shape[ax + 2 :])
             return jax.lax.slice_in_dim(y, 0, x.shape[ax], axis=ax)
         nd = x.ndim
         xb = split_axis(split_axis(x, nd - 1, t), nd - 2, t)
         y = f(xb, scale[..., :, None, :, None])
-        y = y.reshape(y.shape[:-4] + (y.shape[-4] * t, y.shape[-2] * t))
+        y = y.reshape(y.shape[:-4] + (y.shape[-4] * y.shape[-3], y.shape[-2] * y.shape[-1]))
         return y[..., : x.shape[-2], : x.shape[-1]]
 
     def expand(self, scale: jax.Array, shape: tuple[int, ...]) -> jax.Array:

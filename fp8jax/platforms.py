@@ -175,14 +175,27 @@ only_on_p = Primitive("fp8jax_only_on")
 only_on_p.multiple_results = True
 
 
-def only_on(platforms: tuple[str, ...], fn: Callable[..., Any], *args: Any) -> Any:
+def only_on(
+    platforms: tuple[str, ...], fn: Callable[..., Any], *args: Any, out_shape: Any = None
+) -> Any:
     """``fn(*args)``, lowered only for ``platforms`` (zeros of its shape elsewhere).
 
     For a branch of :func:`choose` that only its platforms can lower; see the
     module docstring.  ``args`` are arrays (pytrees of arrays); the result
-    has ``fn``'s structure.
+    has ``fn``'s structure.  ``out_shape`` (``fn``'s result as a pytree of
+    ``jax.ShapeDtypeStruct``), where the caller knows it: ``fn`` is then
+    traced only when the program is lowered for one of ``platforms``, not
+    here (a Pallas kernel's trace is most of what tracing an FP8 program for
+    every platform costs, and a CPU lowering never needs a TPU kernel's);
+    a result that differs from ``out_shape`` fails that lowering.
     """
     flat, in_tree = jax.tree.flatten(args)
+    if out_shape is not None:
+        leaves, out_tree = jax.tree.flatten(out_shape)
+        avals = tuple(jax.core.ShapedArray(x.shape, jnp.dtype(x.dtype)) for x in leaves)
+        body = _Deferred(fn, in_tree, avals)
+        outs = only_on_deferred_p.bind(*flat, body=body, platforms=tuple(platforms))
+        return jax.tree.unflatten(out_tree, outs)
     closed, out_shape = jax.make_jaxpr(
         lambda *xs: fn(*jax.tree.unflatten(in_tree, xs)), return_shape=True
     )(*flat)
@@ -232,6 +245,60 @@ def _only_on_rule(platform: str):
 
     return rule
 
+
+class _Deferred:
+    """``fn`` on flattened arguments, checked against the results it was declared to give."""
+
+    def __init__(self, fn: Callable[..., Any], in_tree: Any, avals: tuple[Any, ...]):
+        self.fn, self.in_tree, self.avals = fn, in_tree, avals
+
+    def __call__(self, *flat: Any) -> list[Any]:
+        outs = jax.tree.leaves(self.fn(*jax.tree.unflatten(self.in_tree, flat)))
+        got = [(tuple(o.shape), jnp.dtype(o.dtype)) for o in outs]
+        want = [(tuple(a.shape), a.dtype) for a in self.avals]
+        if got != want:
+            raise ValueError(f"{self.fn} gave {got}, declared as {want}")
+        return outs
+
+
+only_on_deferred_p = Primitive("fp8jax_only_on_deferred")
+only_on_deferred_p.multiple_results = True
+
+
+def _deferred_batch(args, dims, *, body, platforms):
+    # The batched computation (batch axis first in every result), deferred alike.
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    batched = _Deferred(
+        jax.vmap(body, in_axes=tuple(dims)),
+        jax.tree.structure(tuple(args)),
+        tuple(jax.core.ShapedArray((size, *a.shape), a.dtype) for a in body.avals),
+    )
+    outs = only_on_deferred_p.bind(*args, body=batched, platforms=platforms)
+    return list(outs), [0] * len(outs)
+
+
+def _deferred_rule(platform: str):
+    """The lowering of a deferred :func:`only_on` for ``platform``: ``body`` traced now, or
+    dead zeros."""
+
+    def rule(ctx, *args, body, platforms):
+        if platform in platforms:
+            fn = body
+        else:
+
+            def fn(*_):
+                return [jnp.zeros(a.shape, a.dtype) for a in body.avals]
+
+        return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
+
+    return rule
+
+
+only_on_deferred_p.def_impl(lambda *args, body, platforms: body(*args))
+only_on_deferred_p.def_abstract_eval(lambda *args, body, platforms: list(body.avals))
+batching.primitive_batchers[only_on_deferred_p] = _deferred_batch
+for _p in PLATFORMS:
+    mlir.register_lowering(only_on_deferred_p, _deferred_rule(_p), platform=_p)
 
 only_on_p.def_impl(_only_on_impl)
 only_on_p.def_abstract_eval(_only_on_abstract)

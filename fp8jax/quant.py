@@ -79,17 +79,13 @@ from fp8jax.formats import (
     decode_e8m0,
     encode_e8m0,
     floor_e8m0,
-    fmt_max,
     saturating_cast,
 )
 from fp8jax.layout import Layout
 from fp8jax.scaling import (
-    OFFSET_SCALE,
     divide_offset,
-    exact_div,
     exact_product,
     finite_amax,
-    flagged_bits_amax,
     scale_from_amax,
 )
 
@@ -230,7 +226,7 @@ def _bits(x: jnp.ndarray) -> jnp.ndarray:
     return lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32) & 0x7FFFFFFF
 
 
-def _divide(x: jnp.ndarray, scale: jnp.ndarray, assume_finite: bool) -> jnp.ndarray:
+def _divide(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
     """x / scale in float32 (broadcasting), correctly rounded, for quantization.
 
     Where a scale is below 2^-96 the division would lose subnormal elements
@@ -239,8 +235,6 @@ def _divide(x: jnp.ndarray, scale: jnp.ndarray, assume_finite: bool) -> jnp.ndar
     quotient.  +-Inf elements stay +-Inf (the exact division trick alone
     would turn them into NaN), so the cast maps them to the format's code.
     """
-    if assume_finite:
-        return exact_div(x, scale)
     return platforms.choose(
         lambda p: "ieee" if p == "cuda" else "offset",
         lambda how: partial(_divide_ieee if how == "ieee" else divide_offset, x, scale),
@@ -301,15 +295,11 @@ def quantize_with_scale(
     axis: int = -1,
     tile: int = 128,
     *,
-    assume_finite: bool = False,
     scale_fmt: str = "float32",
 ) -> QTensor:
     """Quantize with a given scale layout (delayed scaling passes its own).
 
-    Scales must be positive and finite.  ``assume_finite`` promises that x
-    holds no NaN / Inf and that no scale is below 2^-96 (then the division is
-    one plain correctly rounded float32 division, the CPU's plain branch).
-    ``scale_fmt="ue8m0"``: the scales (float32 or E8M0) are stored as E8M0
+    Scales must be positive and finite.  ``scale_fmt="ue8m0"``: the scales (float32 or E8M0) are stored as E8M0
     bytes; a float32 scale that is not a power of two in [2^-127, 2^127] is
     refused (ValueError; under jit its code is NaN and so are its elements).
     """
@@ -334,9 +324,7 @@ def quantize_with_scale(
     data = layout.map_groups(
         xf,
         scale,
-        lambda xg, sg: saturating_cast(
-            _divide(xg, sg, assume_finite), fmt, assume_finite=assume_finite
-        ),
+        lambda xg, sg: saturating_cast(_divide(xg, sg), fmt),
     )
     return QTensor(data, scale if codes is None else codes, layout)
 
@@ -376,25 +364,20 @@ def quantize(
 @partial(jax.jit, static_argnums=(1, 2, 3, 4, 5, 6, 7))
 def _quantize_online(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt) -> QTensor:
     args = (x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt)
-    # On a GPU or TPU every guard is an elementwise select in the one pass
-    # that reads x (the amax fused into it where the compiler can): a branch
-    # would read x once more to decide, and the compiler keeps both branches'
-    # code and buffers.  On a CPU the branches pay: the common tensor takes
-    # the plain float path, which XLA CPU vectorises far better.  Both give
-    # the same codes and scales, bit for bit.
+    # Where no kernel takes x, every guard is an elementwise select in the one
+    # pass that reads x: a branch would read x once more to decide, and the
+    # compiler keeps both branches' code and buffers.  The kernels give the
+    # same codes and scales, bit for bit.
     from fp8jax.kernels import gpu_quantize
 
     kernel = _tpu_kernel_orient(x, fmt, granularity, axis, tile)
     ways = {
-        "branches": _quantize_branches,
         "one pass": _quantize_one_pass,
         "tpu kernel": partial(_quantize_kernel, orient=kernel, platform="tpu"),
         "gpu kernel": partial(_quantize_kernel, orient=kernel, platform="cuda"),
     }
 
     def decide(p: str) -> str:
-        if p == "cpu":
-            return "branches"
         if kernel and p == "tpu":
             return "tpu kernel"
         if kernel and p == "cuda" and gpu_quantize.available():
@@ -548,55 +531,18 @@ def _scale_of_amax(amax, fmt, pow2, amax_floor, scale_fmt) -> jnp.ndarray:
 
 
 def _quantize_one_pass(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt) -> QTensor:
-    """:func:`quantize` with no branch: non-finite, zero and tiny groups by selects."""
-    scale = _online_scale(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt)
-    return quantize_with_scale(x, scale, fmt, granularity, axis, tile, scale_fmt=scale_fmt)
+    """:func:`quantize` with no branch: non-finite, zero and tiny groups by selects.
 
-
-def _quantize_branches(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt) -> QTensor:
-    """:func:`quantize` with a plain branch for the common tensor (CPU; same values).
-
-    One reduction over x (:func:`fp8jax.scaling.flagged_bits_amax`) gives
-    every group its exact amax over the finite elements (subnormals read
-    exactly under flush-to-zero) and whether it holds a NaN or Inf; the
-    scales follow with every guard (per group, so cheap).  Where no group
-    holds a non-finite element and no scale is below 2^-96, the plain branch
-    divides and casts (one plain correctly rounded division per element);
-    otherwise the careful branch divides tiny groups on the offset path and
-    keeps +-Inf.  lax.cond runs one branch (both under vmap, where it becomes
-    a select).  Few kernels on purpose: XLA's CPU compiler pays a fixed cost
-    per kernel, which an FP8 program's many quantizations multiply (a
-    (512, 256) bfloat16 tile quantization compiles to 12 kernels, branches
-    included; a form with a float-amax fast branch and a robust one took 26).
+    The scales are made before the pass over x, behind an optimization
+    barrier: XLA would otherwise fuse their guards (the subnormal quotient,
+    the caps, the power of two) into every kernel that reads them, so into
+    the pass over x, where the CPU compiler compiles them a second time and
+    recomputes them for each element.  As a kernel of their own they are
+    a (rows, groups) pass; the element pass reads them.
     """
-    layout = Layout(granularity, _norm_axis(axis, x.ndim), tile)
-    amax, nonfinite = layout.reduce_groups(x, flagged_bits_amax)
-    scale = _scale_of_amax(amax, fmt, pow2, amax_floor, scale_fmt)
-    # The plain division is exact where the scale is at least 2^-96: wherever
-    # max(amax, amax_floor) is 0 (scale 1) or at least fmt_max * 2^-96 (the
-    # scale is the correctly rounded quotient, or a power of two above it).
-    # Decided on the amaxes, not the scales, so that the scales' computation
-    # has one consumer and XLA makes it one kernel; a group just below the
-    # bound whose scale rounds up to 2^-96 takes the careful branch, which
-    # gives the same codes.
-    # On the bit patterns (non-negative floats order like their int32 bits):
-    # XLA on CPU reads a subnormal amax as 0 in float comparisons.
-    floored = jnp.maximum(_bits(amax), _bits(jnp.float32(amax_floor)))
-    tiny = (floored != 0) & (floored < _bits(jnp.float32(fmt_max(fmt) * OFFSET_SCALE)))
-    simple = ~jnp.any(nonfinite | tiny)
-    if scale_fmt == "ue8m0":
-        # The bytes once, outside the branches (both divide by their values).
-        scale = encode_e8m0(scale)
-
-    def plain(x):
-        return quantize_with_scale(
-            x, scale, fmt, granularity, axis, tile, assume_finite=True, scale_fmt=scale_fmt
-        )
-
-    def careful(x):
-        return quantize_with_scale(x, scale, fmt, granularity, axis, tile, scale_fmt=scale_fmt)
-
-    return jax.lax.cond(simple, plain, careful, x)
+    scale = _online_scale(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt)
+    scale = lax.optimization_barrier(scale)
+    return quantize_with_scale(x, scale, fmt, granularity, axis, tile, scale_fmt=scale_fmt)
 
 
 def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:

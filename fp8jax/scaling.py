@@ -113,8 +113,8 @@ def divide_offset(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
     """x / scale (broadcasting) in float32, correctly rounded under flush-to-zero too.
 
     Where a scale is below 2^-96 the group is divided as (x * 2^64) /
-    (scale * 2^64), both factors formed exactly (:func:`shift_offset`,
-    ``ldexp_exact``): the same quotient, which flush-to-zero cannot lose.
+    (scale * 2^64), both factors formed exactly (:func:`shift_offset`): the
+    same quotient, which flush-to-zero cannot lose.
     +-Inf elements stay +-Inf.  The quantizer's division on CPUs and TPUs.
     """
     # Branch-free: every group is shifted by k = 64 (tiny scale) or 0 (an
@@ -122,11 +122,11 @@ def divide_offset(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
     # lax.cond between the two would make XLA materialize float32 copies of
     # x and of the quotient as the branches' operand and result.
     shifted = (lax.bitcast_convert_type(scale, jnp.int32) & 0x7FFFFFFF) < OFFSET_SCALE_BITS
-    k = jnp.where(shifted, OFFSET, 0)
     # Finite x that overflow once shifted are far beyond fmt_max * scale:
     # float32's max keeps them finite so that they saturate.
     xs = jnp.clip(shift_offset(x, shifted), -_F32_MAX, _F32_MAX)
-    y = exact_div(xs, ldexp_exact(scale, k))
+    # The scale (positive, finite) times 2^64 by the same exact product as x's.
+    y = exact_div(xs, shift_offset(scale, shifted))
     return jnp.where(jnp.isinf(x), x, y)
 
 
@@ -229,29 +229,6 @@ def magnitude_bits_value(bits: jnp.ndarray, dtype) -> jnp.ndarray:
     dt = jnp.dtype(dtype)
     int_t = jnp.int16 if dt.itemsize == 2 else jnp.int32
     return lax.bitcast_convert_type(bits.astype(int_t), dt).astype(jnp.float32)
-
-
-def flagged_bits_amax(x: jnp.ndarray, axis=None, keepdims: bool = False):
-    """(:func:`finite_amax`, whether the group holds a NaN or Inf), in one reduction.
-
-    Each element becomes its magnitude's bit pattern shifted up by one
-    (uint32), or 1 if it is not finite; the reduction takes the max of the
-    patterns and ORs the low bits, so one pass over x gives both the exact
-    finite amax (subnormals read exactly) and the non-finite flag.
-    """
-    x = amax_input(x)
-    mag, inf_bits = _magnitude_bits(x)
-    # Finite magnitudes are below 2^31, so shifted up by one they fit in uint32.
-    key = jnp.where(mag < inf_bits, mag.astype(jnp.uint32) << 1, jnp.uint32(1))
-
-    def combine(a, b):
-        return jnp.maximum(a & ~jnp.uint32(1), b & ~jnp.uint32(1)) | ((a | b) & jnp.uint32(1))
-
-    axes = tuple(range(x.ndim)) if axis is None else tuple(np.atleast_1d(axis) % x.ndim)
-    red = lax.reduce(key, jnp.uint32(0), combine, axes)
-    if keepdims:
-        red = jnp.expand_dims(red, axes)
-    return magnitude_bits_value(red >> 1, x.dtype), (red & 1) == 1
 
 
 def pow2_ceil(scale: jnp.ndarray) -> jnp.ndarray:

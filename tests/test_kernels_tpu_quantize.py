@@ -264,3 +264,45 @@ def test_rows_and_cols_compile_to_one_kernel_for_tpu():
         line for line in c.text.splitlines() if "fp8_quantize_" in line and "custom-call(" in line
     ]
     assert len(kernels) == 1 and "fp8_quantize_rows_cols" in kernels[0], kernels
+
+
+@pytest.mark.parametrize("shape", [(256, 384), (130, 200), (64, 64)])
+def test_result_shapes_are_the_kernels_own(shape):
+    # What on_tpu / on_gpu declare, so that the kernel waits for a TPU (CUDA)
+    # lowering to be traced, against what tracing the entry points gives.
+    from functools import partial
+
+    from fp8jax.kernels import gpu_quantize as gq
+
+    x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    codes = jax.ShapeDtypeStruct(shape, E4M3)
+    scales = jax.ShapeDtypeStruct((shape[0], -(-shape[1] // 128)), jnp.float32)
+    runs = [
+        (partial(tq.quantize_2d, fmt=E4M3, orient=o, interpret=True), (x,)) for o in tq.ORIENTS
+    ]
+    runs += [
+        (partial(tq.quantize_rows_cols, fmt=E4M3, interpret=True), (x,)),
+        (partial(tq.requantize_col, fmt=E4M3, interpret=True), (codes, scales)),
+        (partial(gq.quantize_2d, fmt=E4M3, orient="row", interpret=True), (x,)),
+        (partial(gq.quantize_rows_cols, fmt=E4M3, interpret=True), (x,)),
+        (partial(gq.requantize_col_t, fmt=E4M3, interpret=True), (codes, scales)),
+    ]
+    for fn, args in runs:
+        traced = jax.tree.leaves(jax.eval_shape(fn, *args))
+        declared = tq.result_shapes(fn, shape)
+        assert [(t.shape, t.dtype) for t in traced] == [(d.shape, d.dtype) for d in declared], fn
+    # Unknown functions and bound arrays: traced as they are called.
+    assert tq.result_shapes(jnp.abs, shape) is None
+    bound = partial(tq.requantize_col, subnormal=jnp.asarray(False), fmt=E4M3)
+    assert tq.result_shapes(bound, shape) is None
+
+
+def test_quantize_for_tpu_traces_no_kernel_until_lowered():
+    # The TPU branch of a quantization holds the kernel unlowered: a CPU
+    # lowering never traces it, a TPU lowering does.
+    x = jax.ShapeDtypeStruct((2, 256, 384), jnp.bfloat16)
+    traced = jax.jit(lambda x: quant.quantize(x, E4M3, "tile").data).trace(x)
+    text = str(traced.jaxpr)
+    assert "fp8jax_only_on_deferred" in text and "pallas_call" not in text
+    tpu = traced.lower(lowering_platforms=("tpu",)).as_text()
+    assert "fp8_quantize_row" in tpu

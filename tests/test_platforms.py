@@ -143,3 +143,46 @@ def test_identical_decisions_make_no_branch():
     f = lambda a, b: platforms.choose(lambda p: "same", lambda d: lambda: _widened(a, b))  # noqa: E731
     assert "case" not in str(jax.make_jaxpr(f)(a, b))
     assert "cond" in str(jax.make_jaxpr(_product)(a, b))
+
+
+def _declared(a, b):
+    return jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.float32)
+
+
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_only_on_with_out_shape_traces_at_lowering(use_jit):
+    # Declared results: nothing of the computation in the jaxpr, its program in
+    # the lowering for its platform, zeros for any other; run where it is.
+    a, b = _operands()
+    calls = []
+
+    def widened(a, b):
+        calls.append(1)
+        return _widened(a, b)
+
+    def f(a, b):
+        return platforms.only_on(("cpu",), widened, a, b, out_shape=_declared(a, b))
+
+    got = (jax.jit(f) if use_jit else f)(a, b)
+    np.testing.assert_allclose(np.asarray(got, np.float64), _reference(a, b), rtol=1e-6)
+    calls.clear()
+    traced = jax.jit(f).trace(a, b)
+    assert not calls
+    assert "dot_general" not in str(traced.jaxpr)
+    assert "dot_general" in traced.lower(lowering_platforms=("cpu",)).as_text()
+    assert "dot_general" not in traced.lower(lowering_platforms=("tpu",)).as_text()
+
+
+def test_only_on_with_out_shape_under_vmap_and_a_wrong_declaration():
+    a, b = _operands()
+    stack = jnp.stack([a, a])
+
+    def f(a):
+        return platforms.only_on(("cpu",), _widened, a, b, out_shape=_declared(a, b))
+
+    got = jax.jit(jax.vmap(f))(stack)
+    np.testing.assert_allclose(np.asarray(got[1], np.float64), _reference(a, b), rtol=1e-6)
+    wrong = jax.ShapeDtypeStruct((a.shape[0], b.shape[1] + 1), jnp.float32)
+    g = jax.jit(lambda a: platforms.only_on(("cpu",), _widened, a, b, out_shape=wrong))
+    with pytest.raises(ValueError, match="declared as"):
+        g.trace(a).lower(lowering_platforms=("cpu",))

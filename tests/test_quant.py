@@ -429,38 +429,13 @@ def _awkward(rng, shape):
     return x
 
 
-@pytest.mark.parametrize("jit", [False, True])
-@pytest.mark.parametrize(
-    "gran,axis,pow2,scale_fmt",
-    [
-        ("tile", -1, False, "float32"),
-        ("tile", 0, False, "float32"),
-        ("block", -1, False, "float32"),
-        ("row", -1, True, "float32"),
-        ("tile", -1, True, "ue8m0"),
-        ("tensor", -1, False, "float32"),
-    ],
-)
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_one_pass_equals_the_branches_bit_for_bit(gran, axis, pow2, scale_fmt, dtype, jit):
-    # The accelerators' branch-free quantizer and the CPU's branchy one give the
-    # same codes and scales on every kind of tile (run here with CPU helpers).
-    x = jnp.asarray(_awkward(np.random.default_rng(0), (256, 384))).astype(dtype)
-    args = (fp8jax.E4M3, gran, axis, 128, pow2, 0.0, scale_fmt)
-    one = _jit(lambda x: quant._quantize_one_pass(x, *args), jit)(x)
-    two = _jit(lambda x: quant._quantize_branches(x, *args), jit)(x)
-    for a, b in ((one.data, two.data), (one.scale, two.scale)):
-        a, b = np.atleast_1d(np.asarray(a)), np.atleast_1d(np.asarray(b))
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
-
-
 @pytest.mark.parametrize("amax_floor", [0.0, 1e-30])
 @pytest.mark.parametrize("jit", [False, True])
-def test_branches_decide_tiny_tiles_on_bit_patterns(jit, amax_floor):
+def test_tiny_tiles_are_exact_under_flush_to_zero(jit, amax_floor):
     # One tensor's only tiny tiles have float32 subnormal amaxes; another's
     # sit just either side of fmt_max * 2^-96 (where the plain division stops
-    # being exact under flush-to-zero).  The CPU's branches give the
-    # branch-free pass's bits for both.
+    # being exact under flush-to-zero): the numpy reference's bits (numpy
+    # keeps subnormals).
     bound = np.float32(448.0 * 2.0**-96)
     ramp = np.linspace(-1, 1, 128, dtype=np.float32)
     args = (fp8jax.E4M3, "tile", -1, 128, False, amax_floor, "float32")
@@ -468,19 +443,22 @@ def test_branches_decide_tiny_tiles_on_bit_patterns(jit, amax_floor):
         amaxes = np.float32(amaxes)
         x = np.repeat(amaxes[:, None], 128, axis=1) * ramp
         x[:, 0] = amaxes
-        x = jnp.asarray(x.astype(np.float32))
-        one = _jit(lambda x: quant._quantize_one_pass(x, *args), jit)(x)
-        two = _jit(lambda x: quant._quantize_branches(x, *args), jit)(x)
-        for a, b in ((one.data, two.data), (one.scale, two.scale)):
-            np.testing.assert_array_equal(
-                np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8)
-            )
+        x = x.astype(np.float32)
+        got = _jit(lambda x: quant.quantize(x, *args[:4], amax_floor=amax_floor), jit)(
+            jnp.asarray(x)
+        )
+        groups = groups_for(x.shape, "tile", -1, 128)
+        data, scale_el = ref_quantize_groups(x, groups, E4M3, amax_floor=amax_floor)
+        np.testing.assert_array_equal(np.asarray(got.data).view(np.uint8), data.view(np.uint8))
+        np.testing.assert_array_equal(
+            np.asarray(got.scale)[:, 0], scale_el[:, 0].astype(np.float32)
+        )
     # A subnormal tile's largest element maps to E4M3's max (not to NaN, as
     # a plain division by its flushed scale would give); 2^-149's scale is
     # the smallest subnormal itself (448 times less would round to 0), so 1.
     # With the floor, both tiles' scales are 1e-30 / 448: their codes are 0.
     x = jnp.asarray(np.float32([[2.0**-130] * 128, [2.0**-149] * 128, [1.0] * 128]))
-    got = _jit(lambda x: quant._quantize_branches(x, *args), jit)(x)
+    got = _jit(lambda x: quant.quantize(x, *args[:4], amax_floor=amax_floor), jit)(x)
     want = [448.0, 1.0] if amax_floor == 0 else [0.0, 0.0]
     np.testing.assert_array_equal(np.asarray(got.data, np.float64)[:2, 0], want)
 

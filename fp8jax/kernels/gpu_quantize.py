@@ -52,6 +52,7 @@ from fp8jax.kernels.tpu_quantize import (
     check_2d,
     col_kernel,
     crop,
+    on_platform,
     row_kernel,
     rows_cols_kernel,
 )
@@ -335,9 +336,7 @@ def same_codes(got: np.ndarray, want: np.ndarray) -> bool:
 def on_gpu(fn, *arrays: jax.Array):
     """``fn`` over ``arrays`` whose leading axes stack matrices, lowered for CUDA only
     (any other platform of a multi-platform export sees dead zeros)."""
-    for _ in range(arrays[0].ndim - 2):
-        fn = jax.vmap(fn)
-    return platforms.only_on(("cuda",), fn, *arrays)
+    return on_platform("cuda", fn, *arrays)
 
 
 def available() -> bool:

@@ -462,6 +462,48 @@ def on_tpu(fn, *arrays: jax.Array):
     """``fn`` (one of this module's 2-D entry points, its settings bound) over ``arrays``
     whose leading axes stack matrices (experts, a batch: one grid each), lowered for
     TPU only: any other platform of a multi-platform export sees dead zeros."""
-    for _ in range(arrays[0].ndim - 2):
+    return on_platform("tpu", fn, *arrays)
+
+
+def on_platform(platform: str, fn, *arrays: jax.Array):
+    """:func:`on_tpu` for ``platform`` (the GPU quantizers' ``on_gpu`` too): where
+    :func:`result_shapes` knows ``fn``, the kernel is traced only when the program is
+    lowered for ``platform``."""
+    lead = arrays[0].shape[:-2]
+    out = result_shapes(fn, arrays[0].shape[-2:])
+    if out is not None:
+        out = tuple(jax.ShapeDtypeStruct(lead + o.shape, o.dtype) for o in out)
+    for _ in lead:
         fn = jax.vmap(fn)
-    return platforms.only_on(("tpu",), fn, *arrays)
+    return platforms.only_on((platform,), fn, *arrays, out_shape=out)
+
+
+def result_shapes(fn, shape: tuple[int, int]) -> tuple[jax.ShapeDtypeStruct, ...] | None:
+    """What ``fn`` (a ``functools.partial`` of a quantizer kernel's entry point, settings
+    bound: this module's or :mod:`fp8jax.kernels.gpu_quantize`'s) returns for a 2-D
+    input of ``shape``, as its docstring states; None for anything else, or where an
+    array is bound (a traced value cannot wait for the lowering)."""
+    if not isinstance(fn, functools.partial) or fn.args:
+        return None
+    if any(isinstance(v, (jax.Array, jax.core.Tracer)) for v in fn.keywords.values()):
+        return None
+    name = getattr(fn.func, "__name__", "")
+    r, c = shape
+    codes = jax.ShapeDtypeStruct((r, c), jnp.dtype(fn.keywords.get("fmt", jnp.float32)))
+    rows = jax.ShapeDtypeStruct((r, cdiv(c, GROUP)), jnp.float32)
+    cols = jax.ShapeDtypeStruct((cdiv(r, GROUP), c), jnp.float32)
+    if name == "quantize_2d":
+        orient = fn.keywords.get("orient")
+        blocks = jax.ShapeDtypeStruct((cdiv(r, GROUP), cdiv(c, GROUP)), jnp.float32)
+        scales = {"row": rows, "col": cols, "block": blocks}.get(orient)
+        return None if scales is None else (codes, scales)
+    if name == "quantize_rows_cols":
+        return codes, rows, codes, cols
+    if name == "requantize_col":
+        return codes, cols
+    if name == "requantize_col_t":
+        return (
+            jax.ShapeDtypeStruct((c, r), codes.dtype),
+            jax.ShapeDtypeStruct((c, cdiv(r, GROUP)), jnp.float32),
+        )
+    return None
