@@ -110,7 +110,7 @@ def saturating_cast(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.
     round-to-nearest-even never sees a value outside the range; NaN is cast
     to the format's NaN; +-Inf to the format's +-Inf, or its NaN code where
     it has no Inf (E4M3).  ``assume_finite`` promises x holds no +-Inf and
-    skips that select (the quantizer's plain branch).  float32 to E4M3FN / E5M2
+    skips that select (fp8jax.rounding's casts, which clip first).  float32 to E4M3FN / E5M2
     goes through :func:`fp8_codes` (the cast's codes, on the bit patterns).
     """
     fmt = as_format(fmt)
@@ -139,8 +139,8 @@ def fp8_codes(y: jnp.ndarray, fmt) -> jnp.ndarray:
     patterns with integer adds and shifts (plus one float add for the
     subnormal codes).  Why: XLA's CPU conversion to FP8 is a scalar-heavy
     routine, slower than an ``astype(bfloat16)`` of the same array (measured:
-    docs/benchmarks.md); this one vectorises, and the quantizer's plain branch
-    (finite, clipped values) is where nearly every element goes.  E4M3FN and E5M2 only;
+    docs/benchmarks.md); this one vectorises, and every element a CPU quantizes
+    goes through it.  E4M3FN and E5M2 only;
     ``saturating_cast`` clips, then calls it.
 
     * normal results (|y| >= smallest normal): the float32 significand is

@@ -583,8 +583,11 @@ def _pallas(a: QTensor, b: QTensor, kind: str, *, how: str, out_dtype=jnp.float3
     as stored; Fprop's weight and Wgrad's two token-tiled operands are
     transposed in XLA first (FP8 codes, exact; their scales only change places).
     """
+    # The result's shape: the kernel is traced only when a program is lowered
+    # for its platform (fp8jax.platforms.only_on).
+    out = jax.ShapeDtypeStruct(_result_shape(a.data.shape, b.data.shape, kind), out_dtype)
     if how == "mosaic":
-        return _tpu_pallas(a, b, kind, out_dtype)
+        return _tpu_pallas(a, b, kind, out_dtype, out)
     if kind == "fprop":
         # x (B, M, K) 1x128 tiles; w (B, K, N) 128x128 blocks -> w^T (B, N, K).
         args = (a.data, a.scale, _swap12(b.data), b.scale)
@@ -601,10 +604,20 @@ def _pallas(a: QTensor, b: QTensor, kind: str, *, how: str, out_dtype=jnp.float3
         out_dtype=out_dtype,
         interpret=how == "interpret",
     )
-    return _on_kernel_platform(how, run, *args)
+    return _on_kernel_platform(how, run, *args, out_shape=out)
 
 
-def _tpu_pallas(a: QTensor, b: QTensor, kind: str, out_dtype) -> jax.Array:
+def _result_shape(a: tuple[int, ...], b: tuple[int, ...], kind: str) -> tuple[int, int, int]:
+    """The (B, rows, cols) a GEMM of ``kind`` writes from canonical operands of shapes
+    ``a`` and ``b`` (module docstring)."""
+    if kind == "fprop":
+        return a[0], a[1], b[2]
+    if kind == "dgrad":
+        return a[0], a[1], b[1]
+    return a[0], a[2], b[2]
+
+
+def _tpu_pallas(a: QTensor, b: QTensor, kind: str, out_dtype, out) -> jax.Array:
     """The Mosaic TPU kernel of ``kind`` on the canonical operands as stored."""
     # fprop: (B, M, K) tiles along K x (B, K, N) blocks; dgrad: dy (B, M, N) x
     # w (B, K, N) contracted over N (w is the kernels' "nt" operand as stored);
@@ -616,15 +629,17 @@ def _tpu_pallas(a: QTensor, b: QTensor, kind: str, out_dtype) -> jax.Array:
             return fn(a_data[0], a_scale[0], b_data[0], b_scale[0])[None]
         return jax.vmap(fn)(a_data, a_scale, b_data, b_scale)
 
-    return _on_kernel_platform("mosaic", run, a.data, a.scale, b.data, b.scale)
+    return _on_kernel_platform("mosaic", run, a.data, a.scale, b.data, b.scale, out_shape=out)
 
 
-def _on_kernel_platform(how: str, fn: Callable, *args) -> Any:
+def _on_kernel_platform(how: str, fn: Callable, *args, out_shape=None) -> Any:
     """``fn(*args)``, lowered only for the platform of a compiled kernel (``how``):
-    any other platform of a multi-platform export sees dead zeros."""
+    any other platform of a multi-platform export sees dead zeros.  With
+    ``out_shape``, the kernel is traced when a program is lowered for that platform."""
     if how == "interpret":
         return fn(*args)
-    return platforms.only_on(("tpu",) if how == "mosaic" else ("cuda",), fn, *args)
+    platform = ("tpu",) if how == "mosaic" else ("cuda",)
+    return platforms.only_on(platform, fn, *args, out_shape=out_shape)
 
 
 # --------------------------------------------------------------------------

@@ -187,7 +187,9 @@ def only_on(
     traced only when the program is lowered for one of ``platforms``, not
     here (a Pallas kernel's trace is most of what tracing an FP8 program for
     every platform costs, and a CPU lowering never needs a TPU kernel's);
-    a result that differs from ``out_shape`` fails that lowering.
+    a result that differs from ``out_shape`` fails that lowering.  ``fn``
+    is then traced under the settings active at lowering (:func:`cuda_target`,
+    :func:`lowering_for_cuda`): lower where you traced.
     """
     flat, in_tree = jax.tree.flatten(args)
     if out_shape is not None:
