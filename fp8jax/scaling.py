@@ -173,10 +173,11 @@ def finite_amax(x: jnp.ndarray, axis=None, keepdims: bool = False) -> jnp.ndarra
     # is exact there, and XLA runs it as one reduction kernel; on integer bit
     # patterns it transposes the tensor first when the groups run along a
     # major axis (a 128-token tile).  Elsewhere (CPU, TPU) subnormals may be
-    # flushed: the bit patterns.
+    # flushed: the bit patterns, on a CPU in runs of 32 (_bits_amax).
+    ways = {"float": _float_amax, "bits": _bits_amax, "runs": partial(_bits_amax, runs=32)}
     return platforms.choose(
-        lambda p: "float" if p == "cuda" else "bits",
-        lambda how: partial(_float_amax if how == "float" else _bits_amax, x, axis, keepdims),
+        lambda p: {"cuda": "float", "cpu": "runs"}.get(p, "bits"),
+        lambda how: partial(ways[how], x, axis, keepdims),
     )
 
 
@@ -198,10 +199,27 @@ def _float_amax(x: jnp.ndarray, axis, keepdims: bool) -> jnp.ndarray:
     return jnp.max(mag, axis=axis, keepdims=keepdims, initial=0).astype(jnp.float32)
 
 
-def _bits_amax(x: jnp.ndarray, axis, keepdims: bool) -> jnp.ndarray:
-    """:func:`finite_amax` on the bit patterns (exact under flush-to-zero)."""
+def _bits_amax(x: jnp.ndarray, axis, keepdims: bool, runs: int = 0) -> jnp.ndarray:
+    """:func:`finite_amax` on the bit patterns (exact under flush-to-zero).
+
+    ``runs``: each reduced axis longer than that (and a multiple of it) is
+    reduced in two steps, over runs of ``runs`` elements and then over the
+    runs' maxima: the same max (of integers), and XLA's CPU compiler makes
+    the two reductions and the masking one kernel, where it splits a longer
+    reduction into a reduce-window and a reduce, each a kernel, the masking
+    a third.  The first step starts from 0 (magnitudes are >= 0), the
+    second from the type's minimum: XLA would merge two alike reductions
+    back into one.
+    """
     bits = finite_magnitude_bits(x)
-    return magnitude_bits_value(jnp.max(bits, axis=axis, keepdims=keepdims, initial=0), x.dtype)
+    axes = tuple(range(x.ndim)) if axis is None else tuple(np.atleast_1d(axis) % x.ndim)
+    for a in sorted(axes, reverse=True):
+        n = bits.shape[a]
+        if runs and n > runs and n % runs == 0:
+            split = bits.reshape(bits.shape[:a] + (n // runs, runs) + bits.shape[a + 1 :])
+            bits = lax.reduce(split, np.zeros((), bits.dtype), lax.max, (a + 1,))
+    amax = jnp.max(bits, axis=axes, keepdims=keepdims, initial=0)
+    return magnitude_bits_value(amax, x.dtype)
 
 
 def _magnitude_bits(x: jnp.ndarray):

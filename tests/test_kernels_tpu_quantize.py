@@ -277,9 +277,7 @@ def test_result_shapes_are_the_kernels_own(shape):
     x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
     codes = jax.ShapeDtypeStruct(shape, E4M3)
     scales = jax.ShapeDtypeStruct((shape[0], -(-shape[1] // 128)), jnp.float32)
-    runs = [
-        (partial(tq.quantize_2d, fmt=E4M3, orient=o, interpret=True), (x,)) for o in tq.ORIENTS
-    ]
+    runs = [(partial(tq.quantize_2d, fmt=E4M3, orient=o, interpret=True), (x,)) for o in tq.ORIENTS]
     runs += [
         (partial(tq.quantize_rows_cols, fmt=E4M3, interpret=True), (x,)),
         (partial(tq.requantize_col, fmt=E4M3, interpret=True), (codes, scales)),

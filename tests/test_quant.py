@@ -531,3 +531,13 @@ def test_fp8_codes_equal_the_hardware_cast_on_clipped_values():
         got = np.asarray(formats.fp8_codes(jnp.asarray(y), fmt)).view(np.uint8)
         want = y.astype(fmt).view(np.uint8)
         np.testing.assert_array_equal(got, want)
+
+
+def test_cpu_quantizer_compiles_without_branch_or_split_reduction():
+    # The CPU's quantizer: one reduction kernel (no reduce-window, XLA's split
+    # of a long reduction), no conditional; the same codes as everywhere.
+    x = jax.ShapeDtypeStruct((512, 384), jnp.bfloat16)
+    for gran, axis in (("tile", -1), ("tile", 0), ("block", -1)):
+        f = jax.jit(lambda x, g=gran, a=axis: quant.quantize(x, fp8jax.E4M3, g, a).data)
+        text = f.trace(x).lower(lowering_platforms=("cpu",)).compile().as_text()
+        assert "reduce-window" not in text and "conditional" not in text, (gran, axis)

@@ -102,6 +102,30 @@ def test_finite_amax_ignores_nonfinite():
     assert float(scaling.finite_amax(x)) == 3.0
 
 
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize(
+    "shape, axis", [((6, 256), 1), ((6, 96), 1), ((64, 3), 0), ((4, 128, 2, 128), (1, 3))]
+)
+def test_bits_amax_in_runs_is_the_finite_amax(shape, axis, dtype, jit):
+    # Reduced in runs of 32 then over the runs (the CPU's one kernel), or in
+    # one reduction: the float64 max over the finite elements, subnormals exact.
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(shape) * np.float64(2.0) ** rng.integers(-140, 20, shape)).astype(
+        np.float32
+    )
+    x.flat[::37] = np.nan
+    x.flat[5::41] = -np.inf
+    x = x.astype(dtype)
+    x64 = np.asarray(x, np.float64)
+    want = np.max(np.where(np.isfinite(x64), np.abs(x64), 0.0), axis=axis)
+    for runs in (0, 32):
+        got = _jit(lambda t, r=runs: scaling._bits_amax(t, axis, False, runs=r), jit)(
+            jnp.asarray(x)
+        )
+        np.testing.assert_array_equal(np.asarray(got, np.float64), want)
+
+
 def test_delayed_update_max_and_most_recent():
     spec = fp8jax.QuantSpec("e4m3", "tensor", scaling="delayed")
     st = scaling.init_delayed_state(4)
