@@ -290,20 +290,27 @@ def _subnormal_scale_bits(amax: jnp.ndarray, fm: float) -> jnp.ndarray:
     """Bits of RN(amax / fm) where that quotient is below float32's normal range.
 
     With amax = m * 2^e and fm = o * 2^p, the quotient in units of 2^-149
-    (the subnormal step) is m * 2^(e + 149 - p) / o: one integer division
-    with remainder, rounded half to even.  Exact in int32 where the quotient
-    is subnormal (m * 2^t < o * 2^23 < 2^27); other lanes are discarded.
+    (the subnormal step) is num / den = m * 2^(e + 149 - p) / o: an integer
+    division with remainder, rounded half to even.  Exact in int32 where the
+    quotient is subnormal (num < o * 2^23 < 2^27); other lanes are discarded.
+    The division is a float32 one (num has at most 24 significant bits and
+    den is o * 2^k, both exact; the quotient, below 2^23, comes out within
+    one of its floor) that the integer remainder corrects: one kernel on
+    XLA CPU, which makes an integer division's producers and users kernels
+    of their own.
     """
     o, p = _odd_and_pow2(fm)
     _, m, e = float32_parts(amax)
     t = e + 149 - p
     num = m << jnp.clip(t, 0, 7)
     den = jnp.int32(o) << jnp.clip(-t, 0, 24)  # beyond 2^24 the quotient is 0
-    # Both are non-negative, so the truncating division is the floor one
-    # (and lowers without the sign corrections of ``//``, in Pallas TPU too).
-    q = lax.div(num, den)
-    twice_rem = 2 * (num - q * den)
-    up = (twice_rem > den) | ((twice_rem == den) & ((q & 1) == 1))
+    q = jnp.floor(exact_div(num.astype(jnp.float32), den.astype(jnp.float32)))
+    q = q.astype(jnp.int32)
+    rem = num - q * den
+    low, high = rem < 0, rem >= den
+    q = jnp.where(low, q - 1, jnp.where(high, q + 1, q))
+    rem = jnp.where(low, rem + den, jnp.where(high, rem - den, rem))
+    up = (2 * rem > den) | ((2 * rem == den) & ((q & 1) == 1))
     q = q + up.astype(jnp.int32)
     # A quotient that rounds to 0 would be a zero scale: smallest subnormal.
     return jnp.maximum(q, 1)
