@@ -48,6 +48,23 @@ def test_scale_from_amax_bitwise_incl_subnormal_and_huge(jit, fmt, pow2):
     )
 
 
+@pytest.mark.parametrize("fmt", [fp8jax.E4M3, fp8jax.E5M2])
+def test_subnormal_scales_are_the_correctly_rounded_quotient(fmt):
+    # amax / fmt_max below float32's normal range: the quotient rounded half
+    # to even onto the subnormal grid, from exact rationals.
+    from fractions import Fraction
+
+    fm = float(ml_dtypes.finfo(fmt).max)
+    limit = int(np.float32(fm * 2.0**-126).view(np.int32))
+    rng = np.random.default_rng(5)
+    bits = np.concatenate([np.arange(1, 2000), rng.integers(1, limit, 3000), [limit - 1]])
+    amax = bits.astype(np.int32).view(np.float32)
+    got = np.asarray(scaling.scale_from_amax(jnp.asarray(amax), fmt)).view(np.int32)
+    step = Fraction(2) ** -149
+    want = [max(round(Fraction(float(a)) / Fraction(fm) / step), 1) for a in amax]
+    np.testing.assert_array_equal(got, np.asarray(want, np.int32))
+
+
 @pytest.mark.parametrize("jit", [False, True])
 def test_subnormal_amax_is_not_flushed(jit):
     # Under XLA on CPU a float32 subnormal amax reads as 0 in float arithmetic;
