@@ -201,3 +201,15 @@ def test_tpu7x_compiles_the_moe_train_step():
     step, args = train_step_program(model_config("tiny"), fp8jax.recipes.bf16(), 1)
     c = compilers.census(compilers.compile_for(step, args, t))
     assert c.gemm_kernels and not c.gemm_in_loop
+
+
+@pytest.mark.slow
+def test_cpu_compile_ratio_reports_its_phases():
+    # The tiny step compiled on this CPU for bf16 and deepseek_v3: each whole
+    # is its three phases, and the FP8 step has more kernels.
+    out = predicted.cpu_compile_ratio("tiny", 2, "deepseek_v3")
+    for name in ("bf16", "deepseek_v3"):
+        phases = sum(out[f"{name} {p}"] for p in ("trace", "lower", "compile"))
+        assert phases == pytest.approx(out[name])
+    assert out["deepseek_v3 fusions"] > out["bf16 fusions"] > 0
+    assert out["ratio"] == pytest.approx(out["deepseek_v3"] / out["bf16"])

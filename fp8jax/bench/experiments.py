@@ -356,6 +356,11 @@ def compilers(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
             f"{c.cpu_compile_recipe} {compile_times[c.cpu_compile_recipe]:.1f} s, "
             f"bf16 {compile_times['bf16']:.1f} s, ratio {compile_times['ratio']:.2f} (goal <= 2)"
         )
+        for name in ("bf16", str(c.cpu_compile_recipe)):
+            phases = ", ".join(
+                f"{p} {compile_times[f'{name} {p}']:.1f} s" for p in ("trace", "lower", "compile")
+            )
+            print(f"  {name}: {phases}; {compile_times[f'{name} fusions']} fusions")
     print(
         "Predictions of the compilers, not measurements: GEMMs priced as a roofline "
         "(no autotuning without a device), other GPU kernels by XLA's cost model, TPU by libtpu."

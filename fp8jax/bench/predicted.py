@@ -213,7 +213,13 @@ def parse_shapes(text: str) -> list[Shape]:
 
 
 def cpu_compile_ratio(preset: str, batch: int, recipe: str) -> dict[str, float]:
-    """Seconds to trace, lower and compile the train step on this CPU: ``recipe`` and bf16."""
+    """Seconds to trace, lower and compile the train step on this CPU: ``recipe`` and bf16.
+
+    ``out[name]`` is the whole; ``out[f"{name} trace"]``, ``... lower"``,
+    ``... compile"`` its phases and ``out[f"{name} fusions"]`` the kernels
+    XLA made; ``out["ratio"]`` is recipe / bf16.  bf16 goes first, so it
+    pays the process's first-trace costs.
+    """
     from fp8jax.bench.moe_step import model_config, train_step_program
 
     cfg = model_config(preset)
@@ -221,7 +227,16 @@ def cpu_compile_ratio(preset: str, batch: int, recipe: str) -> dict[str, float]:
     for name in ("bf16", recipe):
         step, args = train_step_program(cfg, registry.get(name), batch)
         start = time.perf_counter()
-        jax.jit(step).trace(*args).lower().compile()
-        out[name] = time.perf_counter() - start
+        traced = jax.jit(step).trace(*args)
+        t_trace = time.perf_counter()
+        lowered = traced.lower()
+        t_lower = time.perf_counter()
+        compiled = lowered.compile()
+        end = time.perf_counter()
+        out[name] = end - start
+        out[f"{name} trace"] = t_trace - start
+        out[f"{name} lower"] = t_lower - t_trace
+        out[f"{name} compile"] = end - t_lower
+        out[f"{name} fusions"] = compiled.as_text().count(" fusion(")
     out["ratio"] = out[recipe] / out["bf16"]
     return out
