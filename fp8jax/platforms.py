@@ -249,7 +249,13 @@ def _only_on_rule(platform: str):
 
 
 class _Deferred:
-    """``fn`` on flattened arguments, checked against the results it was declared to give."""
+    """``fn`` on flattened arguments, checked against the results it was declared to give.
+
+    Its own primitive (not :data:`only_on_p` with a Python callable in place
+    of the jaxpr): a traced computation stays a jaxpr in the equation's
+    params, where JAX looks for what lowering needs (a ``custom_partitioning``
+    inside wants the device assignment, which JAX sets up only when it sees one).
+    """
 
     def __init__(self, fn: Callable[..., Any], in_tree: Any, avals: tuple[Any, ...]):
         self.fn, self.in_tree, self.avals = fn, in_tree, avals
