@@ -275,14 +275,16 @@ def requantize_tpu_kernel(
     )
     run = partial(
         tpu_quantize.requantize_col,
-        subnormal=subnormal,
         fmt=as_format(spec.fmt),
         pow2=spec.pow2,
         amax_floor=spec.amax_floor,
         # The operand carries float32 scales either way (quantize_operand).
         ue8m0=spec.scale_fmt == "ue8m0",
     )
-    data, scale = tpu_quantize.on_tpu(run, cached.data, cached.scale)
+    # The flag as an argument, one per matrix of the stack (the same for
+    # all), not bound into run: the kernel then waits for a TPU lowering.
+    flag = jnp.broadcast_to(subnormal, cached.data.shape[:-2])
+    data, scale = tpu_quantize.on_tpu(run, cached.data, cached.scale, flag)
     return QTensor(data, scale, Layout(spec.granularity, len(cached.shape) - 2, spec.tile))
 
 
