@@ -1,0 +1,47 @@
+"""scripts/hash_numerics.py: fingerprints that change with any bit and repeat for the same run."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "hash_numerics.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("hash_numerics", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fingerprint_sees_every_bit_dtype_and_shape():
+    fp = _script().fingerprint
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    flipped = x.copy()
+    flipped.view(np.int32)[2, 3] ^= 1  # the last bit of one element
+    base = fp({"a": x, "b": jnp.zeros(2)})
+    assert base == fp({"a": x.copy(), "b": jnp.zeros(2)})
+    assert base != fp({"a": flipped, "b": jnp.zeros(2)})
+    assert base != fp({"a": x.reshape(4, 3), "b": jnp.zeros(2)})
+    assert base != fp({"a": x, "b": jnp.zeros(2, jnp.bfloat16)})
+
+
+def test_a_recipe_hashes_the_same_twice():
+    # Small inputs: the dense and ragged cases of one recipe, run twice.
+    script = _script()
+    rng = np.random.default_rng(0)
+    inputs = {
+        "x": jnp.asarray(rng.standard_normal((128, 256)), jnp.bfloat16),
+        "w": jnp.asarray(rng.standard_normal((256, 128)) / 16, jnp.bfloat16),
+        "xe": jnp.asarray(rng.standard_normal((256, 128)), jnp.bfloat16),
+        "we": jnp.asarray(rng.standard_normal((2, 128, 128)) / 11, jnp.bfloat16),
+        "sizes": jnp.asarray([100, 156], jnp.int32),
+    }
+    first = script.recipe_hashes("deepseek_v3", inputs, steps=False)
+    assert first == script.recipe_hashes("deepseek_v3", inputs, steps=False)
+    assert not any(v.startswith("ERR") for v in first.values()), first
+    assert set(first) == {"dense", "ragged"}
