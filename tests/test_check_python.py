@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+from script_loader import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "check_python.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("check_python", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("check_python")
 
 
 def test_the_minimum_is_pyprojects():

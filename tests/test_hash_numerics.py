@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import jax.numpy as jnp
 import numpy as np
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "hash_numerics.py"
+from script_loader import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("hash_numerics", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("hash_numerics")
 
 
 def test_fingerprint_sees_every_bit_dtype_and_shape():
