@@ -53,16 +53,39 @@ def test_kernel_gives_both_layouts_bits(dtype, fmt):
 @pytest.mark.parametrize("cache_fmt, fmt", [(E4M3, E4M3), (E5M2, E4M3)])
 def test_requantize_gives_dequantize_then_quantize_bits_transposed(cache_fmt, fmt):
     # DeepSeek-V3's cached x for Wgrad: its 1x128 FP8 tiles quantized again in
-    # 128-token tiles, written K-major; one row of tiny values (subnormal scales).
-    x = np.asarray(_data((300, 260), jnp.float32, seed=9))
-    x = np.where(np.isfinite(x), x, 1.0)
-    x[5, :] *= 1e-38
+    # 128-token tiles, written K-major; one row of tiny values (subnormal scales),
+    # +-Inf and NaN (whose codes keep their sign through the requantization).
+    x = np.array(_data((300, 260), jnp.float32, seed=9))
+    x[5, :] = np.where(np.isfinite(x[5, :]), x[5, :] * 1e-38, x[5, :])
+    x[7, 3], x[8, 4], x[9, 5] = -np.inf, -np.nan, np.nan
     cached = quant.float32_scales(quant.quantize(jnp.asarray(x), cache_fmt, "tile", axis=-1))
     codes_t, scales_t = gq.requantize_col_t(cached.data, cached.scale, fmt=fmt, interpret=True)
     want = quant.quantize(quant.dequantize(cached, jnp.float32), fmt, "tile", axis=0)
     assert codes_t.shape == (260, 300) and scales_t.shape == (260, 3)
     assert gq.same_codes(codes_t.T, want.data)
     np.testing.assert_array_equal(_bits(scales_t.T), _bits(want.scale))
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+@pytest.mark.parametrize("jit", [False, True])
+def test_code_values_are_the_codes_float32_values_with_every_nans_sign(fmt, jit):
+    code_bytes = np.arange(256, dtype=np.uint8).view(np.int8)
+    convert = jax.jit(gq.code_values, static_argnums=1) if jit else gq.code_values
+    got = np.asarray(convert(jnp.asarray(code_bytes), fmt))
+    want = code_bytes.view(fmt).astype(np.float64)
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(np.signbit(got), code_bytes < 0)
+
+
+def test_differences_are_counted_with_the_first_position():
+    codes = np.array([[0x3C, 0x7F], [0x10, 0x20]], np.uint8).view(E4M3)
+    scales = np.ones((2, 1), np.float32)
+    assert gq._difference(codes, scales, codes, scales) == ""
+    moved = codes.view(np.uint8).copy()
+    moved[1, 0] = 0x11
+    scales_off = np.array([[1.0], [2.0]], np.float32)
+    text = gq._difference(moved.view(E4M3), scales_off, codes, scales)
+    assert text == "1 codes, 1 scales (first (1, 0): 0x11, CPU 0x10)"
 
 
 def test_nan_codes_count_as_nan_of_their_sign_only():

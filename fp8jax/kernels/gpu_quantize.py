@@ -63,8 +63,9 @@ CUDA_TARGET = "9.0"
 
 
 def _requantize_t_kernel(d_ref, s_ref, qt_ref, st_ref, *, fmt_in, fmt, pow2, amax_floor, ue8m0):
-    # One 128 x 128 square of the cache: 128 tokens x one 1x128 tile along K.
-    d = d_ref[...].astype(jnp.float32)
+    # One 128 x 128 square of the cache: 128 tokens x one 1x128 tile along K,
+    # its codes as int8 bytes (see cast_with_specials).
+    d = code_values(d_ref[...], fmt_in)
     s = jnp.broadcast_to(s_ref[...], d.shape)
     # quant.dequantize's value, on the bit patterns: the correctly rounded
     # product with subnormals kept whatever the kernel's flush-to-zero mode.
@@ -108,13 +109,8 @@ def requantize_col_t(
         ue8m0=ue8m0,
     )
 
-    def kernel(d_ref, s_ref, qt_ref, st_ref):
-        # The codes travel as int8 (see cast_with_specials): viewed as FP8 here.
-        view = _BitsAsFormat(d_ref, jnp.dtype(codes.dtype))
-        return _traced(body, interpret)(view, s_ref, qt_ref, st_ref)
-
     out_codes, scales = pl.pallas_call(
-        kernel,
+        _traced(body, interpret),
         out_shape=(
             jax.ShapeDtypeStruct((cp, rp), jnp.int8),
             jax.ShapeDtypeStruct((cp, rp // GROUP), jnp.float32),
@@ -137,14 +133,18 @@ def requantize_col_t(
     )
 
 
-class _BitsAsFormat:
-    """A ref of int8 bytes read as FP8 values of ``fmt`` (``ref[...]`` only)."""
+def code_values(code_bytes: jax.Array, fmt) -> jax.Array:
+    """FP8 codes of ``fmt``, given as their int8 bytes, as float32 values (exact),
+    a NaN code's sign kept.
 
-    def __init__(self, ref, fmt):
-        self.ref, self.fmt = ref, fmt
-
-    def __getitem__(self, idx):
-        return lax.bitcast_convert_type(self.ref[idx], self.fmt)
+    The sign is put back from the byte: Triton's FP8 -> float32 conversion
+    gives a NaN code the canonical (positive) NaN, where XLA keeps its sign,
+    and the requantized code of a NaN carries the sign of the value it came from.
+    """
+    value = lax.bitcast_convert_type(code_bytes, fmt).astype(jnp.float32)
+    magnitude = lax.bitcast_convert_type(value, jnp.int32) & 0x7FFFFFFF
+    sign = jnp.where(code_bytes < 0, jnp.int32(-(2**31)), jnp.int32(0))
+    return lax.bitcast_convert_type(magnitude | sign, jnp.float32)
 
 
 def _traced(body, interpret: bool):
@@ -326,11 +326,14 @@ def same_codes(got: np.ndarray, want: np.ndarray) -> bool:
     """Whether two arrays of FP8 codes have the same bits, a NaN code counting as
     any NaN code of the same sign (E5M2's NaN payloads are not specified)."""
     got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape:
-        return False
+    return got.shape == want.shape and not codes_differ(got, want).any()
+
+
+def codes_differ(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Where two same-shaped arrays of FP8 codes differ, as :func:`same_codes` counts it."""
     g, w = got.view(np.uint8), want.view(np.uint8)
     both_nan = np.isnan(got.astype(np.float32)) & np.isnan(want.astype(np.float32))
-    return bool(np.all((g == w) | (both_nan & ((g & 0x80) == (w & 0x80)))))
+    return (g != w) & ~(both_nan & ((g & 0x80) == (w & 0x80)))
 
 
 def on_gpu(fn, *arrays: jax.Array):
@@ -377,7 +380,8 @@ def compare_with_cpu(interpret: bool) -> str | None:
     here and in Pallas' interpreter on the CPU backend, in a thread of its own
     (so that a jit trace asking for it does not stage it); None where every
     code and scale has the same bits (a NaN code as any of its sign,
-    :func:`same_codes`).
+    :func:`same_codes`), else every output that differs, how many of its codes
+    and scales, and its first differing code.
 
     The interpreter on CPU gives ``fp8jax.quantize``'s CPU bits (the tests
     hold it to that, bit for bit). The reference is the CPU's because XLA's
@@ -404,6 +408,7 @@ def _run_all(x: jax.Array, fmt, interpret: bool) -> dict[str, tuple[jax.Array, j
 
 def _compare(interpret: bool) -> str | None:
     cpu = jax.devices("cpu")[0]
+    found = []
     try:
         for dtype in (jnp.bfloat16, jnp.float32):
             for fmt in (jnp.float8_e4m3fn, jnp.float8_e5m2):
@@ -411,15 +416,30 @@ def _compare(interpret: bool) -> str | None:
                 with jax.default_device(cpu):
                     want = _run_all(jax.device_put(x, cpu), fmt, interpret=True)
                 got = _run_all(x, fmt, interpret=interpret)
+                kind = f"{jnp.dtype(fmt).name} from {jnp.dtype(dtype).name}"
                 for name, outs in got.items():
-                    g_codes, g_scales = (np.asarray(v) for v in outs)
-                    w_codes, w_scales = (np.asarray(v) for v in want[name])
-                    same = same_codes(g_codes, w_codes) and g_scales.shape == w_scales.shape
-                    if not same or not np.array_equal(
-                        g_scales.view(np.uint32), w_scales.view(np.uint32)
-                    ):
-                        kind = f"{jnp.dtype(fmt).name} from {jnp.dtype(dtype).name}"
-                        return f"{name} ({kind}) differ from the CPU's"
+                    diff = _difference(*(np.asarray(v) for v in (*outs, *want[name])))
+                    if diff:
+                        found.append(f"{name} ({kind}) differ from the CPU's: {diff}")
     except Exception as e:  # a lowering / compile / run failure is the answer
-        return f"{type(e).__name__}: {str(e)[:300]}"
-    return None
+        found.append(f"{type(e).__name__}: {str(e)[:300]}")
+    return "; ".join(found) or None
+
+
+def _difference(g_codes, g_scales, w_codes, w_scales) -> str:
+    """'' where both (codes, scales) have the same bits (:func:`same_codes`), else how
+    many codes and scales differ and the first differing code's position and bytes."""
+    if g_codes.shape != w_codes.shape or g_scales.shape != w_scales.shape:
+        return (
+            f"shapes {g_codes.shape} / {g_scales.shape} against {w_codes.shape} / {w_scales.shape}"
+        )
+    codes_off = codes_differ(g_codes, w_codes)
+    g, w = g_codes.view(np.uint8), w_codes.view(np.uint8)
+    scales_off = int(np.sum(g_scales.view(np.uint32) != w_scales.view(np.uint32)))
+    if not codes_off.any() and not scales_off:
+        return ""
+    text = f"{int(codes_off.sum())} codes, {scales_off} scales"
+    if codes_off.any():
+        at = tuple(int(i) for i in np.argwhere(codes_off)[0])
+        text += f" (first {at}: 0x{int(g[at]):02x}, CPU 0x{int(w[at]):02x})"
+    return text
