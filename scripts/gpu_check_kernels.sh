@@ -3,7 +3,7 @@
 #   OUT=/some/dir bash scripts/gpu_check_kernels.sh
 #   STEPS="env pytest programs" OUT=/some/dir bash scripts/gpu_check_kernels.sh   # some steps
 # Installs nothing and imports only what the GPU image has. Each step has its own
-# time limit (all of them add up to 640 s) and saves its results as it goes:
+# time limit (all of them add up to 890 s) and saves its results as it goes:
 #   $OUT/results.jsonl  one JSON line per measurement (fp8jax.bench.gpu_check)
 #   $OUT/steps.txt      each step's exit status;  $OUT/pytest.txt, $OUT/<step>.log
 set -uo pipefail
@@ -14,7 +14,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 PY=${PYTHON:-python3}
 status() { echo "$1: rc=$2" | tee -a "$OUT/steps.txt"; }
-STEPS=${STEPS:-env pytest programs dense grouped moe_step}
+STEPS=${STEPS:-env pytest programs dense grouped moe_step quantizers}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 step() {  # step NAME SECONDS
   want "$1" || return 0
@@ -23,7 +23,7 @@ step() {  # step NAME SECONDS
   tail -n 3 "$OUT/$1.log"
 }
 
-step env 40
+step env 120
 # Correctness on the GPU: the compiled kernels against the float64 oracle; a
 # kernel that fails its self-check on a Hopper GPU fails here (no skip).
 if want pytest; then
@@ -37,5 +37,6 @@ fi
 step programs 180
 step dense 150
 step grouped 70
-step moe_step 100
+step moe_step 150
+step quantizers 120
 cat "$OUT/steps.txt"

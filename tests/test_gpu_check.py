@@ -95,6 +95,21 @@ def test_grouped_and_moe_steps(tmp_path):
     assert all(r["status"] == "ok" for r in steps)
 
 
+def test_quantizers_step_times_each_kernel_and_xlas_fusions(tmp_path):
+    records = _run("quantizers", tmp_path)
+    assert [(r["impl"], r["kernel"]) for r in records] == [
+        ("xla", "row"),
+        ("xla", "block"),
+        ("xla", "rows_cols"),
+        ("triton", "row"),
+        ("triton", "block"),
+        ("triton", "rows_cols"),
+        ("triton", "requantize"),
+    ]
+    # No device plane on a CPU: each ran (interpreted) and the profiler saw no kernel.
+    assert all(r["device_us"] == 0 and r["kernels"] == [] for r in records), records
+
+
 def test_unknown_step_is_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown step"):
         gpu_check.run_step("benchmark", tmp_path)

@@ -119,8 +119,13 @@ def test_check_against_the_cpu_passes_interpreted_and_from_a_trace():
     assert answers == [None]
 
 
-def test_taken_for_hopper_targets_only():
-    # No GPU here: a CUDA target of 9.0 takes it on trust, 8.0 (no FP8) never.
+def test_taken_where_asked_for_and_for_hopper_targets_only(monkeypatch):
+    # Not asked for: XLA's quantizer, whatever the target.
+    monkeypatch.delenv(gq.OPT_IN, raising=False)
+    with platforms.cuda_target("9.0"):
+        assert not gq.available()
+    # Asked for, no GPU here: a CUDA target of 9.0 takes it on trust, 8.0 (no FP8) never.
+    monkeypatch.setenv(gq.OPT_IN, "triton")
     with platforms.cuda_target("9.0"):
         assert gq.available()
     with platforms.cuda_target("8.0"):
@@ -129,6 +134,7 @@ def test_taken_for_hopper_targets_only():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not availability.hopper_gpu(), reason="needs a Hopper+ NVIDIA GPU")
-def test_compiled_kernels_give_the_cpus_bits_on_a_hopper_gpu():
+def test_compiled_kernels_give_the_cpus_bits_on_a_hopper_gpu(monkeypatch):
     assert gq.check_error() is None
+    monkeypatch.setenv(gq.OPT_IN, "triton")
     assert gq.available()

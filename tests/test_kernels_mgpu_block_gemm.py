@@ -121,9 +121,8 @@ def test_auto_lowers_every_deepseek_v3_gemm_to_a_mosaic_gpu_kernel():
 
     text, paths = _cuda_text(jax.value_and_grad(loss, argnums=(0, 1)), x, w)
     assert len(_mosaic_calls(text)) == 3  # Fprop, Dgrad, Wgrad
-    # Triton calls are the quantizers only (fp8jax.kernels.gpu_quantize), no GEMM.
-    triton = [ln for ln in text.splitlines() if "custom_call @__gpu$xla.gpu.triton" in ln]
-    assert triton and all(re.search(r"fp8_(re)?quantize_", ln) for ln in triton)
+    # No Triton call: XLA's fusions quantize (the Triton quantizers only where asked for).
+    assert "custom_call @__gpu$xla.gpu.triton" not in text
     assert set(paths.values()) == {"pallas"}
 
 

@@ -20,6 +20,7 @@ from jax import export
 
 import fp8jax
 from fp8jax import path_record, platforms, recipes, registry, scaling
+from fp8jax.kernels import gpu_quantize
 
 DIMS = (((1,), (0,)), ((), ()))
 M, K, N = 256, 384, 256
@@ -83,8 +84,31 @@ def test_hardware_fp8_dots(name, impl):
         assert "stablehlo.while" in text
 
 
+@pytest.fixture
+def triton_quantizers(monkeypatch):
+    """The Triton quantizers asked for (read at trace time: no trace kept across)."""
+    monkeypatch.setenv(gpu_quantize.OPT_IN, "triton")
+    jax.clear_caches()
+    yield
+    monkeypatch.delenv(gpu_quantize.OPT_IN)
+    jax.clear_caches()
+
+
 @pytest.mark.parametrize("impl", ["auto", "pallas"])
-def test_pallas_kernels_are_mosaic_gpu_calls(impl):
+def test_pallas_kernels_are_mosaic_gpu_calls_quantized_by_xla(impl):
+    recipe = dataclasses.replace(recipes.deepseek_v3(), impl=impl)
+    text, paths = _lower(recipe)
+    calls = re.findall(r"stablehlo.custom_call @mosaic_gpu\w*", text)
+    assert len(calls) == 3  # Fprop, Dgrad, Wgrad
+    # Not asked for, no Triton quantizer: XLA's fusions quantize.
+    assert "triton" not in text
+    assert "callback" not in text
+    assert "stablehlo.while" not in text
+    assert set(paths.values()) == {"pallas"}
+
+
+@pytest.mark.parametrize("impl", ["auto", "pallas"])
+def test_asked_for_the_quantizers_are_triton_calls(impl, triton_quantizers):
     recipe = dataclasses.replace(recipes.deepseek_v3(), impl=impl)
     text, paths = _lower(recipe)
     calls = re.findall(r"stablehlo.custom_call @mosaic_gpu\w*", text)

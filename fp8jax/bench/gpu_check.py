@@ -17,7 +17,10 @@ only itself.  Steps (in order: what the machine is, then timings):
   kernels (Fprop, Dgrad, Wgrad layouts), at 4096^3 and DeepSeek-V3's shapes
   (K = 7168); ratios to bf16 in the same run;
 * ``grouped``: the grouped (MoE) kernel against ``lax.ragged_dot`` in bf16;
-* ``moe_step``: one train step of the tiny MoE model, bf16 vs deepseek_v3.
+* ``moe_step``: one train step of the tiny MoE model, bf16 vs deepseek_v3;
+* ``quantizers``: the device time of each Triton quantizer
+  (:mod:`fp8jax.kernels.gpu_quantize`) at 4096 x 4096 per warp count, and of
+  XLA's fusions for the same outputs.
 
 Every record is one JSON line appended to ``DIR/results.jsonl`` (and
 printed) as soon as it is measured; a step ends with a line in
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -44,7 +48,7 @@ from fp8jax.bench import gemm_cases, kernel, measured, moe_step
 from fp8jax.bench.gemm_cases import Shape
 from fp8jax.kernels import availability, gpu_quantize
 
-STEPS = ("env", "programs", "dense", "grouped", "moe_step")
+STEPS = ("env", "programs", "dense", "grouped", "moe_step", "quantizers")
 
 #: Dense shapes (M, K, N): the 4096^3 goal, DeepSeek-V3's K = 7168 projections
 #: (an expert's up-projection and the attention output's down-projection).
@@ -104,6 +108,56 @@ def _grouped(small: bool) -> Iterator[dict[str, Any]]:
                 yield dataclasses.asdict(r)
 
 
+def _quantizers(small: bool) -> Iterator[dict[str, Any]]:
+    """Device time of each Triton quantizer at 4096 x 4096 (bfloat16 x, E4M3) per
+    warp count, and of XLA's fusions for the same outputs (``quant.quantize``)."""
+    import jax.numpy as jnp
+
+    from fp8jax import quant
+
+    n = 256 if small else 4096
+    on_gpu = availability.hopper_gpu()
+    x = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+    e4m3 = jnp.float8_e4m3fn
+    cached = quant.quantize(x, e4m3, "tile", axis=-1)
+    xla = {
+        "row": lambda x: quant.quantize(x, e4m3, "tile", axis=-1),
+        "block": lambda x: quant.quantize(x, e4m3, "block"),
+        "rows_cols": lambda x: quant.quantize_rows_and_cols(x, e4m3),
+    }
+    for name, fn in xla.items():
+        yield {"kernel": name, "impl": "xla", "shape": [n, n], **_device_time(jax.jit(fn), (x,))}
+    for warps in (4,) if small else (4, 8, 16):
+        kw = dict(fmt=e4m3, interpret=not on_gpu, num_warps=warps)
+        kernels = {
+            "row": (functools.partial(gpu_quantize.quantize_2d, orient="row", **kw), (x,)),
+            "block": (functools.partial(gpu_quantize.quantize_2d, orient="block", **kw), (x,)),
+            "rows_cols": (functools.partial(gpu_quantize.quantize_rows_cols, **kw), (x,)),
+            "requantize": (
+                functools.partial(gpu_quantize.requantize_col_t, **kw),
+                (cached.data, cached.scale),
+            ),
+        }
+        for name, (fn, args) in kernels.items():
+            rec = {"kernel": name, "impl": "triton", "num_warps": warps, "shape": [n, n]}
+            yield {**rec, **_device_time(jax.jit(fn), args)}
+
+
+def _device_time(fn: Callable, args: tuple) -> dict[str, Any]:
+    """The device time per call of ``fn`` (all its kernels), or what failed."""
+    try:
+        profile = measured.kernel_profile(fn, args)
+    except Exception as e:  # noqa: BLE001 -- a kernel that does not compile is a result
+        return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    if "error" in profile:
+        return profile
+    lines = profile["lines"].values()
+    return {
+        "device_us": round(sum(v["total_us"] for v in lines), 2),
+        "kernels": [t for v in lines for t in v["top"]],
+    }
+
+
 def _moe_step(small: bool) -> Iterator[dict[str, Any]]:
     records, note = moe_step.bench_train_steps(
         ["bf16", "deepseek_v3"],
@@ -123,6 +177,7 @@ _RUNNERS: dict[str, Callable[[bool], Iterator[dict[str, Any]]]] = {
     "dense": _dense,
     "grouped": _grouped,
     "moe_step": _moe_step,
+    "quantizers": _quantizers,
 }
 
 

@@ -21,11 +21,16 @@ Why kernels: XLA's GPU compiler quantizes in several passes per operand (an
 amax reduction, quantizing transposes, the Inf/NaN masks between them); on
 an H200 at 4096^3 the 19 such fusions of deepseek_v3's fwd+bwd took 258 us,
 dy's alone about 74 us.  A kernel reads its operand once and writes each
-layout's codes and scales once.
+layout's codes and scales once.  These are not fast yet: on the same H200
+the requantizer took 1.7-3.1 ms and the two-layout quantizer 0.5-1.7 ms
+per 4096-row operand (the ``quantizers`` step of :mod:`fp8jax.bench.gpu_check`
+times them per warp count).
 
-Where an NVIDIA GPU is attached, "auto" takes the kernels only once they
-have given the CPU's bits on a test array (:func:`check_error`, asked once);
-without one, only for a named CUDA target (:func:`available`).
+"auto" takes the kernels only where ``FP8JAX_GPU_QUANTIZER=triton`` asks for
+them (on an H200 they are slower than XLA's fusions: :func:`available`), and
+then, where an NVIDIA GPU is attached, only once they have given the CPU's
+bits on a test array (:func:`check_error`, asked once); without one, only
+for a named CUDA target.
 ``interpret=True`` runs them in Pallas' interpreter (the tests, on CPU).
 """
 
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +67,11 @@ from fp8jax.kernels.tpu_quantize import (
 #: 8.9; 9.0 is what the GPU check has run it on).
 CUDA_TARGET = "9.0"
 
+#: Warps per program (Triton's default). A program holds a 128 x 128 square of
+#: float32 and its integer bit patterns: at 4 warps that is 128 values per
+#: thread per array, past the registers; the GPU check times 4, 8 and 16.
+NUM_WARPS = 4
+
 
 def _requantize_t_kernel(d_ref, s_ref, qt_ref, st_ref, *, fmt_in, fmt, pow2, amax_floor, ue8m0):
     # One 128 x 128 square of the cache: 128 tokens x one 1x128 tile along K,
@@ -76,7 +87,9 @@ def _requantize_t_kernel(d_ref, s_ref, qt_ref, st_ref, *, fmt_in, fmt, pow2, ama
     st_ref[...] = scale
 
 
-@functools.partial(jax.jit, static_argnames=("fmt", "pow2", "amax_floor", "ue8m0", "interpret"))
+@functools.partial(
+    jax.jit, static_argnames=("fmt", "pow2", "amax_floor", "ue8m0", "interpret", "num_warps")
+)
 def requantize_col_t(
     codes: jax.Array,
     row_scales: jax.Array,
@@ -86,6 +99,7 @@ def requantize_col_t(
     amax_floor: float = 0.0,
     ue8m0: bool = False,
     interpret: bool = False,
+    num_warps: int = NUM_WARPS,
 ) -> tuple[jax.Array, jax.Array]:
     """FP8 ``codes`` (R, C) in 1x128 tiles (float32 ``row_scales`` (R, ceil(C/128)))
     dequantized and quantized again in 128x1 tiles, written transposed: (codes (C, R),
@@ -125,6 +139,7 @@ def requantize_col_t(
             pl.BlockSpec((GROUP, 1), lambda i, j: (j, i)),
         ),
         interpret=interpret,
+        compiler_params=pl_triton.CompilerParams(num_warps=num_warps),
         name="fp8_requantize_col_t",
     )(dp, sp)
     return (
@@ -161,7 +176,8 @@ def _traced(body, interpret: bool):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("fmt", "orient", "pow2", "amax_floor", "ue8m0", "interpret")
+    jax.jit,
+    static_argnames=("fmt", "orient", "pow2", "amax_floor", "ue8m0", "interpret", "num_warps"),
 )
 def quantize_2d(
     x: jax.Array,
@@ -172,6 +188,7 @@ def quantize_2d(
     amax_floor: float = 0.0,
     ue8m0: bool = False,
     interpret: bool = False,
+    num_warps: int = NUM_WARPS,
 ) -> tuple[jax.Array, jax.Array]:
     """(codes, float32 scales) of a 2-D ``x``: ``tpu_quantize.quantize_2d``'s outputs
     for ``orient`` "row" (1x128 tiles), "col" (128x1) or "block" (128x128), the
@@ -204,12 +221,15 @@ def quantize_2d(
         in_specs=[square],
         out_specs=(square, s_spec),
         interpret=interpret,
+        compiler_params=pl_triton.CompilerParams(num_warps=num_warps),
         name=f"fp8_quantize_{orient}",
     )(xp)
     return crop(orient, lax.bitcast_convert_type(codes, fmt), scales, r, c)
 
 
-@functools.partial(jax.jit, static_argnames=("fmt", "pow2", "amax_floor", "ue8m0", "interpret"))
+@functools.partial(
+    jax.jit, static_argnames=("fmt", "pow2", "amax_floor", "ue8m0", "interpret", "num_warps")
+)
 def quantize_rows_cols(
     x: jax.Array,
     *,
@@ -218,6 +238,7 @@ def quantize_rows_cols(
     amax_floor: float = 0.0,
     ue8m0: bool = False,
     interpret: bool = False,
+    num_warps: int = NUM_WARPS,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """(row codes, row scales (R, ceil(C/128)), col codes, col scales (ceil(R/128), C))
     of a 2-D ``x``: ``tpu_quantize.quantize_rows_cols``'s outputs, the same bits."""
@@ -261,6 +282,7 @@ def quantize_rows_cols(
             pl.BlockSpec((GROUP, 1), lambda i, j: (j, i)),
         ),
         interpret=interpret,
+        compiler_params=pl_triton.CompilerParams(num_warps=num_warps),
         name="fp8_quantize_rows_cols",
     )(xp)
     return (
@@ -342,15 +364,29 @@ def on_gpu(fn, *arrays: jax.Array):
     return on_platform("cuda", fn, *arrays)
 
 
+#: The environment variable that lets "auto" take the kernels ("triton"), read
+#: when a program is traced: set it before the first trace.
+OPT_IN = "FP8JAX_GPU_QUANTIZER"
+
+
+def requested() -> bool:
+    """Whether the environment asks for the kernels (``FP8JAX_GPU_QUANTIZER=triton``)."""
+    return os.environ.get(OPT_IN, "").strip().lower() == "triton"
+
+
 def available() -> bool:
     """Whether "auto" quantizes with the kernels on the CUDA target being lowered for.
 
-    Where a GPU is attached: once :func:`check_error` has found nothing.
+    Only where asked for (:func:`requested`): on an H200 they give the CPU's
+    bits but are slower than XLA's fusions for the same outputs (at 4096 x
+    4096, fwd+bwd of one GEMM: 2.8-3.7 ms of quantizer kernels against about
+    0.26 ms of XLA's fusions), so by default "auto" keeps XLA's quantizer.
+    Then, where a GPU is attached: once :func:`check_error` has found nothing.
     Without one: only for a named target (:func:`fp8jax.platforms.lowering_for_cuda`
     or ``cuda_target``), since Pallas Triton lowers for a known device only;
     a bare ``lowering_platforms=("cuda",)`` keeps XLA's quantizer.
     """
-    if not platforms.cuda_at_least(CUDA_TARGET):
+    if not requested() or not platforms.cuda_at_least(CUDA_TARGET):
         return False
     if platforms.local_cuda_capability() is None:
         return platforms.cuda_target_named()
