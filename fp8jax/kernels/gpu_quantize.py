@@ -379,8 +379,10 @@ def available() -> bool:
 
     Only where asked for (:func:`requested`): on an H200 they give the CPU's
     bits but are slower than XLA's fusions for the same outputs (at 4096 x
-    4096, fwd+bwd of one GEMM: 2.8-3.7 ms of quantizer kernels against about
-    0.26 ms of XLA's fusions), so by default "auto" keeps XLA's quantizer.
+    4096, fwd+bwd of one GEMM: 2.8-3.8 ms of quantizer kernels at 4 warps
+    against 0.26-0.28 ms of XLA's fusions; at 8-16 warps each kernel is still
+    slower than XLA's fusions for its outputs), so by default "auto" keeps
+    XLA's quantizer.
     Then, where a GPU is attached: once :func:`check_error` has found nothing.
     Without one: only for a named target (:func:`fp8jax.platforms.lowering_for_cuda`
     or ``cuda_target``), since Pallas Triton lowers for a known device only;
