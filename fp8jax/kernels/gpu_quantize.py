@@ -21,10 +21,11 @@ Why kernels: XLA's GPU compiler quantizes in several passes per operand (an
 amax reduction, quantizing transposes, the Inf/NaN masks between them); on
 an H200 at 4096^3 the 19 such fusions of deepseek_v3's fwd+bwd took 258 us,
 dy's alone about 74 us.  A kernel reads its operand once and writes each
-layout's codes and scales once.  These are not fast yet: on the same H200
-the requantizer took 1.7-3.1 ms and the two-layout quantizer 0.5-1.7 ms
-per 4096-row operand (the ``quantizers`` step of :mod:`fp8jax.bench.gpu_check`
-times them per warp count).
+layout's codes and scales once.  These are not fast yet: on the same H200,
+at Triton's default of 4 warps, the requantizer took 1.7-3.1 ms and the
+two-layout quantizer 0.5-1.7 ms per 4096-row operand; at the warps they now
+default to (:data:`NUM_WARPS`), each still takes longer than XLA's fusions
+for its outputs (the ``quantizers`` step of :mod:`fp8jax.bench.gpu_check`).
 
 "auto" takes the kernels only where ``FP8JAX_GPU_QUANTIZER=triton`` asks for
 them (on an H200 they are slower than XLA's fusions: :func:`available`), and
@@ -67,10 +68,14 @@ from fp8jax.kernels.tpu_quantize import (
 #: 8.9; 9.0 is what the GPU check has run it on).
 CUDA_TARGET = "9.0"
 
-#: Warps per program (Triton's default). A program holds a 128 x 128 square of
-#: float32 and its integer bit patterns: at 4 warps that is 128 values per
-#: thread per array, past the registers; the GPU check times 4, 8 and 16.
-NUM_WARPS = 4
+#: Warps per program. A program holds a 128 x 128 square of float32 and its
+#: integer bit patterns: at Triton's default of 4 warps that is 128 values per
+#: thread per array, past the registers. On an H200 (4096 x 4096 bfloat16 x,
+#: the GPU check's ``quantizers`` step) 16 warps were the fastest of 4, 8 and
+#: 16 for the quantizers (1x128 tiles 73 -> 45 us, both layouts 948 -> 146 us)
+#: and 8 for the requantizer (1757 -> 119 us; 132 at 16).
+NUM_WARPS = 16
+REQUANTIZE_WARPS = 8
 
 
 def _requantize_t_kernel(d_ref, s_ref, qt_ref, st_ref, *, fmt_in, fmt, pow2, amax_floor, ue8m0):
@@ -99,7 +104,7 @@ def requantize_col_t(
     amax_floor: float = 0.0,
     ue8m0: bool = False,
     interpret: bool = False,
-    num_warps: int = NUM_WARPS,
+    num_warps: int = REQUANTIZE_WARPS,
 ) -> tuple[jax.Array, jax.Array]:
     """FP8 ``codes`` (R, C) in 1x128 tiles (float32 ``row_scales`` (R, ceil(C/128)))
     dequantized and quantized again in 128x1 tiles, written transposed: (codes (C, R),
