@@ -33,6 +33,7 @@ import numpy as np
 from jax import lax
 
 from fp8jax import platforms
+from fp8jax.inline_ops import clip, isinf, where
 
 E4M3 = jnp.dtype(ml_dtypes.float8_e4m3fn)
 E5M2 = jnp.dtype(ml_dtypes.float8_e5m2)
@@ -97,10 +98,10 @@ def saturate(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.ndarray
     if not jnp.issubdtype(x.dtype, jnp.floating) or jnp.finfo(x.dtype).bits < 32:
         x = x.astype(jnp.float32)
     if assume_finite:
-        return jnp.clip(x, -m, m)
+        return clip(x, -m, m)
     # Finite values saturate; +-Inf bypasses the clip so that the cast maps it
     # to the format's Inf or NaN code (clip leaves NaN unchanged).
-    return jnp.where(jnp.isinf(x), x, jnp.clip(x, -m, m))
+    return where(isinf(x), x, clip(x, -m, m))
 
 
 def saturating_cast(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.ndarray:
@@ -173,10 +174,10 @@ def fp8_codes(y: jnp.ndarray, fmt) -> jnp.ndarray:
     magic = np.array(magic_bits, np.int32).view(np.float32)
     absy = lax.bitcast_convert_type(mag, jnp.float32)
     sub = lax.bitcast_convert_type(absy + magic, jnp.int32) - magic_bits
-    code = jnp.where(mag < ((emin + 127) << 23), sub, normal)
+    code = where(mag < ((emin + 127) << 23), sub, normal)
     nan_code, inf_code = (int(c) for c in np.float32([np.nan, np.inf]).astype(fmt).view(np.uint8))
-    code = jnp.where(mag > _INF_BITS, nan_code, code)
-    code = jnp.where(mag == _INF_BITS, inf_code, code) | sign
+    code = where(mag > _INF_BITS, nan_code, code)
+    code = where(mag == _INF_BITS, inf_code, code) | sign
     return lax.bitcast_convert_type(code.astype(jnp.uint8), fmt)
 
 
@@ -209,7 +210,7 @@ def _e8m0_codes(bits: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     mant = bits & 0x7FFFFF
     normal_pow2 = (bits > 0) & (mant == 0) & (exp_field >= 1) & (exp_field <= 254)
     ok = normal_pow2 | (bits == E8M0_MIN_BITS)
-    return jnp.where(bits == E8M0_MIN_BITS, 0, exp_field), ok
+    return where(bits == E8M0_MIN_BITS, 0, exp_field), ok
 
 
 def encode_e8m0(scale: jnp.ndarray) -> jnp.ndarray:
@@ -236,15 +237,15 @@ def encode_e8m0(scale: jnp.ndarray) -> jnp.ndarray:
                 f"UE8M0 scales must be powers of two in [2^-127, 2^127]: {int(bad.sum())} of "
                 f"{bad.size} are not (e.g. {float(first)!r}); quantize with pow2=True"
             )
-    code = jnp.where(ok, code, E8M0_NAN_CODE)
+    code = where(ok, code, E8M0_NAN_CODE)
     return lax.bitcast_convert_type(code.astype(jnp.uint8), E8M0)
 
 
 def decode_e8m0(codes: jnp.ndarray) -> jnp.ndarray:
     """E8M0 bytes -> float32 2^(c - 127) (exact; code 0 is the subnormal 2^-127; 255 NaN)."""
     c = lax.bitcast_convert_type(codes, jnp.uint8).astype(jnp.int32)
-    bits = jnp.where(c == 0, E8M0_MIN_BITS, c << 23)
-    bits = jnp.where(c == E8M0_NAN_CODE, 0x7FC00000, bits)
+    bits = where(c == 0, E8M0_MIN_BITS, c << 23)
+    bits = where(c == E8M0_NAN_CODE, 0x7FC00000, bits)
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
@@ -280,14 +281,14 @@ def float32_parts(x: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray
     exp = mag >> 23
     mant = mag & 0x7FFFFF
     normal = exp > 0
-    m = jnp.where(normal, mant | 0x800000, mant)
-    e = jnp.where(normal, exp - 150, -149)
+    m = where(normal, mant | 0x800000, mant)
+    e = where(normal, exp - 150, -149)
     return bits < 0, m, e
 
 
 def _round_shift(m: jnp.ndarray, r: jnp.ndarray) -> jnp.ndarray:
     """round-half-even(m / 2^r) for int32 0 <= m < 2^30 and r >= 0."""
-    r = jnp.clip(r, 0, 31)
+    r = clip(r, 0, 31)
     q = m >> r
     rem = m - (q << r)
     half = jnp.left_shift(1, jnp.maximum(r - 1, 0))
@@ -307,15 +308,15 @@ def float32_from_parts(negative: jnp.ndarray, m: jnp.ndarray, e: jnp.ndarray) ->
     top = 31 - lax.clz(m)  # index of the leading bit (-1 for m == 0)
     # Keep 24 significant bits, or stop at the subnormal unit 2^-149.
     r = jnp.maximum(top - 23, -149 - e)
-    mm = jnp.where(r < 0, m << jnp.clip(-r, 0, 31), _round_shift(m, r))
+    mm = where(r < 0, m << clip(-r, 0, 31), _round_shift(m, r))
     ee = e + r  # value = mm * 2^ee with mm <= 2^24
     # Exponent field of the result: ee + 150 for a normal mm in [2^23, 2^24)
     # (ee + 151 after a rounding carry to 2^24), 0 for a subnormal mm < 2^23.
     field = ee + 149 + (mm >> 23)
     bits = (jnp.minimum(ee + 149, 254) << 23) + mm
-    bits = jnp.where(field >= 255, _INF_BITS, bits)
-    bits = jnp.where(m == 0, 0, bits)
-    bits = jnp.where(negative, bits | _SIGN_BIT, bits)
+    bits = where(field >= 255, _INF_BITS, bits)
+    bits = where(m == 0, 0, bits)
+    bits = where(negative, bits | _SIGN_BIT, bits)
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
@@ -330,7 +331,7 @@ def ldexp_exact(x: jnp.ndarray, k) -> jnp.ndarray:
     neg, m, e = float32_parts(x)
     out = float32_from_parts(neg, m, e + jnp.asarray(k, jnp.int32))
     bits = lax.bitcast_convert_type(x, jnp.int32)
-    return jnp.where((bits & _EXP_MASK) == _EXP_MASK, x, out)
+    return where((bits & _EXP_MASK) == _EXP_MASK, x, out)
 
 
 # E5M6 (DeepSeek-V3's cache format for the input of the linear after
@@ -355,14 +356,14 @@ def round_to_e5m6(x: jnp.ndarray) -> jnp.ndarray:
     x = x.astype(jnp.float32)
     finite = jnp.isfinite(x)
     # Saturate before rounding: a value <= max never rounds above it.
-    xc = jnp.where(finite, jnp.clip(x, -E5M6_MAX, E5M6_MAX), 0.0)
+    xc = where(finite, clip(x, -E5M6_MAX, E5M6_MAX), 0.0)
     neg, m, e = float32_parts(xc)
     lead = e + (31 - lax.clz(m))  # exponent of the leading bit
     # Unit of the E5M6 grid at this magnitude (fixed below the normal range).
     unit = jnp.maximum(lead, E5M6_MIN_EXP) - E5M6_MANTISSA_BITS
     q = _round_shift(m, jnp.maximum(unit - e, 0))
     out = float32_from_parts(neg, q, unit)
-    return jnp.where(finite, out, x)
+    return where(finite, out, x)
 
 
 def e5m6_scale_exponent(amax: jnp.ndarray) -> jnp.ndarray:
@@ -380,6 +381,6 @@ def e5m6_scale_exponent(amax: jnp.ndarray) -> jnp.ndarray:
     # k0 = lead - 15 puts amax / 2^k0 in [2^15, 2^16); it fits iff
     # m * 2^e <= 127 * 2^(9 + k0), i.e. m <= 127 * 2^(top - 6) (always true
     # for top <= 6, where m < 2^(top + 1) <= 127 * 2^(top - 6)); else k0 + 1.
-    fits = (top <= 6) | (m <= (127 << jnp.clip(top - 6, 0, 17)))
-    k = e + top - 15 + jnp.where(fits, 0, 1)
-    return jnp.where(m == 0, 0, k).astype(jnp.int32)
+    fits = (top <= 6) | (m <= (127 << clip(top - 6, 0, 17)))
+    k = e + top - 15 + where(fits, 0, 1)
+    return where(m == 0, 0, k).astype(jnp.int32)

@@ -81,6 +81,7 @@ from fp8jax.formats import (
     floor_e8m0,
     saturating_cast,
 )
+from fp8jax.inline_ops import where
 from fp8jax.layout import Layout
 from fp8jax.scaling import (
     divide_offset,
@@ -583,7 +584,7 @@ def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:
 
     def one_pass():
         # TPU (and ROCm): both products in the one pass over the codes, one kept.
-        return jnp.where(subnormal, exact(q.data, q.scale), plain(q.data, q.scale))
+        return where(subnormal, exact(q.data, q.scale), plain(q.data, q.scale))
 
     def keeps_subnormals():
         # A CUDA GPU does not flush subnormal float32 products (XLA's default):

@@ -55,6 +55,7 @@ from jax import lax
 
 from fp8jax import platforms
 from fp8jax.formats import float32_from_parts, float32_parts, fmt_max, ldexp_exact
+from fp8jax.inline_ops import clip, isinf, where
 
 if TYPE_CHECKING:
     # Type hints only: scaling sits below recipes and never imports it at run
@@ -124,10 +125,10 @@ def divide_offset(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
     shifted = (lax.bitcast_convert_type(scale, jnp.int32) & 0x7FFFFFFF) < OFFSET_SCALE_BITS
     # Finite x that overflow once shifted are far beyond fmt_max * scale:
     # float32's max keeps them finite so that they saturate.
-    xs = jnp.clip(shift_offset(x, shifted), -_F32_MAX, _F32_MAX)
+    xs = clip(shift_offset(x, shifted), -_F32_MAX, _F32_MAX)
     # The scale (positive, finite) times 2^64 by the same exact product as x's.
     y = exact_div(xs, shift_offset(scale, shifted))
-    return jnp.where(jnp.isinf(x), x, y)
+    return where(isinf(x), x, y)
 
 
 def shift_offset(x: jnp.ndarray, shifted: jnp.ndarray) -> jnp.ndarray:
@@ -141,9 +142,9 @@ def shift_offset(x: jnp.ndarray, shifted: jnp.ndarray) -> jnp.ndarray:
     bits = lax.bitcast_convert_type(x, jnp.int32)
     mag = bits & 0x7FFFFFFF
     from_mantissa = mag.astype(jnp.float32) * jnp.float32(2.0 ** (OFFSET - 149))
-    tiny = jnp.where(bits < 0, -from_mantissa, from_mantissa)
-    out = jnp.where(mag < 0x00800000, tiny, x * jnp.float32(2.0**OFFSET))
-    return jnp.where(shifted, out, x)
+    tiny = where(bits < 0, -from_mantissa, from_mantissa)
+    out = where(mag < 0x00800000, tiny, x * jnp.float32(2.0**OFFSET))
+    return where(shifted, out, x)
 
 
 def exact_product(d: jnp.ndarray, scale: jnp.ndarray, fmt) -> jnp.ndarray:
@@ -158,7 +159,7 @@ def exact_product(d: jnp.ndarray, scale: jnp.ndarray, fmt) -> jnp.ndarray:
     ns, ms, es = float32_parts(scale)
     out = float32_from_parts(nd ^ ns, (md >> shift) * ms, ed + shift + es)
     # NaN / Inf codes propagate (scales are positive).
-    return jnp.where(jnp.isfinite(d), out, d)
+    return where(jnp.isfinite(d), out, d)
 
 
 def finite_amax(x: jnp.ndarray, axis=None, keepdims: bool = False) -> jnp.ndarray:
@@ -195,7 +196,7 @@ def amax_input(x: jnp.ndarray) -> jnp.ndarray:
 
 def _float_amax(x: jnp.ndarray, axis, keepdims: bool) -> jnp.ndarray:
     """:func:`finite_amax` in float arithmetic (exact where subnormals are kept)."""
-    mag = jnp.where(jnp.isfinite(x), jnp.abs(x), jnp.zeros((), x.dtype))
+    mag = where(jnp.isfinite(x), jnp.abs(x), jnp.zeros((), x.dtype))
     return jnp.max(mag, axis=axis, keepdims=keepdims, initial=0).astype(jnp.float32)
 
 
@@ -239,7 +240,7 @@ def finite_magnitude_bits(x: jnp.ndarray) -> jnp.ndarray:
     """
     mag, inf_bits = _magnitude_bits(x)
     # Non-finite values would make the scale Inf/NaN for the whole group.
-    return jnp.where(mag < inf_bits, mag, jnp.zeros((), mag.dtype))
+    return where(mag < inf_bits, mag, jnp.zeros((), mag.dtype))
 
 
 def magnitude_bits_value(bits: jnp.ndarray, dtype) -> jnp.ndarray:
@@ -260,10 +261,10 @@ def pow2_ceil(scale: jnp.ndarray) -> jnp.ndarray:
     bits = lax.bitcast_convert_type(scale.astype(jnp.float32), jnp.int32)
     mant = bits & 0x007FFFFF
     exp_bits = bits & 0x7F800000
-    up = jnp.where(mant != 0, exp_bits + 0x00800000, exp_bits)
+    up = where(mant != 0, exp_bits + 0x00800000, exp_bits)
     # Subnormal: value mant * 2^-149; the power of two above it is 2^ceil(log2 mant).
     sub = jnp.left_shift(1, 32 - lax.clz(jnp.maximum(mant - 1, 0)))
-    up = jnp.where(exp_bits == 0, sub, up)
+    up = where(exp_bits == 0, sub, up)
     return lax.bitcast_convert_type(up, jnp.float32)
 
 
@@ -302,14 +303,14 @@ def _subnormal_scale_bits(amax: jnp.ndarray, fm: float) -> jnp.ndarray:
     o, p = _odd_and_pow2(fm)
     _, m, e = float32_parts(amax)
     t = e + 149 - p
-    num = m << jnp.clip(t, 0, 7)
-    den = jnp.int32(o) << jnp.clip(-t, 0, 24)  # beyond 2^24 the quotient is 0
+    num = m << clip(t, 0, 7)
+    den = jnp.int32(o) << clip(-t, 0, 24)  # beyond 2^24 the quotient is 0
     q = jnp.floor(exact_div(num.astype(jnp.float32), den.astype(jnp.float32)))
     q = q.astype(jnp.int32)
     rem = num - q * den
     low, high = rem < 0, rem >= den
-    q = jnp.where(low, q - 1, jnp.where(high, q + 1, q))
-    rem = jnp.where(low, rem + den, jnp.where(high, rem - den, rem))
+    q = where(low, q - 1, where(high, q + 1, q))
+    rem = where(low, rem + den, where(high, rem - den, rem))
     up = (2 * rem > den) | ((2 * rem == den) & ((q & 1) == 1))
     q = q + up.astype(jnp.int32)
     # A quotient that rounds to 0 would be a zero scale: smallest subnormal.
@@ -348,15 +349,15 @@ def scale_from_amax(
     tiny = abits < sub_limit
     # Correctly rounded amax / max on normal operands; tiny lanes use 1 as a
     # stand-in so that the float division never sees a subnormal.
-    safe = jnp.where(tiny, jnp.float32(1.0), amax)
+    safe = where(tiny, jnp.float32(1.0), amax)
     norm_bits = lax.bitcast_convert_type(exact_div(safe, jnp.float32(fm)), jnp.int32)
-    bits = jnp.where(tiny, _subnormal_scale_bits(amax, fm), norm_bits)
+    bits = where(tiny, _subnormal_scale_bits(amax, fm), norm_bits)
     scale = lax.bitcast_convert_type(bits, jnp.float32)
     if pow2:
         scale = pow2_ceil(scale)
     bits = _cap_bits(lax.bitcast_convert_type(scale, jnp.int32), _max_scale(fm, pow2))
     # amax == 0: any scale reproduces the zeros; 1 keeps the data exact.
-    bits = jnp.where(abits == 0, _ONE_BITS, bits)
+    bits = where(abits == 0, _ONE_BITS, bits)
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
@@ -475,7 +476,7 @@ def history_amax(history: jnp.ndarray, algo: str) -> jnp.ndarray:
         return finite_amax(history)
     finite = jnp.isfinite(history)
     newest = history[jnp.argmax(finite)]
-    return jnp.where(jnp.any(finite), newest, jnp.float32(0.0))
+    return where(jnp.any(finite), newest, jnp.float32(0.0))
 
 
 def update_delayed_state(

@@ -1,0 +1,39 @@
+"""``jnp.where``, ``jnp.clip`` and ``jnp.isinf`` with their values, traced inline.
+
+jax.numpy wraps each of these in a ``jax.jit`` of its own: every call inside
+a trace binds a nested jit, and lowering writes each distinct signature as a
+private function that XLA inlines again.  The quantizer calls them dozens of
+times per operand, and an FP8 train step quantizes dozens of operands: in
+the tiny MoE step those wrappers were some 350 of the lowered module's 460
+functions and about a quarter of its CPU trace + lower + compile time.
+
+These are the same operations (the same dtype promotion, broadcasting and
+``lax.select`` / ``lax.max`` / ``lax.min`` order), bound directly.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def where(condition: jax.Array, x, y) -> jax.Array:
+    """``jnp.where(condition, x, y)``: x where ``condition``, else y, in
+    ``jnp.result_type(x, y)``, broadcast together."""
+    dtype = jnp.result_type(x, y)
+    x, y = jnp.asarray(x, dtype), jnp.asarray(y, dtype)
+    shape = jnp.broadcast_shapes(jnp.shape(condition), x.shape, y.shape)
+    return lax.select(
+        jnp.broadcast_to(condition, shape), jnp.broadcast_to(x, shape), jnp.broadcast_to(y, shape)
+    )
+
+
+def clip(x: jax.Array, lo, hi) -> jax.Array:
+    """``jnp.clip(x, lo, hi)``: ``minimum(hi, maximum(lo, x))`` (a NaN stays NaN)."""
+    return jnp.minimum(hi, jnp.maximum(lo, x))
+
+
+def isinf(x: jax.Array) -> jax.Array:
+    """``jnp.isinf(x)`` of a floating-point ``x``: |x| == Inf (False for NaN)."""
+    return lax.abs(x) == jnp.asarray(jnp.inf, x.dtype)
