@@ -88,15 +88,24 @@ def recipe_hashes(name: str, inputs: dict[str, jax.Array], steps: bool = True) -
     return out
 
 
-def main() -> None:
+def make_inputs(m: int, k: int, n: int, sizes: list[int], ek: int, en: int) -> dict[str, jax.Array]:
+    """Fixed bfloat16 operands (seed 0): x (m, k) and w (k, n) for the dense case; for
+    the ragged one, sum(sizes) tokens of width ek and one (ek, en) weight per group.
+    Weights are divided by round(sqrt(fan-in)), so that products stay near unit scale."""
     rng = np.random.default_rng(0)
-    inputs = {
-        "x": jnp.asarray(rng.standard_normal((256, 384)), jnp.bfloat16),
-        "w": jnp.asarray(rng.standard_normal((384, 256)) / 20, jnp.bfloat16),
-        "xe": jnp.asarray(rng.standard_normal((512, 256)), jnp.bfloat16),
-        "we": jnp.asarray(rng.standard_normal((4, 256, 256)) / 16, jnp.bfloat16),
-        "sizes": jnp.asarray([100, 156, 0, 256], jnp.int32),
+    return {
+        "x": jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16),
+        "w": jnp.asarray(rng.standard_normal((k, n)) / round(np.sqrt(k)), jnp.bfloat16),
+        "xe": jnp.asarray(rng.standard_normal((sum(sizes), ek)), jnp.bfloat16),
+        "we": jnp.asarray(
+            rng.standard_normal((len(sizes), ek, en)) / round(np.sqrt(ek)), jnp.bfloat16
+        ),
+        "sizes": jnp.asarray(sizes, jnp.int32),
     }
+
+
+def main() -> None:
+    inputs = make_inputs(256, 384, 256, [100, 156, 0, 256], 256, 256)
     for name in sorted(registry.RECIPES):
         h = recipe_hashes(name, inputs)
         print(name, h["dense"], h["ragged"], h["steps"], flush=True)

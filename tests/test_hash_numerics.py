@@ -26,14 +26,7 @@ def test_fingerprint_sees_every_bit_dtype_and_shape():
 def test_a_recipe_hashes_the_same_twice():
     # Small inputs: the dense and ragged cases of one recipe, run twice.
     script = _script()
-    rng = np.random.default_rng(0)
-    inputs = {
-        "x": jnp.asarray(rng.standard_normal((128, 256)), jnp.bfloat16),
-        "w": jnp.asarray(rng.standard_normal((256, 128)) / 16, jnp.bfloat16),
-        "xe": jnp.asarray(rng.standard_normal((256, 128)), jnp.bfloat16),
-        "we": jnp.asarray(rng.standard_normal((2, 128, 128)) / 11, jnp.bfloat16),
-        "sizes": jnp.asarray([100, 156], jnp.int32),
-    }
+    inputs = script.make_inputs(128, 256, 128, [100, 156], 128, 128)
     first = script.recipe_hashes("deepseek_v3", inputs, steps=False)
     assert first == script.recipe_hashes("deepseek_v3", inputs, steps=False)
     assert not any(v.startswith("ERR") for v in first.values()), first
