@@ -70,19 +70,26 @@ _F32_TINY = float(np.finfo(np.float32).tiny)
 _ONE_BITS = 0x3F800000
 
 
-#: The correctly rounded division of a kernel being traced (see :func:`ieee_division`).
-_DIVISIONS: list[Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]] = []
+#: The correctly rounded division of a kernel being traced, and the division it
+#: takes where a quotient is corrected afterwards (see :func:`ieee_division`).
+_DIVISIONS: list[tuple[Callable, Callable | None]] = []
 
 
 @contextmanager
-def ieee_division(divide: Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]) -> Iterator[None]:
+def ieee_division(
+    divide: Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray],
+    corrected: Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray] | None = None,
+) -> Iterator[None]:
     """:func:`exact_div` traced inside the block is ``divide(num, den)``.
 
     For a kernel whose compiler lowers a float32 ``/`` to an approximation
-    (Pallas Triton: PTX ``div.full.f32``, up to 2 ulp off): it traces the
-    quantizer's body here with the IEEE division its target has.
+    (Pallas Triton and Mosaic GPU: PTX ``div.full.f32``, up to 2 ulp off): it
+    traces the quantizer's body here with the IEEE division its target has.
+    ``corrected``: the division for quotients an integer remainder corrects
+    afterwards (:func:`_subnormal_scale_bits`; any within one of the floor
+    will do), where ``divide`` does not lower; by default ``divide``.
     """
-    _DIVISIONS.append(divide)
+    _DIVISIONS.append((divide, corrected))
     try:
         yield
     finally:
@@ -99,8 +106,17 @@ def exact_div(num: jnp.ndarray, den: jnp.ndarray) -> jnp.ndarray:
     result matters: ``inf * 0`` is NaN.)
     """
     if _DIVISIONS:
-        return _DIVISIONS[-1](num, den)
+        return _DIVISIONS[-1][0](num, den)
     return num / (den + num * 0)
+
+
+def _corrected_div(num: jnp.ndarray, den: jnp.ndarray) -> jnp.ndarray:
+    """``num / den`` within one of its floor (for a quotient below 2^23), for callers that
+    correct it with the integer remainder: :func:`exact_div` unless a kernel being
+    traced gives another (:func:`ieee_division`)."""
+    if _DIVISIONS and _DIVISIONS[-1][1] is not None:
+        return _DIVISIONS[-1][1](num, den)
+    return exact_div(num, den)
 
 
 # Below this scale an element's quotient can be lost to flush-to-zero
@@ -158,8 +174,9 @@ def exact_product(d: jnp.ndarray, scale: jnp.ndarray, fmt) -> jnp.ndarray:
     nd, md, ed = float32_parts(d)
     ns, ms, es = float32_parts(scale)
     out = float32_from_parts(nd ^ ns, (md >> shift) * ms, ed + shift + es)
-    # NaN / Inf codes propagate (scales are positive).
-    return where(jnp.isfinite(d), out, d)
+    # NaN / Inf codes propagate (scales are positive); |d| < Inf is isfinite
+    # in the comparisons every backend lowers (Mosaic GPU has no is_finite).
+    return where(jnp.abs(d) < jnp.inf, out, d)
 
 
 def finite_amax(x: jnp.ndarray, axis=None, keepdims: bool = False) -> jnp.ndarray:
@@ -305,8 +322,9 @@ def _subnormal_scale_bits(amax: jnp.ndarray, fm: float) -> jnp.ndarray:
     t = e + 149 - p
     num = m << clip(t, 0, 7)
     den = jnp.int32(o) << clip(-t, 0, 24)  # beyond 2^24 the quotient is 0
-    q = jnp.floor(exact_div(num.astype(jnp.float32), den.astype(jnp.float32)))
-    q = q.astype(jnp.int32)
+    # The quotient is >= 0, so the conversion's truncation is its floor (and
+    # Mosaic GPU, which has no floor, lowers it).
+    q = _corrected_div(num.astype(jnp.float32), den.astype(jnp.float32)).astype(jnp.int32)
     rem = num - q * den
     low, high = rem < 0, rem >= den
     q = where(low, q - 1, where(high, q + 1, q))
@@ -350,7 +368,8 @@ def scale_from_amax(
     # Correctly rounded amax / max on normal operands; tiny lanes use 1 as a
     # stand-in so that the float division never sees a subnormal.
     safe = where(tiny, jnp.float32(1.0), amax)
-    norm_bits = lax.bitcast_convert_type(exact_div(safe, jnp.float32(fm)), jnp.int32)
+    # The format's max as a NumPy constant: a kernel's division can splat it.
+    norm_bits = lax.bitcast_convert_type(exact_div(safe, np.float32(fm)), jnp.int32)
     bits = where(tiny, _subnormal_scale_bits(amax, fm), norm_bits)
     scale = lax.bitcast_convert_type(bits, jnp.float32)
     if pow2:
