@@ -289,13 +289,14 @@ def requantize_tpu_kernel(
 
 
 def requantize_gpu_kernel(cached: QTensor, spec: QuantSpec) -> QTensor:
-    """``transposed`` in one Triton kernel: the codes read once, the new codes written
-    K-major (as the Wgrad kernel reads them), no float32 copy in HBM."""
+    """``transposed`` in one kernel (Mosaic GPU, or Triton where asked for:
+    ``gpu_quantize.kernels()``): the codes read once, the new codes written K-major
+    (as the Wgrad kernel reads them), no float32 copy in HBM."""
     from fp8jax.kernels import gpu_quantize
 
     cached = float32_scales(cached)
     run = partial(
-        gpu_quantize.requantize_col_t,
+        gpu_quantize.kernels().requantize_col_t,
         fmt=as_format(spec.fmt),
         pow2=spec.pow2,
         amax_floor=spec.amax_floor,

@@ -411,20 +411,21 @@ def _tpu_kernel_orient(x, fmt, granularity, axis, tile) -> str | None:
 
 def _quantizer_kernels(platform: str):
     """(the quantizer kernels' module, its ``on_*`` runner) for ``platform``:
-    :mod:`fp8jax.kernels.tpu_quantize` on "tpu", :mod:`~fp8jax.kernels.gpu_quantize`
-    on "cuda" (the same entry points and outputs)."""
+    :mod:`fp8jax.kernels.tpu_quantize` on "tpu", on "cuda" the module
+    ``gpu_quantize.kernels()`` chose (:mod:`~fp8jax.kernels.mgpu_quantize` by
+    default; the same entry points and outputs)."""
     from fp8jax.kernels import gpu_quantize, tpu_quantize
 
     if platform == "tpu":
         return tpu_quantize, tpu_quantize.on_tpu
-    return gpu_quantize, gpu_quantize.on_gpu
+    return gpu_quantize.kernels(), gpu_quantize.on_gpu
 
 
 def _quantize_kernel(
     x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt, *, orient, platform
 ) -> QTensor:
     """:func:`quantize` by a Pallas kernel on ``platform`` ("tpu": Mosaic TPU, "cuda":
-    Triton; one read of x, the same codes and scales)."""
+    Mosaic GPU or Triton; one read of x, the same codes and scales)."""
     module, on = _quantizer_kernels(platform)
     ue8m0 = scale_fmt == "ue8m0"
     # Tiles along the last axis: the leading axes are rows (a reshape that
@@ -503,7 +504,7 @@ def _rows_and_cols_online(x, fmt, tile, pow2, amax_floor, scale_fmt) -> tuple[QT
 
 def _rows_and_cols_kernel(x, fmt, pow2, amax_floor, scale_fmt, platform) -> tuple[QTensor, QTensor]:
     """:func:`quantize_rows_and_cols` by one Pallas kernel on ``platform`` ("tpu": Mosaic
-    TPU, "cuda": Triton; leading axes stack matrices)."""
+    TPU, "cuda": Mosaic GPU or Triton; leading axes stack matrices)."""
     ue8m0 = scale_fmt == "ue8m0"
     module, on = _quantizer_kernels(platform)
     run = partial(module.quantize_rows_cols, fmt=fmt, pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0)

@@ -57,7 +57,7 @@ def test_the_blocker_blocks(tmp_path):
 def test_env_and_dense_steps(tmp_path):
     (env,) = _run("env", tmp_path)
     assert env["hopper_gpu"] is False and env["kernel_self_check"] == "n/a"
-    assert env["quantizer_check"] == "n/a"
+    assert env["quantizer_check"] == env["triton_quantizer_check"] == "n/a"
     dense = _run("dense", tmp_path)
     impls = {r["impl"]: r for r in dense}
     assert "fp8_runs" not in impls  # no hardware FP8 dots on this CPU
@@ -101,6 +101,10 @@ def test_quantizers_step_times_each_kernel_and_xlas_fusions(tmp_path):
         ("xla", "row"),
         ("xla", "block"),
         ("xla", "rows_cols"),
+        ("mosaic", "row"),
+        ("mosaic", "block"),
+        ("mosaic", "rows_cols"),
+        ("mosaic", "requantize"),
         ("triton", "row"),
         ("triton", "block"),
         ("triton", "rows_cols"),

@@ -120,21 +120,22 @@ def test_check_against_the_cpu_passes_interpreted_and_from_a_trace():
 
 
 def test_taken_where_asked_for_and_for_hopper_targets_only(monkeypatch):
-    # Not asked for: XLA's quantizer, whatever the target.
+    # Not asked for: the Mosaic GPU kernels, not these.
     monkeypatch.delenv(gq.OPT_IN, raising=False)
     with platforms.cuda_target("9.0"):
-        assert not gq.available()
+        assert gq.kernels() is not gq
     # Asked for, no GPU here: a CUDA target of 9.0 takes it on trust, 8.0 (no FP8) never.
     monkeypatch.setenv(gq.OPT_IN, "triton")
     with platforms.cuda_target("9.0"):
-        assert gq.available()
+        assert gq.kernels() is gq and gq.available()
     with platforms.cuda_target("8.0"):
         assert not gq.available()
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not availability.hopper_gpu(), reason="needs a Hopper+ NVIDIA GPU")
-def test_compiled_kernels_give_the_cpus_bits_on_a_hopper_gpu(monkeypatch):
-    assert gq.check_error() is None
-    monkeypatch.setenv(gq.OPT_IN, "triton")
+@pytest.mark.parametrize("kind", ["mosaic", "triton"])
+def test_compiled_kernels_give_the_cpus_bits_on_a_hopper_gpu(monkeypatch, kind):
+    assert gq.check_error(kind) is None
+    monkeypatch.setenv(gq.OPT_IN, kind)
     assert gq.available()

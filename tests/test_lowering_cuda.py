@@ -85,25 +85,62 @@ def test_hardware_fp8_dots(name, impl):
 
 
 @pytest.fixture
-def triton_quantizers(monkeypatch):
-    """The Triton quantizers asked for (read at trace time: no trace kept across)."""
-    monkeypatch.setenv(gpu_quantize.OPT_IN, "triton")
+def quantizer(monkeypatch):
+    """A quantizer asked for by FP8JAX_GPU_QUANTIZER (read at trace time: no trace
+    kept across)."""
+
+    def ask(kind):
+        monkeypatch.setenv(gpu_quantize.OPT_IN, kind)
+        jax.clear_caches()
+
+    yield ask
+    monkeypatch.delenv(gpu_quantize.OPT_IN, raising=False)
     jax.clear_caches()
-    yield
-    monkeypatch.delenv(gpu_quantize.OPT_IN)
-    jax.clear_caches()
+
+
+@pytest.fixture
+def triton_quantizers(quantizer):
+    quantizer("triton")
+
+
+#: The quantizer kernels of deepseek_v3's fwd+bwd: x's 1x128 tiles, W's 128x128
+#: blocks, dy's two tile layouts from one read, and Wgrad's 128x1 tiles of the
+#: cached x (requantized from its FP8 codes).
+QUANTIZERS = {"fp8_quantize_row", "fp8_quantize_block", "fp8_quantize_rows_cols"} | {
+    "fp8_requantize_col_t"
+}
+
+
+def _lower_with_names(recipe):
+    """(StableHLO text with its locations, the GEMMs' paths): kernel names live in
+    the locations (a kernel batched by vmap is renamed)."""
+    with platforms.lowering_for_cuda("9.0"), path_record.recording("cuda") as paths:
+        lowered = _fwd_bwd(recipe).trace(*_args()).lower(lowering_platforms=("cuda",))
+    return lowered.as_text(debug_info=True), path_record.as_table(paths)
 
 
 @pytest.mark.parametrize("impl", ["auto", "pallas"])
-def test_pallas_kernels_are_mosaic_gpu_calls_quantized_by_xla(impl):
+def test_pallas_kernels_and_quantizers_are_mosaic_gpu_calls(impl):
     recipe = dataclasses.replace(recipes.deepseek_v3(), impl=impl)
-    text, paths = _lower(recipe)
-    calls = re.findall(r"stablehlo.custom_call @mosaic_gpu\w*", text)
-    assert len(calls) == 3  # Fprop, Dgrad, Wgrad
-    # Not asked for, no Triton quantizer: XLA's fusions quantize.
+    text, paths = _lower_with_names(recipe)
+    calls = [ln for ln in text.splitlines() if "stablehlo.custom_call @mosaic_gpu" in ln]
+    # Fprop, Dgrad, Wgrad (tensor-core kernels) and the four quantizers.
+    assert sum("wgmma" in ln for ln in calls) == 3
+    assert len(calls) == 3 + len(QUANTIZERS)
+    assert set(re.findall(r"fp8_(?:re)?quantize_[a-z_]*[a-z]", text)) >= QUANTIZERS
     assert "triton" not in text
+    # No interpreter (its host callbacks), no per-run loop.
     assert "callback" not in text
     assert "stablehlo.while" not in text
+    assert set(paths.values()) == {"pallas"}
+
+
+def test_asked_for_xla_quantizes_with_fusions(quantizer):
+    quantizer("xla")
+    text, paths = _lower(recipes.deepseek_v3())
+    calls = re.findall(r"stablehlo.custom_call @mosaic_gpu\w*", text)
+    assert len(calls) == 3  # Fprop, Dgrad, Wgrad; XLA's fusions quantize
+    assert "triton" not in text and "stablehlo.while" not in text
     assert set(paths.values()) == {"pallas"}
 
 
@@ -113,15 +150,10 @@ def test_asked_for_the_quantizers_are_triton_calls(impl, triton_quantizers):
     text, paths = _lower(recipe)
     calls = re.findall(r"stablehlo.custom_call @mosaic_gpu\w*", text)
     assert len(calls) == 3  # Fprop, Dgrad, Wgrad
-    # The quantizers are Triton calls: x's 1x128 tiles, W's 128x128 blocks, dy's
-    # two tile layouts from one read, and Wgrad's 128x1 tiles of the cached x
-    # (requantized from its FP8 codes).
+    # The quantizers (QUANTIZERS) are Triton calls.
     triton = re.findall(r"stablehlo.custom_call @__gpu\$xla\.gpu\.triton", text)
-    names = set(re.findall(r"fp8_(?:re)?quantize_\w+", text))
     assert len(triton) == 4
-    assert names == {"fp8_quantize_row", "fp8_quantize_block", "fp8_quantize_rows_cols"} | {
-        "fp8_requantize_col_t"
-    }
+    assert set(re.findall(r"fp8_(?:re)?quantize_\w+", text)) == QUANTIZERS
     # No interpreter (its host callbacks), no per-run loop.
     assert "callback" not in text
     assert "stablehlo.while" not in text

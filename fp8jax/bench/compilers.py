@@ -121,6 +121,9 @@ _GEMM_TARGETS = (
 #: Pallas kernels that are no GEMM, by the kernel names fp8jax gives them
 #: (the quantizer's): their custom calls share the GEMM kernels' targets.
 _NOT_GEMM_KERNELS = ("fp8_quantize_", "fp8_requantize_")
+#: A Mosaic GPU kernel is a GEMM where its module holds a tensor-core instruction
+#: (a kernel's name is lost where it is batched by vmap: "batched_body").
+_MOSAIC_GPU_MMA = ("wgmma", "tcgen05.mma", "tcgen05_mma")
 _FREE_OPS = {
     "parameter",
     "constant",
@@ -350,6 +353,8 @@ def _gemm_kind(inst: _Inst, comps: dict[str, list[_Inst]]) -> str | None:
             return None
         for prefix, kind in _GEMM_TARGETS:
             if tgt.startswith(prefix):
+                if prefix == "mosaic_gpu" and not any(mma in inst.line for mma in _MOSAIC_GPU_MMA):
+                    return None
                 return kind
         return None
     if inst.opcode in _DOT_OPS:

@@ -75,8 +75,11 @@ def _env(small: bool) -> Iterator[dict[str, Any]]:
         "hopper_gpu": hopper,
         # A Hopper GPU that fails the self-check has a broken kernel, not no GPU.
         "kernel_self_check": (availability.self_check_error() or "passed") if hopper else "n/a",
-        # The Triton quantizers against the CPU's bits: "auto" takes them only if passed.
-        "quantizer_check": (gpu_quantize.check_error() or "passed") if hopper else "n/a",
+        # The quantizer kernels against the CPU's bits: "auto" takes them only if passed.
+        "quantizer_check": (gpu_quantize.check_error("mosaic") or "passed") if hopper else "n/a",
+        "triton_quantizer_check": (
+            (gpu_quantize.check_error("triton") or "passed") if hopper else "n/a"
+        ),
     }
 
 
@@ -109,8 +112,9 @@ def _grouped(small: bool) -> Iterator[dict[str, Any]]:
 
 
 def _quantizers(small: bool) -> Iterator[dict[str, Any]]:
-    """Device time of each Triton quantizer at 4096 x 4096 (bfloat16 x, E4M3) per
-    warp count, and of XLA's fusions for the same outputs (``quant.quantize``)."""
+    """Device time at 4096 x 4096 (bfloat16 x, E4M3) of XLA's fusions for each quantizer's
+    outputs (``quant.quantize`` with ``FP8JAX_GPU_QUANTIZER=xla``), of the Mosaic GPU
+    kernels, and of the Triton kernels per warp count."""
     import jax.numpy as jnp
 
     from fp8jax import quant
@@ -119,27 +123,35 @@ def _quantizers(small: bool) -> Iterator[dict[str, Any]]:
     on_gpu = availability.hopper_gpu()
     x = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
     e4m3 = jnp.float8_e4m3fn
-    cached = quant.quantize(x, e4m3, "tile", axis=-1)
+    with gpu_quantize.asking("xla"):
+        cached = quant.quantize(x, e4m3, "tile", axis=-1)
     xla = {
         "row": lambda x: quant.quantize(x, e4m3, "tile", axis=-1),
         "block": lambda x: quant.quantize(x, e4m3, "block"),
         "rows_cols": lambda x: quant.quantize_rows_and_cols(x, e4m3),
     }
     for name, fn in xla.items():
-        yield {"kernel": name, "impl": "xla", "shape": [n, n], **_device_time(jax.jit(fn), (x,))}
-    for warps in (4,) if small else (4, 8, 16):
-        kw = dict(fmt=e4m3, interpret=not on_gpu, num_warps=warps)
+        # Traced (and so decided) inside the block.
+        with gpu_quantize.asking("xla"):
+            timed = _device_time(jax.jit(fn), (x,))
+        yield {"kernel": name, "impl": "xla", "shape": [n, n], **timed}
+    runs = [("mosaic", {})] + [
+        ("triton", {"num_warps": w}) for w in ((4,) if small else (4, 8, 16))
+    ]
+    for kind, extra in runs:
+        module = gpu_quantize.module(kind)
+        kw = dict(fmt=e4m3, interpret=not on_gpu, **extra)
         kernels = {
-            "row": (functools.partial(gpu_quantize.quantize_2d, orient="row", **kw), (x,)),
-            "block": (functools.partial(gpu_quantize.quantize_2d, orient="block", **kw), (x,)),
-            "rows_cols": (functools.partial(gpu_quantize.quantize_rows_cols, **kw), (x,)),
+            "row": (functools.partial(module.quantize_2d, orient="row", **kw), (x,)),
+            "block": (functools.partial(module.quantize_2d, orient="block", **kw), (x,)),
+            "rows_cols": (functools.partial(module.quantize_rows_cols, **kw), (x,)),
             "requantize": (
-                functools.partial(gpu_quantize.requantize_col_t, **kw),
+                functools.partial(module.requantize_col_t, **kw),
                 (cached.data, cached.scale),
             ),
         }
         for name, (fn, args) in kernels.items():
-            rec = {"kernel": name, "impl": "triton", "num_warps": warps, "shape": [n, n]}
+            rec = {"kernel": name, "impl": kind, **extra, "shape": [n, n]}
             yield {**rec, **_device_time(jax.jit(fn), args)}
 
 

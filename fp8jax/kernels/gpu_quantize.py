@@ -27,19 +27,23 @@ two-layout quantizer 0.5-1.7 ms per 4096-row operand; at the warps they now
 default to (:data:`NUM_WARPS`), each still takes longer than XLA's fusions
 for its outputs (the ``quantizers`` step of :mod:`fp8jax.bench.gpu_check`).
 
-"auto" takes the kernels only where ``FP8JAX_GPU_QUANTIZER=triton`` asks for
-them (on an H200 they are slower than XLA's fusions: :func:`available`), and
-then, where an NVIDIA GPU is attached, only once they have given the CPU's
-bits on a test array (:func:`check_error`, asked once); without one, only
-for a named CUDA target.
+"auto" takes them only where ``FP8JAX_GPU_QUANTIZER=triton`` asks for them
+(:func:`kernels`; by default it takes the Mosaic GPU kernels of
+:mod:`fp8jax.kernels.mgpu_quantize`, which share this module's cast and its
+bit check), and then, where an NVIDIA GPU is attached, only once they have
+given the CPU's bits on a test array (:func:`check_error`, asked once);
+without one, only for a named CUDA target.
 ``interpret=True`` runs them in Pallas' interpreter (the tests, on CPU).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
+import logging
 import os
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -154,16 +158,17 @@ def requantize_col_t(
 
 
 def code_values(code_bytes: jax.Array, fmt) -> jax.Array:
-    """FP8 codes of ``fmt``, given as their int8 bytes, as float32 values (exact),
-    a NaN code's sign kept.
+    """FP8 codes of ``fmt``, given as their int8 bytes (or sign-extended in a wider
+    integer), as float32 values (exact), a NaN code's sign kept.
 
     The sign is put back from the byte: Triton's FP8 -> float32 conversion
     gives a NaN code the canonical (positive) NaN, where XLA keeps its sign,
     and the requantized code of a NaN carries the sign of the value it came from.
     """
-    value = lax.bitcast_convert_type(code_bytes, fmt).astype(jnp.float32)
+    value = lax.bitcast_convert_type(code_bytes.astype(jnp.int8), fmt).astype(jnp.float32)
     magnitude = lax.bitcast_convert_type(value, jnp.int32) & 0x7FFFFFFF
-    sign = jnp.where(code_bytes < 0, jnp.int32(-(2**31)), jnp.int32(0))
+    # The sign tested in 32 bits: Mosaic GPU compares no 8-bit integers.
+    sign = jnp.where(code_bytes.astype(jnp.int32) < 0, jnp.int32(-(2**31)), jnp.int32(0))
     return lax.bitcast_convert_type(magnitude | sign, jnp.float32)
 
 
@@ -369,42 +374,99 @@ def on_gpu(fn, *arrays: jax.Array):
     return on_platform("cuda", fn, *arrays)
 
 
-#: The environment variable that lets "auto" take the kernels ("triton"), read
-#: when a program is traced: set it before the first trace.
+#: The environment variable that picks "auto"'s quantizer on a CUDA target, read
+#: when a program is traced (set it before the first trace): "mosaic" (the
+#: default: :mod:`fp8jax.kernels.mgpu_quantize`), "triton" (this module's
+#: kernels) or "xla" (XLA's fusions of ``quant.quantize``).
 OPT_IN = "FP8JAX_GPU_QUANTIZER"
+CHOICES = ("mosaic", "triton", "xla")
 
 
-def requested() -> bool:
-    """Whether the environment asks for the kernels (``FP8JAX_GPU_QUANTIZER=triton``)."""
-    return os.environ.get(OPT_IN, "").strip().lower() == "triton"
+def requested() -> str:
+    """The quantizer :data:`OPT_IN` asks for ("mosaic" where it is unset or empty)."""
+    value = os.environ.get(OPT_IN, "").strip().lower() or "mosaic"
+    if value not in CHOICES:
+        raise ValueError(f"{OPT_IN}={value!r}: expected one of {', '.join(CHOICES)}")
+    return value
 
 
-def available() -> bool:
-    """Whether "auto" quantizes with the kernels on the CUDA target being lowered for.
+@contextlib.contextmanager
+def asking(kind: str) -> Iterator[None]:
+    """:data:`OPT_IN` set to ``kind`` inside the block (programs traced there decide by it)."""
+    before = os.environ.get(OPT_IN)
+    os.environ[OPT_IN] = kind
+    requested()  # refuse an unknown kind here
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[OPT_IN]
+        else:
+            os.environ[OPT_IN] = before
 
-    Only where asked for (:func:`requested`): on an H200 they give the CPU's
-    bits but are slower than XLA's fusions for the same outputs (at 4096 x
-    4096, fwd+bwd of one GEMM: 2.8-3.8 ms of quantizer kernels at 4 warps
-    against 0.26-0.28 ms of XLA's fusions; at 8-16 warps each kernel is still
-    slower than XLA's fusions for its outputs), so by default "auto" keeps
-    XLA's quantizer.
-    Then, where a GPU is attached: once :func:`check_error` has found nothing.
-    Without one: only for a named target (:func:`fp8jax.platforms.lowering_for_cuda`
-    or ``cuda_target``), since Pallas Triton lowers for a known device only;
-    a bare ``lowering_platforms=("cuda",)`` keeps XLA's quantizer.
+
+def module(kind: str):
+    """The kernels' module of ``kind`` ("mosaic" or "triton"): the same entry points."""
+    if kind == "mosaic":
+        from fp8jax.kernels import mgpu_quantize
+
+        return mgpu_quantize
+    if kind == "triton":
+        from fp8jax.kernels import gpu_quantize
+
+        return gpu_quantize
+    raise ValueError(f"no quantizer kernels of kind {kind!r}")
+
+
+def kernels():
+    """The module whose kernels "auto" quantizes with on the CUDA target being lowered
+    for, or None (XLA's fusions).
+
+    :func:`requested`'s kind, on a target of compute capability >= 9.0.  Then,
+    where a GPU is attached: once :func:`check_error` has found nothing for that
+    kind.  Without one: the Mosaic GPU kernels for any CUDA lowering (as the
+    block GEMM kernel), the Triton kernels only for a named target
+    (:func:`fp8jax.platforms.lowering_for_cuda` or ``cuda_target``), since
+    Pallas Triton lowers for a known device only.
+
+    Speed: on an H200 the Triton kernels took longer than XLA's fusions for
+    the same outputs at every warp count tried (the ``quantizers`` step of
+    :mod:`fp8jax.bench.gpu_check`), so they are no longer the default; the
+    Mosaic GPU kernels are priced by the compilers' census (bytes / HBM
+    bandwidth) and not yet timed on a GPU.
     """
-    if not requested() or not platforms.cuda_at_least(CUDA_TARGET):
-        return False
+    kind = requested()
+    if kind == "xla" or not platforms.cuda_at_least(CUDA_TARGET):
+        return None
     if platforms.local_cuda_capability() is None:
-        return platforms.cuda_target_named()
-    return check_error() is None
+        return module(kind) if kind == "mosaic" or platforms.cuda_target_named() else None
+    return module(kind) if _passed(kind) else None
 
 
 @functools.cache
-def check_error() -> str | None:
-    """None where the compiled kernels give the CPU's bits on the attached GPU,
-    else what differs or failed (asked once; see :func:`compare_with_cpu`)."""
-    return compare_with_cpu(interpret=False)
+def _passed(kind: str) -> bool:
+    """Whether ``kind``'s kernels passed :func:`check_error` (a failure logged once)."""
+    error = check_error(kind)
+    if error is not None:
+        logging.warning(
+            "fp8jax: the %s quantizer kernels differ from the CPU's bits, XLA's fusions "
+            "quantize instead: %s",
+            kind,
+            error,
+        )
+    return error is None
+
+
+def available() -> bool:
+    """Whether "auto" quantizes with kernels on the CUDA target being lowered for (:func:`kernels`)."""
+    return kernels() is not None
+
+
+@functools.cache
+def check_error(kind: str = "mosaic") -> str | None:
+    """None where ``kind``'s compiled kernels give the CPU's bits on the attached GPU,
+    else what differs or failed (asked once per kind; see :func:`compare_with_cpu`)."""
+    return compare_with_cpu(interpret=False, kind=kind)
 
 
 def check_array() -> np.ndarray:
@@ -417,8 +479,8 @@ def check_array() -> np.ndarray:
     return np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32))
 
 
-def compare_with_cpu(interpret: bool) -> str | None:
-    """Run every kernel on :func:`check_array` (E4M3 and E5M2, bfloat16 and float32
+def compare_with_cpu(interpret: bool, kind: str = "triton") -> str | None:
+    """Run every kernel of ``kind`` (:func:`module`) on :func:`check_array` (E4M3 and E5M2, bfloat16 and float32
     x; each orientation, both layouts at once, the requantized E4M3 cache of x)
     here and in Pallas' interpreter on the CPU backend, in a thread of its own
     (so that a jit trace asking for it does not stage it); None where every
@@ -434,13 +496,14 @@ def compare_with_cpu(interpret: bool) -> str | None:
     looked at.
     """
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(_compare, interpret).result()
+        return pool.submit(_compare, interpret, module(kind)).result()
 
 
-def _run_all(x: jax.Array, fmt, interpret: bool) -> dict[str, tuple[jax.Array, jax.Array]]:
+def _run_all(kernels, x: jax.Array, fmt, interpret: bool) -> dict[str, tuple[jax.Array, jax.Array]]:
     """Every kernel's (codes, scales) for ``x``, in the layout of ``fp8jax.quantize``."""
+    quantize_2d, requantize_col_t = kernels.quantize_2d, kernels.requantize_col_t
     out = {o: quantize_2d(x, fmt=fmt, orient=o, interpret=interpret) for o in ORIENTS}
-    rows_cols = quantize_rows_cols(x, fmt=fmt, interpret=interpret)
+    rows_cols = kernels.quantize_rows_cols(x, fmt=fmt, interpret=interpret)
     out["rows of both"], out["cols of both"] = rows_cols[:2], rows_cols[2:]
     # Wgrad's cached x: E4M3 1x128 tiles requantized in 128x1 tiles.
     cached, cached_scales = quantize_2d(x, fmt=jnp.float8_e4m3fn, orient="row", interpret=interpret)
@@ -449,7 +512,7 @@ def _run_all(x: jax.Array, fmt, interpret: bool) -> dict[str, tuple[jax.Array, j
     return out
 
 
-def _compare(interpret: bool) -> str | None:
+def _compare(interpret: bool, kernels) -> str | None:
     cpu = jax.devices("cpu")[0]
     found = []
     try:
@@ -457,8 +520,8 @@ def _compare(interpret: bool) -> str | None:
             for fmt in (jnp.float8_e4m3fn, jnp.float8_e5m2):
                 x = jnp.asarray(check_array(), dtype)
                 with jax.default_device(cpu):
-                    want = _run_all(jax.device_put(x, cpu), fmt, interpret=True)
-                got = _run_all(x, fmt, interpret=interpret)
+                    want = _run_all(kernels, jax.device_put(x, cpu), fmt, interpret=True)
+                got = _run_all(kernels, x, fmt, interpret=interpret)
                 kind = f"{jnp.dtype(fmt).name} from {jnp.dtype(dtype).name}"
                 for name, outs in got.items():
                     diff = _difference(*(np.asarray(v) for v in (*outs, *want[name])))

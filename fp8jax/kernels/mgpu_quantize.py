@@ -1,0 +1,425 @@
+"""FP8 quantizers as Mosaic GPU kernels for Hopper: one read of x, every layout written once.
+
+The entry points and outputs are :mod:`fp8jax.kernels.gpu_quantize`'s (and
+so :mod:`fp8jax.kernels.tpu_quantize`'s), the same bits:
+
+* :func:`quantize_2d`: 1x128 tiles, 128x1 tiles or 128x128 blocks;
+* :func:`quantize_rows_cols`: an output gradient's two tile layouts from one
+  read, Wgrad's 128x1 tiles written token-major (its GEMM reads them K-major);
+* :func:`requantize_col_t`: Wgrad's cached x, from its FP8 codes, into
+  K-major 128-token tiles.
+
+One CTA (one warpgroup) per 128 x 128 square of x: a TMA copy brings the
+square into shared memory, the warpgroup holds it in registers (wgmma's
+fragment layout) and reduces each tile there, and TMA copies write the codes
+(as int8 bytes) and the float32 scales.  A square is every tile of its
+rows and columns, so one read of x serves both of dy's layouts.
+
+Transposed outputs are read transposed out of shared memory: Mosaic GPU
+loads 16-bit data through a transposed view, so bfloat16 x is read as it
+is, float32 x as two 16-bit halves of its bit patterns, and FP8 codes as
+int16 bytes; every route moves bits, not values, so nothing is rounded.
+
+The numerics are ``quant.quantize``'s on a CPU, operation for operation
+(:func:`fp8jax.kernels.tpu_quantize._codes` and ``_scale``: amax on the
+float32 bit patterns over the finite elements, the scale guards, the offset
+division that flush-to-zero cannot change, saturation), with the cast of
+:func:`fp8jax.kernels.gpu_quantize.cast_with_specials` (finite lanes cast,
++-Inf and NaN given their codes by their bits) and FP8 codes read back by
+:func:`~fp8jax.kernels.gpu_quantize.code_values` (a NaN's sign from its byte).
+
+``interpret``: ``False`` compiles the kernels (``mosaic_gpu`` custom calls,
+lowered only for CUDA); ``True`` or an ``InterpretGPUParams`` runs Mosaic
+GPU's interpreter (shared memory, barriers and TMA simulated) on any
+platform: the tests, on CPU.
+
+Speed: priced by the deviceless census at bytes / HBM bandwidth (XLA gives a
+custom kernel no estimate); not yet timed on a GPU.  The ``quantizers`` step
+of :mod:`fp8jax.bench.gpu_check` times them next to XLA's fusions.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from fp8jax import scaling
+from fp8jax.kernels.block_gemm import _pad_to, cdiv, round_up
+from fp8jax.kernels.gpu_quantize import cast_with_specials, code_values
+from fp8jax.kernels.tpu_quantize import GROUP, ORIENTS, _codes, _scale, check_2d, crop
+
+__all__ = ["ORIENTS", "quantize_2d", "quantize_rows_cols", "requantize_col_t"]
+
+_STATIC = ("fmt", "pow2", "amax_floor", "ue8m0", "interpret")
+
+
+def _square(ref, i, j):
+    """The 128 x 128 square (i, j) of a 2-D global-memory ref."""
+    return ref.at[pl.ds(i * GROUP, GROUP), pl.ds(j * GROUP, GROUP)]
+
+
+#: Rows of a square held in registers at once: wgmma's fragment layout of a
+#: 64 x 128 float32 array is 64 values per thread, so the quantizer's
+#: temporaries fit the 255 registers (a whole square spilled to local memory).
+ROWS = 64
+HALVES = tuple(pl.ds(h * ROWS, ROWS) for h in range(GROUP // ROWS))
+
+
+def _layout(shape: tuple[int, ...]):
+    """The register layout of the kernels' arrays of ``shape``: wgmma's fragments for a
+    half square, and the vectors its reductions leave (per row: 64; per column: 128)."""
+    if len(shape) == 2:
+        return plgpu.Layout.WGMMA
+    return plgpu.Layout.WGMMA.reduce(1 if shape == (ROWS,) else 0)
+
+
+def divide_rn(num: jax.Array, den: jax.Array) -> jax.Array:
+    """float32 ``num / den`` correctly rounded, as PTX ``div.rn.f32``, subnormals kept.
+
+    Mosaic GPU lowers a float32 ``/`` to ``div.full.f32`` (up to 2 ulp off);
+    the quantizer's divisions (the scale, x / scale) must be the IEEE ones
+    for the CPU's bits.  Inline PTX on each register of the arrays; a
+    constant divisor (the format's max) is splat inside, in ``num``'s layout.
+    """
+    shape = jnp.broadcast_shapes(jnp.shape(num), jnp.shape(den))
+    layout = _layout(shape)
+    div_rn = mgpu.FragmentedArray._lift_fast_instr("div.rn.f32")
+    out = plgpu.ShapeDtypeStruct(shape, jnp.float32, layout=layout)
+    num = jnp.broadcast_to(jnp.asarray(num, jnp.float32), shape)
+    if isinstance(den, (float, np.floating)):
+        value = float(den)
+
+        @plgpu.inline_mgpu(arg_types=(layout,), return_type=out)
+        def by_constant(_, n):
+            d = mgpu.FragmentedArray.splat(mgpu.c(value, n.mlir_dtype), n.shape, n.layout)
+            return n._pointwise(div_rn, d)
+
+        return by_constant(num)
+
+    @plgpu.inline_mgpu(arg_types=(layout, layout), return_type=out)
+    def divide(_, n, d):
+        return n._pointwise(div_rn, d)
+
+    return divide(num, jnp.broadcast_to(jnp.asarray(den, jnp.float32), shape))
+
+
+def _load(ref, rows, transposed: bool = False) -> jax.Array:
+    """``rows`` of a 128 x 128 shared-memory square (of its transpose where
+    ``transposed``) in registers, wgmma's fragment layout."""
+    if transposed:
+        return plgpu.load(ref.at[:, rows].transpose((1, 0)), layout=plgpu.Layout.WGMMA)
+    return plgpu.load(ref.at[rows], layout=plgpu.Layout.WGMMA)
+
+
+def _f32(ref, rows, transposed: bool = False) -> jax.Array:
+    # float32: bfloat16 values are exact in it, and the amax of the float32
+    # bit patterns is the amax of the values.
+    return _load(ref, rows, transposed).astype(jnp.float32)
+
+
+def _split_f32(x_s, halves) -> None:
+    """A float32 square's bit patterns as two int16 squares (high and low halves),
+    so that they can be read transposed: Mosaic GPU reads only 16-bit data
+    through a transposed view."""
+    hi_s, lo_s = halves
+    for rows in HALVES:
+        bits = lax.bitcast_convert_type(_load(x_s, rows), jnp.int32)
+        hi_s[rows] = (bits >> 16).astype(jnp.int16)
+        lo_s[rows] = bits.astype(jnp.int16)
+    # Other threads' halves are read next: a warpgroup barrier (with the fence).
+    plgpu.commit_smem()
+
+
+def _joined_f32(halves, rows) -> jax.Array:
+    """``rows`` of the transposed square :func:`_split_f32` stored: the same bits."""
+    hi_s, lo_s = halves
+    hi = _load(hi_s, rows, transposed=True).astype(jnp.int32)
+    lo = _load(lo_s, rows, transposed=True).astype(jnp.int32) & 0xFFFF
+    return lax.bitcast_convert_type((hi << 16) | lo, jnp.float32)
+
+
+def _rows(xs: jax.Array, kw: dict) -> tuple[jax.Array, jax.Array]:
+    """(int8 codes, float32 scales) of the 1x128 tiles of ``xs``'s rows."""
+    scale = _scale(scaling._bits_amax(xs, 1, False), **kw)
+    codes = _codes(xs, lax.broadcast_in_dim(scale, xs.shape, (0,)), kw["fmt"], cast_with_specials)
+    return codes, scale
+
+
+def _columns(x_s, q_s, kw: dict, block: bool) -> jax.Array:
+    """A square's 128x1 tiles (or, where ``block``, the square as one block) into
+    ``q_s``; returns the 128 scales (the block's in each lane).
+
+    The amax of each column over both halves first (on the bit patterns, one
+    axis at a time: Mosaic GPU reduces one axis per step), then each half's codes.
+    """
+    col_bits = [jnp.max(scaling.finite_magnitude_bits(_f32(x_s, r)), axis=0) for r in HALVES]
+    bits = functools.reduce(jnp.maximum, col_bits)
+    if block:
+        # The block's amax in every lane, as the max of each column's and the
+        # block's: no broadcast of a scalar, which XLA (the interpreter's
+        # compiler) would divide by its reciprocal, 1 ulp off the correctly
+        # rounded quotient.
+        bits = jnp.maximum(bits, jnp.max(bits, axis=0))
+    scale = _scale(scaling.magnitude_bits_value(bits, jnp.float32), **kw)
+    for rows in HALVES:
+        xs = _f32(x_s, rows)
+        s = lax.broadcast_in_dim(scale, xs.shape, (1,))
+        q_s[rows] = _codes(xs, s, kw["fmt"], cast_with_specials)
+    return scale
+
+
+def _kernel(body, ins, scratch, outs, grid, name: str, interpret):
+    """A Mosaic GPU kernel of one warpgroup per grid point (i, j).
+
+    ``ins`` and ``outs``: ``(array or ShapeDtypeStruct, smem shape, where)``,
+    ``where(ref, i, j)`` the global window the CTA copies into its shared
+    buffer first (ins) or from it last (outs); ``scratch``: further
+    ``(shape, dtype)`` shared buffers.  ``body(*in_smem, *scratch_smem,
+    *out_smem)`` fills the output buffers.
+    """
+    n_in, n_scratch = len(ins), len(scratch)
+
+    def kern(*refs):
+        in_g, out_g = refs[:n_in], refs[n_in:]
+        i, j = lax.axis_index("i"), lax.axis_index("j")
+
+        def scope(*smem):
+            *buffers, barrier = smem
+            for (_, _, where), g, s in zip(ins, in_g, buffers[:n_in], strict=True):
+                plgpu.copy_gmem_to_smem(where(g, i, j), s, barrier)
+            plgpu.barrier_wait(barrier)
+            if interpret:
+                # The interpreter runs on XLA, whose division is already the IEEE one.
+                body(*buffers)
+            else:
+                # The subnormal scale's quotient, corrected by its remainder, may be
+                # the approximate one (inline PTX does not lower on its vectors).
+                with scaling.ieee_division(divide_rn, corrected=operator.truediv):
+                    body(*buffers)
+            # The registers' stores to shared memory, visible to TMA.
+            plgpu.commit_smem()
+            for (_, _, where), g, s in zip(outs, out_g, buffers[n_in + n_scratch :], strict=True):
+                plgpu.copy_smem_to_gmem(s, where(g, i, j))
+            plgpu.wait_smem_to_gmem(0)
+
+        buffers = [plgpu.SMEM(shape, a.dtype) for a, shape, _ in ins]
+        buffers += [plgpu.SMEM(shape, dtype) for shape, dtype in scratch]
+        buffers += [plgpu.SMEM(shape, t.dtype) for t, shape, _ in outs]
+        buffers.append(plgpu.Barrier(num_arrivals=n_in))
+        pl.run_scoped(scope, *buffers)
+
+    kern.__name__ = kern.__qualname__ = name
+    call = plgpu.kernel(
+        kern,
+        out_type=tuple(t for t, _, _ in outs),
+        grid=grid,
+        grid_names=("i", "j"),
+        # True: Mosaic GPU's own interpreter (TMA and barriers simulated).
+        interpret=plgpu.InterpretGPUParams() if interpret is True else interpret or None,
+    )
+    # The name in the op's metadata also where vmap renames the kernel: the
+    # compilers' census tells quantizers from GEMMs by it.
+    with jax.named_scope(name):
+        return call(*(a for a, _, _ in ins))
+
+
+def _square_in(xp: jax.Array):
+    """An input whose square (i, j) each CTA reads."""
+    return xp, (GROUP, GROUP), _square
+
+
+def _padded(x: jax.Array) -> jax.Array:
+    # Zero padding to whole squares: a zero changes no amax; the pad is cropped.
+    r, c = x.shape
+    return _pad_to(x, (round_up(r, GROUP), round_up(c, GROUP)), 0)
+
+
+def _grid(xp: jax.Array) -> tuple[int, int]:
+    return xp.shape[0] // GROUP, xp.shape[1] // GROUP
+
+
+def _codes_out(rows: int, cols: int, transposed: bool = False):
+    """The int8 codes (rows, cols), each CTA writing its square ((j, i) if ``transposed``)."""
+
+    def where(g, i, j):
+        return _square(g, j, i) if transposed else _square(g, i, j)
+
+    return jax.ShapeDtypeStruct((rows, cols), jnp.int8), (GROUP, GROUP), where
+
+
+def _scales_out(rows: int, cols: int, by_j: bool):
+    """Float32 scales (rows, cols), each CTA writing 128 of them contiguous: row j, columns
+    of square i (``by_j``), or row i, columns of square j."""
+
+    def where(g, i, j):
+        return g.at[j, pl.ds(i * GROUP, GROUP)] if by_j else g.at[i, pl.ds(j * GROUP, GROUP)]
+
+    return jax.ShapeDtypeStruct((rows, cols), jnp.float32), (GROUP,), where
+
+
+def _settings(fmt, pow2, amax_floor, ue8m0) -> dict:
+    return dict(fmt=jnp.dtype(fmt), pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0)
+
+
+@functools.partial(jax.jit, static_argnames=("orient",) + _STATIC)
+def quantize_2d(
+    x: jax.Array,
+    *,
+    fmt,
+    orient: str,
+    pow2: bool = False,
+    amax_floor: float = 0.0,
+    ue8m0: bool = False,
+    interpret=False,
+) -> tuple[jax.Array, jax.Array]:
+    """(codes, float32 scales) of a 2-D ``x``: ``tpu_quantize.quantize_2d``'s outputs for
+    ``orient`` "row" (1x128 tiles), "col" (128x1) or "block" (128x128), the same bits."""
+    check_2d(x, orient)
+    kw = _settings(fmt, pow2, amax_floor, ue8m0)
+    r, c = x.shape
+    xp = _padded(x)
+    rp, cp = xp.shape
+    gi, gj = _grid(xp)
+
+    def body(x_s, q_s, s_s):
+        if orient == "row":
+            for rows in HALVES:
+                q_s[rows], s_s[rows] = _rows(_f32(x_s, rows), kw)
+        else:
+            s_s[...] = _columns(x_s, q_s, kw, block=orient == "block")
+
+    # 1x128 tiles' scales are written transposed, (C/128, R): 128 contiguous
+    # per square (the form the GEMM kernel reads); the others (R/128, C).
+    scales = _scales_out(gj, rp, by_j=True) if orient == "row" else _scales_out(gi, cp, False)
+    codes, s = _kernel(
+        body,
+        [_square_in(xp)],
+        [],
+        [_codes_out(rp, cp), scales],
+        (gi, gj),
+        f"fp8_quantize_{orient}",
+        interpret,
+    )
+    if orient == "row":
+        s = s.T
+    return crop(orient, lax.bitcast_convert_type(codes, kw["fmt"]), s, r, c)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def quantize_rows_cols(
+    x: jax.Array,
+    *,
+    fmt,
+    pow2: bool = False,
+    amax_floor: float = 0.0,
+    ue8m0: bool = False,
+    interpret=False,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """(row codes, row scales (R, ceil(C/128)), col codes, col scales (ceil(R/128), C))
+    of a 2-D ``x`` from one read: ``tpu_quantize.quantize_rows_cols``'s outputs, the
+    same bits; the 128x1 tiles' codes are written transposed ((C, R), K-major for
+    Wgrad) and returned as their transpose."""
+    if x.ndim != 2:
+        raise ValueError(f"quantize_rows_cols takes a 2-D array, got shape {x.shape}")
+    kw = _settings(fmt, pow2, amax_floor, ue8m0)
+    r, c = x.shape
+    xp = _padded(x)
+    rp, cp = xp.shape
+    gi, gj = _grid(xp)
+    wide = jnp.dtype(x.dtype).itemsize == 4
+    scratch = [((GROUP, GROUP), jnp.int16)] * 2 if wide else []
+
+    def body(x_s, *rest):
+        halves, (qr_s, sr_s, qc_s, sc_s) = rest[: len(scratch)], rest[len(scratch) :]
+        for rows in HALVES:
+            qr_s[rows], sr_s[rows] = _rows(_f32(x_s, rows), kw)
+        # The 128x1 tiles are the rows of the transposed square.
+        if wide:
+            _split_f32(x_s, halves)
+        for rows in HALVES:
+            xt = _joined_f32(halves, rows) if wide else _f32(x_s, rows, transposed=True)
+            qc_s[rows], sc_s[rows] = _rows(xt, kw)
+
+    outs = [
+        _codes_out(rp, cp),
+        _scales_out(gj, rp, by_j=True),
+        _codes_out(cp, rp, transposed=True),
+        _scales_out(gi, cp, by_j=False),
+    ]
+    row_codes, row_s, col_codes_t, col_s = _kernel(
+        body, [_square_in(xp)], scratch, outs, (gi, gj), "fp8_quantize_rows_cols", interpret
+    )
+    fmt = kw["fmt"]
+    return (
+        lax.bitcast_convert_type(row_codes[:r, :c], fmt),
+        row_s.T[:r, : cdiv(c, GROUP)],
+        lax.bitcast_convert_type(col_codes_t[:c, :r], fmt).T,
+        col_s[: cdiv(r, GROUP), :c],
+    )
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def requantize_col_t(
+    codes: jax.Array,
+    row_scales: jax.Array,
+    *,
+    fmt,
+    pow2: bool = False,
+    amax_floor: float = 0.0,
+    ue8m0: bool = False,
+    interpret=False,
+) -> tuple[jax.Array, jax.Array]:
+    """FP8 ``codes`` (R, C) in 1x128 tiles (float32 ``row_scales`` (R, ceil(C/128)))
+    dequantized and quantized again in 128x1 tiles, written transposed: (codes (C, R),
+    float32 scales (C, ceil(R/128))), ``gpu_quantize.requantize_col_t``'s outputs."""
+    if codes.ndim != 2:
+        raise ValueError(f"requantize_col_t takes a 2-D array, got shape {codes.shape}")
+    kw = _settings(fmt, pow2, amax_floor, ue8m0)
+    fmt_in = jnp.dtype(codes.dtype)
+    r, c = codes.shape
+    # Zero codes with unit scales pad: zeros change no amax; the pad is cropped.
+    dp = _padded(lax.bitcast_convert_type(codes, jnp.int8))
+    rp, cp = dp.shape
+    gi, gj = _grid(dp)
+    # The scales transposed, (C/128, R): each square's 128 contiguous, copied
+    # in with its codes.
+    st = _pad_to(row_scales.astype(jnp.float32).T, (cp // GROUP, rp), 1.0)
+
+    def body(d_s, st_s, bytes_s, q_s, s_s):
+        # The square's codes as int16 bytes, read back transposed (K x tokens).
+        for rows in HALVES:
+            bytes_s[rows] = _load(d_s, rows).astype(jnp.int16)
+        plgpu.commit_smem()
+        for rows in HALVES:
+            d = code_values(_load(bytes_s, rows, transposed=True), fmt_in)
+            # The square's tokens' scales, along the transposed square's columns.
+            s = lax.broadcast_in_dim(st_s[...], d.shape, (1,))
+            # quant.dequantize's value on the bit patterns: the correctly rounded
+            # product with subnormals kept whatever the flush-to-zero mode.
+            x = scaling.exact_product(d, s, fmt_in)
+            q_s[rows], s_s[rows] = _rows(x, kw)
+
+    def scale_window(g, i, j):
+        return g.at[j, pl.ds(i * GROUP, GROUP)]
+
+    out_codes, scales = _kernel(
+        body,
+        [_square_in(dp), (st, (GROUP,), scale_window)],
+        [((GROUP, GROUP), jnp.int16)],
+        [_codes_out(cp, rp, transposed=True), _scales_out(gi, cp, by_j=False)],
+        (gi, gj),
+        "fp8_requantize_col_t",
+        interpret,
+    )
+    return (
+        lax.bitcast_convert_type(out_codes[:c, :r], kw["fmt"]),
+        scales.T[:c, : cdiv(r, GROUP)],
+    )
