@@ -9,6 +9,8 @@ Where XLA's compile-only CUDA client is installed they also compile for an H100.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -69,6 +71,15 @@ def test_requantize_gives_dequantize_then_quantize_bits_transposed(cache_fmt):
     want = quant.quantize(quant.dequantize(cached, jnp.float32), E4M3, "tile", axis=0)
     assert codes_t.shape == (260, 300) and scales_t.shape == (260, 3)
     _assert_same(codes_t.T, scales_t.T, want)
+
+
+def test_stacked_matrices_by_vmap_give_quantize_bits():
+    # The experts' weights: a stack of matrices, each its own 128x128 blocks
+    # (fp8jax.quant maps the kernel over the leading axes).
+    x = jnp.stack([_data((130, 260), jnp.bfloat16, seed=s) for s in (1, 2)])
+    run = functools.partial(mq.quantize_2d, fmt=E4M3, orient="block", interpret=True)
+    codes, scales = jax.vmap(run)(x)
+    _assert_same(codes, scales, quant.quantize(x, E4M3, "block"))
 
 
 def test_shared_memory_is_race_free():
