@@ -139,18 +139,22 @@ def test_compiles_for_an_h100_as_quantizer_kernels_not_gemms():
     assert "fp8_quantize_rows_cols" in compiled.text
 
 
-@pytest.mark.parametrize("kernel", ["row", "block", "rows_cols"])
+@pytest.mark.parametrize("kernel", ["row", "block", "rows_cols", "requantize"])
 def test_h100_code_reads_by_tma_and_keeps_its_temporaries_in_registers(kernel):
     why = mgpu_ir.unavailable()
     if why:
         pytest.skip(why)
     x = jax.ShapeDtypeStruct((256, 384), jnp.bfloat16)
+    args = (x,)
     fn = {
         "row": lambda x: mq.quantize_2d(x, fmt=E4M3, orient="row"),
         "block": lambda x: mq.quantize_2d(x, fmt=E4M3, orient="block"),
         "rows_cols": lambda x: mq.quantize_rows_cols(x, fmt=E4M3),
+        "requantize": lambda c, s: mq.requantize_col_t(c, s, fmt=E4M3),
     }[kernel]
-    [code] = mgpu_ir.compile_h100(fn, x)
+    if kernel == "requantize":
+        args = (jax.ShapeDtypeStruct((256, 384), E4M3), jax.ShapeDtypeStruct((256, 3), jnp.float32))
+    [code] = mgpu_ir.compile_h100(fn, *args)
     assert not code.fp8_wgmma and code.mma_sync == 0 and code.tma_loads > 0
     assert 0 < code.shared_bytes <= mgpu_ir.H100_SHARED_BYTES
     # Half a square at a time (ROWS): no spill to local memory.

@@ -470,10 +470,12 @@ def check_error(kind: str = "mosaic") -> str | None:
 
 
 def check_array() -> np.ndarray:
-    """A 256 x 384 float32 test array: magnitudes 2^-40..2^40 across rows, an
-    all-zero square, +-Inf and NaN in some tiles, bfloat16-representable values."""
+    """A 256 x 384 float32 test array: magnitudes 2^-40..2^40 across rows, one row
+    near 2^-122 (subnormal scales, subnormal values and products), an all-zero
+    square, +-Inf and NaN in some tiles, bfloat16-representable values."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((256, 384)) * np.exp2(rng.uniform(-40, 40, (256, 1)))
+    x[11, :] = rng.standard_normal(384) * 2.0**-122
     x[128:, :128] = 0.0
     x[3, 5], x[7, 200], x[9, 9], x[200, 300] = np.inf, -np.inf, np.nan, np.nan
     return np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32))

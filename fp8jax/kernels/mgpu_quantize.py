@@ -81,34 +81,59 @@ def _layout(shape: tuple[int, ...]):
     return plgpu.Layout.WGMMA.reduce(1 if shape == (ROWS,) else 0)
 
 
-def divide_rn(num: jax.Array, den: jax.Array) -> jax.Array:
+def _ptx(instr: str, a: jax.Array, b) -> jax.Array:
+    """The float32 PTX instruction ``instr`` (two operands) on each register of ``a``
+    and ``b`` (broadcast together); a constant ``b`` is splat inside, in ``a``'s layout."""
+    shape = jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b))
+    layout = _layout(shape)
+    op = mgpu.FragmentedArray._lift_fast_instr(instr)
+    out = plgpu.ShapeDtypeStruct(shape, jnp.float32, layout=layout)
+    a = jnp.broadcast_to(jnp.asarray(a, jnp.float32), shape)
+    if isinstance(b, (float, np.floating)):
+        value = float(b)
+
+        @plgpu.inline_mgpu(arg_types=(layout,), return_type=out)
+        def by_constant(_, x):
+            y = mgpu.FragmentedArray.splat(mgpu.c(value, x.mlir_dtype), x.shape, x.layout)
+            return x._pointwise(op, y)
+
+        return by_constant(a)
+
+    @plgpu.inline_mgpu(arg_types=(layout, layout), return_type=out)
+    def binary(_, x, y):
+        return x._pointwise(op, y)
+
+    return binary(a, jnp.broadcast_to(jnp.asarray(b, jnp.float32), shape))
+
+
+def divide_rn(num: jax.Array, den) -> jax.Array:
     """float32 ``num / den`` correctly rounded, as PTX ``div.rn.f32``, subnormals kept.
 
     Mosaic GPU lowers a float32 ``/`` to ``div.full.f32`` (up to 2 ulp off);
     the quantizer's divisions (the scale, x / scale) must be the IEEE ones
-    for the CPU's bits.  Inline PTX on each register of the arrays; a
-    constant divisor (the format's max) is splat inside, in ``num``'s layout.
+    for the CPU's bits.  Inline PTX on each register of the arrays.
     """
-    shape = jnp.broadcast_shapes(jnp.shape(num), jnp.shape(den))
-    layout = _layout(shape)
-    div_rn = mgpu.FragmentedArray._lift_fast_instr("div.rn.f32")
-    out = plgpu.ShapeDtypeStruct(shape, jnp.float32, layout=layout)
-    num = jnp.broadcast_to(jnp.asarray(num, jnp.float32), shape)
-    if isinstance(den, (float, np.floating)):
-        value = float(den)
+    return _ptx("div.rn.f32", num, den)
 
-        @plgpu.inline_mgpu(arg_types=(layout,), return_type=out)
-        def by_constant(_, n):
-            d = mgpu.FragmentedArray.splat(mgpu.c(value, n.mlir_dtype), n.shape, n.layout)
-            return n._pointwise(div_rn, d)
 
-        return by_constant(num)
+def multiply_rn(a: jax.Array, b: jax.Array) -> jax.Array:
+    """float32 ``a * b`` correctly rounded, subnormals kept: PTX ``mul.rn.f32`` (no
+    ``.ftz``; the explicit rounding also keeps ptxas from fusing it into an FMA)."""
+    return _ptx("mul.rn.f32", a, b)
 
-    @plgpu.inline_mgpu(arg_types=(layout, layout), return_type=out)
-    def divide(_, n, d):
-        return n._pointwise(div_rn, d)
 
-    return divide(num, jnp.broadcast_to(jnp.asarray(den, jnp.float32), shape))
+def dequantized(d: jax.Array, s: jax.Array, fmt, interpret) -> jax.Array:
+    """FP8 values ``d`` (float32) times their scales ``s``: quant.dequantize's value, the
+    correctly rounded product with subnormals kept; +-Inf and NaN codes as they are.
+
+    Compiled: the IEEE product (:func:`multiply_rn`; the scales are positive
+    and finite).  Interpreted: the product on the bit patterns
+    (``scaling.exact_product``), since the interpreter's CPU flushes subnormals.
+    """
+    if interpret:
+        return scaling.exact_product(d, s, fmt)
+    # Inf * s and NaN * s would lose a NaN's sign: the codes' own values there.
+    return jnp.where(jnp.abs(d) < jnp.inf, multiply_rn(d, s), d)
 
 
 def _load(ref, rows, transposed: bool = False) -> jax.Array:
@@ -402,9 +427,7 @@ def requantize_col_t(
             d = code_values(_load(bytes_s, rows, transposed=True), fmt_in)
             # The square's tokens' scales, along the transposed square's columns.
             s = lax.broadcast_in_dim(st_s[...], d.shape, (1,))
-            # quant.dequantize's value on the bit patterns: the correctly rounded
-            # product with subnormals kept whatever the flush-to-zero mode.
-            x = scaling.exact_product(d, s, fmt_in)
+            x = dequantized(d, s, fmt_in, interpret)
             q_s[rows], s_s[rows] = _rows(x, kw)
 
     def scale_window(g, i, j):
