@@ -66,17 +66,6 @@ def test_requantize_gives_dequantize_then_quantize_bits_transposed(cache_fmt, fm
     np.testing.assert_array_equal(_bits(scales_t.T), _bits(want.scale))
 
 
-@pytest.mark.parametrize("fmt", [E4M3, E5M2])
-@pytest.mark.parametrize("jit", [False, True])
-def test_code_values_are_the_codes_float32_values_with_every_nans_sign(fmt, jit):
-    code_bytes = np.arange(256, dtype=np.uint8).view(np.int8)
-    convert = jax.jit(gq.code_values, static_argnums=1) if jit else gq.code_values
-    got = np.asarray(convert(jnp.asarray(code_bytes), fmt))
-    want = code_bytes.view(fmt).astype(np.float64)
-    assert np.array_equal(got, want, equal_nan=True)
-    assert np.array_equal(np.signbit(got), code_bytes < 0)
-
-
 def test_differences_are_counted_with_the_first_position():
     codes = np.array([[0x3C, 0x7F], [0x10, 0x20]], np.uint8).view(E4M3)
     scales = np.ones((2, 1), np.float32)

@@ -54,6 +54,7 @@ from jax.experimental.pallas import triton as pl_triton
 
 from fp8jax import platforms, scaling
 from fp8jax.kernels.block_gemm import _pad_to, cdiv, round_up
+from fp8jax.kernels.gpu_codes import cast_with_specials, code_values
 from fp8jax.kernels.tpu_quantize import (
     GROUP,
     ORIENTS,
@@ -155,21 +156,6 @@ def requantize_col_t(
         lax.bitcast_convert_type(out_codes[:c, :r], fmt),
         scales[:c, : cdiv(r, GROUP)],
     )
-
-
-def code_values(code_bytes: jax.Array, fmt) -> jax.Array:
-    """FP8 codes of ``fmt``, given as their int8 bytes (or sign-extended in a wider
-    integer), as float32 values (exact), a NaN code's sign kept.
-
-    The sign is put back from the byte: Triton's FP8 -> float32 conversion
-    gives a NaN code the canonical (positive) NaN, where XLA keeps its sign,
-    and the requantized code of a NaN carries the sign of the value it came from.
-    """
-    value = lax.bitcast_convert_type(code_bytes.astype(jnp.int8), fmt).astype(jnp.float32)
-    magnitude = lax.bitcast_convert_type(value, jnp.int32) & 0x7FFFFFFF
-    # The sign tested in 32 bits: Mosaic GPU compares no 8-bit integers.
-    sign = jnp.where(code_bytes.astype(jnp.int32) < 0, jnp.int32(-(2**31)), jnp.int32(0))
-    return lax.bitcast_convert_type(magnitude | sign, jnp.float32)
 
 
 def _traced(body, interpret: bool):
@@ -303,14 +289,6 @@ def quantize_rows_cols(
     )
 
 
-#: FP8 codes of +-Inf and NaN as XLA's conversion writes them (ml_dtypes' semantics,
-#: the sign bit the input's): E4M3 has no Inf and takes its NaN code.
-_SPECIAL_CODES = {
-    jnp.dtype(jnp.float8_e4m3fn): (0x7F, 0x7F),
-    jnp.dtype(jnp.float8_e5m2): (0x7C, 0x7E),
-}
-
-
 def divide_rn(num: jax.Array, den: jax.Array) -> jax.Array:
     """float32 ``num / den`` correctly rounded, as PTX ``div.rn.f32`` (Triton's own
     ``/`` is ``div.full.f32``, up to 2 ulp off); subnormals kept (no ``.ftz``)."""
@@ -329,29 +307,6 @@ def divide_rn(num: jax.Array, den: jax.Array) -> jax.Array:
         result_shape_dtypes=[jax.ShapeDtypeStruct(shape, jnp.int32)],
     )
     return lax.bitcast_convert_type(q, jnp.float32)
-
-
-def cast_with_specials(xs: jax.Array, y: jax.Array, fmt) -> jax.Array:
-    """The bytes (int8) of the saturated quotient ``y`` cast to ``fmt``, +-Inf and NaN
-    of ``xs`` as XLA casts them.
-
-    Triton's float32 -> FP8 conversion saturates (``cvt.rn.satfinite``: +-Inf
-    would become +-max), and its min / max ignore NaN (a NaN x gives a finite
-    ``y``).  Finite lanes are cast; the others get :data:`_SPECIAL_CODES` with
-    x's sign.  (E5M2 has several NaN codes; which one XLA writes for a NaN
-    depends on the payload its arithmetic left: see :func:`same_codes`.)
-    """
-    finite = jnp.abs(xs) < jnp.inf  # False for +-Inf and NaN
-    codes = jnp.where(finite, y, jnp.float32(0.0)).astype(fmt)
-    code_bits = lax.bitcast_convert_type(codes, jnp.int8).astype(jnp.int32) & 0xFF
-    inf_code, nan_code = _SPECIAL_CODES[jnp.dtype(fmt)]
-    sign = (lax.bitcast_convert_type(xs, jnp.int32) >> 24) & 0x80
-    special = jnp.where(jnp.isinf(xs), jnp.int32(inf_code), jnp.int32(nan_code)) | sign
-    # int32 0..255 to int8 wraps modulo 256: the byte itself.  The kernels store
-    # the bytes as int8 and the caller views them as ``fmt``: no FP8 value is
-    # moved on the way, so no NaN payload can be rewritten (Pallas' interpreter
-    # on CPU turned E5M2's NaN 0x7E into 0x7F when it moved FP8 values).
-    return jnp.where(finite, code_bits, special).astype(jnp.int8)
 
 
 def same_codes(got: np.ndarray, want: np.ndarray) -> bool:

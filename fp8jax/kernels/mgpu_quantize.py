@@ -24,9 +24,9 @@ The numerics are ``quant.quantize``'s on a CPU, operation for operation
 (:func:`fp8jax.kernels.tpu_quantize._codes` and ``_scale``: amax on the
 float32 bit patterns over the finite elements, the scale guards, the offset
 division that flush-to-zero cannot change, saturation), with the cast of
-:func:`fp8jax.kernels.gpu_quantize.cast_with_specials` (finite lanes cast,
+:func:`fp8jax.kernels.gpu_codes.cast_with_specials` (finite lanes cast,
 +-Inf and NaN given their codes by their bits) and FP8 codes read back by
-:func:`~fp8jax.kernels.gpu_quantize.code_values` (a NaN's sign from its byte).
+:func:`~fp8jax.kernels.gpu_codes.code_values` (a NaN's sign from its byte).
 
 ``interpret``: ``False`` compiles the kernels (``mosaic_gpu`` custom calls,
 lowered only for CUDA); ``True`` or an ``InterpretGPUParams`` runs Mosaic
@@ -53,7 +53,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from fp8jax import scaling
 from fp8jax.kernels.block_gemm import _pad_to, cdiv, round_up
-from fp8jax.kernels.gpu_quantize import cast_with_specials, code_values
+from fp8jax.kernels.gpu_codes import cast_with_specials, code_values
 from fp8jax.kernels.tpu_quantize import GROUP, ORIENTS, _codes, _scale, check_2d, crop
 
 __all__ = ["ORIENTS", "quantize_2d", "quantize_rows_cols", "requantize_col_t"]
