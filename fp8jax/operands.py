@@ -215,8 +215,6 @@ def _requantize_transposed(cached: QTensor, spec: QuantSpec, caxis: int, recipe:
         out, _ = quantize_operand(materialize(cached, jnp.float32), spec, caxis, recipe)
         return out
 
-    from fp8jax.kernels import gpu_quantize
-
     ways = {
         "transposed": partial(requantize_through_transpose, cached, spec, caxis, recipe),
         "in place": in_place,
@@ -227,7 +225,7 @@ def _requantize_transposed(cached: QTensor, spec: QuantSpec, caxis: int, recipe:
 
     def decide(p: str) -> str:
         if p == "cuda":
-            return "gpu kernel" if kernel and gpu_quantize.available() else "transposed"
+            return "gpu kernel" if kernel and quant.gpu_kernels() is not None else "transposed"
         return "tpu kernel" if p == "tpu" and kernel else "in place"
 
     return platforms.choose(decide, ways.__getitem__)
@@ -290,13 +288,13 @@ def requantize_tpu_kernel(
 
 def requantize_gpu_kernel(cached: QTensor, spec: QuantSpec) -> QTensor:
     """``transposed`` in one kernel (Mosaic GPU, or Triton where asked for:
-    ``gpu_quantize.kernels()``): the codes read once, the new codes written K-major
+    ``quant.gpu_kernels()``): the codes read once, the new codes written K-major
     (as the Wgrad kernel reads them), no float32 copy in HBM."""
     from fp8jax.kernels import gpu_quantize
 
     cached = float32_scales(cached)
     run = partial(
-        gpu_quantize.kernels().requantize_col_t,
+        quant.gpu_kernels().requantize_col_t,
         fmt=as_format(spec.fmt),
         pow2=spec.pow2,
         amax_floor=spec.amax_floor,

@@ -59,6 +59,9 @@ finite values above the range saturate at +-fmt_max * scale.
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
+import logging
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -369,7 +372,6 @@ def _quantize_online(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fm
     # pass that reads x: a branch would read x once more to decide, and the
     # compiler keeps both branches' code and buffers.  The kernels give the
     # same codes and scales, bit for bit.
-    from fp8jax.kernels import gpu_quantize
 
     kernel = _tpu_kernel_orient(x, fmt, granularity, axis, tile)
     ways = {
@@ -381,7 +383,7 @@ def _quantize_online(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fm
     def decide(p: str) -> str:
         if kernel and p == "tpu":
             return "tpu kernel"
-        if kernel and p == "cuda" and gpu_quantize.available():
+        if kernel and p == "cuda" and gpu_kernels() is not None:
             return "gpu kernel"
         return "one pass"
 
@@ -412,13 +414,82 @@ def _tpu_kernel_orient(x, fmt, granularity, axis, tile) -> str | None:
 def _quantizer_kernels(platform: str):
     """(the quantizer kernels' module, its ``on_*`` runner) for ``platform``:
     :mod:`fp8jax.kernels.tpu_quantize` on "tpu", on "cuda" the module
-    ``gpu_quantize.kernels()`` chose (:mod:`~fp8jax.kernels.mgpu_quantize` by
-    default; the same entry points and outputs)."""
+    :func:`gpu_kernels` chose (:mod:`~fp8jax.kernels.mgpu_quantize` by default;
+    the same entry points and outputs)."""
     from fp8jax.kernels import gpu_quantize, tpu_quantize
 
     if platform == "tpu":
         return tpu_quantize, tpu_quantize.on_tpu
-    return gpu_quantize.kernels(), gpu_quantize.on_gpu
+    return gpu_kernels(), gpu_quantize.on_gpu
+
+
+def gpu_kernels():
+    """The GPU quantizer kernels' module "auto" takes on the CUDA target being lowered
+    for, or None (XLA's fusions): ``gpu_quantize.kernels()``'s choice, and where a
+    GPU is attached, only if they are no slower there than XLA's fusions for the
+    same outputs (:func:`gpu_kernels_time`, measured once per kind and logged)."""
+    from fp8jax.kernels import gpu_quantize
+
+    module = gpu_quantize.kernels()
+    if module is None or platforms.local_cuda_capability() is None:
+        return module
+    return module if _gpu_kernels_faster(gpu_quantize.requested()) else None
+
+
+@functools.cache
+def _gpu_kernels_faster(kind: str) -> bool:
+    # A thread of its own: asked from inside a jit trace, the timing must not be staged.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        times = pool.submit(gpu_kernels_time, kind).result()
+    faster = times["kernels_us"] <= times["xla_us"]
+    logging.warning(
+        "fp8jax: %s quantizer kernels %.1f us, XLA's fusions %.1f us (x's tiles, W's "
+        "blocks, dy's two layouts of a %dx%d bfloat16 operand): %s quantize",
+        kind,
+        times["kernels_us"],
+        times["xla_us"],
+        times["n"],
+        times["n"],
+        "the kernels" if faster else "XLA's fusions",
+    )
+    return faster
+
+
+def gpu_kernels_time(kind: str, n: int = 4096, interpret=False, iters: int = 5) -> dict:
+    """Median wall time (us) of ``kind``'s quantizer kernels and of XLA's one-pass
+    fusions for the same outputs (1x128 tiles, 128x128 blocks, and both tile layouts
+    of an ``n`` x ``n`` bfloat16 operand to E4M3), timed round-robin on the default
+    device (``interpret``: the kernels in their interpreter, for the tests)."""
+    from fp8jax.kernels import gpu_quantize
+    from fp8jax.wall_time import time_calls
+
+    kernels = gpu_quantize.module(kind)
+    x = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+    kw = dict(fmt=E4M3, interpret=interpret)
+
+    def by_kernels(x):
+        return (
+            kernels.quantize_2d(x, orient="row", **kw),
+            kernels.quantize_2d(x, orient="block", **kw),
+            kernels.quantize_rows_cols(x, **kw),
+        )
+
+    def by_xla(x):
+        one = partial(_quantize_one_pass, fmt=E4M3, tile=128, pow2=False, amax_floor=0.0)
+        return (
+            one(x, granularity="tile", axis=1, scale_fmt="float32"),
+            one(x, granularity="block", axis=1, scale_fmt="float32"),
+            one(x, granularity="tile", axis=1, scale_fmt="float32"),
+            one(x, granularity="tile", axis=0, scale_fmt="float32"),
+        )
+
+    cases = {"kernels": (jax.jit(by_kernels), (x,)), "xla": (jax.jit(by_xla), (x,))}
+    t = time_calls(cases, warmup=1, iters=iters)
+    return {
+        "n": n,
+        "kernels_us": t["kernels"]["median_s"] * 1e6,
+        "xla_us": t["xla"]["median_s"] * 1e6,
+    }
 
 
 def _quantize_kernel(
@@ -482,8 +553,6 @@ def _rows_and_cols_online(x, fmt, tile, pow2, amax_floor, scale_fmt) -> tuple[QT
             for axis in (x.ndim - 1, x.ndim - 2)
         )
 
-    from fp8jax.kernels import gpu_quantize
-
     # The kernels take 128-long tiles of IEEE FP8 from float32 / bfloat16 x.
     fits = _tpu_kernel_orient(x, fmt, "tile", -1, tile) == "row"
     ways = {
@@ -495,7 +564,7 @@ def _rows_and_cols_online(x, fmt, tile, pow2, amax_floor, scale_fmt) -> tuple[QT
     def decide(p: str) -> str:
         if fits and p == "tpu":
             return "tpu kernel"
-        if fits and p == "cuda" and gpu_quantize.available():
+        if fits and p == "cuda" and gpu_kernels() is not None:
             return "gpu kernel"
         return "separately"
 

@@ -201,31 +201,6 @@ def test_hlo_names_the_dot_algorithm():
     assert hlo.dot_algorithm(line.replace("ALG_DOT_BF16_BF16_F32", "ALG_UNSET")) == "default"
 
 
-# ---------------------------------------------------------------- timing
-
-
-def test_time_calls_round_robin_keeps_state():
-    order = []
-
-    def make(name):
-        def f(x):
-            order.append(name)
-            return x + 1
-
-        return f
-
-    x = jnp.zeros((4,))
-    t = bench.time_calls(
-        {"a": (make("a"), (x,)), "b": (make("b"), (x,))}, warmup=1, iters=3, min_sample_s=0.0
-    )
-    assert set(t) == {"a", "b"}
-    for v in t.values():
-        assert v["inner"] == 1 and v["iters"] == 3
-        assert 0 < v["min_s"] <= v["median_s"] <= v["max_s"]
-    # warmup + first timing per case, then the samples alternate a, b, a, b, ...
-    assert order == ["a", "a", "b", "b"] + ["a", "b"] * 3
-
-
 # ---------------------------------------------------------------- kernel benchmark
 
 
@@ -356,13 +331,6 @@ def test_sweep_time_budget_marks_cases_skipped(tmp_path):
     assert [r["status"] for r in res["records"]] == ["skipped", "skipped"]
     paths = bench.write_results(res, str(tmp_path), plots=True)
     assert Path(paths["png_time"]).exists()
-
-
-def test_time_call_rejects_bad_counts():
-    with pytest.raises(ValueError):
-        bench.time_call(lambda: jnp.zeros(()), (), iters=0)
-    with pytest.raises(ValueError):
-        bench.time_call(lambda: jnp.zeros(()), (), warmup=-1)
 
 
 def _bench_command(blocked: bool, *args: str) -> list[str]:

@@ -541,3 +541,44 @@ def test_cpu_quantizer_compiles_without_branch_or_split_reduction():
         f = jax.jit(lambda x, g=gran, a=axis: quant.quantize(x, fp8jax.E4M3, g, a).data)
         text = f.trace(x).lower(lowering_platforms=("cpu",)).compile().as_text()
         assert "reduce-window" not in text and "conditional" not in text, (gran, axis)
+
+
+# ---------------------------------------------------------------- GPU quantizer choice
+
+
+@pytest.fixture
+def hopper_attached(monkeypatch):
+    """A Hopper GPU as the kernels' choice sees one, its bit check passed; the
+    timing decision asked afresh."""
+    from fp8jax.kernels import gpu_quantize
+
+    monkeypatch.setattr(quant.platforms, "local_cuda_capability", lambda: "9.0")
+    monkeypatch.setattr(gpu_quantize, "_passed", lambda kind: True)
+    monkeypatch.delenv(gpu_quantize.OPT_IN, raising=False)
+    quant._gpu_kernels_faster.cache_clear()
+    yield
+    quant._gpu_kernels_faster.cache_clear()
+
+
+@pytest.mark.parametrize("kernels_us, taken", [(50.0, True), (90.0, False)])
+def test_gpu_kernels_taken_only_where_no_slower_than_xla(
+    hopper_attached, monkeypatch, caplog, kernels_us, taken
+):
+    from fp8jax.kernels import mgpu_quantize
+
+    times = {"n": 4096, "kernels_us": kernels_us, "xla_us": 70.0}
+    monkeypatch.setattr(quant, "gpu_kernels_time", lambda kind: times)
+    with caplog.at_level("WARNING"):
+        got = quant.gpu_kernels()
+    assert got is (mgpu_quantize if taken else None)
+    # The decision and its numbers are logged once.
+    assert "mosaic quantizer kernels" in caplog.text and "70.0 us" in caplog.text
+    caplog.clear()
+    quant.gpu_kernels()
+    assert caplog.text == ""
+
+
+def test_gpu_kernels_time_runs_both_quantizers():
+    # Interpreted on this CPU: the numbers say nothing of a GPU, only that both ran.
+    times = quant.gpu_kernels_time("mosaic", n=256, interpret=True, iters=1)
+    assert times["n"] == 256 and times["kernels_us"] > 0 and times["xla_us"] > 0

@@ -44,6 +44,7 @@ from typing import Any
 
 import jax
 
+from fp8jax import quant
 from fp8jax.bench import gemm_cases, kernel, measured, moe_step
 from fp8jax.bench.gemm_cases import Shape
 from fp8jax.kernels import availability, gpu_quantize
@@ -80,6 +81,9 @@ def _env(small: bool) -> Iterator[dict[str, Any]]:
         "triton_quantizer_check": (
             (gpu_quantize.check_error("triton") or "passed") if hopper else "n/a"
         ),
+        # What "auto" quantizes with here: the kernels passed their check and were
+        # no slower than XLA's fusions (quant.gpu_kernels), else "xla".
+        "quantizer": (getattr(quant.gpu_kernels(), "__name__", "xla") if hopper else "n/a"),
     }
 
 
