@@ -388,7 +388,8 @@ def kernels():
     the same outputs at every warp count tried (the ``quantizers`` step of
     :mod:`fp8jax.bench.gpu_check`), so they are no longer the default; the
     Mosaic GPU kernels are priced by the compilers' census (bytes / HBM
-    bandwidth) and not yet timed on a GPU.
+    bandwidth) and not yet timed on a GPU.  ``fp8jax.quant.gpu_kernels`` adds
+    the run-time question on an attached GPU: no slower than XLA's fusions.
     """
     kind = requested()
     if kind == "xla" or not platforms.cuda_at_least(CUDA_TARGET):
