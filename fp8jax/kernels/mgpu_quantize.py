@@ -10,10 +10,11 @@ so :mod:`fp8jax.kernels.tpu_quantize`'s), the same bits:
   K-major 128-token tiles.
 
 One CTA (one warpgroup) per 128 x 128 square of x: a TMA copy brings the
-square into shared memory, the warpgroup holds it in registers (wgmma's
-fragment layout) and reduces each tile there, and TMA copies write the codes
-(as int8 bytes) and the float32 scales.  A square is every tile of its
-rows and columns, so one read of x serves both of dy's layouts.
+square into shared memory, the warpgroup takes it into registers (wgmma's
+fragment layout) :data:`ROWS` rows at a time and reduces each tile there,
+and TMA copies write the codes (as int8 bytes) and the float32 scales.  A
+square is every tile of its rows and columns, so one read of x serves both
+of dy's layouts.
 
 Transposed outputs are read transposed out of shared memory: Mosaic GPU
 loads 16-bit data through a transposed view, so bfloat16 x is read as it
@@ -27,6 +28,10 @@ division that flush-to-zero cannot change, saturation), with the cast of
 :func:`fp8jax.kernels.gpu_codes.cast_with_specials` (finite lanes cast,
 +-Inf and NaN given their codes by their bits) and FP8 codes read back by
 :func:`~fp8jax.kernels.gpu_codes.code_values` (a NaN's sign from its byte).
+Compiled, the divisions are PTX ``div.rn.f32`` (:func:`divide_rn`; Mosaic
+GPU's own ``/`` is ``div.full.f32``) and the requantizer's dequantization
+the IEEE product ``mul.rn.f32`` (:func:`dequantized`); the interpreter,
+which runs on XLA, divides as XLA does and dequantizes on the bit patterns.
 
 ``interpret``: ``False`` compiles the kernels (``mosaic_gpu`` custom calls,
 lowered only for CUDA); ``True`` or an ``InterpretGPUParams`` runs Mosaic
@@ -35,7 +40,9 @@ platform: the tests, on CPU.
 
 Speed: priced by the deviceless census at bytes / HBM bandwidth (XLA gives a
 custom kernel no estimate); not yet timed on a GPU.  The ``quantizers`` step
-of :mod:`fp8jax.bench.gpu_check` times them next to XLA's fusions.
+of :mod:`fp8jax.bench.gpu_check` times them next to XLA's fusions, and on an
+attached GPU "auto" takes them only where they are no slower than those
+(``fp8jax.quant.gpu_kernels``).
 """
 
 from __future__ import annotations
