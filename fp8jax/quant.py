@@ -444,7 +444,7 @@ def _gpu_kernels_faster(kind: str) -> bool:
     faster = times["kernels_us"] <= times["xla_us"]
     logging.warning(
         "fp8jax: %s quantizer kernels %.1f us, XLA's fusions %.1f us (x's tiles, W's "
-        "blocks, dy's two layouts of a %dx%d bfloat16 operand): %s quantize",
+        "blocks, dy's two layouts; %dx%d bfloat16 operands): %s quantize",
         kind,
         times["kernels_us"],
         times["xla_us"],
@@ -457,33 +457,37 @@ def _gpu_kernels_faster(kind: str) -> bool:
 
 def gpu_kernels_time(kind: str, n: int = 4096, interpret=False, iters: int = 5) -> dict:
     """Median wall time (us) of ``kind``'s quantizer kernels and of XLA's one-pass
-    fusions for the same outputs (1x128 tiles, 128x128 blocks, and both tile layouts
-    of an ``n`` x ``n`` bfloat16 operand to E4M3), timed round-robin on the default
-    device (``interpret``: the kernels in their interpreter, for the tests)."""
+    fusions for the same outputs (x's 1x128 tiles, W's 128x128 blocks, and dy's two
+    tile layouts, each an ``n`` x ``n`` bfloat16 operand, to E4M3), timed round-robin
+    on the default device (``interpret``: the kernels in their interpreter, for the
+    tests)."""
     from fp8jax.kernels import gpu_quantize
     from fp8jax.wall_time import time_calls
 
     kernels = gpu_quantize.module(kind)
-    x = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+    # Three operands, as in a GEMM's fwd+bwd: with one, XLA would compute x's and
+    # dy's identical 1x128 tiles once (common subexpressions) and be timed for less.
+    x, w, dy = jax.random.normal(jax.random.key(0), (3, n, n), jnp.bfloat16)
     kw = dict(fmt=E4M3, interpret=interpret)
 
-    def by_kernels(x):
+    def by_kernels(x, w, dy):
         return (
             kernels.quantize_2d(x, orient="row", **kw),
-            kernels.quantize_2d(x, orient="block", **kw),
-            kernels.quantize_rows_cols(x, **kw),
+            kernels.quantize_2d(w, orient="block", **kw),
+            kernels.quantize_rows_cols(dy, **kw),
         )
 
-    def by_xla(x):
+    def by_xla(x, w, dy):
         one = partial(_quantize_one_pass, fmt=E4M3, tile=128, pow2=False, amax_floor=0.0)
         return (
             one(x, granularity="tile", axis=1, scale_fmt="float32"),
-            one(x, granularity="block", axis=1, scale_fmt="float32"),
-            one(x, granularity="tile", axis=1, scale_fmt="float32"),
-            one(x, granularity="tile", axis=0, scale_fmt="float32"),
+            one(w, granularity="block", axis=1, scale_fmt="float32"),
+            one(dy, granularity="tile", axis=1, scale_fmt="float32"),
+            one(dy, granularity="tile", axis=0, scale_fmt="float32"),
         )
 
-    cases = {"kernels": (jax.jit(by_kernels), (x,)), "xla": (jax.jit(by_xla), (x,))}
+    args = (x, w, dy)
+    cases = {"kernels": (jax.jit(by_kernels), args), "xla": (jax.jit(by_xla), args)}
     t = time_calls(cases, warmup=1, iters=iters)
     return {
         "n": n,
