@@ -413,11 +413,6 @@ def _passed(kind: str) -> bool:
     return error is None
 
 
-def available() -> bool:
-    """Whether "auto" quantizes with kernels on the CUDA target being lowered for (:func:`kernels`)."""
-    return kernels() is not None
-
-
 @functools.cache
 def check_error(kind: str = "mosaic") -> str | None:
     """None where ``kind``'s compiled kernels give the CPU's bits on the attached GPU,
