@@ -11,6 +11,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import fp8jax
@@ -213,3 +214,30 @@ def test_cpu_compile_ratio_reports_its_phases():
         assert phases == pytest.approx(out[name])
     assert out["deepseek_v3 fusions"] > out["bf16 fusions"] > 0
     assert out["ratio"] == pytest.approx(out["deepseek_v3"] / out["bf16"])
+
+
+def test_fp8_operand_gemms_are_the_three_gemms_of_the_fwd_bwd():
+    # On this CPU, against float64 products of the same E4M3 values: y = x w,
+    # dx = dy w^T, dw = x^T dy, each rounded once to bfloat16.
+    rng = np.random.default_rng(0)
+    e4m3 = jnp.float8_e4m3fn
+    x, w, dy = (rng.normal(size=s).astype(e4m3) for s in ((16, 64), (64, 32), (16, 32)))
+    want = [a.astype(np.float64) @ b.astype(np.float64) for a, b in ((x, w), (dy, w.T), (x.T, dy))]
+    for fn in (predicted.fp8_operand_gemms, jax.jit(predicted.fp8_operand_gemms)):
+        got = fn(jnp.asarray(x), jnp.asarray(w), jnp.asarray(dy))
+        for g, ref in zip(got, want, strict=True):
+            assert g.dtype == jnp.bfloat16 and g.shape == ref.shape
+            np.testing.assert_allclose(np.asarray(g, np.float64), ref, rtol=2**-8, atol=1e-6)
+
+
+def test_tpu7x_gemm_case_prices_the_compilers_own_fp8_gemms():
+    t = compilers.target("tpu7x")
+    why = compilers.unavailable(t)
+    if why:
+        pytest.skip(why)
+    recs = predicted.gemm_case(Shape("s", "custom", 256, 512, 256), [], ["auto"], t, reference=True)
+    assert [r["recipe"] for r in recs] == ["bf16", predicted.FP8_OPERANDS]
+    ref = recs[1]
+    assert sum(ref["gemm_kernels"].values()) == 3
+    assert ref["gemm_flops"] == pytest.approx(3 * 2 * 256 * 512 * 256)
+    assert "bytes_ratio" in ref and predicted.FP8_OPERANDS in predicted.table(recs)

@@ -31,6 +31,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.impls = "auto"  # GEMM-core paths per recipe: auto, chunked, fp8, xla, pallas
     # Dense fwd+bwd shapes MxKxN: 4096^3 and DeepSeek-V3's dense shape at K 7168.
     c.shapes = "4096x4096x4096,4096x7168x2048"
+    # Also the compiler's own FP8 GEMMs per shape (three lax.dot_general on E4M3
+    # operands, no quantization): what the target's cost model credits FP8 with.
+    c.fp8_reference = True
     # Grouped expert GEMMs EXPERTSxROWSxKxN (fp8jax.ragged_dot vs lax.ragged_dot).
     c.grouped = "8x512x7168x2048"
     c.moe_step = "small"  # MoE train step preset ("" to skip): fp8jax.bench.moe_step

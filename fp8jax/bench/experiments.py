@@ -339,7 +339,9 @@ def compilers(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
     for t in targets:
         print(f"== {t.name}: {t.source}")
         for shape in shapes:
-            records += predicted.gemm_case(shape, recipes, impls, t)
+            records += predicted.gemm_case(
+                shape, recipes, impls, t, reference=bool(c.fp8_reference)
+            )
         for spec in items(c.grouped):
             e, rows, k, n = (int(v) for v in spec.lower().split("x"))
             records += predicted.grouped_case(e, rows, k, n, recipes, impls, t)

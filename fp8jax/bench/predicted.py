@@ -11,6 +11,13 @@ float32) compiled for the same target:
 * ``grouped``: fwd+bwd of one ``fp8jax.ragged_dot`` over E equal groups;
 * ``moe_step``: one train step of the MoE model (forward, backward, AdamW).
 
+With ``reference=True`` a ``gemm`` case also holds the compiler's own FP8
+GEMMs (recipe :data:`FP8_OPERANDS`): the three GEMMs of the fwd+bwd as
+``lax.dot_general`` on E4M3 operands that are already FP8 (no scales, no
+quantization), float32 accumulation, bfloat16 out.  Its ratio is what the
+target's cost model credits FP8 matrix units with: the floor of any FP8
+recipe's GEMMs there (libtpu prices tpu7x's E4M3 dot as its bfloat16 one).
+
 Each record holds the census (GEMM kernels, fusions, loops, temporaries,
 HBM bytes, predicted time) and ``ratio``: predicted time / the bf16 twin's.
 On a GPU target ``non_gemm_vs_bf16_gemms`` is the predicted time of every
@@ -35,6 +42,8 @@ from fp8jax.bench import compilers
 from fp8jax.bench.gemm_cases import Shape, parse_shape
 
 _MM = (((1,), (0,)), ((), ()))
+#: The recipe name of the compiler's own FP8 GEMMs in a ``gemm`` case.
+FP8_OPERANDS = "e4m3 operands"
 
 
 def _recipe(name: str, impl: str):
@@ -57,6 +66,24 @@ def gemm_program(recipe) -> Callable:
         return fp8jax.dot_general(x, w, _MM, recipe=recipe)
 
     return _fwd_bwd(f)
+
+
+def fp8_operand_gemms(x8: jax.Array, w8: jax.Array, dy8: jax.Array):
+    """Fprop, Dgrad and Wgrad of x @ w as XLA's own dots on FP8 operands: (y, dx, dw).
+
+    x8 (M, K), w8 (K, N), dy8 (M, N), all E4M3; float32 accumulation,
+    bfloat16 results, as the bf16 baseline writes them.  The compiler picks
+    each dot's kernel and any transposes its FP8 GEMMs need.
+    """
+
+    def mm(a, b, contract):
+        dims = (contract, ((), ()))
+        return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+    y = mm(x8, w8, ((1,), (0,)))
+    dx = mm(dy8, w8, ((1,), (1,)))
+    dw = mm(x8, dy8, ((0,), (0,)))
+    return tuple(t.astype(jnp.bfloat16) for t in (y, dx, dw))
 
 
 def grouped_program(recipe, experts: int) -> Callable:
@@ -96,13 +123,26 @@ def _compile_case(fn: Callable, args: Sequence[Any], target: compilers.Target):
 
 
 def gemm_case(
-    shape: Shape, recipes: Sequence[str], impls: Sequence[str], target: compilers.Target
+    shape: Shape,
+    recipes: Sequence[str],
+    impls: Sequence[str],
+    target: compilers.Target,
+    *,
+    reference: bool = False,
 ) -> list[dict[str, Any]]:
-    """Records of one dense shape: bf16 first, then every recipe x impl (see module doc)."""
+    """Records of one dense shape: bf16 first, then every recipe x impl (see module doc);
+    ``reference``: then the compiler's own FP8 GEMMs (:func:`fp8_operand_gemms`)."""
     x = jax.ShapeDtypeStruct((shape.m, shape.k), jnp.bfloat16)
     w = jax.ShapeDtypeStruct((shape.k, shape.n), jnp.bfloat16)
     case = f"gemm {shape.m}x{shape.k}x{shape.n}"
     out = [_one(case, "bf16", "lax", gemm_program(None), (x, w), target)]
+    if reference:
+        e4m3 = jnp.float8_e4m3fn
+        fp8_args = [
+            jax.ShapeDtypeStruct(dims, e4m3)
+            for dims in ((shape.m, shape.k), (shape.k, shape.n), (shape.m, shape.n))
+        ]
+        out.append(_one(case, FP8_OPERANDS, "lax", fp8_operand_gemms, fp8_args, target))
     for name in recipes:
         for impl in impls:
             out.append(_one(case, name, impl, gemm_program(_recipe(name, impl)), (x, w), target))
