@@ -734,7 +734,9 @@ def _grouped_wgrad(a, b, layout: GroupLayout, recipe: Recipe, num_groups: int, o
                 interpret=False,
             )
             args = (a.data, a.scale, b.data, b.scale, layout.tile_group)
-            return lambda: _on_kernel_platform("mosaic", run, *args)
+            # (E, K, N): declared, so the kernel is traced only for a TPU lowering.
+            out = jax.ShapeDtypeStruct((num_groups, a.shape[2], b.shape[2]), out_dtype)
+            return lambda: _on_kernel_platform("mosaic", run, *args, out_shape=out)
 
         def per_tile():
             with path_record.only(others):
@@ -803,5 +805,8 @@ def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, how: str, out_dty
         )
 
     args = (a_t.data, a_t.scale, b.data, b.scale, layout.tile_group)
-    y = _on_kernel_platform(how, run, *args)
+    # (rows, N), N the output columns (_out_shape's convention): declared, so a
+    # compiled kernel is traced only when a program is lowered for its platform.
+    n = b.shape[2] if kind == "fprop" else b.shape[1]
+    y = _on_kernel_platform(how, run, *args, out_shape=jax.ShapeDtypeStruct((mp, n), out_dtype))
     return from_tiles(y.reshape(layout.num_tiles, layout.tile, -1), layout)
