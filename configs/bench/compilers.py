@@ -14,6 +14,9 @@ the predicted time and its ratio to the same program on bf16 lax.dot_general /
 lax.ragged_dot for the same target, the HBM bytes ratio, and (GPU) the
 non-GEMM kernels' predicted time over the bf16 GEMMs' at BF16 peak, e.g.
   h100    gemm 4096x4096x4096          bf16             lax      3 XLA Triton GEMM ...   1.00
+Each dense shape also has a row "e4m3 operands" (fp8_reference): the same
+three GEMMs as the compiler's own dots on operands already in E4M3, nothing
+quantized, the floor of any FP8 recipe's GEMMs in that target's estimate.
 Then the CPU compile time of the tiny train step, deepseek_v3 / bf16 (goal <= 2),
 and a line saying these are predictions, not measurements.  A target this
 machine cannot compile for prints "skipped: ..." with what it needs.
