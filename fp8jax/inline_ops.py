@@ -1,4 +1,4 @@
-"""``jnp.where``, ``jnp.clip`` and ``jnp.isinf`` with their values, traced inline.
+"""``jnp.where``, ``jnp.clip``, ``jnp.isinf`` and ``jnp.isfinite`` with their values, traced inline.
 
 jax.numpy wraps each of these in a ``jax.jit`` of its own: every call inside
 a trace binds a nested jit, and lowering writes each distinct signature as a
@@ -37,3 +37,12 @@ def clip(x: jax.Array, lo, hi) -> jax.Array:
 def isinf(x: jax.Array) -> jax.Array:
     """``jnp.isinf(x)`` of a floating-point ``x``: |x| == Inf (False for NaN)."""
     return lax.abs(x) == jnp.asarray(jnp.inf, x.dtype)
+
+
+def isfinite(x: jax.Array) -> jax.Array:
+    """``jnp.isfinite(x)`` of a floating-point ``x``: |x| < Inf (False for +-Inf and NaN).
+
+    A comparison every backend lowers: Mosaic GPU has no ``is_finite``, and
+    the quantizer kernels share this with the XLA paths.
+    """
+    return lax.abs(x) < jnp.asarray(jnp.inf, x.dtype)

@@ -1,5 +1,5 @@
-"""fp8jax.inline_ops: the values and dtypes of jnp.where / jnp.clip / jnp.isinf (and
-numpy's), with and without jit, traced without a nested jit per call."""
+"""fp8jax.inline_ops: the values and dtypes of jnp.where / jnp.clip / jnp.isinf /
+jnp.isfinite (and numpy's), with and without jit, traced without a nested jit per call."""
 
 from __future__ import annotations
 
@@ -42,9 +42,10 @@ def test_where_is_numpys_with_broadcasting_and_promotion(jit):
 
 
 @pytest.mark.parametrize("jit", [False, True])
-def test_clip_and_isinf_are_numpys(jit):
+def test_clip_isinf_and_isfinite_are_numpys(jit):
     clip = jax.jit(inline_ops.clip) if jit else inline_ops.clip
     isinf = jax.jit(inline_ops.isinf) if jit else inline_ops.isinf
+    isfinite = jax.jit(inline_ops.isfinite) if jit else inline_ops.isfinite
     x = jnp.asarray(SPECIALS)
     # numpy's values where XLA on CPU keeps them (it may flush subnormals in
     # max / min); jnp.clip's bits everywhere.
@@ -55,11 +56,15 @@ def test_clip_and_isinf_are_numpys(jit):
     r = jnp.asarray([-40, -3, 0, 5, 40], jnp.int32)
     _same(clip(r, 0, 31), np.clip(np.asarray(r), 0, 31))
     _same(isinf(x.astype(jnp.bfloat16)), np.isinf(SPECIALS))
+    # Subnormals are finite however the CPU reads them (flushed or not).
+    _same(isfinite(x), np.isfinite(SPECIALS))
+    _same(isfinite(x.astype(jnp.bfloat16)), np.isfinite(SPECIALS))
 
 
 def test_traced_without_a_nested_jit():
     def f(x):
-        return inline_ops.where(inline_ops.isinf(x), x, inline_ops.clip(x, -1.0, 1.0))
+        clipped = inline_ops.clip(x, -1.0, 1.0)
+        return inline_ops.where(inline_ops.isinf(x) | ~inline_ops.isfinite(x), x, clipped)
 
     jaxpr = jax.make_jaxpr(f)(jnp.asarray(SPECIALS))
     assert all(e.primitive.name not in ("pjit", "jit") for e in jaxpr.eqns), jaxpr

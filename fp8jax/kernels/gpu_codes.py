@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fp8jax.inline_ops import isfinite
+
 #: FP8 codes of +-Inf and NaN as XLA's conversion writes them (ml_dtypes' semantics,
 #: the sign bit the input's): E4M3 has no Inf and takes its NaN code.
 _SPECIAL_CODES = {
@@ -34,7 +36,7 @@ def cast_with_specials(xs: jax.Array, y: jax.Array, fmt) -> jax.Array:
     codes; which one XLA writes for a NaN depends on the payload its
     arithmetic left: see :func:`fp8jax.kernels.gpu_quantize.same_codes`.)
     """
-    finite = jnp.abs(xs) < jnp.inf  # False for +-Inf and NaN
+    finite = isfinite(xs)  # False for +-Inf and NaN
     codes = jnp.where(finite, y, jnp.float32(0.0)).astype(fmt)
     code_bits = lax.bitcast_convert_type(codes, jnp.int8).astype(jnp.int32) & 0xFF
     inf_code, nan_code = _SPECIAL_CODES[jnp.dtype(fmt)]

@@ -59,6 +59,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from fp8jax import scaling
+from fp8jax.inline_ops import isfinite
 from fp8jax.kernels.block_gemm import _pad_to, cdiv, round_up
 from fp8jax.kernels.gpu_codes import cast_with_specials, code_values
 from fp8jax.kernels.tpu_quantize import GROUP, ORIENTS, _codes, _scale, check_2d, crop
@@ -140,7 +141,7 @@ def dequantized(d: jax.Array, s: jax.Array, fmt, interpret) -> jax.Array:
     if interpret:
         return scaling.exact_product(d, s, fmt)
     # Inf * s and NaN * s would lose a NaN's sign: the codes' own values there.
-    return jnp.where(jnp.abs(d) < jnp.inf, multiply_rn(d, s), d)
+    return jnp.where(isfinite(d), multiply_rn(d, s), d)
 
 
 def _load(ref, rows, transposed: bool = False) -> jax.Array:
