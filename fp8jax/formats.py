@@ -33,7 +33,7 @@ import numpy as np
 from jax import lax
 
 from fp8jax import platforms
-from fp8jax.inline_ops import clip, isinf, where
+from fp8jax.inline_ops import clip, isinf, traced_inline, where
 
 E4M3 = jnp.dtype(ml_dtypes.float8_e4m3fn)
 E5M2 = jnp.dtype(ml_dtypes.float8_e5m2)
@@ -87,6 +87,7 @@ def fmt_min_normal(fmt) -> float:
     return float(ml_dtypes.finfo(as_format(fmt)).smallest_normal)
 
 
+@traced_inline
 def saturate(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.ndarray:
     """x clipped to +-fmt_max, +-Inf and NaN kept: what :func:`saturating_cast` casts.
 
@@ -133,6 +134,7 @@ def saturating_cast(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.
 _IEEE_FP8 = (E4M3, E5M2)
 
 
+@traced_inline
 def fp8_codes(y: jnp.ndarray, fmt) -> jnp.ndarray:
     """``y.astype(fmt)`` for float32 ``y`` whose finite values lie within +-fmt_max.
 
@@ -213,6 +215,7 @@ def _e8m0_codes(bits: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     return where(bits == E8M0_MIN_BITS, 0, exp_field), ok
 
 
+@traced_inline
 def encode_e8m0(scale: jnp.ndarray) -> jnp.ndarray:
     """Power-of-two float32 scales -> E8M0 bytes (exact), never a rounding.
 
@@ -241,6 +244,7 @@ def encode_e8m0(scale: jnp.ndarray) -> jnp.ndarray:
     return lax.bitcast_convert_type(code.astype(jnp.uint8), E8M0)
 
 
+@traced_inline
 def decode_e8m0(codes: jnp.ndarray) -> jnp.ndarray:
     """E8M0 bytes -> float32 2^(c - 127) (exact; code 0 is the subnormal 2^-127; 255 NaN)."""
     c = lax.bitcast_convert_type(codes, jnp.uint8).astype(jnp.int32)
@@ -249,6 +253,7 @@ def decode_e8m0(codes: jnp.ndarray) -> jnp.ndarray:
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
+@traced_inline
 def floor_e8m0(scale: jnp.ndarray) -> jnp.ndarray:
     """max(scale, 2^-127) on the bit patterns (positive float32 order as their bits).
 
@@ -320,6 +325,7 @@ def float32_from_parts(negative: jnp.ndarray, m: jnp.ndarray, e: jnp.ndarray) ->
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
+@traced_inline
 def ldexp_exact(x: jnp.ndarray, k) -> jnp.ndarray:
     """``x * 2^k`` in float32, correctly rounded, subnormal inputs and results included.
 
@@ -341,6 +347,7 @@ E5M6_MIN_EXP = -14
 E5M6_MAX = (2.0 - 2.0**-E5M6_MANTISSA_BITS) * 2.0**15  # 65024 = 127 * 2^9
 
 
+@traced_inline
 def round_to_e5m6(x: jnp.ndarray) -> jnp.ndarray:
     """Round float32 values to the (emulated) E5M6 grid; float32 in, float32 out.
 
@@ -366,6 +373,7 @@ def round_to_e5m6(x: jnp.ndarray) -> jnp.ndarray:
     return where(finite, out, x)
 
 
+@traced_inline
 def e5m6_scale_exponent(amax: jnp.ndarray) -> jnp.ndarray:
     """int32 k of the power-of-two scale 2^k that puts ``amax`` into E5M6's range.
 

@@ -42,6 +42,7 @@ from jax import lax
 
 from fp8jax import accumulate, blockscaled, host_cpu, path_record, platforms
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
+from fp8jax.inline_ops import traced_inline
 from fp8jax.kernels import tpu_block_gemm
 from fp8jax.kernels.availability import kernel_available
 from fp8jax.kernels.block_gemm import CHUNK, batched_matmul_nt
@@ -544,6 +545,7 @@ def _chunked(
         # One run (per-tensor or per-row scales): one dot, scaled once.
         return dot_fn(codes(a_codes), codes(per_batch(b_codes))) * first_scale
 
+    @traced_inline
     def run(r):
         # The run is sliced (gathered per batch element, widened) inside the
         # loop, so one run's operands are live at a time, not a widened copy

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fp8jax.inline_ops import traced_inline
+
 
 class GroupLayout(NamedTuple):
     """Mapping between grouped rows (M) and expert-aligned rows (Mp = num_tiles * tile).
@@ -119,6 +121,7 @@ def group_layout(group_sizes: jax.Array, num_rows: int, tile: int = 128) -> Grou
     return GroupLayout(src_row, row_valid, tile_group, dst_row, in_group)
 
 
+@traced_inline
 def to_tiles(a: jax.Array, layout: GroupLayout, fill=0) -> jax.Array:
     """(M, ...) rows -> (num_tiles, tile, ...) expert-aligned tiles; padding rows = ``fill``."""
     valid = layout.row_valid.reshape((-1,) + (1,) * (a.ndim - 1))
@@ -126,6 +129,7 @@ def to_tiles(a: jax.Array, layout: GroupLayout, fill=0) -> jax.Array:
     return out.reshape((layout.num_tiles, layout.tile) + a.shape[1:])
 
 
+@traced_inline
 def from_tiles(t: jax.Array, layout: GroupLayout) -> jax.Array:
     """(num_tiles, tile, ...) -> (M, ...) in the caller's row order; rows in no group are 0."""
     flat = t.reshape((-1,) + t.shape[2:])

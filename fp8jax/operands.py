@@ -30,6 +30,7 @@ from fp8jax.formats import (
     ldexp_exact,
     round_to_e5m6,
 )
+from fp8jax.inline_ops import traced_inline
 from fp8jax.layout import Layout
 from fp8jax.quant import (
     QTensor,
@@ -381,6 +382,7 @@ def after_gradient(cached, qdy):
 _BF16_E5M6_LIMIT = (2.0 - 2.0**-6) * 2.0**127
 
 
+@traced_inline
 def e5m6_tiles(x: jax.Array, axis: int = -1, tile: int = 128) -> jax.Array:
     """x in E5M6 with one power-of-two scale per 1 x ``tile`` run along ``axis``, decoded.
 

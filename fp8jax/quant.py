@@ -84,7 +84,7 @@ from fp8jax.formats import (
     floor_e8m0,
     saturating_cast,
 )
-from fp8jax.inline_ops import where
+from fp8jax.inline_ops import traced_inline, where
 from fp8jax.layout import Layout
 from fp8jax.scaling import (
     divide_offset,
@@ -245,6 +245,7 @@ def _divide(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
     )
 
 
+@traced_inline
 def _divide_ieee(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
     """:func:`_divide` where float32 arithmetic keeps subnormals (CUDA GPUs, XLA's default):
     the IEEE division is exact for them, no offset needed, and +-Inf / scale is +-Inf."""
@@ -637,11 +638,13 @@ def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:
     q = float32_scales(q)
     fmt = q.data.dtype
 
+    @traced_inline
     def plain(data, scale):
         s = q.layout.expand(scale, data.shape)
         # FP8 -> float32 is exact; the product is rounded once to float32.
         return (data.astype(jnp.float32) * s.astype(jnp.float32)).astype(dtype)
 
+    @traced_inline
     def exact(data, scale):
         s = q.layout.expand(scale, data.shape)
         return exact_product(data.astype(jnp.float32), s.astype(jnp.float32), fmt).astype(dtype)

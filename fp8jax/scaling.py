@@ -55,7 +55,7 @@ from jax import lax
 
 from fp8jax import platforms
 from fp8jax.formats import float32_from_parts, float32_parts, fmt_max, ldexp_exact
-from fp8jax.inline_ops import clip, isfinite, isinf, where
+from fp8jax.inline_ops import clip, isfinite, isinf, traced_inline, where
 
 if TYPE_CHECKING:
     # Type hints only: scaling sits below recipes and never imports it at run
@@ -126,6 +126,7 @@ OFFSET_SCALE_BITS = int(np.float32(OFFSET_SCALE).view(np.int32))
 OFFSET = 64
 
 
+@traced_inline
 def divide_offset(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
     """x / scale (broadcasting) in float32, correctly rounded under flush-to-zero too.
 
@@ -163,6 +164,7 @@ def shift_offset(x: jnp.ndarray, shifted: jnp.ndarray) -> jnp.ndarray:
     return where(shifted, out, x)
 
 
+@traced_inline
 def exact_product(d: jnp.ndarray, scale: jnp.ndarray, fmt) -> jnp.ndarray:
     """d * scale rounded once to float32, on the bit patterns (subnormals kept).
 
@@ -210,12 +212,14 @@ def amax_input(x: jnp.ndarray) -> jnp.ndarray:
     return x.astype(jnp.float32)
 
 
+@traced_inline
 def _float_amax(x: jnp.ndarray, axis, keepdims: bool) -> jnp.ndarray:
     """:func:`finite_amax` in float arithmetic (exact where subnormals are kept)."""
     mag = where(jnp.isfinite(x), jnp.abs(x), jnp.zeros((), x.dtype))
     return jnp.max(mag, axis=axis, keepdims=keepdims, initial=0).astype(jnp.float32)
 
 
+@traced_inline
 def _bits_amax(x: jnp.ndarray, axis, keepdims: bool, runs: int = 0) -> jnp.ndarray:
     """:func:`finite_amax` on the bit patterns (exact under flush-to-zero).
 
@@ -266,6 +270,7 @@ def magnitude_bits_value(bits: jnp.ndarray, dtype) -> jnp.ndarray:
     return lax.bitcast_convert_type(bits.astype(int_t), dt).astype(jnp.float32)
 
 
+@traced_inline
 def pow2_ceil(scale: jnp.ndarray) -> jnp.ndarray:
     """Round a positive finite float32 scale up to the next power of two (exact).
 
@@ -341,6 +346,7 @@ def _cap_bits(bits: jnp.ndarray, cap: float) -> jnp.ndarray:
     return jnp.minimum(bits, cap_bits)
 
 
+@traced_inline
 def scale_from_amax(
     amax: jnp.ndarray,
     fmt,

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp8jax.formats import fmt_max
+from fp8jax.inline_ops import traced_inline
 from fp8jax.quant import QTensor, is_quantized
 from fp8jax.scaling import (
     amax_input,
@@ -94,6 +95,7 @@ def _share(count: jax.Array, n: int) -> jax.Array:
     return exact_div(count.astype(jnp.float32), jnp.float32(max(n, 1)))
 
 
+@traced_inline
 def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
     """{"amax", "saturated", "flushed"} of one GEMM operand (x before, ``op`` after quantization).
 

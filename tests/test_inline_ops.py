@@ -68,3 +68,40 @@ def test_traced_without_a_nested_jit():
 
     jaxpr = jax.make_jaxpr(f)(jnp.asarray(SPECIALS))
     assert all(e.primitive.name not in ("pjit", "jit") for e in jaxpr.eqns), jaxpr
+
+
+def _int_arithmetic(x):
+    # jax.numpy operators and functions: outside traced_inline, each one a jit of its own.
+    y = ((x << 3) & 0x7FF) + (x >> 2) * 7 - (x | 9)
+    return jnp.maximum(y, 5) - jnp.minimum(y, -5) * (x < 3) + (x == 2)
+
+
+def _int_arithmetic_numpy(x):
+    x = x.astype(np.int64)
+    y = ((x << 3) & 0x7FF) + (x >> 2) * 7 - (x | 9)
+    return (np.maximum(y, 5) - np.minimum(y, -5) * (x < 3) + (x == 2)).astype(np.int32)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_traced_inline_gives_the_same_values(jit):
+    x = np.arange(-300, 300, 7, dtype=np.int32)
+    f = inline_ops.traced_inline(_int_arithmetic)
+    f = jax.jit(f) if jit else f
+    _same(f(jnp.asarray(x)), _int_arithmetic_numpy(x))
+
+
+def test_traced_inline_binds_the_same_primitives_without_nested_jits():
+    spec = jax.ShapeDtypeStruct((37, 5), jnp.int32)
+    plain = jax.make_jaxpr(_int_arithmetic)(spec)
+    inline = jax.make_jaxpr(inline_ops.traced_inline(_int_arithmetic))(spec)
+    assert str(inline) == str(plain)
+    assert all(e.primitive.name not in ("pjit", "jit") for e in inline.eqns), inline
+    # A jax.numpy function jitted without inlining (jnp.where) is traced into its
+    # caller too, its primitives in the same order.
+    where = jax.make_jaxpr(inline_ops.traced_inline(lambda x: jnp.where(x > 0, x, -x)))(spec)
+    assert [e.primitive.name for e in where.eqns] == ["gt", "neg", "select_n"], where
+
+
+def test_traced_inline_keeps_the_name():
+    wrapped = inline_ops.traced_inline(_int_arithmetic)
+    assert wrapped.__name__ == "_int_arithmetic" and wrapped.__wrapped__ is _int_arithmetic
