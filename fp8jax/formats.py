@@ -26,6 +26,8 @@ subnormals (tiny scales, tiny tiles) stays exact on every backend.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -124,7 +126,8 @@ def saturating_cast(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.
         # into several kernels.
         return platforms.choose(
             lambda p: "bits" if p == "cpu" else "convert",
-            lambda how: (lambda: fp8_codes(y, fmt)) if how == "bits" else (lambda: y.astype(fmt)),
+            lambda how: partial(fp8_codes, fmt=fmt) if how == "bits" else lambda v: v.astype(fmt),
+            (y,),
         )
     return y.astype(fmt)
 

@@ -212,15 +212,15 @@ def _requantize_transposed(cached: QTensor, spec: QuantSpec, caxis: int, recipe:
     exact: the codes and scales are the same either way.
     """
 
-    def in_place():
+    def in_place(cached):
         out, _ = quantize_operand(materialize(cached, jnp.float32), spec, caxis, recipe)
         return out
 
     ways = {
-        "transposed": partial(requantize_through_transpose, cached, spec, caxis, recipe),
+        "transposed": partial(requantize_through_transpose, spec=spec, caxis=caxis, recipe=recipe),
         "in place": in_place,
-        "tpu kernel": partial(requantize_tpu_kernel, cached, spec),
-        "gpu kernel": partial(requantize_gpu_kernel, cached, spec),
+        "tpu kernel": partial(requantize_tpu_kernel, spec=spec),
+        "gpu kernel": partial(requantize_gpu_kernel, spec=spec),
     }
     kernel = requantize_kernel_fits(cached, spec, caxis)
 
@@ -229,7 +229,7 @@ def _requantize_transposed(cached: QTensor, spec: QuantSpec, caxis: int, recipe:
             return "gpu kernel" if kernel and quant.gpu_kernels() is not None else "transposed"
         return "tpu kernel" if p == "tpu" and kernel else "in place"
 
-    return platforms.choose(decide, ways.__getitem__)
+    return platforms.choose(decide, ways.__getitem__, (cached,))
 
 
 def requantize_kernel_fits(cached: QTensor, spec: QuantSpec, caxis: int) -> bool:

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 
 #: The platforms every choice is made for (JAX's lowering platform names).
 PLATFORMS: tuple[str, ...] = ("cpu", "cuda", "rocm", "tpu")
@@ -150,21 +150,70 @@ def cuda_at_least(capability: str) -> bool:
     return _major(cuda_capability()) >= _major(capability)
 
 
-def choose[K: Hashable, T](decide: Callable[[str], K], build: Callable[[K], Callable[[], T]]) -> T:
-    """``build(decide(p))()`` on platform ``p``, decided per platform at lowering.
+def choose[K: Hashable, T](
+    decide: Callable[[str], K],
+    build: Callable[[K], Callable[..., T]],
+    operands: tuple[Any, ...] | None = None,
+) -> T:
+    """``build(decide(p))(*operands)`` on platform ``p``, decided per platform at lowering.
 
     ``decide`` maps each of :data:`PLATFORMS` to a hashable decision (an
     implementation name, a dot algorithm); ``build`` turns a decision into a
-    function of no arguments (closing over its operands).  One branch is
-    traced per distinct decision; where every platform decides alike there
-    is no branch at all, and the program is what it was without the choice.
+    function of ``operands`` (arrays, pytrees of arrays), or, where
+    ``operands`` is None, of no arguments (closing over its operands).
+    Where every platform decides alike there is no branch at all, and the
+    program is what it was without the choice.
+
+    Otherwise, given ``operands``, only the branch of the platform being
+    traced for (:func:`tracing_platform`) is traced now; every other
+    decision's branch is traced when, and only if, a program is lowered for
+    one of its platforms (:func:`only_on` with the traced branch's result
+    shapes), under the settings active then: lower where you traced.
+    Without ``operands`` (a closure cannot be traced later), one branch is
+    traced per distinct decision.
     """
     decisions = {p: decide(p) for p in PLATFORMS}
     distinct = list(dict.fromkeys(decisions.values()))
+    if operands is None:
+        closures = {d: build(d) for d in distinct}
+        if len(distinct) == 1:
+            return closures[distinct[0]]()
+        return lax.platform_dependent(**{p: closures[d] for p, d in decisions.items()})
     if len(distinct) == 1:
-        return build(distinct[0])()
-    fns = {d: build(d) for d in distinct}
+        return build(distinct[0])(*operands)
+    here = tracing_platform()
+    if here is None:
+        fns = {d: functools.partial(build(d), *operands) for d in distinct}
+        return lax.platform_dependent(**{p: fns[d] for p, d in decisions.items()})
+    # The traced branch, traced once: its result shapes are the other
+    # branches' declared ones, and the call below reuses the trace.
+    local = jax.jit(build(decisions[here]), inline=True)
+    out_shape = jax.eval_shape(local, *operands)
+
+    def branch(d: K) -> Callable[[], T]:
+        if d == decisions[here]:
+            return lambda: local(*operands)
+        plats = tuple(p for p, e in decisions.items() if e == d)
+        return lambda: only_on(plats, build(d), *operands, out_shape=out_shape)
+
+    fns = {d: branch(d) for d in distinct}
     return lax.platform_dependent(**{p: fns[d] for p, d in decisions.items()})
+
+
+#: The platform a deferred branch is being lowered (and so traced) for.
+_LOWERING_FOR: list[str] = []
+
+
+def tracing_platform() -> str | None:
+    """The platform whose branch :func:`choose` traces now: the one a deferred branch is
+    being lowered for, else this machine's (None where it is not one of :data:`PLATFORMS`)."""
+    if _LOWERING_FOR:
+        return _LOWERING_FOR[-1]
+    try:
+        here = local_platform()
+    except RuntimeError:
+        return None
+    return here if here in PLATFORMS else None
 
 
 # --------------------------------------------------------------------------
@@ -297,14 +346,28 @@ def _deferred_rule(platform: str):
             def fn(*_):
                 return [jnp.zeros(a.shape, a.dtype) for a in body.avals]
 
-        return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
+        # Choices inside the body trace this platform's branch.
+        _LOWERING_FOR.append(platform)
+        try:
+            return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
+        finally:
+            _LOWERING_FOR.pop()
 
     return rule
+
+
+def _deferred_jvp(primals, tangents, *, body, platforms):
+    # Differentiated where it was traced: the body's own JVP, traced now (a
+    # branch of a choice under autodiff is traced, as every branch once was).
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    outs, out_tangents = jax.jvp(lambda *xs: list(body(*xs)), list(primals), list(tangents))
+    return list(outs), list(out_tangents)
 
 
 only_on_deferred_p.def_impl(lambda *args, body, platforms: body(*args))
 only_on_deferred_p.def_abstract_eval(lambda *args, body, platforms: list(body.avals))
 batching.primitive_batchers[only_on_deferred_p] = _deferred_batch
+ad.primitive_jvps[only_on_deferred_p] = _deferred_jvp
 for _p in PLATFORMS:
     mlir.register_lowering(only_on_deferred_p, _deferred_rule(_p), platform=_p)
 

@@ -241,7 +241,8 @@ def _divide(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
     """
     return platforms.choose(
         lambda p: "ieee" if p == "cuda" else "offset",
-        lambda how: partial(_divide_ieee if how == "ieee" else divide_offset, x, scale),
+        lambda how: _divide_ieee if how == "ieee" else divide_offset,
+        (x, scale),
     )
 
 
@@ -380,6 +381,7 @@ def _quantize_online(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fm
         "tpu kernel": partial(_quantize_kernel, orient=kernel, platform="tpu"),
         "gpu kernel": partial(_quantize_kernel, orient=kernel, platform="cuda"),
     }
+    settings = args[1:]
 
     def decide(p: str) -> str:
         if kernel and p == "tpu":
@@ -388,7 +390,7 @@ def _quantize_online(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fm
             return "gpu kernel"
         return "one pass"
 
-    return platforms.choose(decide, lambda how: partial(ways[how], *args))
+    return platforms.choose(decide, lambda how: lambda x: ways[how](x, *settings), (x,))
 
 
 def _tpu_kernel_orient(x, fmt, granularity, axis, tile) -> str | None:
@@ -552,7 +554,7 @@ def quantize_rows_and_cols(
 
 @partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
 def _rows_and_cols_online(x, fmt, tile, pow2, amax_floor, scale_fmt) -> tuple[QTensor, QTensor]:
-    def separately():
+    def separately(x):
         return tuple(
             _quantize_online(x, fmt, "tile", axis, tile, pow2, amax_floor, scale_fmt)
             for axis in (x.ndim - 1, x.ndim - 2)
@@ -562,8 +564,22 @@ def _rows_and_cols_online(x, fmt, tile, pow2, amax_floor, scale_fmt) -> tuple[QT
     fits = _tpu_kernel_orient(x, fmt, "tile", -1, tile) == "row"
     ways = {
         "separately": separately,
-        "tpu kernel": partial(_rows_and_cols_kernel, x, fmt, pow2, amax_floor, scale_fmt, "tpu"),
-        "gpu kernel": partial(_rows_and_cols_kernel, x, fmt, pow2, amax_floor, scale_fmt, "cuda"),
+        "tpu kernel": partial(
+            _rows_and_cols_kernel,
+            fmt=fmt,
+            pow2=pow2,
+            amax_floor=amax_floor,
+            scale_fmt=scale_fmt,
+            platform="tpu",
+        ),
+        "gpu kernel": partial(
+            _rows_and_cols_kernel,
+            fmt=fmt,
+            pow2=pow2,
+            amax_floor=amax_floor,
+            scale_fmt=scale_fmt,
+            platform="cuda",
+        ),
     }
 
     def decide(p: str) -> str:
@@ -573,7 +589,7 @@ def _rows_and_cols_online(x, fmt, tile, pow2, amax_floor, scale_fmt) -> tuple[QT
             return "gpu kernel"
         return "separately"
 
-    return platforms.choose(decide, ways.__getitem__)
+    return platforms.choose(decide, ways.__getitem__, (x,))
 
 
 def _rows_and_cols_kernel(x, fmt, pow2, amax_floor, scale_fmt, platform) -> tuple[QTensor, QTensor]:
@@ -652,23 +668,24 @@ def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:
     if int(ml_dtypes.finfo(fmt).nmant) > 6:
         # Not an FP8 payload: the plain product.
         return plain(q.data, q.scale)
-    subnormal = jnp.any(_bits(q.scale) < 0x00800000)
 
-    def branches():
+    def subnormal(scale):
+        return jnp.any(_bits(scale) < 0x00800000)
+
+    def branches(data, scale):
         # The branches take the compact codes and scales, so that each one is
         # a single fused pass over the data (no full-size operand between them).
-        return lax.cond(subnormal, exact, plain, q.data, q.scale)
+        return lax.cond(subnormal(scale), exact, plain, data, scale)
 
-    def one_pass():
+    def one_pass(data, scale):
         # TPU (and ROCm): both products in the one pass over the codes, one kept.
-        return where(subnormal, exact(q.data, q.scale), plain(q.data, q.scale))
+        return where(subnormal(scale), exact(data, scale), plain(data, scale))
 
-    def keeps_subnormals():
-        # A CUDA GPU does not flush subnormal float32 products (XLA's default):
-        # the plain product is the exact one.
-        return plain(q.data, q.scale)
-
-    ways = {"branches": branches, "one pass": one_pass, "plain": keeps_subnormals}
+    # A CUDA GPU does not flush subnormal float32 products (XLA's default):
+    # the plain product is the exact one.
+    ways = {"branches": branches, "one pass": one_pass, "plain": plain}
     return platforms.choose(
-        lambda p: {"cpu": "branches", "cuda": "plain"}.get(p, "one pass"), ways.__getitem__
+        lambda p: {"cpu": "branches", "cuda": "plain"}.get(p, "one pass"),
+        ways.__getitem__,
+        (q.data, q.scale),
     )

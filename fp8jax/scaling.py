@@ -196,7 +196,8 @@ def finite_amax(x: jnp.ndarray, axis=None, keepdims: bool = False) -> jnp.ndarra
     ways = {"float": _float_amax, "bits": _bits_amax, "runs": partial(_bits_amax, runs=32)}
     return platforms.choose(
         lambda p: {"cuda": "float", "cpu": "runs"}.get(p, "bits"),
-        lambda how: partial(ways[how], x, axis, keepdims),
+        lambda how: partial(ways[how], axis=axis, keepdims=keepdims),
+        (x,),
     )
 
 

@@ -186,3 +186,58 @@ def test_only_on_with_out_shape_under_vmap_and_a_wrong_declaration():
     g = jax.jit(lambda a: platforms.only_on(("cpu",), _widened, a, b, out_shape=wrong))
     with pytest.raises(ValueError, match="declared as"):
         g.trace(a).lower(lowering_platforms=("cpu",))
+
+
+def _traced_per_decision(calls):
+    """A choice with operands whose branches note when they are traced."""
+
+    def build(d):
+        def branch(a, b):
+            calls.append(d)
+            out = jnp.dot(
+                a.astype(jnp.float32), b.astype(jnp.float32), precision=lax.Precision.HIGHEST
+            )
+            return out * 2.0 if d == "twice" else out
+
+        return branch
+
+    return lambda a, b: platforms.choose(
+        lambda p: "once" if p == platforms.tracing_platform() else "twice", build, (a, b)
+    )
+
+
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_choose_with_operands_traces_the_other_branches_at_lowering(use_jit):
+    a, b = _operands()
+    calls = []
+    f = _traced_per_decision(calls)
+    got = np.asarray((jax.jit(f) if use_jit else f)(a, b), np.float64)
+    np.testing.assert_allclose(got, _reference(a, b), rtol=1e-6, atol=1e-3)
+    calls.clear()
+    # A new function, not one from the jit cache.
+    traced = jax.jit(_traced_per_decision(calls)).trace(a, b)
+    # Only this platform's branch, once; another platform's when lowered for it.
+    assert calls == ["once"]
+    here = platforms.tracing_platform()
+    other = "tpu" if here != "tpu" else "cpu"
+    text = traced.lower(lowering_platforms=(other,)).as_text()
+    assert calls == ["once", "twice"] and "dot_general" in text
+    traced.lower(lowering_platforms=(here,))
+    assert calls == ["once", "twice"]
+
+
+def test_choose_with_operands_under_grad_and_vmap():
+    a, b = _operands()
+    x = jnp.asarray(a, jnp.float32)
+    f = _traced_per_decision([])
+
+    def loss(x):
+        return jnp.sum(f(x, jnp.asarray(b, jnp.float32)))
+
+    # d/dx sum(x @ b) = row sums of b, for every row of x.
+    want = np.broadcast_to(np.asarray(b, np.float64).sum(axis=1), x.shape)
+    for grad in (jax.grad(loss), jax.jit(jax.grad(loss))):
+        np.testing.assert_allclose(np.asarray(grad(x), np.float64), want, rtol=1e-6)
+    stack = jnp.stack([x, -x])
+    got = jax.jit(jax.vmap(lambda x: f(x, jnp.asarray(b, jnp.float32))))(stack)
+    np.testing.assert_allclose(np.asarray(got[1], np.float64), -_reference(a, b), rtol=1e-6)
