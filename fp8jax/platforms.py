@@ -4,9 +4,11 @@ JAX traces a function once and may lower it for another platform than the
 one it runs on (``jax.jit(f).trace(x).lower(lowering_platforms=("cuda",))``,
 ``jax.export(f, platforms=["cuda", "tpu", "cpu"])``).  So no GEMM may ask
 ``jax.default_backend()`` while tracing which implementation or dot algorithm
-to use: :func:`choose` traces one branch per distinct decision and lets
+to use: :func:`choose` makes one branch per distinct decision and lets
 ``lax.platform_dependent`` keep, at lowering, the branch of the platform
 being lowered for (every other branch is dropped before XLA sees it).
+Given its operands, it traces only the branch of the platform traced for
+(this machine's) and defers the others to a lowering for their platforms.
 
 Two more pieces for what only one platform can lower:
 
