@@ -176,30 +176,39 @@ def choose[K: Hashable, T](
     """
     decisions = {p: decide(p) for p in PLATFORMS}
     distinct = list(dict.fromkeys(decisions.values()))
+    here = tracing_platform() if operands is not None and len(distinct) > 1 else None
     if operands is None:
-        closures = {d: build(d) for d in distinct}
-        if len(distinct) == 1:
-            return closures[distinct[0]]()
-        return lax.platform_dependent(**{p: closures[d] for p, d in decisions.items()})
-    if len(distinct) == 1:
-        return build(distinct[0])(*operands)
-    here = tracing_platform()
-    if here is None:
+        fns = {d: build(d) for d in distinct}
+    elif here is None:
         fns = {d: functools.partial(build(d), *operands) for d in distinct}
-        return lax.platform_dependent(**{p: fns[d] for p, d in decisions.items()})
-    # The traced branch, traced once: its result shapes are the other
-    # branches' declared ones, and the call below reuses the trace.
-    local = jax.jit(build(decisions[here]), inline=True)
-    out_shape = jax.eval_shape(local, *operands)
+    else:
+        fns = _traced_here_deferred_elsewhere(decisions, build, operands, here)
+    if len(distinct) == 1:
+        return fns[distinct[0]]()
+    return lax.platform_dependent(**{p: fns[d] for p, d in decisions.items()})
 
-    def branch(d: K) -> Callable[[], T]:
+
+def _traced_here_deferred_elsewhere(decisions, build, operands, here) -> dict[Any, Callable]:
+    """:func:`choose`'s branches: ``here``'s traced once, every other one deferred."""
+    # The traced branch is a jit, traced once: its result shapes are the
+    # other branches' declared ones, and its call reuses the trace.  The jit
+    # stays on where a caller traces with jax.numpy's jits off
+    # (inline_ops.traced_inline), else the branch would be traced twice.
+    local = jax.jit(build(decisions[here]), inline=True)
+    with jax.disable_jit(False):
+        out_shape = jax.eval_shape(local, *operands)
+
+    def traced():
+        with jax.disable_jit(False):
+            return local(*operands)
+
+    def branch(d):
         if d == decisions[here]:
-            return lambda: local(*operands)
+            return traced
         plats = tuple(p for p, e in decisions.items() if e == d)
         return lambda: only_on(plats, build(d), *operands, out_shape=out_shape)
 
-    fns = {d: branch(d) for d in distinct}
-    return lax.platform_dependent(**{p: fns[d] for p, d in decisions.items()})
+    return {d: branch(d) for d in dict.fromkeys(decisions.values())}
 
 
 #: The platform a deferred branch is being lowered (and so traced) for.

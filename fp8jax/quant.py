@@ -562,24 +562,11 @@ def _rows_and_cols_online(x, fmt, tile, pow2, amax_floor, scale_fmt) -> tuple[QT
 
     # The kernels take 128-long tiles of IEEE FP8 from float32 / bfloat16 x.
     fits = _tpu_kernel_orient(x, fmt, "tile", -1, tile) == "row"
+    settings = dict(fmt=fmt, pow2=pow2, amax_floor=amax_floor, scale_fmt=scale_fmt)
     ways = {
         "separately": separately,
-        "tpu kernel": partial(
-            _rows_and_cols_kernel,
-            fmt=fmt,
-            pow2=pow2,
-            amax_floor=amax_floor,
-            scale_fmt=scale_fmt,
-            platform="tpu",
-        ),
-        "gpu kernel": partial(
-            _rows_and_cols_kernel,
-            fmt=fmt,
-            pow2=pow2,
-            amax_floor=amax_floor,
-            scale_fmt=scale_fmt,
-            platform="cuda",
-        ),
+        "tpu kernel": partial(_rows_and_cols_kernel, **settings, platform="tpu"),
+        "gpu kernel": partial(_rows_and_cols_kernel, **settings, platform="cuda"),
     }
 
     def decide(p: str) -> str:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax import export, lax
 
-from fp8jax import platforms
+from fp8jax import inline_ops, platforms
 
 DIMS = (((1,), (0,)), ((), ()))
 
@@ -241,3 +241,12 @@ def test_choose_with_operands_under_grad_and_vmap():
     stack = jnp.stack([x, -x])
     got = jax.jit(jax.vmap(lambda x: f(x, jnp.asarray(b, jnp.float32))))(stack)
     np.testing.assert_allclose(np.asarray(got[1], np.float64), -_reference(a, b), rtol=1e-6)
+
+
+def test_choose_with_operands_traces_its_branch_once_under_traced_inline():
+    # The caller's jax.numpy jits off (inline_ops.traced_inline): the choice's
+    # own jit keeps its trace, so this platform's branch is still traced once.
+    a, b = _operands()
+    calls = []
+    jax.make_jaxpr(inline_ops.traced_inline(_traced_per_decision(calls)))(a, b)
+    assert calls == ["once"]
