@@ -126,10 +126,23 @@ def saturating_cast(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.
         # into several kernels.
         return platforms.choose(
             lambda p: "bits" if p == "cpu" else "convert",
-            lambda how: partial(fp8_codes, fmt=fmt) if how == "bits" else lambda v: v.astype(fmt),
+            lambda how: partial(_codes_once, fmt=fmt) if how == "bits" else lambda v: v.astype(fmt),
             (y,),
         )
     return y.astype(fmt)
+
+
+def _codes_once(y: jnp.ndarray, fmt) -> jnp.ndarray:
+    """:func:`fp8_codes` of ``y``, materialized: every consumer reads the bytes.
+
+    Without the barrier XLA's CPU compiler fuses the integer rounding (some
+    forty operations an element) into each consumer of the codes: the
+    GEMM's conversion of the codes to bfloat16 and the telemetry's flushed
+    count each compiled and ran it again, and the quotient they shared was
+    written to memory in float32 between them.  Behind the barrier it is
+    one pass, division and rounding, that writes one byte an element.
+    """
+    return lax.optimization_barrier(fp8_codes(y, fmt))
 
 
 # FP8 formats with a sign bit, +-0 and no offset on the exponent bias: their
