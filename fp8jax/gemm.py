@@ -522,10 +522,15 @@ def _chunked(
     k = a_codes.shape[2]
     runs = -(-k // group)
     pad = runs * group - k
-    if pad:
-        # Zero codes past K add nothing to any run.
-        a_codes = jnp.pad(a_codes, ((0, 0), (0, 0), (0, pad)))
-        b_codes = jnp.pad(b_codes, ((0, 0), (0, pad), (0, 0)))
+
+    def whole_runs(a, b):
+        # Zero codes past K add nothing to any run.  Padded after the widening
+        # where there is one: XLA's CPU compiler moves FP8 through float16, so
+        # a pad of the codes themselves cost two conversion kernels more.
+        if not pad:
+            return a, b
+        return jnp.pad(a, ((0, 0), (0, 0), (0, pad))), jnp.pad(b, ((0, 0), (0, pad), (0, 0)))
+
     dims = (((2,), (1,)), ((0,), (0,)))
     if impl == "chunked":
         dot_fn = partial(dot, dims=dims)
@@ -543,7 +548,7 @@ def _chunked(
     first_scale = a_s[:, :, 0:1] * per_batch(b_s[:, 0:1, :])
     if runs == 1:
         # One run (per-tensor or per-row scales): one dot, scaled once.
-        return dot_fn(codes(a_codes), codes(per_batch(b_codes))) * first_scale
+        return dot_fn(*whole_runs(codes(a_codes), codes(per_batch(b_codes)))) * first_scale
     # The zero carry is computed from this GEMM's scales (min(s_a s_b, 0) is
     # +0 for every scale >= 0, NaN only where the product would be NaN
     # anyway): a constant zero carry is one XLA materializes ahead of time,
@@ -552,7 +557,10 @@ def _chunked(
     if impl == "chunked" and _unrolled_runs_bytes(a_codes, b_codes, runs, b_index) <= (
         UNROLLED_RUNS_MAX_BYTES
     ):
-        return _unrolled_runs(codes(a_codes), a_s, codes(per_batch(b_codes)), per_batch(b_s), zero)
+        a_wide, b_wide = whole_runs(codes(a_codes), codes(per_batch(b_codes)))
+        return _unrolled_runs(a_wide, a_s, b_wide, per_batch(b_s), zero)
+    # The loop widens one run at a time: the codes are padded as they are.
+    a_codes, b_codes = whole_runs(a_codes, b_codes)
 
     @traced_inline
     def run(r):

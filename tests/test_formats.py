@@ -214,3 +214,20 @@ def test_fp8_codes_is_the_cast_at_every_rounding_boundary(fmt, jit):
 def test_fp8_codes_refuses_other_formats():
     with pytest.raises(ValueError, match="E4M3FN or E5M2"):
         fp8_codes(jnp.zeros(4, jnp.float32), fp8jax.E4M3FNUZ)
+
+
+def test_saturating_cast_materializes_the_cpu_codes():
+    """On a CPU the integer codes are one pass behind an optimization barrier: a consumer
+    of the codes (here their bfloat16 widening) reads them, the rounding is not traced
+    into it again."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the integer codes are the CPU's conversion")
+
+    def f(x):
+        return saturating_cast(x, fp8jax.E4M3).astype(jnp.bfloat16)
+
+    jaxpr = jax.make_jaxpr(f)(jnp.zeros((4, 8), jnp.float32))
+    text = str(jaxpr)
+    assert text.count("optimization_barrier") == 1
+    # The barrier holds the FP8 codes, and the widening reads its result.
+    assert "f8_e4m3fn[4,8] = optimization_barrier" in text
