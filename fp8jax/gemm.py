@@ -549,17 +549,8 @@ def _chunked(
     if runs == 1:
         # One run (per-tensor or per-row scales): one dot, scaled once.
         return dot_fn(*whole_runs(codes(a_codes), codes(per_batch(b_codes)))) * first_scale
-    # The zero carry is computed from this GEMM's scales (min(s_a s_b, 0) is
-    # +0 for every scale >= 0, NaN only where the product would be NaN
-    # anyway): a constant zero carry is one XLA materializes ahead of time,
-    # every GEMM's at once, and keeps alive until its loop runs.
-    zero = jnp.minimum(first_scale, 0.0)
-    if impl == "chunked" and _unrolled_runs_bytes(a_codes, b_codes, runs, b_index) <= (
-        UNROLLED_RUNS_MAX_BYTES
-    ):
-        a_wide, b_wide = whole_runs(codes(a_codes), codes(per_batch(b_codes)))
-        return _unrolled_runs(a_wide, a_s, b_wide, per_batch(b_s), zero)
-    # The loop widens one run at a time: the codes are padded as they are.
+    # The loop widens one run at a time: the codes are padded as they are, so
+    # that one run's operands are live at a time, not a widened copy of all.
     a_codes, b_codes = whole_runs(a_codes, b_codes)
 
     @traced_inline
@@ -574,57 +565,12 @@ def _chunked(
         # The run's float32 partial sum times fl32(s_a * s_b).
         return dot_fn(ar, br) * (sar * sbr)
 
+    # The zero carry is computed from this GEMM's scales (min(s_a s_b, 0) is
+    # +0 for every scale >= 0, NaN only where the product would be NaN
+    # anyway): a constant zero carry is one XLA materializes ahead of time,
+    # every GEMM's at once, and keeps alive until its loop runs.
+    zero = jnp.minimum(first_scale, 0.0)
     acc, _ = lax.scan(lambda acc, r: (acc + run(r), None), zero, jnp.arange(runs))
-    return acc
-
-
-#: The most memory :func:`_chunked` spends on all of a GEMM's K-runs at once
-#: (:func:`_unrolled_runs_bytes`) to run them unrolled; past it, a loop runs
-#: one K-run at a time.
-UNROLLED_RUNS_MAX_BYTES = 64 << 20
-
-
-def _unrolled_runs_bytes(a_codes, b_codes, runs: int, b_index) -> int:
-    """Bytes :func:`_unrolled_runs` may hold where the loop holds one run's: the
-    (B, R, M, N) float32 partials, both operands widened to bfloat16 whole (a
-    transposed), b's per batch element (B, K, N) when gathered."""
-    bsz, m, k = a_codes.shape
-    n = b_codes.shape[2]
-    b_rows = bsz if b_index is not None else b_codes.shape[0]
-    return 4 * bsz * runs * m * n + 2 * bsz * m * k + 2 * b_rows * k * n
-
-
-# A jit of its own: called outside any trace, the runs' dots and the ordered sum
-# compile as one program, as the loop's body does (the same float32 rounding).
-@partial(jax.jit, inline=True)
-@traced_inline
-def _unrolled_runs(a_codes, a_s, b_codes, b_s, zero) -> jax.Array:
-    """:func:`_chunked`'s K-runs unrolled: each run's dot on slices laid out whole, summed in order.
-
-    ``a_codes`` (B, M, R * G) and ``b_codes`` (B, R * G, N), both widened and
-    padded to whole runs; ``a_s`` (B, M, R), ``b_s`` (B, R, N).  Each run is
-    the loop's dot of the same G codes (the same shapes, so the same float32
-    partial sum), scaled by fl32(s_a * s_b) and added to the zero carry in
-    run order: the loop's sums, bit for bit.  ``a`` is transposed once to
-    (B, R, M, G), so that every run's slice of either operand is contiguous
-    and the dots read them in place.  What it saves is compile time: the
-    loop's carry, counter, slices and per-run conversions were kernels of
-    their own for XLA's CPU compiler to build, one set per multi-run GEMM
-    (a GEMM's forward and backward at 512x384x256: 51 fusions and 3 loops
-    before, 45 and none after).
-    """
-    bsz, m, k = a_codes.shape
-    runs = a_s.shape[2]
-    group = k // runs
-    n = b_codes.shape[2]
-    a4 = jnp.swapaxes(a_codes.reshape(bsz, m, runs, group), 1, 2)
-    b4 = b_codes.reshape(bsz, runs, group, n)
-    dims = (((2,), (1,)), ((0,), (0,)))
-    acc = zero
-    for r in range(runs):
-        # The run's float32 partial sum times fl32(s_a * s_b), as in the loop.
-        part = dot(a4[:, r], b4[:, r], dims)
-        acc = acc + part * (a_s[:, :, r : r + 1] * b_s[:, r : r + 1, :])
     return acc
 
 

@@ -107,11 +107,10 @@ def _f64(op):
     return np.asarray(fp8jax.dequantize(op), np.float64)
 
 
-@pytest.mark.parametrize("runs_as", ["unrolled", "loop"])
 @pytest.mark.parametrize("use_jit", [False, True])
 @pytest.mark.parametrize("kind", ["fprop", "dgrad", "wgrad"])
 @pytest.mark.parametrize("spec", [("tile", "block"), ("tensor", "tensor"), ("row", "row")])
-def test_chunked_path_matches_float64(monkeypatch, kind, spec, use_jit, runs_as):
+def test_chunked_path_matches_float64(kind, spec, use_jit):
     """chunked = exact products, float32 sums: |y - y64| <= (L + 2R + 2) u sum|a b|.
 
     L is the run length (128 for tiles / blocks, all of K per tensor or row:
@@ -124,9 +123,6 @@ def test_chunked_path_matches_float64(monkeypatch, kind, spec, use_jit, runs_as)
     for the linearisation.  The float64 reference dequantizes the same codes
     and scales exactly.
     """
-    if runs_as == "loop":
-        # No memory for unrolled runs: one K-run at a time.
-        monkeypatch.setattr(gemm, "UNROLLED_RUNS_MAX_BYTES", 0)
     rng = np.random.default_rng(0)
     bsz, m, k, n = 2, 37, 300, 45  # odd shapes: partial tiles and blocks
     ga, gb = spec
@@ -146,9 +142,8 @@ def test_chunked_path_matches_float64(monkeypatch, kind, spec, use_jit, runs_as)
         ref = lambda a, b: np.einsum("bmk,bmn->bkn", a, b)
         length = m
     recipe = dataclasses.replace(fp8jax.recipes.deepseek_v3(), impl="chunked")
-    # A function of its own per case: a trace cached with the other runs_as is not reused.
-    fn = jax.jit(lambda a, b: gemm.gemm(a, b, kind, recipe)) if use_jit else None
-    got = np.asarray(fn(a, b) if use_jit else gemm.gemm(a, b, kind, recipe), np.float64)
+    fn = jax.jit(gemm.gemm, static_argnums=(2, 3)) if use_jit else gemm.gemm
+    got = np.asarray(fn(a, b, kind, recipe), np.float64)
     want = ref(_f64(a), _f64(b))
     mag = ref(np.abs(_f64(a)), np.abs(_f64(b)))
     # Tiles and blocks: runs of 128; per tensor / per row: one run of all of K.
@@ -159,21 +154,6 @@ def test_chunked_path_matches_float64(monkeypatch, kind, spec, use_jit, runs_as)
     # The dequantize-then-dot path obeys the same kind of bound (plus one rounding per operand).
     xla = np.asarray(gemm.gemm(a, b, kind, dataclasses.replace(recipe, impl="xla")), np.float64)
     assert np.all(np.abs(xla - want) <= (length + 4) * 2.0**-24 * mag)
-
-
-@pytest.mark.parametrize("limit,loops", [(None, 0), (0, 1)])
-def test_chunked_unrolls_its_runs_within_the_memory_bound(monkeypatch, limit, loops):
-    """Several K-runs: unrolled (no loop in the compiled program) while their partials
-    fit in UNROLLED_RUNS_MAX_BYTES, else one loop over the runs."""
-    if limit is not None:
-        monkeypatch.setattr(gemm, "UNROLLED_RUNS_MAX_BYTES", limit)
-    rng = np.random.default_rng(2)
-    a = _q(rng.standard_normal((1, 16, 384)), "tile", 2)  # 3 runs of 128
-    b = _q(rng.standard_normal((1, 384, 24)), "block")
-    recipe = dataclasses.replace(fp8jax.recipes.deepseek_v3(), impl="chunked")
-    # A function of its own: a trace cached under another limit would be reused.
-    hlo = jax.jit(lambda a, b: gemm.gemm(a, b, "fprop", recipe)).lower(a, b).as_text()
-    assert hlo.count("stablehlo.while") == loops
 
 
 @pytest.mark.parametrize("use_jit", [False, True])
