@@ -135,8 +135,8 @@ def saturating_cast(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.
 def _codes_once(y: jnp.ndarray, fmt) -> jnp.ndarray:
     """:func:`fp8_codes` of ``y``, materialized: every consumer reads the bytes.
 
-    Without the barrier XLA's CPU compiler fuses the integer rounding (some
-    forty operations an element) into each consumer of the codes: the
+    Without the barrier XLA's CPU compiler fuses the integer rounding (about
+    twenty operations an element) into each consumer of the codes: the
     GEMM's conversion of the codes to bfloat16 and the telemetry's flushed
     count each compiled and ran it again, and the quotient they shared was
     written to memory in float32 between them.  Behind the barrier it is
