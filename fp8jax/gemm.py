@@ -526,7 +526,7 @@ def _chunked(
     def whole_runs(a, b):
         # Zero codes past K add nothing to any run.  Padded after the widening
         # where there is one: XLA's CPU compiler moves FP8 through float16, so
-        # a pad of the codes themselves cost two conversion kernels more.
+        # a pad of the codes themselves is two conversions more.
         if not pad:
             return a, b
         return jnp.pad(a, ((0, 0), (0, 0), (0, pad))), jnp.pad(b, ((0, 0), (0, pad), (0, 0)))
