@@ -59,19 +59,6 @@ def split_axis(x: jax.Array, axis: int, tile: int) -> jax.Array:
     return xp.reshape(shape)
 
 
-def _as_bytes(move: Callable[[jax.Array], jax.Array], y: jax.Array) -> jax.Array:
-    """``move(y)`` for data movement alone (a crop): an 8-bit float array moved as its bytes.
-
-    XLA's CPU compiler has no 8-bit float arithmetic and moves FP8 through
-    float16, two conversions more in the kernel; the bytes are the same.
-    """
-    if y.dtype.itemsize == 1 and jnp.issubdtype(y.dtype, jnp.floating):
-        return jax.lax.bitcast_convert_type(
-            move(jax.lax.bitcast_convert_type(y, jnp.uint8)), y.dtype
-        )
-    return move(y)
-
-
 def repeat_crop(s: jax.Array, axis: int, times: int, size: int) -> jax.Array:
     """Each entry of ``s`` repeated ``times`` along ``axis``, cropped to ``size`` there."""
     return jax.lax.slice_in_dim(jnp.repeat(s, times, axis=axis), 0, size, axis=axis)
@@ -181,12 +168,12 @@ class Layout:
             # Explicit sizes (the tile axis is shorter than t where one tile
             # covers x's axis): a -1 cannot be inferred for zero-size arrays.
             y = y.reshape(y.shape[:ax] + (y.shape[ax] * y.shape[ax + 1],) + y.shape[ax + 2 :])
-            return _as_bytes(lambda b: jax.lax.slice_in_dim(b, 0, x.shape[ax], axis=ax), y)
+            return jax.lax.slice_in_dim(y, 0, x.shape[ax], axis=ax)
         nd = x.ndim
         xb = split_axis(split_axis(x, nd - 1, t), nd - 2, t)
         y = f(xb, scale[..., :, None, :, None])
         y = y.reshape(y.shape[:-4] + (y.shape[-4] * y.shape[-3], y.shape[-2] * y.shape[-1]))
-        return _as_bytes(lambda b: b[..., : x.shape[-2], : x.shape[-1]], y)
+        return y[..., : x.shape[-2], : x.shape[-1]]
 
     def expand(self, scale: jax.Array, shape: tuple[int, ...]) -> jax.Array:
         """The scales broadcast back to ``shape`` (tiles repeated, edges cropped).

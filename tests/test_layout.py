@@ -93,25 +93,6 @@ def test_groups_reduce_and_map_by_the_index_map(lay):
     np.testing.assert_array_equal(np.asarray(got), x * ref_expand(s, lay, SHAPE))
 
 
-@pytest.mark.parametrize("lay", [Layout("tile", 2, T), Layout("block", 0, T)], ids=str)
-@pytest.mark.parametrize("jit", [False, True])
-def test_fp8_results_are_cropped_as_their_bytes(lay, jit):
-    """map_groups with an FP8 result: the index map's codes, the crop of the padded
-    groups done on the bytes (uint8), not on FP8 values."""
-    x = np.random.default_rng(2).uniform(-3.0, 3.0, SHAPE).astype(np.float32)
-    s = distinct_scales(lay, SHAPE)
-
-    def f(x, s):
-        return lay.map_groups(x, s, lambda a, b: (a * b).astype(fp8jax.E4M3))
-
-    got = (jax.jit(f) if jit else f)(jnp.asarray(x), jnp.asarray(s))
-    want = (x * ref_expand(s, lay, SHAPE)).astype(fp8jax.E4M3)
-    assert got.dtype == fp8jax.E4M3
-    np.testing.assert_array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8))
-    slices = [e for e in jax.make_jaxpr(f)(x, s).eqns if e.primitive.name == "slice"]
-    assert slices and all(e.invars[0].aval.dtype == jnp.uint8 for e in slices)
-
-
 @pytest.mark.parametrize("lay", layouts(), ids=str)
 def test_swap_moves_scales_with_the_data(lay):
     s = distinct_scales(lay, SHAPE)
