@@ -47,7 +47,7 @@ from fp8jax.kernels import tpu_block_gemm
 from fp8jax.kernels.availability import kernel_available
 from fp8jax.kernels.block_gemm import CHUNK, batched_matmul_nt
 from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligned
-from fp8jax.layout import Layout, repeat_crop
+from fp8jax.layout import Layout, pad_axis, repeat_crop
 from fp8jax.operands import materialize
 from fp8jax.quant import QTensor, is_quantized
 from fp8jax.recipes import IMPLS, Recipe
@@ -519,17 +519,13 @@ def _chunked(
     FP8 algorithm (with / without the tensor core's promotion) of ``platform``
     (:func:`hardware_fp8_dot`).
     """
-    k = a_codes.shape[2]
-    runs = -(-k // group)
-    pad = runs * group - k
+    runs = -(-a_codes.shape[2] // group)
 
     def whole_runs(a, b):
         # Zero codes past K add nothing to any run.  Padded after the widening
         # where there is one: XLA's CPU compiler moves FP8 through float16, so
         # a pad of the codes themselves is two conversions more.
-        if not pad:
-            return a, b
-        return jnp.pad(a, ((0, 0), (0, 0), (0, pad))), jnp.pad(b, ((0, 0), (0, pad), (0, 0)))
+        return pad_axis(a, 2, group), pad_axis(b, 1, group)
 
     dims = (((2,), (1,)), ((0,), (0,)))
     if impl == "chunked":

@@ -34,7 +34,8 @@ import jax.numpy as jnp
 GRANULARITIES = ("tensor", "row", "tile", "block")
 
 
-def _pad_axis(x: jax.Array, axis: int, multiple: int) -> jax.Array:
+def pad_axis(x: jax.Array, axis: int, multiple: int) -> jax.Array:
+    """``x`` zero padded at the end of ``axis`` to a multiple of ``multiple``."""
     n = x.shape[axis]
     pad = (-n) % multiple
     if pad == 0:
@@ -54,7 +55,7 @@ def split_axis(x: jax.Array, axis: int, tile: int) -> jax.Array:
     """
     if 0 < x.shape[axis] <= tile:
         return jnp.expand_dims(x, axis)
-    xp = _pad_axis(x, axis, tile)
+    xp = pad_axis(x, axis, tile)
     shape = xp.shape[:axis] + (xp.shape[axis] // tile, tile) + xp.shape[axis + 1 :]
     return xp.reshape(shape)
 
