@@ -48,12 +48,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp8jax import path_record, scaling
-from fp8jax.gemm import gemm, with_dot_algorithm
+from fp8jax.gemm import fprop_quantizing, gemm, with_dot_algorithm
 from fp8jax.operands import (
     after_gradient,
     cache_for_wgrad,
     materialize,
     quantize_operand_twice,
+    requantizable,
     requantize,
     state_part,
     take_operand,
@@ -84,9 +85,12 @@ def _fp8_bmm(x, w, state, recipe: Recipe, dtypes: tuple[str, str, str], with_sta
 
 
 def _fp8_bmm_fwd(x, w, state, recipe, dtypes, with_stats):
-    qx, new_x = take_operand(x, recipe.fprop.lhs, _FPROP_X_AXIS, recipe, state_part(state, "x"))
     qw, new_w = take_operand(w, recipe.fprop.rhs, _FPROP_W_AXIS, recipe, state_part(state, "w"))
-    y = gemm(qx, qw, "fprop", recipe, out_dtype=dtypes[0])
+    take_x = partial(take_operand, spec=recipe.fprop.lhs, caxis=_FPROP_X_AXIS, recipe=recipe)
+    # x quantized, then the Fprop (one kernel for both where a TPU runs them).
+    y, qx, new_x = fprop_quantizing(
+        x, qw, recipe.fprop.lhs, recipe, take_x, dtypes[0], state_part(state, "x")
+    )
     # A pre-quantized operand's values, for telemetry and an E5M6 cache only.
     x_hp, w_hp = (materialize(t, jnp.float32) if is_quantized(t) else t for t in (x, w))
     out = (y, {"x": operand_stats(x_hp, qx), "w": operand_stats(w_hp, qw)}) if with_stats else y
@@ -114,15 +118,13 @@ def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
     )
     dx = gemm(qdy_d, w_d, "dgrad", recipe, out_dtype=x_dtype)
     # Wgrad: dw = x^T @ dy, contraction over the token axis M.
+    x_c = after_gradient(x_cached, qdy_d)
     x_w = requantize(
-        after_gradient(x_cached, qdy_d),
-        recipe.wgrad.lhs,
-        _WGRAD_X_AXIS,
-        recipe,
-        recipe.fprop.lhs,
-        state_part(state, "x"),
+        x_c, recipe.wgrad.lhs, _WGRAD_X_AXIS, recipe, recipe.fprop.lhs, state_part(state, "x")
     )
-    dw = gemm(x_w, qdy_w, "wgrad", recipe, out_dtype=w_dtype)
+    # A kernel that requantizes x itself reads its cache (TPU).
+    x_src = requantizable(x_c, recipe.wgrad.lhs, _WGRAD_X_AXIS, recipe.fprop.lhs)
+    dw = gemm(x_w, qdy_w, "wgrad", recipe, out_dtype=w_dtype, a_source=x_src)
     # Pre-quantized inputs: the gradient of the values they represent.
     dx = dx if x_pre is None else value_cotangent(x_pre, dx)
     dw = dw if w_pre is None else value_cotangent(w_pre, dw)

@@ -40,17 +40,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fp8jax import accumulate, blockscaled, host_cpu, path_record, platforms
+from fp8jax import accumulate, blockscaled, host_cpu, path_record, platforms, quant
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
 from fp8jax.inline_ops import traced_inline
-from fp8jax.kernels import tpu_block_gemm
+from fp8jax.kernels import tpu_block_gemm, tpu_quantize
 from fp8jax.kernels.availability import kernel_available
 from fp8jax.kernels.block_gemm import CHUNK, batched_matmul_nt
 from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligned
 from fp8jax.layout import Layout, pad_axis, repeat_crop
-from fp8jax.operands import materialize
+from fp8jax.operands import Requantizable, kernel_settings, kernel_tiles, materialize
 from fp8jax.quant import QTensor, is_quantized
-from fp8jax.recipes import IMPLS, Recipe
+from fp8jax.recipes import IMPLS, QuantSpec, Recipe
 
 KINDS = ("fprop", "dgrad", "wgrad")
 DIMS = {
@@ -382,6 +382,7 @@ def gemm(
     recipe: Recipe,
     b_index: jax.Array | None = None,
     out_dtype: Any = jnp.float32,
+    a_source: Requantizable | None = None,
 ) -> jax.Array:
     """One dense GEMM of the canonical layouts (module docstring), as ``out_dtype``.
 
@@ -394,6 +395,11 @@ def gemm(
     weight).  The run-wise implementations gather one run of K at a time;
     the others gather the whole (B, ., .) operand first.  Both give the same
     products and runs; XLA may sum a run's products in another float32 order.
+
+    ``a_source``: where ``a`` is a Wgrad's x requantized from its FP8 cache
+    (``fp8jax.operands.requantizable``), that cache; the Mosaic TPU kernel
+    then requantizes it itself (the same codes, never written to HBM), and
+    ``a`` is left unused there.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -405,8 +411,80 @@ def gemm(
     out_dtype = jnp.dtype(out_dtype)
     return platforms.choose(
         decisions.__getitem__,
-        lambda d: lambda: _run(d, a, b, kind, recipe, b_index, out_dtype),
+        lambda d: lambda: _run(d, a, b, kind, recipe, b_index, out_dtype, a_source),
     )
+
+
+def fprop_quantizing(
+    x: jax.Array,
+    b,
+    spec: QuantSpec,
+    recipe: Recipe,
+    take: Callable[..., tuple[Any, Any]],
+    out_dtype: Any = jnp.float32,
+    dstate: Any = None,
+) -> tuple[jax.Array, Any, Any]:
+    """The Fprop of ``x`` (B, M, K) and ``b``: (y as ``out_dtype``, x's operand, its
+    updated delayed state), where ``take(x, dstate=dstate)`` = (operand, state) quantizes
+    x as ``spec`` says along K (or takes it as it comes, quantized).
+
+    On a TPU where that is the quantizer's 1x128-tile kernel and the GEMM the
+    Mosaic kernel, one kernel does both
+    (``tpu_block_gemm.block_scaled_matmul_quantizing``: x read once, its codes
+    and scales written for the Wgrad's cache; the same bits as ``take`` then
+    :func:`gemm`); elsewhere ``take`` then :func:`gemm`.
+    """
+    out_dtype = jnp.dtype(out_dtype)
+
+    def separate(x, b, dstate):
+        qx, new = take(x, dstate=dstate)
+        return gemm(qx, b, "fprop", recipe, out_dtype=out_dtype), qx, new
+
+    def decide(p: str) -> str:
+        if p != "tpu" or is_quantized(x) or out_dtype not in _KERNEL_OUT_DTYPES:
+            return "separate"
+        if not kernel_tiles(spec) or x.ndim != 3:
+            return "separate"
+        # x's operand as take gives it (shapes and layout only).
+        qx, _ = jax.eval_shape(partial(take, dstate=None), x)
+        row_kernel = quant.tpu_quantizer_orient(x, spec.fmt, "tile", 2, 128) == "row"
+        mosaic = _decision(recipe, qx, b, "fprop", p) == ("pallas", "mosaic")
+        return "kernel" if row_kernel and mosaic else "separate"
+
+    def build(d: str) -> Callable:
+        if d == "separate":
+            return separate
+        return partial(
+            _tpu_fprop_quantizing, spec=spec, recipe=recipe, take=take, out_dtype=out_dtype
+        )
+
+    return platforms.choose(decide, build, (x, b, dstate))
+
+
+def _tpu_fprop_quantizing(
+    x, b: QTensor, dstate, *, spec: QuantSpec, recipe: Recipe, take, out_dtype
+):
+    """The Mosaic TPU Fprop kernel that quantizes x (B, M, K) itself, w (B, K, N) blocks
+    (an online spec: no delayed state to update)."""
+    del dstate
+    qx, _ = jax.eval_shape(partial(take, dstate=None), x)
+    path_record.note("fprop", {"tpu": describe_path("pallas", recipe, qx, b, "mosaic")})
+    fn = partial(
+        tpu_block_gemm.block_scaled_matmul_quantizing,
+        **kernel_settings(spec),
+        out_dtype=out_dtype,
+        interpret=False,
+    )
+
+    def run(x, b_data, b_scale):
+        if x.shape[0] == 1:
+            return tuple(t[None] for t in fn(x[0], b_data[0], b_scale[0]))
+        return jax.vmap(fn)(x, b_data, b_scale)
+
+    y = jax.ShapeDtypeStruct(_out_shape(x, b, "fprop"), out_dtype)
+    shapes = (y, jax.ShapeDtypeStruct(qx.data.shape, qx.data.dtype), qx.scale)
+    y, codes, scales = _on_kernel_platform("mosaic", run, x, b.data, b.scale, out_shape=shapes)
+    return y, dataclasses.replace(qx, data=codes, scale=scales), None
 
 
 def _out_shape(a, b, kind: str) -> tuple[int, int, int]:
@@ -419,7 +497,7 @@ def _out_shape(a, b, kind: str) -> tuple[int, int, int]:
 
 
 def _run(
-    decision: tuple[str, str], a, b, kind: str, recipe: Recipe, b_index, out_dtype
+    decision: tuple[str, str], a, b, kind: str, recipe: Recipe, b_index, out_dtype, a_source=None
 ) -> jax.Array:
     """The GEMM as ``decision`` = (impl, how) of :func:`_decision` runs it, as ``out_dtype``."""
     impl, how = decision
@@ -433,11 +511,13 @@ def _run(
         b, b_index = take_batch(b, b_index), None
     if impl == "pallas" and out_dtype in _KERNEL_OUT_DTYPES:
         # The kernel rounds its float32 accumulator to the caller's dtype itself.
-        return _pallas(a, b, kind, how=how, out_dtype=out_dtype)
-    return _run_float32(impl, how, a, b, kind, recipe, b_index).astype(out_dtype)
+        return _pallas(a, b, kind, how=how, out_dtype=out_dtype, a_source=a_source)
+    return _run_float32(impl, how, a, b, kind, recipe, b_index, a_source).astype(out_dtype)
 
 
-def _run_float32(impl: str, how: str, a, b, kind: str, recipe: Recipe, b_index) -> jax.Array:
+def _run_float32(
+    impl: str, how: str, a, b, kind: str, recipe: Recipe, b_index, a_source=None
+) -> jax.Array:
     """The GEMM on ``impl`` with its float32 result (``b`` already gathered where
     ``impl`` does not gather a run at a time)."""
     if impl == "plain":
@@ -451,7 +531,7 @@ def _run_float32(impl: str, how: str, a, b, kind: str, recipe: Recipe, b_index) 
         dt = jnp.dtype(recipe.dequant_dtype)
         return dot(materialize(a, dt), materialize(b, dt), DIMS[kind])
     if impl == "pallas":
-        return _pallas(a, b, kind, how=how)
+        return _pallas(a, b, kind, how=how, a_source=a_source)
     if impl == "scaled_matmul":
         lhs, rhs = _orient(a, b, kind)
         # The native block GEMM takes both operands with the contraction last.
@@ -578,7 +658,15 @@ _MOSAIC_KERNELS = {
 }
 
 
-def _pallas(a: QTensor, b: QTensor, kind: str, *, how: str, out_dtype=jnp.float32) -> jax.Array:
+def _pallas(
+    a: QTensor,
+    b: QTensor,
+    kind: str,
+    *,
+    how: str,
+    out_dtype=jnp.float32,
+    a_source: Requantizable | None = None,
+) -> jax.Array:
     """The block-scaled Pallas kernel, writing ``out_dtype`` from its float32 accumulator:
     the Mosaic GPU kernel compiled for a CUDA target (how "compiled") or in its
     interpreter elsewhere (how "interpret", for tests), the Mosaic TPU kernel on a
@@ -593,6 +681,8 @@ def _pallas(a: QTensor, b: QTensor, kind: str, *, how: str, out_dtype=jnp.float3
     # for its platform (fp8jax.platforms.only_on).
     out = jax.ShapeDtypeStruct(_result_shape(a.data.shape, b.data.shape, kind), out_dtype)
     if how == "mosaic":
+        if kind == "wgrad" and a_source is not None:
+            return _tpu_wgrad_from_cache(a_source, b, out_dtype, out)
         return _tpu_pallas(a, b, kind, out_dtype, out)
     if kind == "fprop":
         # x (B, M, K) 1x128 tiles; w (B, K, N) 128x128 blocks -> w^T (B, N, K).
@@ -636,6 +726,27 @@ def _tpu_pallas(a: QTensor, b: QTensor, kind: str, out_dtype, out) -> jax.Array:
         return jax.vmap(fn)(a_data, a_scale, b_data, b_scale)
 
     return _on_kernel_platform("mosaic", run, a.data, a.scale, b.data, b.scale, out_shape=out)
+
+
+def _tpu_wgrad_from_cache(src: Requantizable, b: QTensor, out_dtype, out) -> jax.Array:
+    """The Mosaic TPU Wgrad of x's FP8 cache (B, M, K), tiles along K, requantized in the
+    kernel into 128-token tiles, and dy (B, M, N) in 128-token tiles."""
+    # The dequantization's choice for every element, from the whole cache's scales.
+    flag = jnp.broadcast_to(tpu_quantize.subnormal_scales(src.cached.scale), b.data.shape[:1])
+    fn = partial(
+        tpu_block_gemm.block_scaled_matmul_tn_requant,
+        **kernel_settings(src.spec),
+        out_dtype=out_dtype,
+        interpret=False,
+    )
+
+    def run(c_data, c_scale, c_flag, b_data, b_scale):
+        if c_data.shape[0] == 1:
+            return fn(c_data[0], c_scale[0], c_flag[0], b_data[0], b_scale[0])[None]
+        return jax.vmap(fn)(c_data, c_scale, c_flag, b_data, b_scale)
+
+    args = (src.cached.data, src.cached.scale, flag, b.data, b.scale)
+    return _on_kernel_platform("mosaic", run, *args, out_shape=out)
 
 
 def _on_kernel_platform(how: str, fn: Callable, *args, out_shape=None) -> Any:

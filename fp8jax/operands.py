@@ -180,10 +180,28 @@ def requantize(
     (DeepSeek-V3 turns its cached 1x128 activation tiles into 128x1 tiles this
     way).  A delayed spec re-uses this step's delayed scale of the tensor.
     """
-    if is_quantized(cached) and spec == prev_spec and not Layout.of(spec).along_axis:
+    if _reusable(cached, spec, prev_spec):
         return float32_scales(cached)
+    if _retiles(cached, spec, caxis):
+        return _requantize_transposed(cached, spec, caxis % len(cached.shape), recipe)
+    hp = materialize(cached, jnp.float32)
+    if spec.quantized and spec.scaling == "delayed":
+        # The same tensor was already quantized with this delayed scale this step.
+        return float32_scales(schemes.quantize(hp, spec, caxis, scale=dstate.scale))
+    out, _ = quantize_operand(hp, spec, caxis, recipe)
+    return out
+
+
+def _reusable(cached, spec: QuantSpec, prev_spec: QuantSpec) -> bool:
+    """Whether the cached quantized tensor already is the operand ``spec`` wants."""
+    return is_quantized(cached) and spec == prev_spec and not Layout.of(spec).along_axis
+
+
+def _retiles(cached, spec: QuantSpec, caxis: int) -> bool:
+    """Whether :func:`requantize` takes FP8 codes tiled along the last axis to tiles
+    along ``caxis`` (online scales), the way that may run as one kernel."""
     last = len(cached.shape) - 1
-    if (
+    return (
         is_quantized(cached)
         and cached.scheme == "fp8"
         and spec.quantized
@@ -192,14 +210,33 @@ def requantize(
         and caxis % len(cached.shape) != last
         and cached.layout.tiled
         and cached.layout.axis == last
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Requantizable:
+    """Where a GEMM kernel may requantize its operand itself: ``cached`` (FP8 codes in
+    1x128 tiles along the last axis, float32 scales) and the ``spec`` that quantizes it
+    again in 128-long tiles along the second-to-last axis.  The operand is
+    :func:`requantize_tpu_kernel` (``cached``, ``spec``), the same bits."""
+
+    cached: QTensor
+    spec: QuantSpec
+
+
+def requantizable(
+    cached, spec: QuantSpec, caxis: int, prev_spec: QuantSpec
+) -> Requantizable | None:
+    """``cached`` and ``spec`` where :func:`requantize` (same arguments) runs the
+    requantizing kernel on a TPU, else None."""
+    if _reusable(cached, spec, prev_spec):
+        return None
+    cached = float32_scales(cached)
+    if _retiles(cached, spec, caxis) and requantize_kernel_fits(
+        cached, spec, caxis % len(cached.shape)
     ):
-        return _requantize_transposed(cached, spec, caxis % len(cached.shape), recipe)
-    hp = materialize(cached, jnp.float32)
-    if spec.quantized and spec.scaling == "delayed":
-        # The same tensor was already quantized with this delayed scale this step.
-        return float32_scales(schemes.quantize(hp, spec, caxis, scale=dstate.scale))
-    out, _ = quantize_operand(hp, spec, caxis, recipe)
-    return out
+        return Requantizable(cached, spec)
+    return None
 
 
 def _requantize_transposed(cached: QTensor, spec: QuantSpec, caxis: int, recipe: Recipe):
@@ -237,7 +274,6 @@ def requantize_kernel_fits(cached: QTensor, spec: QuantSpec, caxis: int) -> bool
     :func:`fp8jax.kernels.gpu_quantize.requantize_col_t`) give ``in place``'s operand:
     FP8 codes in 1x128 tiles along the last axis, quantized again (online, plain) in
     128-long tiles along the second-to-last (leading axes stack matrices)."""
-    fp8 = (E4M3, E5M2)
     nd = len(cached.shape)
     return (
         cached.scheme == "fp8"
@@ -246,13 +282,33 @@ def requantize_kernel_fits(cached: QTensor, spec: QuantSpec, caxis: int) -> bool
         and cached.layout.tiled
         and cached.axis == nd - 1
         and cached.tile == 128
-        and cached.dtype in fp8
-        and spec.fmt is not None
-        and as_format(spec.fmt) in fp8
+        and cached.dtype in (E4M3, E5M2)
+        and kernel_tiles(spec)
+    )
+
+
+def kernel_tiles(spec: QuantSpec) -> bool:
+    """Whether ``spec`` quantizes as the quantizing kernels do: online (plain) scales of
+    128-long tiles, E4M3 or E5M2 (:func:`kernel_settings` names the rest)."""
+    return (
+        spec.fmt is not None
+        and as_format(spec.fmt) in (E4M3, E5M2)
         and spec.granularity == "tile"
         and spec.tile == 128
         and spec.scaling == "current"
         and not (spec.hadamard or spec.stochastic)
+    )
+
+
+def kernel_settings(spec: QuantSpec) -> dict:
+    """The keywords of the quantizing kernels (``fmt``, ``pow2``, ``amax_floor``,
+    ``ue8m0``) for an online FP8 ``spec``."""
+    return dict(
+        fmt=as_format(spec.fmt),
+        pow2=spec.pow2,
+        amax_floor=spec.amax_floor,
+        # The operand carries float32 scales either way (quantize_operand).
+        ue8m0=spec.scale_fmt == "ue8m0",
     )
 
 
@@ -272,14 +328,7 @@ def requantize_tpu_kernel(
     subnormal = tpu_quantize.subnormal_scales(
         cached.scale if cache_scales is None else cache_scales
     )
-    run = partial(
-        tpu_quantize.requantize_col,
-        fmt=as_format(spec.fmt),
-        pow2=spec.pow2,
-        amax_floor=spec.amax_floor,
-        # The operand carries float32 scales either way (quantize_operand).
-        ue8m0=spec.scale_fmt == "ue8m0",
-    )
+    run = partial(tpu_quantize.requantize_col, **kernel_settings(spec))
     # The flag as an argument, one per matrix of the stack (the same for
     # all), not bound into run: the kernel then waits for a TPU lowering.
     flag = jnp.broadcast_to(subnormal, cached.data.shape[:-2])
@@ -294,14 +343,7 @@ def requantize_gpu_kernel(cached: QTensor, spec: QuantSpec) -> QTensor:
     from fp8jax.kernels import gpu_quantize
 
     cached = float32_scales(cached)
-    run = partial(
-        quant.gpu_kernels().requantize_col_t,
-        fmt=as_format(spec.fmt),
-        pow2=spec.pow2,
-        amax_floor=spec.amax_floor,
-        # The operand carries float32 scales either way (quantize_operand).
-        ue8m0=spec.scale_fmt == "ue8m0",
-    )
+    run = partial(quant.gpu_kernels().requantize_col_t, **kernel_settings(spec))
     data_t, scale_t = gpu_quantize.on_gpu(run, cached.data, cached.scale)
     last = len(cached.shape) - 1
     out = QTensor(data_t, scale_t, Layout(spec.granularity, last, spec.tile))

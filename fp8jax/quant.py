@@ -375,7 +375,7 @@ def _quantize_online(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fm
     # compiler keeps both branches' code and buffers.  The kernels give the
     # same codes and scales, bit for bit.
 
-    kernel = _tpu_kernel_orient(x, fmt, granularity, axis, tile)
+    kernel = tpu_quantizer_orient(x, fmt, granularity, axis, tile)
     ways = {
         "one pass": _quantize_one_pass,
         "tpu kernel": partial(_quantize_kernel, orient=kernel, platform="tpu"),
@@ -393,7 +393,7 @@ def _quantize_online(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fm
     return platforms.choose(decide, lambda how: lambda x: ways[how](x, *settings), (x,))
 
 
-def _tpu_kernel_orient(x, fmt, granularity, axis, tile) -> str | None:
+def tpu_quantizer_orient(x, fmt, granularity, axis, tile) -> str | None:
     """The orientation of :mod:`fp8jax.kernels.tpu_quantize` that quantizes ``x``, or None.
 
     128-long tiles along the last axis (any leading axes, as rows), 128-long
@@ -561,7 +561,7 @@ def _rows_and_cols_online(x, fmt, tile, pow2, amax_floor, scale_fmt) -> tuple[QT
         )
 
     # The kernels take 128-long tiles of IEEE FP8 from float32 / bfloat16 x.
-    fits = _tpu_kernel_orient(x, fmt, "tile", -1, tile) == "row"
+    fits = tpu_quantizer_orient(x, fmt, "tile", -1, tile) == "row"
     settings = dict(fmt=fmt, pow2=pow2, amax_floor=amax_floor, scale_fmt=scale_fmt)
     ways = {
         "separately": separately,

@@ -83,6 +83,127 @@ def test_wgrad_layout_matches_float64(m, k, n, dtype):
     )
 
 
+@pytest.mark.parametrize(
+    "m, k, n, dtype, block_n, opts",
+    [
+        (300, 260, 130, jnp.float32, 128, {}),
+        (200, 1100, 300, jnp.bfloat16, 128, dict(pow2=True, ue8m0=True)),
+        (37, 300, 200, jnp.float32, 256, dict(amax_floor=1e-4)),
+    ],
+)
+def test_fprop_quantizing_its_x_gives_the_quantizers_bits(m, k, n, dtype, block_n, opts):
+    # x quantized in the kernel: its codes and scales are the row quantizer's,
+    # and the product the plain Fprop kernel's of them, bit for bit.  A tiny
+    # row (subnormal scale, the offset division), padding in M, K and N, two
+    # K steps (1100), and two or three column blocks, each quantizing x again
+    # (only the first writes its codes).
+    from fp8jax import quant
+    from fp8jax.kernels import tpu_quantize as tq
+
+    rng = np.random.default_rng(m + k)
+    x = rng.standard_normal((m, k)) * np.exp(2 * rng.standard_normal((m, 1)))
+    x[3] *= 1e-39
+    x = jnp.asarray(x, dtype)
+    w = quant.quantize(jnp.asarray(rng.standard_normal((k, n)), jnp.float32), E4M3, "block")
+    kw = dict(block_m=128, block_n=block_n, interpret=True, out_dtype=jnp.float32)
+    codes, row_scales = tq.quantize_2d(x, fmt=E4M3, orient="row", interpret=True, **opts)
+    want = tg.block_scaled_matmul(codes, row_scales, w.data, w.scale, **kw)
+
+    def fused(x, b, sb):
+        return tg.block_scaled_matmul_quantizing(x, b, sb, fmt=E4M3, **opts, **kw)
+
+    for f in (fused, jax.jit(fused)):
+        y, c, s = f(x, w.data, w.scale)
+        np.testing.assert_array_equal(
+            np.asarray(y).view(np.uint32), np.asarray(want).view(np.uint32)
+        )
+        np.testing.assert_array_equal(
+            np.asarray(c).view(np.uint8), np.asarray(codes).view(np.uint8)
+        )
+        np.testing.assert_array_equal(
+            np.asarray(s).view(np.uint32), np.asarray(row_scales).view(np.uint32)
+        )
+
+
+def test_fprop_quantizing_refuses_other_operands():
+    from fp8jax import quant
+
+    w = quant.quantize(jnp.ones((256, 128)), E4M3, "block")
+    fn = functools.partial(tg.block_scaled_matmul_quantizing, fmt=E4M3, interpret=True)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        fn(jnp.ones((4, 256), jnp.float16), w.data, w.scale)
+    with pytest.raises(ValueError, match="2-D"):
+        fn(jnp.ones((2, 4, 256)), w.data, w.scale)
+    with pytest.raises(ValueError):
+        fn(jnp.ones((4, 128)), w.data, w.scale)
+
+
+def _wgrad_of_cache(t, m, n, seed, cache_fmt=E4M3, tiny_row=None):
+    """x's FP8 cache (1x128 tiles along its m features, t tokens), its subnormal flag
+    and dy's 128-token tiles (n columns)."""
+    from fp8jax import quant
+    from fp8jax.kernels import tpu_quantize as tq
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((t, m)) * np.exp(2 * rng.standard_normal((t, 1)))
+    if tiny_row is not None:
+        # A tile of tiny values: a float32-subnormal scale, so every element of
+        # the cache is dequantized on the bit patterns.
+        x[tiny_row] *= 1e-38
+    cached = quant.quantize(jnp.asarray(x, jnp.float32), cache_fmt, "tile", axis=1)
+    qdy = quant.quantize(jnp.asarray(rng.standard_normal((t, n)), jnp.float32), E4M3, "tile", 0)
+    return cached, tq.subnormal_scales(cached.scale), qdy
+
+
+@pytest.mark.parametrize(
+    "t, m, n, cache_fmt, tiny_row, opts",
+    [
+        (300, 260, 130, E4M3, None, {}),
+        (300, 260, 130, E5M2, 9, {}),
+        (1100, 256, 130, E4M3, None, dict(pow2=True, ue8m0=True)),
+        (200, 1100, 70, E4M3, 150, dict(amax_floor=1e-4)),
+    ],
+)
+def test_wgrad_requantizing_its_cache_gives_the_requantized_operands_bits(
+    t, m, n, cache_fmt, tiny_row, opts
+):
+    # The kernel's requantization in VMEM against the requantizing kernel's
+    # codes in HBM fed to the plain Wgrad kernel: the same bits.  Blocks of
+    # 128 and 256 columns of the cache (1 and 2 tiles: their scales padded to
+    # 8 sublanes), and two of 640 for 1100 (5 tiles each, M padded); tokens
+    # padded to whole K steps, two steps for 1100 tokens.
+    from fp8jax.kernels import tpu_quantize as tq
+
+    cached, flag, qdy = _wgrad_of_cache(t, m, n, t + m, cache_fmt, tiny_row)
+    assert bool(flag) == (tiny_row is not None)
+    block_m = {260: 128, 256: 256, 1100: 1024}[m]
+    kw = dict(block_m=block_m, block_n=128, interpret=True, out_dtype=jnp.float32)
+    codes, col_scales = tq.requantize_col(
+        cached.data, cached.scale, flag, fmt=E4M3, interpret=True, **opts
+    )
+    want = tg.block_scaled_matmul_tn(codes, col_scales, qdy.data, qdy.scale, **kw)
+
+    def fused(*args):
+        return tg.block_scaled_matmul_tn_requant(*args, fmt=E4M3, **opts, **kw)
+
+    args = (cached.data, cached.scale, flag, qdy.data, qdy.scale)
+    for f in (fused, jax.jit(fused)):
+        np.testing.assert_array_equal(
+            np.asarray(f(*args)).view(np.uint32), np.asarray(want).view(np.uint32)
+        )
+
+
+def test_wgrad_of_a_cache_refuses_other_operands():
+    cached, flag, qdy = _wgrad_of_cache(256, 256, 128, 0)
+    fn = functools.partial(tg.block_scaled_matmul_tn_requant, fmt=E4M3, interpret=True)
+    with pytest.raises(ValueError, match="FP8 codes"):
+        fn(cached.data.astype(jnp.float32), cached.scale, flag, qdy.data, qdy.scale)
+    with pytest.raises(ValueError, match=r"ceil\(M/128\)"):
+        fn(cached.data, cached.scale.T, flag, qdy.data, qdy.scale)
+    with pytest.raises(ValueError, match="contraction"):
+        fn(cached.data, cached.scale, flag, qdy.data[:128], qdy.scale[:1])
+
+
 def test_default_blocks_clip_to_a_small_operand():
     a, sa, b, sb = make_case(5, 17, 140, 33)
     f = jax.jit(lambda *xs: tg.block_scaled_matmul(*xs, out_dtype=jnp.float32, interpret=True))
@@ -314,6 +435,12 @@ def test_auto_compiles_one_mosaic_kernel_per_gemm_for_ironwood():
     assert _gemm_kernels(text) == 3
     # No loop over K runs outside the kernels.
     assert not re.search(r"\bwhile\(", text)
+    # Fprop quantizes x itself (x read once for its codes and the product),
+    # Wgrad requantizes x's FP8 cache itself (no requantized copy in HBM).
+    assert "fp8_block_scaled_matmul_nn_quantizing" in text
+    assert not re.search(r"fp8_quantize_row(?!s_cols)", text)
+    assert "fp8_block_scaled_matmul_tn_requant" in text
+    assert "fp8_quantize_requantize_col" not in text
 
 
 @pytest.mark.slow

@@ -201,7 +201,7 @@ def test_refuses_what_it_cannot_quantize():
 
 def test_quantizer_chooses_the_kernel_for_its_groups():
     x2, x3 = jnp.ones((256, 384), jnp.bfloat16), jnp.ones((2, 256, 384), jnp.float32)
-    orient = quant._tpu_kernel_orient
+    orient = quant.tpu_quantizer_orient
     assert orient(x3, E4M3, "tile", -1, 128) == "row"
     assert orient(x2, E4M3, "tile", 0, 128) == "col"
     assert orient(x3, E5M2, "tile", 1, 128) == "col"

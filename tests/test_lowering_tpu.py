@@ -66,17 +66,20 @@ def _compile(recipe, chip: str, m=256, k=384, n=256):
 
 def test_deepseek_v3_compiles_for_v6e():
     # The Mosaic kernel, one per GEMM (v6e widens the FP8 codes to bfloat16
-    # in its matrix unit).
-    # Around them the quantizer's Mosaic kernels: x's 1x128 tiles, W's
-    # blocks, x's 128-token tiles from its FP8 cache, and dy's two layouts
-    # from one read of dy.
+    # in its matrix unit): Fprop quantizing x's 1x128 tiles itself, Wgrad
+    # requantizing x's FP8 cache into 128-token tiles itself.  Around them
+    # the quantizer's Mosaic kernels: W's blocks, and dy's two layouts from
+    # one read of dy.
     text, paths = _compile(recipes.deepseek_v3(), "v6e", 128, 256, 128)
     assert set(paths.values()) == {"pallas tpu"}
+    assert len(paths) == 3
     calls = [line for line in text.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
     assert sum("fp8_block_scaled_matmul" in line for line in calls) == 3
-    assert sum("fp8_quantize_" in line for line in calls) == 4
+    assert sum("fp8_block_scaled_matmul_nn_quantizing" in line for line in calls) == 1
+    assert sum("fp8_block_scaled_matmul_tn_requant" in line for line in calls) == 1
+    assert sum("fp8_quantize_" in line for line in calls) == 2
     assert sum("fp8_quantize_rows_cols" in line for line in calls) == 1
-    assert len(calls) == 7
+    assert len(calls) == 5
 
 
 @pytest.mark.slow

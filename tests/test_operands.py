@@ -166,3 +166,25 @@ def test_quantize_operand_twice_is_quantize_operand_per_axis(name):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         # One tensor scale serves both axes: Dgrad's operand is Wgrad's.
         assert q.layout.matches(want.layout)
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v3_1", "current_tensor", "rowwise"])
+def test_requantizable_where_requantize_takes_the_kernel(name):
+    # The Wgrad's x: named as its cache exactly where requantize would run the
+    # requantizing kernel on a TPU (DeepSeek-V3's 1x128 cache to 128-token
+    # tiles), so a GEMM kernel that requantizes it itself gives the same bits.
+    from fp8jax.operands import requantizable, requantize_kernel_fits
+
+    recipe = fp8jax.registry.get(name)
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((1, 256, 384)), jnp.float32)
+    cached, _ = quantize_operand(x, recipe.fprop.lhs, 2, recipe)
+    src = requantizable(cached, recipe.wgrad.lhs, 1, recipe.fprop.lhs)
+    fits = name.startswith("deepseek") and requantize_kernel_fits(cached, recipe.wgrad.lhs, 1)
+    assert (src is not None) == fits == name.startswith("deepseek")
+    if src is not None:
+        assert src.spec == recipe.wgrad.lhs
+        assert src.cached.scale.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(src.cached.data), np.asarray(cached.data))
+    # Along the cache's own tile axis, or from an unquantized cache: nothing to requantize.
+    assert requantizable(cached, recipe.wgrad.lhs, 2, recipe.fprop.lhs) is None
+    assert requantizable(x, recipe.wgrad.lhs, 1, recipe.fprop.lhs) is None

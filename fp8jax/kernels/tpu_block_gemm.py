@@ -24,6 +24,16 @@ operands are stored in (no transposes in HBM):
     "nt" (dgrad)  a (M, K) with 1x128 tiles,   b given as (N, K), blocks (N/128, K/128)
     "tn" (wgrad)  a given as (K, M), b (K, N), both with 128x1 tiles along K
 
+Two of them also quantize their A (the quantizer's kernel bodies,
+:mod:`fp8jax.kernels.tpu_quantize`, the same bits), so that an operand is
+read from HBM once for its quantization and its GEMM:
+
+    "nn" quantizing   x (M, K) in float32 / bfloat16, quantized in 1x128 tiles
+                      per block; its codes and scales are outputs too (the
+                      Wgrad's FP8 cache)
+    "tn" requant      x's FP8 cache (K, M) in 1x128 tiles along M, dequantized
+                      and quantized again in 128-token tiles per block, in VMEM
+
 Inside the kernel the scales take one form: A's as ``(K/128, M)`` (one row of
 ``bm`` scales per run) and B's as ``(K/128, N)`` (one scale per column per
 run; a 128x128 block scale repeated over its 128 columns).  A's row of
@@ -103,6 +113,8 @@ VMEM_LIMIT = 60 << 20
 #: gives no time at all for the grouped fwd+bwd (8 x 512 x 7168 x 2048).
 GROUPED_VMEM_LIMIT = 48 << 20
 
+_FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+
 # Mosaic's native tiles: 8-bit data is tiled (32, 128); every block's last
 # dimension is a multiple of 128.
 _SUBLANE_FP8 = 32
@@ -119,10 +131,13 @@ def _fit(size: int, block: int, tile: int) -> int:
     return round_up(cdiv(size, cdiv(size, block)), _LANE)
 
 
-def _blocks(m: int, n: int, kc: int, block_m: int, block_n: int, runs: int, orient: str):
-    """(bm, bn, j) clipped to the operand (rounded up to the hardware tiles)."""
+def _blocks(
+    m: int, n: int, kc: int, block_m: int, block_n: int, runs: int, orient: str, squares=False
+):
+    """(bm, bn, j) clipped to the operand (rounded up to the hardware tiles).
+    ``squares``: A is quantized in the kernel, in 128 x 128 squares."""
     # In "tn" A's rows sit on the lanes of its (K, M) blocks.
-    m_tile = _LANE if orient == "tn" else _SUBLANE_FP8
+    m_tile = _LANE if orient == "tn" or squares else _SUBLANE_FP8
     bm = _fit(m, block_m, m_tile)
     bn = _fit(n, block_n, _LANE)
     # A step of j runs: its (j, bm) scale block needs j % 8 == 0 or j == all runs.
@@ -166,6 +181,39 @@ def _accumulate(a_ref, sa_ref, b_ref, sb_ref, acc_ref, *, j: int, orient: str, r
             # Promotion: the run's float32 partial times fl32(a_scale * b_scale).
             scale = sa_cols[rows, t : t + 1] * sb_ref[t : t + 1, :]
             acc_ref[rows, :] += partial * scale
+
+
+def _requant_tn_kernel(
+    a_ref, st_ref, flag_ref, b_ref, sb_ref, o_ref, q_ref, s_ref, *acc, j, run, requant
+):
+    """ "tn" with A the FP8 cache in 1x128 tiles along M: the block's tiles are quantized
+    again in 128-token tiles into VMEM (``q_ref`` codes, ``s_ref`` (j, bm) scales: the
+    requantizing kernel's body, the same bits), then accumulated as any "tn" block."""
+    from fp8jax.kernels import tpu_quantize
+
+    tpu_quantize.requantize_block(
+        a_ref,
+        st_ref,
+        flag_ref,
+        q_ref,
+        s_ref,
+        groups=j,
+        col_groups=q_ref.shape[1] // _LANE,
+        **requant,
+    )
+    _dense_kernel(q_ref, s_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient="tn", run=run)
+
+
+def _quantizing_nn_kernel(x_ref, b_ref, sb_ref, o_ref, q_ref, st_ref, *acc, j, run, quant):
+    """ "nn" with A the unquantized x: the block's 1x128 tiles are quantized into the
+    codes and scales output blocks (``q_ref``, ``st_ref`` (j, bm): the quantizer's body,
+    the same bits), then accumulated from them as any "nn" block."""
+    from fp8jax.kernels import tpu_quantize
+
+    tpu_quantize.rows_t_block(
+        x_ref, q_ref, st_ref, groups=q_ref.shape[0] // _LANE, col_groups=j, **quant
+    )
+    _dense_kernel(q_ref, st_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient="nn", run=run)
 
 
 def _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *scratch, j: int, orient: str, run: int):
@@ -227,27 +275,63 @@ def _interpret(interpret: bool):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("orient", "out_dtype", "block_m", "block_n", "runs", "interpret", "run"),
+    static_argnames=(
+        "orient",
+        "out_dtype",
+        "block_m",
+        "block_n",
+        "runs",
+        "interpret",
+        "run",
+        "requant",
+        "quant",
+    ),
 )
-def _dense(a, sa_t, b, sb_cols, *, orient, out_dtype, block_m, block_n, runs, interpret, run=CHUNK):
+def _dense(
+    a,
+    sa_t,
+    b,
+    sb_cols,
+    flag=None,
+    *,
+    orient,
+    out_dtype,
+    block_m,
+    block_n,
+    runs,
+    interpret,
+    run=CHUNK,
+    requant=None,
+    quant=None,
+):
     """Pad, launch, crop.  ``a``/``b`` as stored (module docstring); ``sa_t`` (Kc, M),
     ``sb_cols`` (Kc, N) with Kc = ceil(K / run).  ``run``: the K run of one scale
-    (DeepSeek-V3's 128; another value only for measuring what the promotion costs)."""
+    (DeepSeek-V3's 128; another value only for measuring what the promotion costs).
+
+    ``requant`` ("tn" only; a tuple of ``tpu_quantize.requantize_col``'s settings):
+    ``a`` (K, M) is an FP8 cache in 1x128 tiles along M, ``sa_t`` its scales
+    (K, ceil(M/128)) and ``flag`` whether any of them is subnormal; the kernel
+    quantizes each block again in 128-token tiles before its dots.
+
+    ``quant`` ("nn" only; a tuple of ``tpu_quantize.quantize_2d``'s settings):
+    ``a`` (M, K) is x in float32 or bfloat16, quantized in 1x128 tiles in the
+    kernel; the result is (out, x's codes (M, K), their scales (M, Kc)).
+    """
     if orient == "tn":
         k, m = a.shape
     else:
         m, k = a.shape
     n = b.shape[0] if orient == "nt" else b.shape[1]
     kc = cdiv(k, run)
-    bm, bn, j = _blocks(m, n, kc, block_m, block_n, runs, orient)
+    bm, bn, j = _blocks(m, n, kc, block_m, block_n, runs, orient, squares=quant is not None)
     mp, np_, kcp = round_up(m, bm), round_up(n, bn), round_up(kc, j)
     kp, bk = kcp * run, j * run
 
     # Zero codes add nothing; unit scales keep the padding inert.
     a_p = _pad_to(a, (kp, mp) if orient == "tn" else (mp, kp), 0)
     b_p = _pad_to(b, (np_, kp) if orient == "nt" else (kp, np_), 0)
-    sa_p = _pad_to(sa_t, (kcp, mp), 1.0)
     sb_p = _pad_to(sb_cols, (kcp, np_), 1.0)
+    cost = cost_estimate(mp, np_, kp, bm, bn, out_dtype, run)
 
     if orient == "tn":
         a_spec = pl.BlockSpec((bk, bm), lambda i, jn, kk: (kk, i))
@@ -257,24 +341,94 @@ def _dense(a, sa_t, b, sb_cols, *, orient, out_dtype, block_m, block_n, runs, in
         b_spec = pl.BlockSpec((bn, bk), lambda i, jn, kk: (jn, kk))
     else:
         b_spec = pl.BlockSpec((bk, bn), lambda i, jn, kk: (kk, jn))
-    out = pl.pallas_call(
-        functools.partial(_dense_kernel, j=j, orient=orient, run=run),
-        out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
+    acc = [] if out_dtype == jnp.float32 else [pltpu.VMEM((bm, bn), jnp.float32)]
+    out_shape = [jax.ShapeDtypeStruct((mp, np_), out_dtype)]
+    out_specs = [pl.BlockSpec((bm, bn), lambda i, jn, kk: (i, jn))]
+    # The work of a quantization in the kernel per element (tpu_quantize.cost_estimate's),
+    # redone for each column block.
+    a_work = 60 * kp * mp * (np_ // bn)
+    a_in = [a_spec, pl.BlockSpec((j, bm), lambda i, jn, kk: (kk, i))]
+    scratch = acc
+    if quant is not None:
+        kernel = functools.partial(_quantizing_nn_kernel, j=j, run=run, quant=dict(quant))
+        a_in, a_args = [a_spec], [a_p]
+        # x's codes and transposed scales are outputs, in the blocks the plain
+        # kernel reads them in, written by the first column block.  An output
+        # block must not be visited again once left, so the other column
+        # blocks write theirs to one spare block per row block (past row mp).
+        n_m, n_n = mp // bm, np_ // bn
+        spare = n_m * bm if n_n > 1 else 0
+
+        def codes_at(i, jn, kk):
+            return jnp.where(jn == 0, i, n_m + i), jnp.where(jn == 0, kk, 0)
+
+        def scales_at(i, jn, kk):
+            return jnp.where(jn == 0, kk, 0), jnp.where(jn == 0, i, n_m + i)
+
+        out_shape += [
+            jax.ShapeDtypeStruct((mp + spare, kp), dict(quant)["fmt"]),
+            jax.ShapeDtypeStruct((kcp, mp + spare), jnp.float32),
+        ]
+        out_specs += [pl.BlockSpec((bm, bk), codes_at), pl.BlockSpec((j, bm), scales_at)]
+        # x read in its own dtype rather than one byte a code, once per column
+        # block; its codes and scales written once, and a spare block per row block.
+        x_extra = mp * kp * (jnp.dtype(a.dtype).itemsize - 1) * n_n
+        written = mp * kp + 4 * kcp * mp + (n_m * bm * bk if spare else 0)
+        cost = pl.CostEstimate(
+            flops=cost.flops + a_work,
+            transcendentals=0,
+            bytes_accessed=cost.bytes_accessed + x_extra + written,
+        )
+    elif requant is None:
+        kernel = functools.partial(_dense_kernel, j=j, orient=orient, run=run)
+        a_args = [a_p, _pad_to(sa_t, (kcp, mp), 1.0)]
+    else:
+        kernel = functools.partial(_requant_tn_kernel, j=j, run=run, requant=dict(requant))
+        a_in, a_args = _requant_inputs(a_spec, a_p, sa_t, flag, kp, mp, bk, bm)
+        # The block's new codes and scales, in VMEM only.
+        codes = dict(requant)["fmt"]
+        scratch = [pltpu.VMEM((bk, bm), codes), pltpu.VMEM((j, bm), jnp.float32), *acc]
+        cost = pl.CostEstimate(
+            flops=cost.flops + a_work, transcendentals=0, bytes_accessed=cost.bytes_accessed
+        )
+    suffix = "_quantizing" if quant else "_requant" if requant else ""
+    outs = pl.pallas_call(
+        kernel,
+        out_shape=out_shape,
         grid=(mp // bm, np_ // bn, kcp // j),
-        in_specs=[
-            a_spec,
-            pl.BlockSpec((j, bm), lambda i, jn, kk: (kk, i)),
-            b_spec,
-            pl.BlockSpec((j, bn), lambda i, jn, kk: (kk, jn)),
-        ],
-        out_specs=pl.BlockSpec((bm, bn), lambda i, jn, kk: (i, jn)),
-        scratch_shapes=[] if out_dtype == jnp.float32 else [pltpu.VMEM((bm, bn), jnp.float32)],
+        in_specs=[*a_in, b_spec, pl.BlockSpec((j, bn), lambda i, jn, kk: (kk, jn))],
+        out_specs=out_specs,
+        scratch_shapes=scratch,
         compiler_params=_compiler_params(interpret),
-        cost_estimate=cost_estimate(mp, np_, kp, bm, bn, out_dtype, run),
+        cost_estimate=cost,
         interpret=_interpret(interpret),
-        name=f"fp8_block_scaled_matmul_{orient}",
-    )(a_p, sa_p, b_p, sb_p)
-    return out[:m, :n]
+        name=f"fp8_block_scaled_matmul_{orient}{suffix}",
+    )(*a_args, b_p, sb_p)
+    if quant is None:
+        return outs[0][:m, :n]
+    return outs[0][:m, :n], outs[1][:m, :k], outs[2][:kc, :m].T
+
+
+def _requant_inputs(a_spec, a_p, scales, flag, kp: int, mp: int, bk: int, bm: int):
+    """The requantizing "tn" kernel's A inputs: the cache's codes (``a_spec``), its tile
+    scales for each block, and the subnormal flag.
+
+    The scales (K, M/128) of each row block are laid out as the requantizing kernel
+    reads them, (tiles, tokens): (M/bm, t8, K) with the block's t = bm/128 tiles
+    padded to t8 (a multiple of the float32 sublane tile, 8) with unit scales.
+    """
+    tiles = bm // _LANE
+    st = _pad_to(scales.astype(jnp.float32), (kp, mp // _LANE), 1.0)
+    st = jnp.transpose(st.reshape(kp, mp // bm, tiles), (1, 2, 0))
+    t8 = round_up(tiles, 8)
+    st = _pad_to(st, (mp // bm, t8, kp), 1.0)
+    flag = jnp.full((8, _LANE), flag, jnp.int32)
+    specs = [
+        a_spec,
+        pl.BlockSpec((None, t8, bk), lambda i, jn, kk: (i, 0, kk)),
+        pl.BlockSpec((8, _LANE), lambda i, jn, kk: (0, 0)),
+    ]
+    return specs, [a_p, st, flag]
 
 
 def launch(fn: Callable, *args: jax.Array, interpret: bool | None, **kw) -> jax.Array:
@@ -291,6 +445,11 @@ def launch(fn: Callable, *args: jax.Array, interpret: bool | None, **kw) -> jax.
         return lambda: fn(*args, interpret=True, **kw)
 
     return platforms.choose(lambda p: p == "tpu", build)
+
+
+def _settings(**kw) -> tuple:
+    """A quantizer's keywords as a static (hashable) argument of :func:`_dense`."""
+    return tuple(sorted(kw.items()))
 
 
 def _dense_kw(out_dtype, block_m, block_n, runs_per_step):
@@ -327,6 +486,55 @@ def block_scaled_matmul(
         expand_b_scale(b_scale, n),
         orient="nn",
         interpret=interpret,
+        **_dense_kw(out_dtype, block_m, block_n, runs_per_step),
+    )
+
+
+def block_scaled_matmul_quantizing(
+    x: jax.Array,
+    b_data: jax.Array,
+    b_scale: jax.Array,
+    *,
+    fmt,
+    pow2: bool = False,
+    amax_floor: float = 0.0,
+    ue8m0: bool = False,
+    out_dtype=jnp.bfloat16,
+    block_m: int | None = None,
+    block_n: int = DENSE_BLOCK_N,
+    runs_per_step: int = RUNS_PER_STEP,
+    interpret: bool | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Fprop ("nn") of an unquantized ``x`` (M, K), float32 or bfloat16, quantized in
+    1x128 tiles inside the kernel: (out (M, N), x's codes (M, K), their float32 scales
+    (M, ceil(K/128))).
+
+    The codes and scales are ``tpu_quantize.quantize_2d(x, fmt=fmt, orient="row",
+    ...)``'s and ``out`` is :func:`block_scaled_matmul` of them, the same bits: each
+    grid step quantizes its (M-block, K-block) of x in VMEM (the quantizer's body)
+    and writes the codes and scales as outputs, so x is read once for both (per
+    column block: the N / block_n column blocks each quantize it again).
+    ``block_m`` None: :data:`DENSE_BLOCK_M` rows for bfloat16 x, half as many
+    for float32 (whose double-buffered block of x would overflow tpu7x's VMEM).
+    """
+    if x.ndim != 2 or jnp.dtype(x.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        raise ValueError(f"x must be 2-D float32 or bfloat16, got {x.dtype} {x.shape}")
+    m, k = x.shape
+    fmt = jnp.dtype(fmt)
+    codes = jax.ShapeDtypeStruct((m, k), fmt)
+    scales = jax.ShapeDtypeStruct((m, cdiv(k, CHUNK)), jnp.float32)
+    _, _, n = check_operands(codes, scales, b_data, b_scale, out_dtype, b_layout="kn")
+    if block_m is None:
+        block_m = DENSE_BLOCK_M * 2 // jnp.dtype(x.dtype).itemsize
+    return launch(
+        _dense,
+        x,
+        None,
+        b_data,
+        expand_b_scale(b_scale, n),
+        orient="nn",
+        interpret=interpret,
+        quant=_settings(fmt=fmt, pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0),
         **_dense_kw(out_dtype, block_m, block_n, runs_per_step),
     )
 
@@ -384,6 +592,80 @@ def block_scaled_matmul_tn(
         b_scale,
         orient="tn",
         interpret=interpret,
+        **_dense_kw(out_dtype, block_m, block_n, runs_per_step),
+    )
+
+
+def block_scaled_matmul_tn_requant(
+    cache_data: jax.Array,
+    cache_scale: jax.Array,
+    subnormal: jax.Array,
+    b_data: jax.Array,
+    b_scale: jax.Array,
+    *,
+    fmt,
+    pow2: bool = False,
+    amax_floor: float = 0.0,
+    ue8m0: bool = False,
+    out_dtype=jnp.bfloat16,
+    block_m: int | None = None,
+    block_n: int = DENSE_BLOCK_N,
+    runs_per_step: int = RUNS_PER_STEP,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """Wgrad ("tn") whose A is the FP8 cache of the forward pass, requantized in the kernel.
+
+    ``cache_data`` (K, M) FP8 codes in 1x128 tiles along M (the activations as
+    cached, K the tokens), ``cache_scale`` float32 (K, ceil(M/128)),
+    ``subnormal`` whether any scale of the whole cache is subnormal
+    (``tpu_quantize.subnormal_scales``).  The result is
+    ``block_scaled_matmul_tn(*tpu_quantize.requantize_col(cache_data, cache_scale,
+    subnormal, fmt=fmt, ...), b_data, b_scale)``, the same bits: each grid step
+    dequantizes its (K-block, M-block) of the cache to float32 in VMEM and
+    quantizes it again in 128-token tiles there (the requantizing kernel's
+    body), so the new codes never reach HBM.  The work is redone for each of
+    the N / block_n column blocks.  ``block_m`` None: :data:`DENSE_BLOCK_M` rows
+    for a bfloat16 result, half as many for float32 (whose double-buffered output
+    block, beside the block's new codes, would overflow tpu7x's VMEM).
+    """
+    if cache_data.ndim != 2 or jnp.dtype(cache_data.dtype) not in _FP8:
+        raise ValueError(
+            f"cache_data must be 2-D FP8 codes, got {cache_data.dtype} {cache_data.shape}"
+        )
+    k, m = cache_data.shape
+    if cache_scale.shape != (k, cdiv(m, CHUNK)):
+        raise ValueError(
+            f"cache_scale must have shape (K, ceil(M/128)) = {(k, cdiv(m, CHUNK))}, "
+            f"got {cache_scale.shape}"
+        )
+    # The requantized operand's shapes, checked as block_scaled_matmul_tn's.
+    fmt = jnp.dtype(fmt)
+    requantized = jax.ShapeDtypeStruct((k, m), fmt)
+    check_tn_operands(
+        requantized,
+        jax.ShapeDtypeStruct((cdiv(k, CHUNK), m), jnp.float32),
+        b_data,
+        b_scale,
+        out_dtype,
+    )
+    if block_m is None:
+        block_m = DENSE_BLOCK_M * 2 // jnp.dtype(out_dtype).itemsize
+    return launch(
+        _dense,
+        cache_data,
+        cache_scale.astype(jnp.float32),
+        b_data,
+        b_scale,
+        jnp.asarray(subnormal, bool),
+        orient="tn",
+        interpret=interpret,
+        requant=_settings(
+            fmt_in=jnp.dtype(cache_data.dtype),
+            fmt=fmt,
+            pow2=pow2,
+            amax_floor=amax_floor,
+            ue8m0=ue8m0,
+        ),
         **_dense_kw(out_dtype, block_m, block_n, runs_per_step),
     )
 

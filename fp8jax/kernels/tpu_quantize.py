@@ -127,6 +127,34 @@ def block_kernel(
             s_ref[t : t + 1, cols] = jnp.broadcast_to(scale, (1, GROUP))
 
 
+def _row_tiles(xs, q_ref, s_ref, t: int, c: int, scales_t: bool, cast, kw) -> None:
+    """The 1x128 tiles of the 128 x 128 square (t, c) of a block, float32 ``xs``: codes
+    into ``q_ref``, scales into ``s_ref`` as (C/128, R) (``scales_t``) or (R, C/128)."""
+    rows = slice(t * GROUP, (t + 1) * GROUP)
+    cols = slice(c * GROUP, (c + 1) * GROUP)
+    # The amax of each row; for the transposed scales the same maxima taken
+    # over the transposed square (max is exact in any order, so both forms
+    # hold the same bits).
+    row_scale = _scale(scaling._bits_amax(xs, 1, True), **kw)
+    q_ref[rows, cols] = _codes(xs, row_scale, kw["fmt"], cast)
+    if scales_t:
+        amax_t = scaling._bits_amax(jnp.transpose(xs), 0, True)
+        s_ref[c : c + 1, rows] = _scale(amax_t, **kw)
+    else:
+        s_ref[rows, c : c + 1] = row_scale
+
+
+def rows_t_block(x_ref, q_ref, st_ref, *, groups: int, col_groups: int, **kw) -> None:
+    """The 1x128 tiles of a block of ``groups`` x ``col_groups`` 128 x 128 squares:
+    codes into ``q_ref``, their scales transposed into ``st_ref`` (C/128, R), the form
+    the GEMM kernel reads (the body of the Fprop kernel that quantizes its x,
+    ``fp8jax.kernels.tpu_block_gemm``); ``quantize_2d(orient="row")``'s bits."""
+    for t in range(groups):
+        for c in range(col_groups):
+            xs = x_ref[t * GROUP : (t + 1) * GROUP, c * GROUP : (c + 1) * GROUP]
+            _row_tiles(xs.astype(jnp.float32), q_ref, st_ref, t, c, True, None, kw)
+
+
 def rows_cols_kernel(
     x_ref,
     qr_ref,
@@ -151,16 +179,7 @@ def rows_cols_kernel(
         for c in range(col_groups):
             cols = slice(c * GROUP, (c + 1) * GROUP)
             xs = x_ref[rows, cols].astype(jnp.float32)
-            # 1x128 tiles: the amax of each row; for the transposed scales the
-            # same maxima taken over the transposed square (max is exact in any
-            # order, so both forms hold the same bits).
-            row_scale = _scale(scaling._bits_amax(xs, 1, True), **kw)
-            qr_ref[rows, cols] = _codes(xs, row_scale, kw["fmt"], cast)
-            if row_scales_t:
-                amax_t = scaling._bits_amax(jnp.transpose(xs), 0, True)
-                srt_ref[c : c + 1, rows] = _scale(amax_t, **kw)
-            else:
-                srt_ref[rows, c : c + 1] = row_scale
+            _row_tiles(xs, qr_ref, srt_ref, t, c, row_scales_t, cast, kw)
             # 128x1 tiles: the square's columns are whole tiles.
             if cols_t:
                 # The same tiles as rows of the transposed square.
@@ -174,7 +193,7 @@ def rows_cols_kernel(
                 sc_ref[t : t + 1, cols] = col_scale
 
 
-def _requantize_kernel(
+def requantize_block(
     d_ref,
     st_ref,
     flag_ref,
@@ -189,6 +208,12 @@ def _requantize_kernel(
     amax_floor,
     ue8m0,
 ):
+    """FP8 codes ``d_ref`` (128 groups x 128 col_groups) in 1x128 tiles (their scales
+    ``st_ref`` as (tiles, rows), at least ``col_groups`` rows) quantized again in 128x1
+    tiles into ``q_ref`` and ``s_ref`` (groups, columns): the body of
+    :func:`requantize_col`, and of the Wgrad GEMM kernel that requantizes its cache
+    (``fp8jax.kernels.tpu_block_gemm``).  ``flag_ref[0, 0]`` != 0: some scale of the
+    cache is subnormal."""
     # The cached tiles' scales, one column per 128-column tile of the block.
     s_cols = jnp.transpose(st_ref[...])
     subnormal = flag_ref[0:1, 0:1] != 0
@@ -417,7 +442,7 @@ def requantize_col(
         subnormal = subnormal_scales(row_scales)
     flag = jnp.full((8, GROUP), subnormal, jnp.int32)
     kernel = functools.partial(
-        _requantize_kernel,
+        requantize_block,
         groups=bm // GROUP,
         col_groups=bn // GROUP,
         fmt_in=jnp.dtype(codes.dtype),
