@@ -291,7 +291,8 @@ def kernel_tiles(spec: QuantSpec) -> bool:
     """Whether ``spec`` quantizes as the quantizing kernels do: online (plain) scales of
     128-long tiles, E4M3 or E5M2 (:func:`kernel_settings` names the rest)."""
     return (
-        spec.fmt is not None
+        spec.quantized
+        and schemes.scheme_of(spec.fmt) == "fp8"
         and as_format(spec.fmt) in (E4M3, E5M2)
         and spec.granularity == "tile"
         and spec.tile == 128

@@ -333,3 +333,25 @@ def test_zero_size_delayed_gemm_keeps_the_state(jit, shapes):
     assert gx.shape == x.shape and gw.shape == w.shape
     for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(st)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v3_1", "mxfp8", "nvfp4", "rowwise"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_forward_is_the_quantized_operands_gemm_for_every_scheme(name, jit):
+    # The Fprop takes x's operand and runs the GEMM core on it (on a TPU one
+    # kernel may do both, the same bits): here, exactly take_operand then gemm,
+    # for the FP8 tiles and the block formats alike.
+    from fp8jax.gemm import gemm
+    from fp8jax.operands import take_operand
+
+    recipe = fp8jax.registry.get(name)
+    x, w, _ = _inputs(b=1, m=64, k=256, n=128, seed=4)
+
+    def both(x, w):
+        y = dot_general(x, w, DN, recipe=recipe)
+        qx, _ = take_operand(x, recipe.fprop.lhs, 2, recipe)
+        qw, _ = take_operand(w, recipe.fprop.rhs, 1, recipe)
+        return y, gemm(qx, qw, "fprop", recipe, out_dtype=y.dtype)
+
+    y, want = (jax.jit(both) if jit else both)(jnp.asarray(x), jnp.asarray(w))
+    np.testing.assert_array_equal(np.asarray(y).view(np.uint32), np.asarray(want).view(np.uint32))
