@@ -67,6 +67,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from fp8jax import platforms
+from fp8jax.kernels import tpu_quantize
 from fp8jax.kernels.block_gemm import (
     CHUNK,
     _pad_to,
@@ -76,6 +77,7 @@ from fp8jax.kernels.block_gemm import (
     expand_b_scale,
     round_up,
 )
+from fp8jax.kernels.tpu_params import VMEM_LIMIT, compiler_params
 
 #: The dense kernels' output block (rows x columns).  Each operand is
 #: re-read from HBM once per block on the other side (A N/bn times, B M/bm
@@ -97,18 +99,6 @@ RUNS_PER_STEP = 8
 #: Output rows per FP8 dot inside a K step: one run's float32 partial is
 #: ROWS_PER_DOT x bn (4 MiB at 512 x 2048), not the whole block's.
 ROWS_PER_DOT = 512
-#: The scoped VMEM the dense GEMM and the quantizing kernels ask for.  tpu7x
-#: has 64 MiB of VMEM per core, v5e and v6e 128; the three dense orientations
-#: compile at 4096^3 with the dense blocks for all three chips with bfloat16
-#: and float32 outputs ("tn" needs 57.5 MiB on tpu7x, "nn" more than 48).
-#: The limit also shapes what libtpu keeps in VMEM around a kernel: for
-#: deepseek_v3's fwd+bwd at 4096^3 on tpu7x with 1024 x 1024 blocks and the
-#: limit on the GEMM kernels only, 32 MiB gave 12 prefetch copies and a 632
-#: us estimate, 48 MiB 9 copies and 577 us; the quantizers' requantizing
-#: kernel took 28 us and 99 MiB at the default limit, 10 us and 35 MiB at 48
-#: MiB.  With the quantizers at 60 MiB rather than 48 the fwd+bwd at 4096^3
-#: is 473.4 us and 502.7 MiB rather than 475.1 us and 508.8 MiB.
-VMEM_LIMIT = 60 << 20
 #: The grouped (MoE) GEMM kernels' scoped VMEM: with them at 60 MiB libtpu
 #: gives no time at all for the grouped fwd+bwd (8 x 512 x 7168 x 2048).
 GROUPED_VMEM_LIMIT = 48 << 20
@@ -189,8 +179,6 @@ def _requant_tn_kernel(
     """ "tn" with A the FP8 cache in 1x128 tiles along M: the block's tiles are quantized
     again in 128-token tiles into VMEM (``q_ref`` codes, ``s_ref`` (j, bm) scales: the
     requantizing kernel's body, the same bits), then accumulated as any "tn" block."""
-    from fp8jax.kernels import tpu_quantize
-
     tpu_quantize.requantize_block(
         a_ref,
         st_ref,
@@ -208,8 +196,6 @@ def _quantizing_nn_kernel(x_ref, b_ref, sb_ref, o_ref, q_ref, st_ref, *acc, j, r
     """ "nn" with A the unquantized x: the block's 1x128 tiles are quantized into the
     codes and scales output blocks (``q_ref``, ``st_ref`` (j, bm): the quantizer's body,
     the same bits), then accumulated from them as any "nn" block."""
-    from fp8jax.kernels import tpu_quantize
-
     tpu_quantize.rows_t_block(
         x_ref, q_ref, st_ref, groups=q_ref.shape[0] // _LANE, col_groups=j, **quant
     )
@@ -252,14 +238,6 @@ def cost_estimate(
     return pl.CostEstimate(
         flops=2 * mp * np_ * kp, transcendentals=0, bytes_accessed=a_bytes + b_bytes + out_bytes
     )
-
-
-def compiler_params(
-    semantics: tuple[str, ...], vmem_limit: int = VMEM_LIMIT
-) -> pltpu.CompilerParams:
-    """Mosaic's parameters for a kernel of this package: the grid axes' ``semantics``
-    and ``vmem_limit`` bytes of scoped VMEM."""
-    return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=vmem_limit)
 
 
 def _compiler_params(interpret: bool, n_axes: int = 3, vmem_limit: int = VMEM_LIMIT):

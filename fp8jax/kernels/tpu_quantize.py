@@ -54,7 +54,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from fp8jax import formats, platforms, scaling
 from fp8jax.kernels.block_gemm import _pad_to, cdiv, round_up
-from fp8jax.kernels.tpu_block_gemm import compiler_params
+from fp8jax.kernels.tpu_params import compiler_params
 
 #: The group length (DeepSeek-V3's 128).
 GROUP = 128
