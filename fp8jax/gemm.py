@@ -31,6 +31,7 @@ same thing on every backend instead of the backend's default precision.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from functools import partial
@@ -440,34 +441,34 @@ def fprop_quantizing(
         qx, new = take(x, dstate=dstate)
         return gemm(qx, b, "fprop", recipe, out_dtype=out_dtype), qx, new
 
+    # x's operand as take gives it (shapes and layout only), asked once.
+    abstract_qx = functools.cache(lambda: jax.eval_shape(partial(take, dstate=None), x)[0])
+
     def decide(p: str) -> str:
         if p != "tpu" or is_quantized(x) or out_dtype not in _KERNEL_OUT_DTYPES:
             return "separate"
         if not kernel_tiles(spec) or x.ndim != 3:
             return "separate"
-        # x's operand as take gives it (shapes and layout only).
-        qx, _ = jax.eval_shape(partial(take, dstate=None), x)
         row_kernel = quant.tpu_quantizer_orient(x, spec.fmt, "tile", 2, 128) == "row"
-        mosaic = _decision(recipe, qx, b, "fprop", p) == ("pallas", "mosaic")
+        mosaic = _decision(recipe, abstract_qx(), b, "fprop", p) == ("pallas", "mosaic")
         return "kernel" if row_kernel and mosaic else "separate"
 
     def build(d: str) -> Callable:
         if d == "separate":
             return separate
         return partial(
-            _tpu_fprop_quantizing, spec=spec, recipe=recipe, take=take, out_dtype=out_dtype
+            _tpu_fprop_quantizing, spec=spec, recipe=recipe, qx=abstract_qx(), out_dtype=out_dtype
         )
 
     return platforms.choose(decide, build, (x, b, dstate))
 
 
 def _tpu_fprop_quantizing(
-    x, b: QTensor, dstate, *, spec: QuantSpec, recipe: Recipe, take, out_dtype
+    x, b: QTensor, dstate, *, spec: QuantSpec, recipe: Recipe, qx: QTensor, out_dtype
 ):
     """The Mosaic TPU Fprop kernel that quantizes x (B, M, K) itself, w (B, K, N) blocks
-    (an online spec: no delayed state to update)."""
+    (an online spec: no delayed state to update); ``qx``: x's operand, abstract."""
     del dstate
-    qx, _ = jax.eval_shape(partial(take, dstate=None), x)
     path_record.note("fprop", {"tpu": describe_path("pallas", recipe, qx, b, "mosaic")})
     fn = partial(
         tpu_block_gemm.block_scaled_matmul_quantizing,
@@ -476,14 +477,11 @@ def _tpu_fprop_quantizing(
         interpret=False,
     )
 
-    def run(x, b_data, b_scale):
-        if x.shape[0] == 1:
-            return tuple(t[None] for t in fn(x[0], b_data[0], b_scale[0]))
-        return jax.vmap(fn)(x, b_data, b_scale)
-
     y = jax.ShapeDtypeStruct(_out_shape(x, b, "fprop"), out_dtype)
     shapes = (y, jax.ShapeDtypeStruct(qx.data.shape, qx.data.dtype), qx.scale)
-    y, codes, scales = _on_kernel_platform("mosaic", run, x, b.data, b.scale, out_shape=shapes)
+    y, codes, scales = _on_kernel_platform(
+        "mosaic", _per_matrix(fn), x, b.data, b.scale, out_shape=shapes
+    )
     return y, dataclasses.replace(qx, data=codes, scale=scales), None
 
 
@@ -719,13 +717,20 @@ def _tpu_pallas(a: QTensor, b: QTensor, kind: str, out_dtype, out) -> jax.Array:
     # w (B, K, N) contracted over N (w is the kernels' "nt" operand as stored);
     # wgrad: x (B, M, K) and dy (B, M, N), both in 128x1 tiles along the tokens M.
     fn = partial(_MOSAIC_KERNELS[kind], out_dtype=out_dtype, interpret=False)
-
-    def run(a_data, a_scale, b_data, b_scale):
-        if a_data.shape[0] == 1:
-            return fn(a_data[0], a_scale[0], b_data[0], b_scale[0])[None]
-        return jax.vmap(fn)(a_data, a_scale, b_data, b_scale)
-
+    run = _per_matrix(fn)
     return _on_kernel_platform("mosaic", run, a.data, a.scale, b.data, b.scale, out_shape=out)
+
+
+def _per_matrix(fn: Callable) -> Callable:
+    """A 2-D kernel entry point over arguments whose leading axis stacks matrices:
+    one call where there is one matrix (no batching around the kernel), else vmap."""
+
+    def run(*args):
+        if args[0].shape[0] == 1:
+            return jax.tree.map(lambda t: t[None], fn(*(a[0] for a in args)))
+        return jax.vmap(fn)(*args)
+
+    return run
 
 
 def _tpu_wgrad_from_cache(src: Requantizable, b: QTensor, out_dtype, out) -> jax.Array:
@@ -739,14 +744,8 @@ def _tpu_wgrad_from_cache(src: Requantizable, b: QTensor, out_dtype, out) -> jax
         out_dtype=out_dtype,
         interpret=False,
     )
-
-    def run(c_data, c_scale, c_flag, b_data, b_scale):
-        if c_data.shape[0] == 1:
-            return fn(c_data[0], c_scale[0], c_flag[0], b_data[0], b_scale[0])[None]
-        return jax.vmap(fn)(c_data, c_scale, c_flag, b_data, b_scale)
-
     args = (src.cached.data, src.cached.scale, flag, b.data, b.scale)
-    return _on_kernel_platform("mosaic", run, *args, out_shape=out)
+    return _on_kernel_platform("mosaic", _per_matrix(fn), *args, out_shape=out)
 
 
 def _on_kernel_platform(how: str, fn: Callable, *args, out_shape=None) -> Any:
