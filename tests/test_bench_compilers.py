@@ -216,6 +216,40 @@ def test_cpu_compile_ratio_reports_its_phases():
     assert out["ratio"] == pytest.approx(out["deepseek_v3"] / out["bf16"])
 
 
+def test_summarize_rounds_gives_medians_and_the_ratio_range():
+    rounds = [
+        {"bf16": 4.0, "deepseek_v3": 10.0, "deepseek_v3 fusions": 900, "ratio": 2.5},
+        {"bf16": 5.0, "deepseek_v3": 10.5, "deepseek_v3 fusions": 900, "ratio": 2.1},
+        {"bf16": 4.5, "deepseek_v3": 9.0, "deepseek_v3 fusions": 900, "ratio": 2.0},
+    ]
+    out = predicted.summarize_rounds(rounds)
+    # The median of the rounds' ratios, not the ratio of the medians (2.22).
+    assert out["ratio"] == 2.1
+    assert (out["ratio min"], out["ratio max"]) == (2.0, 2.5)
+    assert (out["bf16"], out["deepseek_v3"], out["deepseek_v3 fusions"]) == (4.5, 10.0, 900)
+    assert out["rounds"] == rounds
+    with pytest.raises(ValueError, match="no rounds"):
+        predicted.summarize_rounds([])
+
+
+def test_cpu_compile_rounds_refuses_what_it_cannot_measure():
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        predicted.cpu_compile_rounds("tiny", 2, "deepseek_v3", 0)
+    # A round that fails says which, in one line, with the child's own error.
+    with pytest.raises(RuntimeError, match=r"round 1 of 1 failed: .*no_such_preset"):
+        predicted.cpu_compile_rounds("no_such_preset", 2, "deepseek_v3", 1, log=lambda s: None)
+
+
+@pytest.mark.slow
+def test_cpu_compile_rounds_measures_each_round_in_a_fresh_process():
+    out = predicted.cpu_compile_rounds("tiny", 2, "deepseek_v3", 2, log=lambda s: None)
+    assert len(out["rounds"]) == 2
+    for r in out["rounds"]:
+        assert r["ratio"] == pytest.approx(r["deepseek_v3"] / r["bf16"])
+    assert out["ratio min"] <= out["ratio"] <= out["ratio max"]
+    assert out["deepseek_v3 fusions"] > out["bf16 fusions"] > 0
+
+
 def test_fp8_operand_gemms_are_the_three_gemms_of_the_fwd_bwd():
     # On this CPU, against float64 products of the same E4M3 values: y = x w,
     # dx = dy w^T, dw = x^T dy, each rounded once to bfloat16.

@@ -17,8 +17,8 @@ non-GEMM kernels' predicted time over the bf16 GEMMs' at BF16 peak, e.g.
 Each dense shape also has a row "e4m3 operands" (fp8_reference): the same
 three GEMMs as the compiler's own dots on operands already in E4M3, nothing
 quantized, the floor of any FP8 recipe's GEMMs in that target's estimate.
-Then the CPU compile time of the tiny train step, deepseek_v3 / bf16 (goal <= 2),
-and a line saying these are predictions, not measurements.  A target this
+Then the CPU compile time of the tiny train step, deepseek_v3 / bf16 (goal <= 2):
+the median ratio of cpu_compile_rounds fresh-process rounds and their range; and a line saying these are predictions, not measurements.  A target this
 machine cannot compile for prints "skipped: ..." with what it needs.
 --out_dir=DIR writes DIR/results.json.  Logic: fp8jax.bench.predicted, fp8jax.bench.compilers.
 """
@@ -43,4 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.batch = 8  # sequences in the train step
     c.cpu_compile_recipe = "deepseek_v3"  # CPU compile ratio vs bf16 ("" to skip)
     c.cpu_compile_preset = "tiny"  # the model whose train step is compiled on this CPU
+    # Rounds of that measurement, each a fresh process (bf16 then the recipe):
+    # the printed ratio is their median, with their range.
+    c.cpu_compile_rounds = 3
     return c

@@ -122,6 +122,7 @@ FIELDS: dict[str, dict[str, Check]] = {
         "batch": _POSITIVE,
         "cpu_compile_recipe": _optional_recipe,
         "cpu_compile_preset": _step_preset,
+        "cpu_compile_rounds": integer(1, 20),
         "fp8_reference": boolean,
     },
     "core": {

@@ -28,6 +28,11 @@ These are compiler predictions, not measurements.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -279,4 +284,57 @@ def cpu_compile_ratio(preset: str, batch: int, recipe: str) -> dict[str, float]:
         out[f"{name} compile"] = end - t_lower
         out[f"{name} fusions"] = compiled.as_text().count(" fusion(")
     out["ratio"] = out[recipe] / out["bf16"]
+    return out
+
+
+# A round's child process: one cpu_compile_ratio, its dict the last line printed.
+_ROUND = """
+import json, sys
+import jax
+jax.config.update("jax_enable_compilation_cache", False)
+from fp8jax.bench import predicted
+print(json.dumps(predicted.cpu_compile_ratio(sys.argv[1], int(sys.argv[2]), sys.argv[3])))
+"""
+
+
+def cpu_compile_rounds(
+    preset: str, batch: int, recipe: str, rounds: int, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """:func:`cpu_compile_ratio` in ``rounds`` fresh processes, one after another.
+
+    Each round is a new Python process on the CPU backend with jax's
+    persistent compilation cache off, so no round reuses another's traces,
+    lowerings or executables, and each pays the first-trace costs a user's
+    first run pays.  Within a round bf16 and ``recipe`` are compiled back to
+    back, so a change in the machine's load between rounds moves both;
+    the rounds' spread is the measurement's.  Returns :func:`summarize_rounds`.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    done = []
+    for i in range(rounds):
+        run = subprocess.run(
+            [sys.executable, "-c", _ROUND, preset, str(batch), recipe],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if run.returncode != 0:
+            tail = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise RuntimeError(f"CPU compile round {i + 1} of {rounds} failed: {tail}")
+        done.append(json.loads(run.stdout.strip().splitlines()[-1]))
+        log(f"  CPU compile round {i + 1}/{rounds}: ratio {done[-1]['ratio']:.2f}")
+    return summarize_rounds(done)
+
+
+def summarize_rounds(rounds: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """Per field the median over the rounds, ``"ratio min"`` / ``"ratio max"`` their
+    extremes, and ``"rounds"`` the rounds themselves (each a :func:`cpu_compile_ratio`)."""
+    if not rounds:
+        raise ValueError("no rounds to summarize")
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    ratios = [r["ratio"] for r in rounds]
+    out["ratio min"], out["ratio max"] = min(ratios), max(ratios)
+    out["rounds"] = list(rounds)
     return out
