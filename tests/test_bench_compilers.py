@@ -232,12 +232,17 @@ def test_summarize_rounds_gives_medians_and_the_ratio_range():
         predicted.summarize_rounds([])
 
 
-def test_cpu_compile_rounds_refuses_what_it_cannot_measure():
+def test_cpu_compile_rounds_refuses_what_it_cannot_measure(monkeypatch):
     with pytest.raises(ValueError, match="rounds must be >= 1"):
         predicted.cpu_compile_rounds("tiny", 2, "deepseek_v3", 0)
+    quiet = {"log": lambda s: None}
     # A round that fails says which, in one line, with the child's own error.
     with pytest.raises(RuntimeError, match=r"round 1 of 1 failed: .*no_such_preset"):
-        predicted.cpu_compile_rounds("no_such_preset", 2, "deepseek_v3", 1, log=lambda s: None)
+        predicted.cpu_compile_rounds("no_such_preset", 2, "deepseek_v3", 1, **quiet)
+    # A round whose process prints no result: which round, and what it printed.
+    monkeypatch.setattr(predicted, "_ROUND", "print('compiled, I think')")
+    with pytest.raises(RuntimeError, match=r"round 1 of 2 printed no result: 'compiled, I think'"):
+        predicted.cpu_compile_rounds("tiny", 2, "deepseek_v3", 2, **quiet)
 
 
 @pytest.mark.slow

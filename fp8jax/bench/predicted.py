@@ -323,7 +323,13 @@ def cpu_compile_rounds(
         if run.returncode != 0:
             tail = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise RuntimeError(f"CPU compile round {i + 1} of {rounds} failed: {tail}")
-        done.append(json.loads(run.stdout.strip().splitlines()[-1]))
+        last = (run.stdout.strip().splitlines() or [""])[-1]
+        try:
+            done.append(json.loads(last))
+        except json.JSONDecodeError:
+            raise RuntimeError(
+                f"CPU compile round {i + 1} of {rounds} printed no result: {last[:200]!r}"
+            ) from None
         log(f"  CPU compile round {i + 1}/{rounds}: ratio {done[-1]['ratio']:.2f}")
     return summarize_rounds(done)
 
