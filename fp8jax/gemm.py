@@ -31,10 +31,9 @@ same thing on every backend instead of the backend's default precision.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import jax
@@ -442,7 +441,7 @@ def fprop_quantizing(
         return gemm(qx, b, "fprop", recipe, out_dtype=out_dtype), qx, new
 
     # x's operand as take gives it (shapes and layout only), asked once.
-    abstract_qx = functools.cache(lambda: jax.eval_shape(partial(take, dstate=None), x)[0])
+    abstract_qx = cache(lambda: jax.eval_shape(partial(take, dstate=None), x)[0])
 
     def decide(p: str) -> str:
         if p != "tpu" or is_quantized(x) or out_dtype not in _KERNEL_OUT_DTYPES:
