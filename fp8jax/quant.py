@@ -230,14 +230,16 @@ def _bits(x: jnp.ndarray) -> jnp.ndarray:
     return lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32) & 0x7FFFFFFF
 
 
-def _divide(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
-    """x / scale in float32 (broadcasting), correctly rounded, for quantization.
+def divide_by_scale(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
+    """x / scale in float32 (broadcasting), correctly rounded: the quotient the quantizer casts.
 
-    Where a scale is below 2^-96 the division would lose subnormal elements
-    to flush-to-zero: those groups are divided as (x * 2^64) / (scale * 2^64),
-    both factors formed exactly on the bit patterns, which gives the same
-    quotient.  +-Inf elements stay +-Inf (the exact division trick alone
-    would turn them into NaN), so the cast maps them to the format's code.
+    Scales are positive.  On CPUs and TPUs, whose float32 arithmetic flushes
+    subnormals to zero, a group whose scale is below 2^-96 (a subnormal scale
+    among them) is divided as (x * 2^64) / (scale * 2^64), both factors
+    formed exactly on the bit patterns, which gives the same quotient.  +-Inf
+    elements stay +-Inf (the exact division trick alone would turn them into
+    NaN), so the cast maps them to the format's code.  Telemetry asks this
+    same quotient whether an element was clipped.
     """
     return platforms.choose(
         lambda p: "ieee" if p == "cuda" else "offset",
@@ -248,7 +250,7 @@ def _divide(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
 
 @traced_inline
 def _divide_ieee(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
-    """:func:`_divide` where float32 arithmetic keeps subnormals (CUDA GPUs, XLA's default):
+    """:func:`divide_by_scale` where float32 arithmetic keeps subnormals (CUDA GPUs, XLA's default):
     the IEEE division is exact for them, no offset needed, and +-Inf / scale is +-Inf."""
     # The plain division: XLA's GPU compiler keeps x / broadcast(scale) a
     # division (the reciprocal rewrite that exact_div defeats is the CPU
@@ -330,7 +332,7 @@ def quantize_with_scale(
     data = layout.map_groups(
         xf,
         scale,
-        lambda xg, sg: saturating_cast(_divide(xg, sg), fmt),
+        lambda xg, sg: saturating_cast(divide_by_scale(xg, sg), fmt),
     )
     return QTensor(data, scale if codes is None else codes, layout)
 

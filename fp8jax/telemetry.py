@@ -28,7 +28,7 @@ from jax import lax
 
 from fp8jax.formats import fmt_max
 from fp8jax.inline_ops import traced_inline
-from fp8jax.quant import QTensor, is_quantized
+from fp8jax.quant import QTensor, divide_by_scale, is_quantized
 from fp8jax.scaling import (
     amax_input,
     exact_div,
@@ -50,7 +50,9 @@ def clip_threshold(fmt) -> float:
 def _clipped(xf: jax.Array, q: QTensor) -> jax.Array:
     """Per element of float32 ``xf``: whether the saturating cast of ``q`` clips it."""
     s = jnp.broadcast_to(element_scale(q), xf.shape)
-    y = exact_div(jnp.where(jnp.isfinite(xf), xf, 0.0), s)
+    # The quantizer's own division: a plain one would flush a subnormal scale
+    # to zero on CPU, and every element of its group would read as clipped.
+    y = divide_by_scale(jnp.where(jnp.isfinite(xf), xf, 0.0), s)
     # Positive scales only, read on the bit patterns (a subnormal one counts).
     has_scale = lax.bitcast_convert_type(s, jnp.int32) > 0
     return (jnp.abs(y) > clip_threshold(q.data.dtype)) & has_scale

@@ -48,6 +48,35 @@ def test_operand_stats_is_the_three_definitions_in_one_pass(jit, dtype):
     assert 0 < float(stats["saturated"]) < 1
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_saturated_counts_by_the_quantizers_quotient_under_subnormal_scales(jit):
+    # Tiles of tiny values have float32-subnormal scales; a CPU flushes them
+    # to zero in a plain division.  Row 0: online scales, nothing clipped.
+    # Rows 1-2: one given subnormal scale, values on both sides of the clip
+    # threshold (|x / s| rounded to float32 above max + ulp(max) / 2).
+    rng = np.random.default_rng(5)
+    s = np.float32(3e-40)  # subnormal
+    x = np.zeros((3, 128), np.float32)
+    x[0] = rng.uniform(-1, 1, 128).astype(np.float32) * np.float32(1e-37)
+    x[1:] = (rng.uniform(300, 600, (2, 128)) * np.float64(s)).astype(np.float32)
+    online = quant.quantize(jnp.asarray(x[:1]), fp8jax.E4M3, "tile", -1, 128)
+    given = quant.quantize_with_scale(jnp.asarray(x[1:]), jnp.full((2, 1), s), fp8jax.E4M3)
+    stats = jax.jit(telemetry.operand_stats) if jit else telemetry.operand_stats
+    assert np.asarray(online.scale).view(np.int32).max() < 0x00800000  # subnormal
+    assert float(stats(jnp.asarray(x[:1]), online)["saturated"]) == 0.0
+    # float64 reference: clipped iff |x| / s > max + ulp(max) / 2 + ulp32 / 2,
+    # the midpoint above the threshold (464 is even, a tie rounds down to it);
+    # both products below are exact in float64.
+    edge = telemetry.clip_threshold(fp8jax.E4M3) + 2.0 ** (8 - 23) / 2
+    n_sat = np.sum(np.abs(x[1:].astype(np.float64)) > edge * np.float64(s))
+    assert 0 < n_sat < x[1:].size
+    got = stats(jnp.asarray(x[1:]), given)["saturated"]
+    assert float(got) == np.float32(n_sat) / np.float32(x[1:].size)
+    # The quantizer agrees: exactly those elements became +-max.
+    codes = np.abs(np.asarray(given.data).astype(np.float64))
+    assert np.sum(codes == 448) >= n_sat
+
+
 def test_operand_stats_of_plain_and_empty_operands():
     x = jnp.asarray(np.float32([[1.0, -5.0, np.inf]]))
     plain = telemetry.operand_stats(x, x)
