@@ -231,15 +231,19 @@ def _bits(x: jnp.ndarray) -> jnp.ndarray:
 
 
 def divide_by_scale(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
-    """x / scale in float32 (broadcasting), correctly rounded: the quotient the quantizer casts.
+    """x / scale in float32 (broadcasting): the quotient the quantizer casts.
 
-    Scales are positive.  On CPUs and TPUs, whose float32 arithmetic flushes
-    subnormals to zero, a group whose scale is below 2^-96 (a subnormal scale
-    among them) is divided as (x * 2^64) / (scale * 2^64), both factors
-    formed exactly on the bit patterns, which gives the same quotient.  +-Inf
-    elements stay +-Inf (the exact division trick alone would turn them into
-    NaN), so the cast maps them to the format's code.  Telemetry asks this
-    same quotient whether an element was clipped.
+    Scales are positive.  Correctly rounded wherever |x / scale| >= 2^-30
+    (and +-Inf where x is); a smaller quotient, code 0 in every FP8 format,
+    may come out as zero.  On CPUs and TPUs, whose float32 arithmetic
+    flushes subnormals to zero, a group whose scale is below 2^-96 (a
+    subnormal scale among them) is divided as (x * 2^64) / (scale * 2^64),
+    both factors formed exactly on the bit patterns, which gives the same
+    quotient; above that scale only an x below 2^-126 is flushed, whose
+    quotient is below 2^-30.  +-Inf elements stay +-Inf (the exact division
+    trick alone would turn them into NaN), so the cast maps them to the
+    format's code.  Telemetry asks this same quotient whether an element
+    was clipped.
     """
     return platforms.choose(
         lambda p: "ieee" if p == "cuda" else "offset",

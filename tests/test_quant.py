@@ -492,6 +492,30 @@ def test_shift_offset_is_ldexp_exact_by_64(jit):
     np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_divide_by_scale_is_the_correctly_rounded_quotient(jit):
+    # Groups of 64 elements (normals of every size, subnormals, +-Inf), each
+    # with one scale: normal, just above and below the 2^-96 offset limit,
+    # subnormal.  float64 division rounded to float32 is the exact quotient
+    # rounded once (53 >= 2 * 24 + 2 bits: the double rounding is innocuous).
+    rng = np.random.default_rng(3)
+    tiny = float(np.finfo(np.float32).smallest_subnormal)
+    scales = np.float32([0.75, 2.0**-96 * 1.5, 2.0**-97, 3e-39, 1000 * tiny, 7 * tiny, tiny])
+    x = rng.standard_normal((scales.size, 64)) * np.exp2(rng.integers(-150, 60, (scales.size, 64)))
+    x[:, :4] = np.array([np.inf, -np.inf, 5 * tiny, -tiny])
+    x = x.astype(np.float32)
+    got = _jit(quant.divide_by_scale, jit)(jnp.asarray(x), jnp.asarray(scales[:, None]))
+    with np.errstate(over="ignore"):  # quotients past float32's range are +-Inf
+        want = (x.astype(np.float64) / scales[:, None].astype(np.float64)).astype(np.float32)
+    got = np.asarray(got)
+    kept = ~(np.abs(want) < 2.0**-30)
+    assert kept.sum() > x.size // 2 and (~kept).sum() > 10
+    np.testing.assert_array_equal(got[kept].view(np.uint32), want[kept].view(np.uint32))
+    # A smaller quotient (code 0 in every FP8 format) is exact or zero.
+    small = got[~kept]
+    assert np.all((small == want[~kept]) | (small == 0))
+
+
 def test_float_amax_is_the_bits_amax_on_normal_and_nonfinite_values():
     # CUDA's float reduction against the bit patterns' (both run here; CPU
     # flushes subnormals in float arithmetic, so normal values, zeros, NaN, Inf).
