@@ -128,7 +128,8 @@ OFFSET = 64
 
 @traced_inline
 def divide_offset(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
-    """x / scale (broadcasting) in float32, correctly rounded under flush-to-zero too.
+    """x / scale (broadcasting) in float32, correctly rounded under flush-to-zero too
+    wherever |x / scale| >= 2^-30 (a smaller quotient may come out as zero).
 
     Where a scale is below 2^-96 the group is divided as (x * 2^64) /
     (scale * 2^64), both factors formed exactly (:func:`shift_offset`): the
