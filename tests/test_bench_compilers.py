@@ -93,6 +93,66 @@ def test_census_reads_kernels_loops_branches_and_estimates():
     assert c.gemm_flops == pytest.approx(4 * 2 * 256 * 64 * 256 + 2 * 256**3)
 
 
+# Three fusions calling two copies of one kernel (names and metadata apart)
+# and a third, different kernel; two of them made by the quantizer.
+KERNELS_HLO = """\
+HloModule k
+
+%fused_a (p0: bf16[64,128]) -> f32[64,1] {
+  %p0 = bf16[64,128]{1,0} parameter(0)
+  %c = f32[64,128]{1,0} convert(%p0), metadata={op_name="jit(f)/a"}
+  ROOT %r = f32[64,1]{1,0} reshape(%c)
+}
+
+%fused_a.1 (param_0.3: bf16[64,128]) -> f32[64,1] {
+  %param_0.3 = bf16[64,128]{1,0} parameter(0)
+  %convert.7 = f32[64,128]{1,0} convert(%param_0.3), metadata={op_name="jit(f)/b"}
+  ROOT %reshape.2 = f32[64,1]{1,0} reshape(%convert.7)
+}
+
+%fused_b (p0: bf16[64,128]) -> bf16[64,128] {
+  %p0 = bf16[64,128]{1,0} parameter(0)
+  ROOT %n = bf16[64,128]{1,0} negate(%p0)
+}
+
+ENTRY %main (x: bf16[64,128], y: bf16[64,128]) -> (f32[64,1], f32[64,1], bf16[64,128]) {
+  %x = bf16[64,128]{1,0} parameter(0)
+  %y = bf16[64,128]{1,0} parameter(1)
+  %f1 = f32[64,1]{1,0} fusion(%x), kind=kLoop, calls=%fused_a, metadata={op_name="jit(f)/jit(_quantize_online)/max"}
+  %f2 = f32[64,1]{1,0} fusion(%y), kind=kLoop, calls=%fused_a.1, metadata={op_name="jit(f)/jit(_quantize_online)/max"}
+  %f3 = bf16[64,128]{1,0} fusion(%x), kind=kLoop, calls=%fused_b, metadata={op_name="jit(f)/neg"}
+  ROOT %t = (f32[64,1], f32[64,1], bf16[64,128]) tuple(%f1, %f2, %f3)
+}
+"""
+
+
+def test_kernel_census_counts_copies_of_a_kernel_once():
+    assert compilers.kernel_census(KERNELS_HLO) == {
+        "fusions": 3,
+        "distinct kernels": 2,
+        "distinct instructions": 3 + 2,
+        "quantizer kernels": 1,
+        "quantizer instructions": 3,
+    }
+
+
+def test_kernel_census_of_a_cpu_compile_finds_the_quantizers_kernels():
+    # Two quantizations of operands of one shape and an unrelated op: XLA's
+    # CPU program holds the quantizer's kernels twice, built once.
+    def f(x, y, z):
+        qx = fp8jax.quantize(x, fp8jax.E4M3, "tile", axis=-1)
+        qy = fp8jax.quantize(y, fp8jax.E4M3, "tile", axis=-1)
+        return qx.data, qx.scale, qy.data, qy.scale, (z * 3 + 1).astype(jnp.bfloat16)
+
+    x = jnp.ones((64, 256), jnp.bfloat16)
+    text = jax.jit(f).lower(x, x, jnp.ones((8,), jnp.float32)).compile().as_text()
+    kc = compilers.kernel_census(text)
+    assert kc["fusions"] == text.count(" fusion(")
+    assert kc["distinct kernels"] < kc["fusions"]
+    assert 0 < kc["quantizer kernels"] < kc["distinct kernels"]
+    assert 0 < kc["quantizer instructions"] < kc["distinct instructions"]
+
+
 def test_unknown_target_is_one_line():
     with pytest.raises(ValueError, match="unknown compile target 'h900'; known"):
         compilers.target("h900")
@@ -214,6 +274,11 @@ def test_cpu_compile_ratio_reports_its_phases():
         assert phases == pytest.approx(out[name])
     assert out["deepseek_v3 fusions"] > out["bf16 fusions"] > 0
     assert out["ratio"] == pytest.approx(out["deepseek_v3"] / out["bf16"])
+    # What XLA built: distinct kernels, the FP8 step's quantizers among them.
+    for name in ("bf16", "deepseek_v3"):
+        assert 0 < out[f"{name} distinct kernels"] <= out[f"{name} fusions"]
+    assert out["bf16 quantizer kernels"] == 0
+    assert 0 < out["deepseek_v3 quantizer kernels"] < out["deepseek_v3 distinct kernels"]
 
 
 def test_summarize_rounds_gives_medians_and_the_ratio_range():

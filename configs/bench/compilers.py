@@ -18,7 +18,9 @@ Each dense shape also has a row "e4m3 operands" (fp8_reference): the same
 three GEMMs as the compiler's own dots on operands already in E4M3, nothing
 quantized, the floor of any FP8 recipe's GEMMs in that target's estimate.
 Then the CPU compile time of the tiny train step, deepseek_v3 / bf16 (goal <= 2):
-the median ratio of cpu_compile_rounds fresh-process rounds and their range;
+the median ratio of cpu_compile_rounds fresh-process rounds and their range,
+and per program its phases, fusions and the distinct kernels XLA built for
+them (with their instructions, and how many are the quantizer's);
 and a line saying these are predictions, not measurements.  A target this
 machine cannot compile for prints "skipped: ..." with what it needs.
 --out_dir=DIR writes DIR/results.json.  Logic: fp8jax.bench.predicted, fp8jax.bench.compilers.

@@ -648,6 +648,51 @@ def predict(fn: Callable, args: Sequence[Any], t: Target | str) -> Census:
     return census(compile_for(fn, args, t))
 
 
+# What differs between copies of one kernel: instruction names and metadata.
+_INST_NAME_RE = re.compile(r"%[\w.\-]+")
+_METADATA_RE = re.compile(r",? metadata=\{[^}]*\}")
+
+#: In the op_name of every kernel made from fp8jax's online quantizer
+#: (:func:`fp8jax.quant.quantize` and the operands quantized through it).
+QUANTIZER_JIT = "jit(_quantize_online)"
+
+
+def kernel_census(text: str) -> dict[str, int]:
+    """The fusions of an optimized HLO module, and the distinct kernels they make.
+
+    Copies of one fused computation (the same instructions but for their
+    names and metadata) are one kernel to build: XLA's CPU compiler builds
+    it once however many fusions call it, so what a compile costs follows
+    the distinct kernels and their instructions more than the fusion count.
+    ``"quantizer kernels"`` / ``"quantizer instructions"``: the distinct
+    kernels some fusion made from fp8jax's online quantizer calls
+    (:data:`QUANTIZER_JIT` in its op_name), and their instructions.
+    """
+    comps, _ = _parse(text)
+    kernels: dict[str, tuple[int, bool]] = {}
+    fusions = 0
+    for insts in comps.values():
+        for inst in insts:
+            if inst.opcode != "fusion":
+                continue
+            fusions += 1
+            called = _CALLS_RE.search(inst.line)
+            body = comps.get(called.group(1), []) if called else []
+            key = "\n".join(
+                _INST_NAME_RE.sub("%", _METADATA_RE.sub("", i.line)).strip() for i in body
+            )
+            seen = kernels.get(key, (len(body), False))
+            kernels[key] = (len(body), seen[1] or QUANTIZER_JIT in _op_name(inst.line))
+    quantizer = [n for n, q in kernels.values() if q]
+    return {
+        "fusions": fusions,
+        "distinct kernels": len(kernels),
+        "distinct instructions": sum(n for n, _ in kernels.values()),
+        "quantizer kernels": len(quantizer),
+        "quantizer instructions": sum(quantizer),
+    }
+
+
 def bf16_gemm_us(flops: float, t: Target | str) -> float | None:
     """Microseconds of ``flops`` at the card's dense BF16 peak (None: no peak known)."""
     t = target(t) if isinstance(t, str) else t

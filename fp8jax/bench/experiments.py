@@ -365,7 +365,14 @@ def compilers(c: ml_collections.ConfigDict, out_dir: str | None) -> None:
             phases = ", ".join(
                 f"{p} {compile_times[f'{name} {p}']:.1f} s" for p in ("trace", "lower", "compile")
             )
-            print(f"  {name} (medians): {phases}; {compile_times[f'{name} fusions']:.0f} fusions")
+            kernels = ", ".join(
+                f"{compile_times[f'{name} {k}']:.0f} {k}"
+                for k in ("distinct kernels", "distinct instructions", "quantizer kernels")
+            )
+            print(
+                f"  {name} (medians): {phases}; "
+                f"{compile_times[f'{name} fusions']:.0f} fusions ({kernels})"
+            )
     print(
         "Predictions of the compilers, not measurements: GEMMs priced as a roofline "
         "(no autotuning without a device), other GPU kernels by XLA's cost model, TPU by libtpu."

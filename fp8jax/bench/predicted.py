@@ -261,9 +261,12 @@ def cpu_compile_ratio(preset: str, batch: int, recipe: str) -> dict[str, float]:
     """Seconds to trace, lower and compile the train step on this CPU: ``recipe`` and bf16.
 
     ``out[name]`` is the whole; ``out[f"{name} trace"]``, ``... lower"``,
-    ``... compile"`` its phases and ``out[f"{name} fusions"]`` the kernels
-    XLA made; ``out["ratio"]`` is recipe / bf16.  bf16 goes first, so it
-    pays the process's first-trace costs.
+    ``... compile"`` its phases; ``out[f"{name} fusions"]`` the kernels XLA
+    made and ``... distinct kernels"``, ``... distinct instructions"``,
+    ``... quantizer kernels"``, ``... quantizer instructions"`` what it built
+    for them (:func:`fp8jax.bench.compilers.kernel_census`); ``out["ratio"]``
+    is recipe / bf16.  bf16 goes first, so it pays the process's first-trace
+    costs.
     """
     from fp8jax.bench.moe_step import model_config, train_step_program
 
@@ -282,7 +285,9 @@ def cpu_compile_ratio(preset: str, batch: int, recipe: str) -> dict[str, float]:
         out[f"{name} trace"] = t_trace - start
         out[f"{name} lower"] = t_lower - t_trace
         out[f"{name} compile"] = end - t_lower
-        out[f"{name} fusions"] = compiled.as_text().count(" fusion(")
+        # The fusions, and the distinct kernels XLA builds for them.
+        for k, v in compilers.kernel_census(compiled.as_text()).items():
+            out[f"{name} {k}"] = v
     out["ratio"] = out[recipe] / out["bf16"]
     return out
 
