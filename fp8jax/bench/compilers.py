@@ -661,9 +661,11 @@ def kernel_census(text: str) -> dict[str, int]:
     """The fusions of an optimized HLO module, and the distinct kernels they make.
 
     Copies of one fused computation (the same instructions but for their
-    names and metadata) are one kernel to build: XLA's CPU compiler builds
-    it once however many fusions call it, so what a compile costs follows
-    the distinct kernels and their instructions more than the fusion count.
+    names and metadata) are one kernel: XLA's CPU compiler compiles a
+    program's repeated kernels far faster than new ones (docs/benchmarks.md:
+    16 ms a repeated quantization against 51-62 ms a new one), so what a
+    compile costs follows the distinct kernels and their instructions more
+    than the fusion count.
     ``"quantizer kernels"`` / ``"quantizer instructions"``: the distinct
     kernels some fusion made from fp8jax's online quantizer calls
     (:data:`QUANTIZER_JIT` in its op_name), and their instructions.
