@@ -138,7 +138,7 @@ def test_kernel_census_counts_copies_of_a_kernel_once():
 
 def test_kernel_census_of_a_cpu_compile_finds_the_quantizers_kernels():
     # Two quantizations of operands of one shape and an unrelated op: XLA's
-    # CPU program holds the quantizer's kernels twice, built once.
+    # CPU program holds two copies of the quantizer's kernels.
     def f(x, y, z):
         qx = fp8jax.quantize(x, fp8jax.E4M3, "tile", axis=-1)
         qy = fp8jax.quantize(y, fp8jax.E4M3, "tile", axis=-1)
