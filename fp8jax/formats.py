@@ -289,6 +289,21 @@ _EXP_MASK = 0x7F800000
 _INF_BITS = 0x7F800000
 
 
+def float64_magnitude(x: jnp.ndarray) -> jnp.ndarray:
+    """|x| of float32 ``x`` as float64: exact for every value, subnormals, +-Inf and NaN included.
+
+    A float32 subnormal enters as its integer significand times 2^-149 (a
+    normal float64), so no denormal operand is read and a backend that
+    flushes them (XLA on CPU) cannot zero it.  Float64 arithmetic on such
+    magnitudes and products of them stays in float64's normal range.
+    """
+    with jax.enable_x64(True):
+        mag = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32) & 0x7FFFFFFF
+        tiny = mag.astype(jnp.float64) * np.float64(2.0**-149)
+        wide = lax.bitcast_convert_type(mag, jnp.float32).astype(jnp.float64)
+        return where(mag < 0x00800000, tiny, wide)
+
+
 def float32_parts(x: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """(negative, m, e) with ``|x| = m * 2^e`` exactly, read from x's float32 bits.
 

@@ -54,7 +54,13 @@ import numpy as np
 from jax import lax
 
 from fp8jax import platforms
-from fp8jax.formats import float32_from_parts, float32_parts, fmt_max, ldexp_exact
+from fp8jax.formats import (
+    float32_from_parts,
+    float32_parts,
+    float64_magnitude,
+    fmt_max,
+    ldexp_exact,
+)
 from fp8jax.inline_ops import clip, isfinite, isinf, traced_inline, where
 
 if TYPE_CHECKING:
@@ -348,36 +354,66 @@ def _cap_bits(bits: jnp.ndarray, cap: float) -> jnp.ndarray:
     return jnp.minimum(bits, cap_bits)
 
 
-@traced_inline
 def scale_from_amax(
     amax: jnp.ndarray,
     fmt,
     *,
     pow2: bool = False,
     amax_floor: float = 0.0,
+    arithmetic: str | None = None,
 ) -> jnp.ndarray:
     """float32 scale = max(amax, amax_floor) / fmt_max, with the module docstring's guards.
 
     ``amax`` must be finite and >= 0 (take it from :func:`finite_amax`).
     Normal-range scales are the correctly rounded float32 quotient (DeepSeek's
     act_quant computes amax / 448 in fp32); scales below float32's normal
-    range are the correctly rounded subnormal quotient, computed on the bit
-    patterns.  ``pow2`` rounds the scale up to a power of two.
+    range are the correctly rounded subnormal quotient.  ``pow2`` rounds the
+    scale up to a power of two.
+
+    ``arithmetic`` says how the quotient is formed, with the same bits either
+    way: "bits" (float32 division, and for quotients below float32's normal
+    range an integer division on the bit patterns: any backend, a Pallas
+    kernel's body included) or "float64" (one float64 division rounded once
+    to float32, :func:`_quotient_bits_float64`; for a format max whose odd
+    factor is below 32, every FP8 and FP4 format's).  None: "float64" on a
+    CPU where it applies, a third of the operations for XLA to compile,
+    "bits" elsewhere (TPUs have no float64).
     """
+    if arithmetic is None:
+        cpu = "float64" if _float64_exact(fmt_max(fmt)) else "bits"
+        return platforms.choose(
+            lambda p: cpu if p == "cpu" else "bits",
+            lambda how: partial(
+                scale_from_amax, fmt=fmt, pow2=pow2, amax_floor=amax_floor, arithmetic=how
+            ),
+            (amax,),
+        )
+    if arithmetic not in ("bits", "float64"):
+        raise ValueError(f"arithmetic must be 'bits' or 'float64', got {arithmetic!r}")
+    if arithmetic == "float64" and not _float64_exact(fmt_max(fmt)):
+        raise ValueError(f"arithmetic='float64' needs a format max of odd factor < 32, got {fmt}")
+    return _scale_from_amax(amax, fmt, pow2, amax_floor, arithmetic)
+
+
+@traced_inline
+def _scale_from_amax(amax, fmt, pow2: bool, amax_floor: float, arithmetic: str) -> jnp.ndarray:
     fm = fmt_max(fmt)
     amax = amax.astype(jnp.float32)
     if amax_floor > 0:
         amax = jnp.maximum(amax, jnp.float32(amax_floor))
     abits = lax.bitcast_convert_type(amax, jnp.int32) & 0x7FFFFFFF
-    # Quotients below 2^-126: an integer division (flush-to-zero cannot touch it).
-    sub_limit = int(np.float32(fm * _F32_TINY).view(np.int32))
-    tiny = abits < sub_limit
-    # Correctly rounded amax / max on normal operands; tiny lanes use 1 as a
-    # stand-in so that the float division never sees a subnormal.
-    safe = where(tiny, jnp.float32(1.0), amax)
-    # The format's max as a NumPy constant: a kernel's division can splat it.
-    norm_bits = lax.bitcast_convert_type(exact_div(safe, np.float32(fm)), jnp.int32)
-    bits = where(tiny, _subnormal_scale_bits(amax, fm), norm_bits)
+    if arithmetic == "float64":
+        bits = _quotient_bits_float64(amax, fm)
+    else:
+        # Quotients below 2^-126: an integer division (flush-to-zero cannot touch it).
+        sub_limit = int(np.float32(fm * _F32_TINY).view(np.int32))
+        tiny = abits < sub_limit
+        # Correctly rounded amax / max on normal operands; tiny lanes use 1 as a
+        # stand-in so that the float division never sees a subnormal.
+        safe = where(tiny, jnp.float32(1.0), amax)
+        # The format's max as a NumPy constant: a kernel's division can splat it.
+        norm_bits = lax.bitcast_convert_type(exact_div(safe, np.float32(fm)), jnp.int32)
+        bits = where(tiny, _subnormal_scale_bits(amax, fm), norm_bits)
     scale = lax.bitcast_convert_type(bits, jnp.float32)
     if pow2:
         scale = pow2_ceil(scale)
@@ -385,6 +421,39 @@ def scale_from_amax(
     # amax == 0: any scale reproduces the zeros; 1 keeps the data exact.
     bits = where(abits == 0, _ONE_BITS, bits)
     return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _float64_exact(fm: float) -> bool:
+    """Whether :func:`_quotient_bits_float64` is exact for format max ``fm``: an
+    integer whose odd factor is below 32 (448 = 7 * 2^6, 57344 = 7 * 2^13, 240, 6)."""
+    return float(fm).is_integer() and fm > 0 and _odd_and_pow2(fm)[0] < 32
+
+
+def _quotient_bits_float64(amax: jnp.ndarray, fm: float) -> jnp.ndarray:
+    """Bits of RN(amax / fm) in float32, subnormal quotients included (amax finite,
+    >= 0; at least one: a quotient that rounds to 0 gets the smallest subnormal),
+    by float64 arithmetic.
+
+    Exact, whatever the backend flushes: amax enters float64 exactly
+    (:func:`fp8jax.formats.float64_magnitude`), the quotient is a normal float64 (above
+    2^-159), and it is rounded once more, to float32 or, below 2^-126, to a
+    multiple of 2^-149 as an integer (no denormal result is ever formed).
+    Two roundings give the correctly rounded quotient: the float64 rounding
+    point sits at least 29 bits below the float32 one, so it lands on a
+    float32 midpoint that is not the quotient itself only if the 28 bits
+    between them are equal.  With fm = odd * 2^p and odd < 32
+    (:func:`_float64_exact`), amax / fm is exact or a purely periodic binary
+    fraction of period ord_odd(2) <= 28, which holds no such run.  The tests
+    compare it with the integer version on every boundary.
+    """
+    with jax.enable_x64(True):
+        q = exact_div(float64_magnitude(amax), np.float64(fm))
+        # Below float32's normal range: the quotient in units of 2^-149,
+        # rounded half to even (a float64 operation on normal values).
+        steps = lax.round(q * np.float64(2.0**149), lax.RoundingMethod.TO_NEAREST_EVEN)
+        tiny = jnp.maximum(steps.astype(jnp.int32), 1)
+        normal = lax.bitcast_convert_type(q.astype(jnp.float32), jnp.int32)
+        return where(q < np.float64(_F32_TINY), tiny, normal)
 
 
 def scale_limit(fmt, pow2: bool = False) -> float:

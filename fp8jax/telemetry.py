@@ -21,12 +21,15 @@ as neither), for every format: each element's scale comes from its scheme
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from fp8jax.formats import fmt_max
+from fp8jax import platforms
+from fp8jax.formats import float64_magnitude, fmt_max
 from fp8jax.inline_ops import traced_inline
 from fp8jax.quant import QTensor, divide_by_scale, is_quantized
 from fp8jax.scaling import (
@@ -50,12 +53,46 @@ def clip_threshold(fmt) -> float:
 def _clipped(xf: jax.Array, q: QTensor) -> jax.Array:
     """Per element of float32 ``xf``: whether the saturating cast of ``q`` clips it."""
     s = jnp.broadcast_to(element_scale(q), xf.shape)
+    threshold = clip_threshold(q.data.dtype)
+    # Where float64 costs XLA least to compile (a CPU), the exact product
+    # test; elsewhere the quotient the quantizer casts.  The same answers.
+    return platforms.choose(
+        lambda p: "product" if p == "cpu" else "quotient",
+        lambda how: partial(
+            _clipped_by_product if how == "product" else _clipped_by_quotient, t=threshold
+        ),
+        (xf, s),
+    )
+
+
+@traced_inline
+def _clipped_by_quotient(xf: jax.Array, s: jax.Array, t: float) -> jax.Array:
+    """|x / s| > t with the quantizer's own quotient (:func:`fp8jax.quant.divide_by_scale`)."""
     # The quantizer's own division: a plain one would flush a subnormal scale
     # to zero on CPU, and every element of its group would read as clipped.
     y = divide_by_scale(jnp.where(jnp.isfinite(xf), xf, 0.0), s)
     # Positive scales only, read on the bit patterns (a subnormal one counts).
     has_scale = lax.bitcast_convert_type(s, jnp.int32) > 0
-    return (jnp.abs(y) > clip_threshold(q.data.dtype)) & has_scale
+    return (jnp.abs(y) > t) & has_scale
+
+
+@traced_inline
+def _clipped_by_product(xf: jax.Array, s: jax.Array, t: float) -> jax.Array:
+    """:func:`_clipped_by_quotient`'s answer as |x| > (t + ulp(t) / 2) * s, exact in float64.
+
+    The correctly rounded quotient exceeds t (whose last significand bit is
+    0, so a tie rounds down to it) exactly where the real one exceeds the
+    midpoint t + ulp(t) / 2, a number of 25 significant bits at most: its
+    product with a 24-bit scale is exact in float64, and so is |x|
+    (:func:`fp8jax.formats.float64_magnitude`, subnormals included).  NaN
+    and +-Inf elements, and elements without a positive scale, are not clipped.
+    """
+    midpoint = float(np.float32(t)) + float(np.spacing(np.float32(t))) / 2
+    bits = lax.bitcast_convert_type(xf, jnp.int32) & 0x7FFFFFFF
+    has_scale = lax.bitcast_convert_type(s, jnp.int32) > 0
+    with jax.enable_x64(True):
+        over = float64_magnitude(xf) > np.float64(midpoint) * float64_magnitude(s)
+    return over & (bits < 0x7F800000) & has_scale
 
 
 def _flushed(xf: jax.Array, y: jax.Array) -> jax.Array:

@@ -6,6 +6,7 @@ import pytest
 from reference import ref_cast, ref_round_e5m6
 
 import fp8jax
+from fp8jax import formats
 from fp8jax.formats import (
     as_format,
     e5m6_scale_exponent,
@@ -231,3 +232,19 @@ def test_saturating_cast_materializes_the_cpu_codes():
     assert text.count("optimization_barrier") == 1
     # The barrier holds the FP8 codes, and the widening reads its result.
     assert "f8_e4m3fn[4,8] = optimization_barrier" in text
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_float64_magnitude_is_exact_for_every_float32(jit):
+    # Subnormals (which XLA's CPU arithmetic flushes), both signs, the largest
+    # values, +-Inf and NaN: |x| in float64, as NumPy widens it.
+    rng = np.random.default_rng(11)
+    bits = np.concatenate(
+        [np.arange(0, 5000), np.arange(0x007FF000, 0x00801000), rng.integers(0, 0x7F800000, 20000)]
+    ).astype(np.int32)
+    x = bits.view(np.float32)
+    x = np.concatenate([x, -x, np.float32([np.inf, -np.inf, np.nan])])
+    f = jax.jit(formats.float64_magnitude) if jit else formats.float64_magnitude
+    got = np.asarray(f(jnp.asarray(x)))
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, np.abs(x.astype(np.float64)))

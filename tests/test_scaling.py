@@ -300,3 +300,43 @@ def test_delayed_update_never_gives_a_subnormal_scale(jit):
     # Normal scales are unchanged: amax 44.8 gives 0.1 as before.
     new = _jit(lambda a: upd(a, 0), jit)(jnp.float32(44.8))
     assert np.float32(new.scale) == np.float32(44.8) / np.float32(448.0)
+
+
+@pytest.mark.parametrize("fmt", [fp8jax.E4M3, fp8jax.E5M2, fp8jax.E4M3FNUZ])
+@pytest.mark.parametrize("jit", [False, True])
+def test_float64_scales_equal_the_integer_ones_on_every_boundary(jit, fmt):
+    # The CPU's float64 quotient against the integer one, bit for bit: every
+    # float32 subnormal amax up to 2^14, both sides of float32's normal range
+    # and of the subnormal-quotient limit, the largest amaxes, random ones.
+    fm = float(ml_dtypes.finfo(fmt).max)
+    limit = int(np.float32(fm * 2.0**-126).view(np.int32))
+    rng = np.random.default_rng(7)
+    bits = np.concatenate(
+        [
+            np.arange(0, 1 << 14),
+            np.arange(0x00800000 - 3000, 0x00800000 + 3000),
+            np.arange(limit - 3000, limit + 3000),
+            np.arange(0x7F7FFFFF - 3000, 0x7F7FFFFF + 1),
+            rng.integers(0, 0x7F800000, 50000),
+        ]
+    ).astype(np.int32)
+    amax = jnp.asarray(bits.view(np.float32))
+    for pow2 in (False, True):
+        for floor in (0.0, 1e-4):
+            kw = dict(pow2=pow2, amax_floor=floor)
+            f = _jit(
+                lambda a, kw=kw: scaling.scale_from_amax(a, fmt, arithmetic="float64", **kw), jit
+            )
+            want = scaling.scale_from_amax(amax, fmt, arithmetic="bits", **kw)
+            np.testing.assert_array_equal(
+                np.asarray(f(amax)).view(np.int32), np.asarray(want).view(np.int32)
+            )
+
+
+def test_float64_scales_refuse_a_format_max_they_cannot_round_exactly():
+    # 127 (an integer format's max) is odd and above 32: the float64 path
+    # might double-round; the platform choice keeps the integer one.
+    assert not scaling._float64_exact(127.0) and not scaling._float64_exact(7.5)
+    assert scaling._float64_exact(448.0) and scaling._float64_exact(57344.0)
+    with pytest.raises(ValueError, match="arithmetic must be"):
+        scaling.scale_from_amax(jnp.float32(1.0), fp8jax.E4M3, arithmetic="float32")

@@ -84,3 +84,34 @@ def test_operand_stats_of_plain_and_empty_operands():
     assert float(plain["saturated"]) == 0.0 and float(plain["flushed"]) == 0.0
     empty = jnp.zeros((0, 4), jnp.float32)
     assert all(float(v) == 0.0 for v in telemetry.operand_stats(empty, empty).values())
+
+
+@pytest.mark.parametrize("fmt", [fp8jax.E4M3, fp8jax.E5M2])
+@pytest.mark.parametrize("jit", [False, True])
+def test_clipped_by_product_is_the_quotients_answer(jit, fmt):
+    # The CPU's float64 product test against the quantizer's quotient, element
+    # for element, on values a few ulps either side of t * s for normal,
+    # subnormal, huge, zero, negative, Inf and NaN scales, and on NaN / Inf x.
+    t = telemetry.clip_threshold(fmt)
+    rng = np.random.default_rng(3)
+    n = 60000
+    s_bits = np.concatenate(
+        [
+            rng.integers(1, 0x00800000, n // 4),
+            rng.integers(0x00800000, 0x7F000000, n - n // 4),
+        ]
+    ).astype(np.int32)
+    s = s_bits.view(np.float32).copy()
+    with np.errstate(over="ignore", under="ignore"):
+        edge = (np.float64(t) * s.astype(np.float64)).astype(np.float32)
+    x = (edge.view(np.int32) + rng.integers(-3, 4, n).astype(np.int32)).view(np.float32)
+    x = np.where(rng.random(n) < 0.5, -x, x).astype(np.float32)
+    x[:8] = [np.nan, np.inf, -np.inf, 0.0, 1e-45, 3e38, -3e38, 5.0]
+    s[8:12] = [0.0, -1.0, np.inf, np.nan]
+    f = lambda g: jax.jit(g) if jit else g
+    by_quotient = f(lambda x, s: telemetry._clipped_by_quotient(x, s, t))(x, s)
+    by_product = f(lambda x, s: telemetry._clipped_by_product(x, s, t))(x, s)
+    np.testing.assert_array_equal(np.asarray(by_product), np.asarray(by_quotient))
+    # Both sides occur, and a non-finite x or a scale without a value never clips.
+    assert 0 < int(np.asarray(by_product).sum()) < n
+    assert not np.asarray(by_product)[[0, 1, 2, 8, 9, 11]].any()

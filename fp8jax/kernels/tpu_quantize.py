@@ -76,7 +76,8 @@ DUAL_BLOCK = 1024
 
 def _scale(amax: jax.Array, fmt, pow2: bool, amax_floor: float, ue8m0: bool) -> jax.Array:
     """The online scale of each group from its finite amax (``quant._online_scale``'s steps)."""
-    scale = scaling.scale_from_amax(amax, fmt, pow2=pow2, amax_floor=amax_floor)
+    # The integer arithmetic: a kernel's body has no platform choice, and TPUs no float64.
+    scale = scaling.scale_from_amax(amax, fmt, pow2=pow2, amax_floor=amax_floor, arithmetic="bits")
     # E8M0 holds no power of two below 2^-127: such groups get 2^-127.
     return formats.floor_e8m0(scale) if ue8m0 else scale
 
