@@ -384,17 +384,19 @@ def _quantize_online(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fm
     kernel = tpu_quantizer_orient(x, fmt, granularity, axis, tile)
     ways = {
         "one pass": _quantize_one_pass,
+        "group rows": _quantize_as_group_rows,
         "tpu kernel": partial(_quantize_kernel, orient=kernel, platform="tpu"),
         "gpu kernel": partial(_quantize_kernel, orient=kernel, platform="cuda"),
     }
     settings = args[1:]
+    rows = _group_rows_fit(x, granularity)
 
     def decide(p: str) -> str:
         if kernel and p == "tpu":
             return "tpu kernel"
         if kernel and p == "cuda" and gpu_kernels() is not None:
             return "gpu kernel"
-        return "one pass"
+        return "group rows" if rows and p == "cpu" else "one pass"
 
     return platforms.choose(decide, lambda how: lambda x: ways[how](x, *settings), (x,))
 
@@ -628,6 +630,86 @@ def _quantize_one_pass(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_
     scale = _online_scale(x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt)
     scale = lax.optimization_barrier(scale)
     return quantize_with_scale(x, scale, fmt, granularity, axis, tile, scale_fmt=scale_fmt)
+
+
+def _group_rows_fit(x, granularity: str) -> bool:
+    """Whether :func:`_quantize_as_group_rows` takes ``x``: tiles along any axis, or
+    blocks over the last two; not an empty x."""
+    return x.size > 0 and (granularity == "tile" or (granularity == "block" and x.ndim >= 2))
+
+
+def group_rows_bucket(n: int) -> int:
+    """The rows a CPU quantizes ``n`` groups in: the smallest 2^k * {5, 6, 7, 8} / 8
+    (k >= 3) that holds them, so at most a quarter more than ``n`` (5 for n < 5)."""
+    top = 1 << max(n - 1, 7).bit_length()
+    return next(top // 8 * f for f in (5, 6, 7, 8) if top // 8 * f >= n)
+
+
+def _quantize_as_group_rows(
+    x, fmt, granularity, axis, tile, pow2, amax_floor, scale_fmt
+) -> QTensor:
+    """:func:`_quantize_one_pass` with x's groups laid out as the rows of a matrix:
+    the same codes and scales, from kernels a program compiles once per bucket.
+
+    XLA's CPU compiler compiles a kernel per distinct shape, and an FP8
+    train step quantizes operands of dozens of shapes, each through the same
+    exact arithmetic (amax on the bit patterns, the correctly rounded scale,
+    the offset division, the codes): most of what the step costs to compile
+    over bf16.  Here every tile (zero-padded at an edge: zeros raise no
+    amax) or block becomes one row, the rows are padded with zero groups up
+    to :func:`group_rows_bucket`, and those rows are quantized one group
+    per row (a block as a tile x tile matrix); operands whose groups fall in the same
+    bucket share its kernels.  The layout moves (a transpose for tiles along
+    another axis than the last, blocks gathered into rows) and the padding
+    are copies; every group's arithmetic is the one pass's, so the result
+    is the same bits.
+    """
+    ax = _norm_axis(axis, x.ndim)
+    if granularity == "tile":
+        xt = jnp.moveaxis(x, ax, -1)
+        k = xt.shape[-1]
+        kp = -(-k // tile) * tile
+        flat = jnp.pad(xt.reshape(-1, k), ((0, 0), (0, kp - k))).reshape(-1, tile)
+        data, scale = _quantize_rows_padded(flat, fmt, pow2, amax_floor, scale_fmt)
+        data = data.reshape(-1, kp)[:, :k].reshape(xt.shape)
+        scale = scale.reshape(xt.shape[:-1] + (kp // tile,))
+        data, scale = jnp.moveaxis(data, -1, ax), jnp.moveaxis(scale, -1, ax)
+    else:
+        lead, (r, c) = x.shape[:-2], x.shape[-2:]
+        rp, cp = -(-r // tile) * tile, -(-c // tile) * tile
+        xp = jnp.pad(x, [(0, 0)] * len(lead) + [(0, rp - r), (0, cp - c)])
+        blocks = xp.reshape(lead + (rp // tile, tile, cp // tile, tile))
+        flat = jnp.moveaxis(blocks, -3, -2).reshape(-1, tile, tile)
+        data, scale = _quantize_rows_padded(flat, fmt, pow2, amax_floor, scale_fmt)
+        data = data.reshape(lead + (rp // tile, cp // tile, tile, tile))
+        data = jnp.moveaxis(data, -2, -3).reshape(lead + (rp, cp))[..., :r, :c]
+        scale = scale.reshape(lead + (rp // tile, cp // tile))
+    return QTensor(data, scale, Layout(granularity, ax, tile))
+
+
+def _quantize_rows_padded(flat, fmt, pow2, amax_floor, scale_fmt):
+    """(codes, one scale per group) of ``flat``: its rows (n, tile) or blocks (n, tile,
+    tile) each a group, quantized through a bucket of them."""
+    n = flat.shape[0]
+    # The barriers keep the layout moves and the padding out of the bucket's
+    # kernels, which would otherwise be fused into them and differ per shape.
+    pad = [(0, group_rows_bucket(n) - n)] + [(0, 0)] * (flat.ndim - 1)
+    padded = lax.optimization_barrier(jnp.pad(flat, pad))
+    data, scale = lax.optimization_barrier(
+        _quantize_bucket(padded, fmt, pow2, amax_floor, scale_fmt)
+    )
+    return data[:n], scale.reshape(-1)[:n]
+
+
+# One trace per bucket shape and settings: operands in one bucket share it.
+@partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _quantize_bucket(groups, fmt, pow2, amax_floor, scale_fmt):
+    # A block stays two axes of the tile: one reduction over both, as the
+    # one pass makes for any block (a 16384-long row would be split by XLA).
+    granularity = "tile" if groups.ndim == 2 else "block"
+    tile = groups.shape[1]
+    q = _quantize_one_pass(groups, fmt, granularity, 1, tile, pow2, amax_floor, scale_fmt)
+    return q.data, q.scale
 
 
 def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:

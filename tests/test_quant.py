@@ -13,10 +13,6 @@ from fp8jax import formats, quant, scaling
 FMTS = {"e4m3": (fp8jax.E4M3, E4M3), "e5m2": (fp8jax.E5M2, E5M2)}
 
 
-def _jit(f, jit):
-    return jax.jit(f) if jit else f
-
-
 def _q(x, fmt, gran, axis, tile, jit):
     f = lambda x: fp8jax.quantize(x, fmt, gran, axis=axis, tile=tile)
     return (jax.jit(f) if jit else f)(jnp.asarray(x))
@@ -606,3 +602,48 @@ def test_gpu_kernels_time_runs_both_quantizers():
     # Interpreted on this CPU: the numbers say nothing of a GPU, only that both ran.
     times = quant.gpu_kernels_time("mosaic", n=256, interpret=True, iters=1)
     assert times["n"] == 256 and times["kernels_us"] > 0 and times["xla_us"] > 0
+
+
+def test_group_rows_buckets_hold_their_groups_with_a_quarter_to_spare():
+    for n in list(range(1, 300)) + [1023, 1024, 1025, 5000, 65537]:
+        b = quant.group_rows_bucket(n)
+        assert b >= n and (b <= max(5, n * 5 // 4) or n < 5)
+        top = 1 << (b - 1).bit_length()
+        assert b * 8 % top == 0 and b * 8 // top in (5, 6, 7, 8)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize(
+    "shape,granularity,axis,tile",
+    [
+        ((1, 128, 64), "tile", 2, 128),
+        ((10, 128, 192), "tile", 1, 128),
+        ((2, 64, 2, 256), "tile", -1, 128),
+        ((5, 7, 300), "tile", 0, 32),
+        ((300,), "tile", 0, 128),
+        ((1, 64, 192), "block", 1, 128),
+        ((300, 200), "block", 1, 128),
+        ((33, 70, 3), "block", -1, 16),
+    ],
+)
+def test_group_rows_quantize_as_the_one_pass(jit, shape, granularity, axis, tile):
+    # The CPU's bucketed layout against the one pass, bit for bit: partial
+    # edge tiles and blocks, every axis, NaN / Inf / zero elements, values
+    # over 190 binades (subnormal scales included), float32 and bfloat16,
+    # float32 and UE8M0 scales.
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(shape) * np.exp(rng.uniform(-100, 88, shape))
+    x.flat[:3] = [np.nan, np.inf, 0.0]
+    for dtype in (jnp.float32, jnp.bfloat16):
+        xd = jnp.asarray(x.astype(np.float32), dtype)
+        for pow2, scale_fmt in ((False, "float32"), (True, "ue8m0")):
+            args = (fp8jax.E4M3, granularity, axis, tile, pow2, 0.0, scale_fmt)
+            one = _jit(lambda x, a=args: quant._quantize_one_pass(x, *a), jit)(xd)
+            rows = _jit(lambda x, a=args: quant._quantize_as_group_rows(x, *a), jit)(xd)
+            assert rows.layout == one.layout and rows.scale.shape == one.scale.shape
+            np.testing.assert_array_equal(
+                np.asarray(rows.data).view(np.uint8), np.asarray(one.data).view(np.uint8)
+            )
+            np.testing.assert_array_equal(
+                np.asarray(rows.scale).view(np.uint8), np.asarray(one.scale).view(np.uint8)
+            )
