@@ -661,16 +661,19 @@ def _quantize_as_group_rows(
     per row (a block as a tile x tile matrix); operands whose groups fall in the same
     bucket share its kernels.  The layout moves (a transpose for tiles along
     another axis than the last, blocks gathered into rows) and the padding
-    are copies; every group's arithmetic is the one pass's, so the result
-    is the same bits.
+    are copies, of the bit patterns (XLA's CPU moves bfloat16 through
+    float32 arithmetic, which would flush its subnormals); every group's
+    arithmetic is the one pass's, so the result is the same bits.
     """
     ax = _norm_axis(axis, x.ndim)
+    dtype = jnp.dtype(x.dtype)
+    x = lax.bitcast_convert_type(x, _BITS[dtype.itemsize])
     if granularity == "tile":
         xt = jnp.moveaxis(x, ax, -1)
         k = xt.shape[-1]
         kp = -(-k // tile) * tile
         flat = jnp.pad(xt.reshape(-1, k), ((0, 0), (0, kp - k))).reshape(-1, tile)
-        data, scale = _quantize_rows_padded(flat, fmt, pow2, amax_floor, scale_fmt)
+        data, scale = _quantize_rows_padded(flat, dtype, fmt, pow2, amax_floor, scale_fmt)
         data = data.reshape(-1, kp)[:, :k].reshape(xt.shape)
         scale = scale.reshape(xt.shape[:-1] + (kp // tile,))
         data, scale = jnp.moveaxis(data, -1, ax), jnp.moveaxis(scale, -1, ax)
@@ -680,30 +683,35 @@ def _quantize_as_group_rows(
         xp = jnp.pad(x, [(0, 0)] * len(lead) + [(0, rp - r), (0, cp - c)])
         blocks = xp.reshape(lead + (rp // tile, tile, cp // tile, tile))
         flat = jnp.moveaxis(blocks, -3, -2).reshape(-1, tile, tile)
-        data, scale = _quantize_rows_padded(flat, fmt, pow2, amax_floor, scale_fmt)
+        data, scale = _quantize_rows_padded(flat, dtype, fmt, pow2, amax_floor, scale_fmt)
         data = data.reshape(lead + (rp // tile, cp // tile, tile, tile))
         data = jnp.moveaxis(data, -2, -3).reshape(lead + (rp, cp))[..., :r, :c]
         scale = scale.reshape(lead + (rp // tile, cp // tile))
     return QTensor(data, scale, Layout(granularity, ax, tile))
 
 
-def _quantize_rows_padded(flat, fmt, pow2, amax_floor, scale_fmt):
-    """(codes, one scale per group) of ``flat``: its rows (n, tile) or blocks (n, tile,
-    tile) each a group, quantized through a bucket of them."""
+# Unsigned integers of each width: the bit patterns a layout move copies.
+_BITS = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+
+
+def _quantize_rows_padded(flat, dtype, fmt, pow2, amax_floor, scale_fmt):
+    """(codes, one scale per group) of ``flat``, the bit patterns of ``dtype`` values: its
+    rows (n, tile) or blocks (n, tile, tile) each a group, quantized through a bucket."""
     n = flat.shape[0]
     # The barriers keep the layout moves and the padding out of the bucket's
     # kernels, which would otherwise be fused into them and differ per shape.
     pad = [(0, group_rows_bucket(n) - n)] + [(0, 0)] * (flat.ndim - 1)
     padded = lax.optimization_barrier(jnp.pad(flat, pad))
     data, scale = lax.optimization_barrier(
-        _quantize_bucket(padded, fmt, pow2, amax_floor, scale_fmt)
+        _quantize_bucket(padded, dtype, fmt, pow2, amax_floor, scale_fmt)
     )
     return data[:n], scale.reshape(-1)[:n]
 
 
 # One trace per bucket shape and settings: operands in one bucket share it.
-@partial(jax.jit, static_argnums=(1, 2, 3, 4))
-def _quantize_bucket(groups, fmt, pow2, amax_floor, scale_fmt):
+@partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def _quantize_bucket(bits, dtype, fmt, pow2, amax_floor, scale_fmt):
+    groups = lax.bitcast_convert_type(bits, dtype)
     # A block stays two axes of the tile: one reduction over both, as the
     # one pass makes for any block (a 16384-long row would be split by XLA).
     granularity = "tile" if groups.ndim == 2 else "block"
