@@ -187,6 +187,31 @@ def exact_product(d: jnp.ndarray, scale: jnp.ndarray, fmt) -> jnp.ndarray:
     return where(isfinite(d), out, d)
 
 
+def exact_product_float64(d: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
+    """:func:`exact_product`'s value (d * scale rounded once to float32, subnormals kept)
+    by float64 arithmetic, for FP8 values ``d`` (at most 7 significant bits) and
+    positive scales.
+
+    The product of the exact float64 magnitudes
+    (:func:`fp8jax.formats.float64_magnitude`) has at most 31 significant
+    bits, so it is exact and normal in float64; it is rounded once, to
+    float32 or, below 2^-126, to a multiple of 2^-149 as an integer, so no
+    denormal operand or result meets a backend that flushes them.  NaN and
+    +-Inf codes propagate, with d's sign.
+    """
+    with jax.enable_x64(True):
+        p = float64_magnitude(d) * float64_magnitude(scale)
+        small = p < np.float64(_F32_TINY)
+        # Only the small lanes are converted to integers (the others could overflow int32).
+        steps = lax.round(
+            where(small, p, 0.0) * np.float64(2.0**149), lax.RoundingMethod.TO_NEAREST_EVEN
+        )
+        normal = lax.bitcast_convert_type(p.astype(jnp.float32), jnp.int32)
+        mag = where(small, steps.astype(jnp.int32), normal)
+    sign = lax.bitcast_convert_type(d.astype(jnp.float32), jnp.int32) & jnp.int32(-(2**31))
+    return lax.bitcast_convert_type(mag | sign, jnp.float32)
+
+
 def finite_amax(x: jnp.ndarray, axis=None, keepdims: bool = False) -> jnp.ndarray:
     """max |x| over ``axis`` in float32, ignoring NaN and +-Inf elements; 0 if empty.
 

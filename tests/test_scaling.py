@@ -340,3 +340,26 @@ def test_float64_scales_refuse_a_format_max_they_cannot_round_exactly():
     assert scaling._float64_exact(448.0) and scaling._float64_exact(57344.0)
     with pytest.raises(ValueError, match="arithmetic must be"):
         scaling.scale_from_amax(jnp.float32(1.0), fp8jax.E4M3, arithmetic="float32")
+
+
+@pytest.mark.parametrize("fmt", [fp8jax.E4M3, fp8jax.E5M2])
+@pytest.mark.parametrize("jit", [False, True])
+def test_float64_product_equals_the_integer_one(jit, fmt):
+    # Every code of the format (NaN and Inf included) times subnormal scales,
+    # scales around float32's smallest normal, random and the largest ones:
+    # the float64 product rounded once, bit for bit the integer version's.
+    rng = np.random.default_rng(8)
+    codes = np.arange(256, dtype=np.uint8).view(fmt).astype(np.float32)
+    s_bits = np.concatenate(
+        [
+            np.arange(1, 600),
+            np.arange(0x00800000 - 300, 0x00800000 + 300),
+            rng.integers(1, 0x7F000000, 600),
+            [0x7F000000, 0x7F7FFFFF],
+        ]
+    ).astype(np.int32)
+    d = np.repeat(codes, s_bits.size)
+    s = np.tile(s_bits.view(np.float32), codes.size)
+    got = _jit(scaling.exact_product_float64, jit)(d, s)
+    want = _jit(lambda d, s: scaling.exact_product(d, s, fmt), jit)(d, s)
+    np.testing.assert_array_equal(np.asarray(got).view(np.int32), np.asarray(want).view(np.int32))
