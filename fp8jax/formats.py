@@ -107,6 +107,15 @@ def saturate(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.ndarray
     return where(isinf(x), x, clip(x, -m, m))
 
 
+#: The smallest operand whose FP8 codes a CPU computes with :func:`fp8_codes`;
+#: smaller ones take XLA's own conversion.  Measured on a 2-core AMD EPYC
+#: (docs/benchmarks.md): at 2048 x 2048 the integer codes take 0.6 ms against
+#: the conversion's 1.3 ms, while in a program of small operands (the tiny
+#: model's train step) their larger kernels cost some 0.4 s of its compile.
+#: Below 2^20 elements the conversion's extra time is under 0.2 ms a call.
+CPU_CODES_MIN_SIZE = 1 << 20
+
+
 def saturating_cast(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.ndarray:
     """Cast to ``fmt`` with saturation (see module docstring).
 
@@ -115,17 +124,20 @@ def saturating_cast(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.
     to the format's NaN; +-Inf to the format's +-Inf, or its NaN code where
     it has no Inf (E4M3).  ``assume_finite`` promises x holds no +-Inf and
     skips that select (fp8jax.rounding's casts, which clip first).  float32 to E4M3FN / E5M2
-    goes through :func:`fp8_codes` (the cast's codes, on the bit patterns).
+    of at least :data:`CPU_CODES_MIN_SIZE` elements on a CPU goes through
+    :func:`fp8_codes` (the cast's codes, on the bit patterns).
     """
     fmt = as_format(fmt)
     y = saturate(x, fmt, assume_finite=assume_finite)
     if fmt in _IEEE_FP8 and y.dtype == jnp.float32:
         # The same codes either way: integer arithmetic on XLA CPU, whose own
-        # conversion is a slow scalar routine; the hardware conversion on GPUs
-        # and TPUs, where the integer version splits the quantizer's one pass
+        # conversion is a slow scalar routine, where the operand is large
+        # enough for that to matter; the hardware conversion on GPUs and
+        # TPUs, where the integer version splits the quantizer's one pass
         # into several kernels.
+        cpu = "bits" if y.size >= CPU_CODES_MIN_SIZE else "convert"
         return platforms.choose(
-            lambda p: "bits" if p == "cpu" else "convert",
+            lambda p: cpu if p == "cpu" else "convert",
             lambda how: partial(_codes_once, fmt=fmt) if how == "bits" else lambda v: v.astype(fmt),
             (y,),
         )

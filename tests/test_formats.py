@@ -218,20 +218,22 @@ def test_fp8_codes_refuses_other_formats():
 
 
 def test_saturating_cast_materializes_the_cpu_codes():
-    """On a CPU the integer codes are one pass behind an optimization barrier: a consumer
-    of the codes (here their bfloat16 widening) reads them, the rounding is not traced
-    into it again."""
+    """On a CPU the integer codes of a large operand are one pass behind an optimization
+    barrier: a consumer of the codes (here their bfloat16 widening) reads them, the
+    rounding is not traced into it again.  A small operand takes XLA's conversion."""
     if jax.default_backend() != "cpu":
         pytest.skip("the integer codes are the CPU's conversion")
 
     def f(x):
         return saturating_cast(x, fp8jax.E4M3).astype(jnp.bfloat16)
 
-    jaxpr = jax.make_jaxpr(f)(jnp.zeros((4, 8), jnp.float32))
-    text = str(jaxpr)
+    big = jax.ShapeDtypeStruct((formats.CPU_CODES_MIN_SIZE // 8, 8), jnp.float32)
+    text = str(jax.make_jaxpr(f)(big))
     assert text.count("optimization_barrier") == 1
     # The barrier holds the FP8 codes, and the widening reads its result.
-    assert "f8_e4m3fn[4,8] = optimization_barrier" in text
+    assert f"f8_e4m3fn[{big.shape[0]},8] = optimization_barrier" in text
+    small = str(jax.make_jaxpr(f)(jnp.zeros((4, 8), jnp.float32)))
+    assert "optimization_barrier" not in small and "f8_e4m3fn[4,8] = convert_element_type" in small
 
 
 @pytest.mark.parametrize("jit", [False, True])
@@ -248,3 +250,19 @@ def test_float64_magnitude_is_exact_for_every_float32(jit):
     got = np.asarray(f(jnp.asarray(x)))
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got, np.abs(x.astype(np.float64)))
+
+
+@pytest.mark.parametrize("fmt", [fp8jax.E4M3, fp8jax.E5M2])
+@pytest.mark.parametrize("jit", [False, True])
+def test_saturating_cast_gives_the_casts_codes_on_both_sides_of_the_cpu_size_switch(jit, fmt):
+    # Below CPU_CODES_MIN_SIZE a CPU takes XLA's conversion, from it on the
+    # integer codes: the same bytes as ml_dtypes' cast of the clipped values.
+    m = float(ml_dtypes.finfo(fmt).max)
+    rng = np.random.default_rng(12)
+    for n in (formats.CPU_CODES_MIN_SIZE - 1, formats.CPU_CODES_MIN_SIZE):
+        y = (rng.standard_normal(n) * np.exp(rng.uniform(-20, 12, n))).astype(np.float32)
+        y[:6] = [np.nan, np.inf, -np.inf, 1e30, -0.0, 1e-45]
+        f = lambda v: formats.saturating_cast(v, fmt)
+        got = np.asarray((jax.jit(f) if jit else f)(jnp.asarray(y))).view(np.uint8)
+        want = np.where(np.isinf(y), y, np.clip(y, -m, m)).astype(np.float32).astype(fmt)
+        np.testing.assert_array_equal(got, want.view(np.uint8))
