@@ -170,9 +170,9 @@ def fp8_codes(y: jnp.ndarray, fmt) -> jnp.ndarray:
     patterns with integer adds and shifts (plus one float add for the
     subnormal codes).  Why: XLA's CPU conversion to FP8 is a scalar-heavy
     routine, slower than an ``astype(bfloat16)`` of the same array (measured:
-    docs/benchmarks.md); this one vectorises, and every element a CPU quantizes
-    goes through it.  E4M3FN and E5M2 only;
-    ``saturating_cast`` clips, then calls it.
+    docs/benchmarks.md); this one vectorises, and every operand of at least
+    :data:`CPU_CODES_MIN_SIZE` elements a CPU quantizes goes through it.
+    E4M3FN and E5M2 only; ``saturating_cast`` clips, then calls it.
 
     * normal results (|y| >= smallest normal): the float32 significand is
       rounded to the format's mantissa bits by adding half an ulp less one
