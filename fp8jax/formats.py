@@ -299,6 +299,7 @@ def floor_e8m0(scale: jnp.ndarray) -> jnp.ndarray:
 _SIGN_BIT = -(2**31)  # 0x80000000 as an int32
 _EXP_MASK = 0x7F800000
 _INF_BITS = 0x7F800000
+_F32_TINY = float(np.finfo(np.float32).tiny)
 
 
 def float64_magnitude(x: jnp.ndarray) -> jnp.ndarray:
@@ -314,6 +315,25 @@ def float64_magnitude(x: jnp.ndarray) -> jnp.ndarray:
         tiny = mag.astype(jnp.float64) * np.float64(2.0**-149)
         wide = lax.bitcast_convert_type(mag, jnp.float32).astype(jnp.float64)
         return where(mag < 0x00800000, tiny, wide)
+
+
+def float32_bits_of_float64(p: jnp.ndarray) -> jnp.ndarray:
+    """The int32 bit pattern of float64 ``p`` (>= 0, or NaN / +Inf) rounded once to float32,
+    subnormals included.
+
+    Below 2^-126 the result is p / 2^-149 rounded half to even, an integer
+    (the subnormal's bit pattern, or the smallest normal's when it rounds
+    up), so no denormal is formed for a backend to flush; elsewhere the
+    conversion's correctly rounded float32.
+    """
+    with jax.enable_x64(True):
+        small = p < np.float64(_F32_TINY)
+        # Only the small lanes become integers (the others could overflow int32).
+        steps = lax.round(
+            where(small, p, 0.0) * np.float64(2.0**149), lax.RoundingMethod.TO_NEAREST_EVEN
+        )
+        normal = lax.bitcast_convert_type(p.astype(jnp.float32), jnp.int32)
+        return where(small, steps.astype(jnp.int32), normal)
 
 
 def float32_parts(x: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:

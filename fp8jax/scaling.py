@@ -55,6 +55,7 @@ from jax import lax
 
 from fp8jax import platforms
 from fp8jax.formats import (
+    float32_bits_of_float64,
     float32_from_parts,
     float32_parts,
     float64_magnitude,
@@ -194,20 +195,13 @@ def exact_product_float64(d: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
 
     The product of the exact float64 magnitudes
     (:func:`fp8jax.formats.float64_magnitude`) has at most 31 significant
-    bits, so it is exact and normal in float64; it is rounded once, to
-    float32 or, below 2^-126, to a multiple of 2^-149 as an integer, so no
-    denormal operand or result meets a backend that flushes them.  NaN and
+    bits, so it is exact and normal in float64; it is rounded once
+    (:func:`fp8jax.formats.float32_bits_of_float64`), so no denormal operand
+    or result meets a backend that flushes them.  NaN and
     +-Inf codes propagate, with d's sign.
     """
     with jax.enable_x64(True):
-        p = float64_magnitude(d) * float64_magnitude(scale)
-        small = p < np.float64(_F32_TINY)
-        # Only the small lanes are converted to integers (the others could overflow int32).
-        steps = lax.round(
-            where(small, p, 0.0) * np.float64(2.0**149), lax.RoundingMethod.TO_NEAREST_EVEN
-        )
-        normal = lax.bitcast_convert_type(p.astype(jnp.float32), jnp.int32)
-        mag = where(small, steps.astype(jnp.int32), normal)
+        mag = float32_bits_of_float64(float64_magnitude(d) * float64_magnitude(scale))
     sign = lax.bitcast_convert_type(d.astype(jnp.float32), jnp.int32) & jnp.int32(-(2**31))
     return lax.bitcast_convert_type(mag | sign, jnp.float32)
 
@@ -461,8 +455,8 @@ def _quotient_bits_float64(amax: jnp.ndarray, fm: float) -> jnp.ndarray:
 
     Exact, whatever the backend flushes: amax enters float64 exactly
     (:func:`fp8jax.formats.float64_magnitude`), the quotient is a normal float64 (above
-    2^-159), and it is rounded once more, to float32 or, below 2^-126, to a
-    multiple of 2^-149 as an integer (no denormal result is ever formed).
+    2^-159), and it is rounded once more
+    (:func:`fp8jax.formats.float32_bits_of_float64`: no denormal is formed).
     Two roundings give the correctly rounded quotient: the float64 rounding
     point sits at least 29 bits below the float32 one, so it lands on a
     float32 midpoint that is not the quotient itself only if the 28 bits
@@ -473,12 +467,9 @@ def _quotient_bits_float64(amax: jnp.ndarray, fm: float) -> jnp.ndarray:
     """
     with jax.enable_x64(True):
         q = exact_div(float64_magnitude(amax), np.float64(fm))
-        # Below float32's normal range: the quotient in units of 2^-149,
-        # rounded half to even (a float64 operation on normal values).
-        steps = lax.round(q * np.float64(2.0**149), lax.RoundingMethod.TO_NEAREST_EVEN)
-        tiny = jnp.maximum(steps.astype(jnp.int32), 1)
-        normal = lax.bitcast_convert_type(q.astype(jnp.float32), jnp.int32)
-        return where(q < np.float64(_F32_TINY), tiny, normal)
+        # A quotient that rounds to 0 would be a zero scale: smallest subnormal
+        # (a normal quotient's bits are far above 1).
+        return jnp.maximum(float32_bits_of_float64(q), 1)
 
 
 def scale_limit(fmt, pow2: bool = False) -> float:

@@ -266,3 +266,24 @@ def test_saturating_cast_gives_the_casts_codes_on_both_sides_of_the_cpu_size_swi
         got = np.asarray((jax.jit(f) if jit else f)(jnp.asarray(y))).view(np.uint8)
         want = np.where(np.isinf(y), y, np.clip(y, -m, m)).astype(np.float32).astype(fmt)
         np.testing.assert_array_equal(got, want.view(np.uint8))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_float32_bits_of_float64_round_once_subnormals_included(jit):
+    # float64 values across float32's subnormal range, its normal boundary,
+    # exact float32 midpoints, the top of its range, +Inf and NaN: NumPy's
+    # conversion (which keeps subnormals) gives the bits.
+    rng = np.random.default_rng(13)
+    p = np.concatenate(
+        [
+            np.exp2(rng.uniform(-160, 127.9, 20000)),
+            np.exp2(rng.uniform(-127, -125, 5000)),
+            (np.arange(1, 2000) + 0.5) * 2.0**-149,
+            [0.0, 2.0**-126, np.inf, np.nan],
+        ]
+    )
+    f = jax.jit(formats.float32_bits_of_float64) if jit else formats.float32_bits_of_float64
+    with jax.enable_x64(True):
+        got = np.asarray(f(jnp.asarray(p, jnp.float64)))
+    want = p.astype(np.float32).view(np.int32)
+    np.testing.assert_array_equal(got, want)
