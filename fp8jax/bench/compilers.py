@@ -51,7 +51,14 @@ import jax
 import numpy as np
 
 from fp8jax import platforms
-from fp8jax.bench.hlo import _operand_text, _shape_bytes
+from fp8jax.bench.hlo import (
+    _CALLS_RE,
+    _DEF_RE,
+    _OP_NAME_RE,
+    _TARGET_RE,
+    _operand_text,
+    _shape_bytes,
+)
 from fp8jax.toolkit import hardware
 
 
@@ -136,21 +143,17 @@ _FREE_OPS = {
     "opt-barrier",
 }
 _DOT_OPS = ("dot", "ragged-dot", "convolution", "scaled-dot")
-_DEF_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([a-z][\w\-]*)\(")
 _COMP_RE = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
-_CALLS_RE = re.compile(r"calls=%?([\w.\-]+)")
 _BODY_RE = re.compile(r"body=%?([\w.\-]+)")
 _BRANCHES_RE = re.compile(
     r"(?:branch_computations=\{([^}]*)\}|(?:true|false)_computation=%?([\w.\-]+))"
 )
 _TO_APPLY_RE = re.compile(r"to_apply=%?([\w.\-]+)")
-_TARGET_RE = re.compile(r'custom_call_target="([^"]+)"')
 _TRIP_RE = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
 _EXEC_US_RE = re.compile(r'"exec_time_us"\s*:\s*([0-9.eE+\-]+)')
 _DIMS_RE = re.compile(r"\[([\d,]*)\]")
 _CONTRACT_RE = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _DIM_LABELS_RE = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
-_OP_NAME_RE = re.compile(r'op_name="([^"]*)"')
 _CONDITION_RE = re.compile(r"condition=%?([\w.\-]+)")
 _S32_CONST_RE = re.compile(r"s32\[\][^=]*constant\((\d+)\)")
 
