@@ -95,10 +95,14 @@ def _clipped_by_product(xf: jax.Array, s: jax.Array, t: float) -> jax.Array:
     return over & (bits < 0x7F800000) & has_scale
 
 
-def _flushed(xf: jax.Array, y: jax.Array) -> jax.Array:
-    """Per element of float32 ``xf``: finite and non-zero, but zero in ``y``."""
+def _flushed(x: jax.Array, y: jax.Array) -> jax.Array:
+    """Per element of ``x``: finite and non-zero, but zero in ``y``.
+
+    Finite and non-zero is read on x's bit patterns: XLA's CPU compares a
+    subnormal with zero as zero in some kernels and not in others.
+    """
     zero = jnp.asarray(y).astype(jnp.float32) == 0
-    return jnp.isfinite(xf) & (xf != 0) & zero
+    return (finite_magnitude_bits(x) > 0) & zero
 
 
 def saturated_fraction(x: jax.Array, q: QTensor) -> jax.Array:
@@ -156,7 +160,7 @@ def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
     parts = (
         finite_magnitude_bits(x).astype(jnp.int32),
         _clipped(xf, op).astype(jnp.int32),
-        _flushed(xf, op.data).astype(jnp.int32),
+        _flushed(x, op.data).astype(jnp.int32),
     )
 
     def combine(a, b):

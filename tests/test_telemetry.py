@@ -115,3 +115,47 @@ def test_clipped_by_product_is_the_quotients_answer(jit, fmt):
     # Both sides occur, and a non-finite x or a scale without a value never clips.
     assert 0 < int(np.asarray(by_product).sum()) < n
     assert not np.asarray(by_product)[[0, 1, 2, 8, 9, 11]].any()
+
+
+def _with_given_scales(x: np.ndarray, granularity: str, axis: int, fmt, scale_fmt) -> quant.QTensor:
+    """x's quantization with scales from a tame copy of it, so that x saturates and flushes."""
+    tame = jnp.full(x.shape, 1e-3, x.dtype)
+    pow2 = scale_fmt == "ue8m0"
+    q = quant.quantize(tame, fmt, granularity, axis, 128, pow2=pow2, scale_fmt=scale_fmt)
+    scale = quant.scale_values(q)
+    data = quant.quantize_with_scale(jnp.asarray(x), scale, fmt, granularity, axis, 128).data
+    return quant.QTensor(data, q.scale, q.layout)
+
+
+@pytest.mark.parametrize(
+    ("shape", "granularity", "axis"),
+    [((6, 300), "tile", -1), ((3, 200, 5), "tile", 1), ((2, 130, 270), "block", -1)],
+)
+@pytest.mark.parametrize(
+    ("dtype", "fmt", "scale_fmt"),
+    [
+        (np.float32, fp8jax.E4M3, "float32"),
+        (ml_dtypes.bfloat16, fp8jax.E5M2, "float32"),
+        (np.float32, fp8jax.E4M3, "ue8m0"),
+    ],
+)
+@pytest.mark.parametrize("jit", [False, True])
+def test_flushed_counts_subnormal_elements(jit, shape, granularity, axis, dtype, fmt, scale_fmt):
+    # Subnormal elements of x are non-zero: flushed wherever their code is 0,
+    # op by op as under jit (XLA's CPU compares a subnormal with zero as zero
+    # in some kernels).  Partial tiles and blocks, zeros, NaN and +-Inf in x.
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape) * np.exp(rng.uniform(-25, 25, shape))
+    flat = x.reshape(-1)
+    flat[:50] = rng.integers(-9, 10, 50) * float(np.finfo(dtype).smallest_subnormal)
+    flat[[60, 61, 62, 63]] = [np.nan, np.inf, -np.inf, 0.0]
+    x = x.astype(dtype)
+    q = _with_given_scales(x, granularity, axis, fmt, scale_fmt)
+    x64, codes = x.astype(np.float64), np.asarray(q.data).astype(np.float64)
+    n_flushed = np.sum(np.isfinite(x64) & (x64 != 0) & (codes == 0))
+    assert np.sum((x64 != 0) & (np.abs(x64) < np.finfo(np.float32).tiny) & (codes == 0)) > 0
+    f = (lambda g: jax.jit(g)) if jit else (lambda g: g)
+    stats = f(telemetry.operand_stats)(jnp.asarray(x), q)
+    share = np.float32(n_flushed) / np.float32(x.size)
+    assert float(stats["flushed"]) == share
+    assert float(f(telemetry.flushed_fraction)(jnp.asarray(x), q.data)) == share
