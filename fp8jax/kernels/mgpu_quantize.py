@@ -81,6 +81,18 @@ ROWS = 64
 HALVES = tuple(pl.ds(h * ROWS, ROWS) for h in range(GROUP // ROWS))
 
 
+def _each_half(fn) -> None:
+    """``fn(rows)`` for each half of a square, as a loop: one copy of its code.
+
+    Unrolled, the two halves' code (every register's instructions, twice)
+    made most of what the kernels cost to lower and compile.
+    """
+
+    @pl.loop(0, GROUP // ROWS)
+    def _(h):
+        fn(pl.ds(pl.multiple_of(h * ROWS, ROWS), ROWS))
+
+
 def _layout(shape: tuple[int, ...]):
     """The register layout of the kernels' arrays of ``shape``: wgmma's fragments for a
     half square, and the vectors its reductions leave (per row: 64; per column: 128)."""
@@ -202,10 +214,13 @@ def _columns(x_s, q_s, kw: dict, block: bool) -> jax.Array:
         # rounded quotient.
         bits = jnp.maximum(bits, jnp.max(bits, axis=0))
     scale = _scale(scaling.magnitude_bits_value(bits, jnp.float32), **kw)
-    for rows in HALVES:
+
+    def half(rows):
         xs = _f32(x_s, rows)
         s = lax.broadcast_in_dim(scale, xs.shape, (1,))
         q_s[rows] = _codes(xs, s, kw["fmt"], cast_with_specials)
+
+    _each_half(half)
     return scale
 
 
@@ -324,8 +339,11 @@ def quantize_2d(
 
     def body(x_s, q_s, s_s):
         if orient == "row":
-            for rows in HALVES:
+
+            def half(rows):
                 q_s[rows], s_s[rows] = _rows(_f32(x_s, rows), kw)
+
+            _each_half(half)
         else:
             s_s[...] = _columns(x_s, q_s, kw, block=orient == "block")
 
@@ -372,14 +390,20 @@ def quantize_rows_cols(
 
     def body(x_s, *rest):
         halves, (qr_s, sr_s, qc_s, sc_s) = rest[: len(scratch)], rest[len(scratch) :]
-        for rows in HALVES:
+
+        def row_half(rows):
             qr_s[rows], sr_s[rows] = _rows(_f32(x_s, rows), kw)
+
+        _each_half(row_half)
         # The 128x1 tiles are the rows of the transposed square.
         if wide:
             _split_f32(x_s, halves)
-        for rows in HALVES:
+
+        def col_half(rows):
             xt = _joined_f32(halves, rows) if wide else _f32(x_s, rows, transposed=True)
             qc_s[rows], sc_s[rows] = _rows(xt, kw)
+
+        _each_half(col_half)
 
     outs = [
         _codes_out(rp, cp),
@@ -431,12 +455,15 @@ def requantize_col_t(
         for rows in HALVES:
             bytes_s[rows] = _load(d_s, rows).astype(jnp.int16)
         plgpu.commit_smem()
-        for rows in HALVES:
+
+        def half(rows):
             d = code_values(_load(bytes_s, rows, transposed=True), fmt_in)
             # The square's tokens' scales, along the transposed square's columns.
             s = lax.broadcast_in_dim(st_s[...], d.shape, (1,))
             x = dequantized(d, s, fmt_in, interpret)
             q_s[rows], s_s[rows] = _rows(x, kw)
+
+        _each_half(half)
 
     def scale_window(g, i, j):
         return g.at[j, pl.ds(i * GROUP, GROUP)]
