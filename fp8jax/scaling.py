@@ -77,15 +77,18 @@ _F32_TINY = float(np.finfo(np.float32).tiny)
 _ONE_BITS = 0x3F800000
 
 
-#: The correctly rounded division of a kernel being traced, and the division it
-#: takes where a quotient is corrected afterwards (see :func:`ieee_division`).
-_DIVISIONS: list[tuple[Callable, Callable | None]] = []
+#: The correctly rounded division of a kernel being traced, the division it takes
+#: where a quotient is corrected afterwards, and whether it keeps subnormals
+#: (see :func:`ieee_division`).
+_DIVISIONS: list[tuple[Callable, Callable | None, bool]] = []
 
 
 @contextmanager
 def ieee_division(
     divide: Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray],
     corrected: Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray] | None = None,
+    *,
+    keeps_subnormals: bool = False,
 ) -> Iterator[None]:
     """:func:`exact_div` traced inside the block is ``divide(num, den)``.
 
@@ -95,8 +98,11 @@ def ieee_division(
     ``corrected``: the division for quotients an integer remainder corrects
     afterwards (:func:`_subnormal_scale_bits`; any within one of the floor
     will do), where ``divide`` does not lower; by default ``divide``.
+    ``keeps_subnormals``: ``divide`` is IEEE for subnormal operands and
+    results too (PTX ``div.rn.f32``, no ``.ftz``), so :func:`divide_offset`
+    divides directly, without its offset for tiny scales.
     """
-    _DIVISIONS.append((divide, corrected))
+    _DIVISIONS.append((divide, corrected, keeps_subnormals))
     try:
         yield
     finally:
@@ -143,6 +149,10 @@ def divide_offset(x: jnp.ndarray, scale: jnp.ndarray) -> jnp.ndarray:
     same quotient, which flush-to-zero cannot lose.
     +-Inf elements stay +-Inf.  The quantizer's division on CPUs and TPUs.
     """
+    if _DIVISIONS and _DIVISIONS[-1][2]:
+        # A kernel's division that keeps subnormals: the same correctly rounded
+        # quotient without the offset (a third of the per-element code).
+        return where(isinf(x), x, exact_div(x, scale))
     # Branch-free: every group is shifted by k = 64 (tiny scale) or 0 (an
     # exact identity), so the whole division stays one elementwise fusion; a
     # lax.cond between the two would make XLA materialize float32 copies of

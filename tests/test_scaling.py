@@ -363,3 +363,64 @@ def test_float64_product_equals_the_integer_one(jit, fmt):
     got = _jit(scaling.exact_product_float64, jit)(d, s)
     want = _jit(lambda d, s: scaling.exact_product(d, s, fmt), jit)(d, s)
     np.testing.assert_array_equal(np.asarray(got).view(np.int32), np.asarray(want).view(np.int32))
+
+
+def _division_keeping_subnormals(num, den):
+    """float32 num / den correctly rounded, subnormals kept, on a CPU that flushes them:
+    the float64 quotient of the exact magnitudes rounded once more (53 >= 2 * 24 + 2
+    bits: the two roundings give the correctly rounded float32), the sign put back."""
+    from fp8jax.formats import float32_bits_of_float64, float64_magnitude
+
+    with jax.enable_x64(True):
+        q = float64_magnitude(num) / float64_magnitude(den)
+        bits = float32_bits_of_float64(q)
+    sign = (
+        jax.lax.bitcast_convert_type(num, jnp.int32) ^ jax.lax.bitcast_convert_type(den, jnp.int32)
+    ) & jnp.int32(-(2**31))
+    return jax.lax.bitcast_convert_type(bits | sign, jnp.float32)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_divide_offset_without_its_offset_under_a_division_keeping_subnormals(jit):
+    # A kernel whose division keeps subnormals (PTX div.rn.f32) divides
+    # directly: the same quotients as the offset division, for subnormal,
+    # tiny, normal and huge scales and x with subnormals, zeros, NaN and +-Inf.
+    rng = np.random.default_rng(9)
+    n = 4096
+    scale = np.concatenate(
+        [
+            rng.integers(1, 0x00800000, n // 4).astype(np.int32).view(np.float32),
+            np.exp(rng.uniform(-100, 80, n - n // 4)).astype(np.float32),
+        ]
+    )
+    x = (scale.astype(np.float64) * rng.uniform(-500, 500, n)).astype(np.float32)
+    x[:6] = [np.nan, np.inf, -np.inf, 0.0, -1e-45, 3e-39]
+    x[6:12] = rng.integers(-9, 10, 6) * np.float32(1e-45)
+
+    def direct(x, s):
+        with scaling.ieee_division(_division_keeping_subnormals, keeps_subnormals=True):
+            return scaling.divide_offset(x, s)
+
+    f = jax.jit if jit else (lambda g: g)
+    want = np.asarray(f(scaling.divide_offset)(x, scale))
+    got = np.asarray(f(direct)(x, scale))
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+    # Tiny scales occur, whose quotients the offset division shifts.
+    assert (scale < scaling.OFFSET_SCALE).sum() > 0
+    # And the direct division is what ran: fewer operations, no offset.
+    direct_ops = _equations(jax.make_jaxpr(direct)(x, scale).jaxpr)
+    with scaling.ieee_division(_division_keeping_subnormals):
+        offset_ops = _equations(jax.make_jaxpr(scaling.divide_offset)(x, scale).jaxpr)
+    assert direct_ops < offset_ops
+
+
+def _equations(jaxpr) -> int:
+    """Equations of a jaxpr, those of the jaxprs inside its equations included."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += 1
+        for v in eqn.params.values():
+            inner = getattr(v, "jaxpr", v)
+            if hasattr(inner, "eqns"):
+                n += _equations(inner)
+    return n

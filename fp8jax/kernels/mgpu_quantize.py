@@ -205,8 +205,13 @@ def _columns(x_s, q_s, kw: dict, block: bool) -> jax.Array:
     The amax of each column over both halves first (on the bit patterns, one
     axis at a time: Mosaic GPU reduces one axis per step), then each half's codes.
     """
-    col_bits = [jnp.max(scaling.finite_magnitude_bits(_f32(x_s, r)), axis=0) for r in HALVES]
-    bits = functools.reduce(jnp.maximum, col_bits)
+
+    # The halves in a loop (one copy of their code); magnitude bits are >= 0.
+    @pl.loop(0, GROUP // ROWS, init_carry=jnp.zeros((GROUP,), jnp.int32))
+    def bits(h, acc):
+        rows = pl.ds(pl.multiple_of(h * ROWS, ROWS), ROWS)
+        return jnp.maximum(acc, jnp.max(scaling.finite_magnitude_bits(_f32(x_s, rows)), axis=0))
+
     if block:
         # The block's amax in every lane, as the max of each column's and the
         # block's: no broadcast of a scalar, which XLA (the interpreter's
@@ -250,7 +255,9 @@ def _kernel(body, ins, scratch, outs, grid, name: str, interpret):
             else:
                 # The subnormal scale's quotient, corrected by its remainder, may be
                 # the approximate one (inline PTX does not lower on its vectors).
-                with scaling.ieee_division(divide_rn, corrected=operator.truediv):
+                with scaling.ieee_division(
+                    divide_rn, corrected=operator.truediv, keeps_subnormals=True
+                ):
                     body(*buffers)
             # The registers' stores to shared memory, visible to TMA.
             plgpu.commit_smem()
