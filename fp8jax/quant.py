@@ -62,6 +62,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
+import operator
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -738,16 +739,20 @@ def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:
     q = float32_scales(q)
     fmt = q.data.dtype
 
-    @traced_inline
-    def plain(data, scale):
-        s = q.layout.expand(scale, data.shape)
-        # FP8 -> float32 is exact; the product is rounded once to float32.
-        return (data.astype(jnp.float32) * s.astype(jnp.float32)).astype(dtype)
+    def scaled(product):
+        # The codes times their scales by ``product`` of float32 operands.
+        @traced_inline
+        def run(data, scale):
+            s = q.layout.expand(scale, data.shape)
+            # FP8 -> float32 is exact; every product is rounded once to float32.
+            return product(data.astype(jnp.float32), s.astype(jnp.float32)).astype(dtype)
 
-    @traced_inline
-    def exact(data, scale):
-        s = q.layout.expand(scale, data.shape)
-        return exact_product(data.astype(jnp.float32), s.astype(jnp.float32), fmt).astype(dtype)
+        return run
+
+    plain = scaled(operator.mul)
+    exact = scaled(partial(exact_product, fmt=fmt))
+    # The same bits as ``exact`` by float64 arithmetic.
+    exact_float64 = scaled(exact_product_float64)
 
     if int(ml_dtypes.finfo(fmt).nmant) > 6:
         # Not an FP8 payload: the plain product.
@@ -755,11 +760,6 @@ def dequantize(q: QTensor, dtype=jnp.float32) -> jnp.ndarray:
 
     def subnormal(scale):
         return jnp.any(_bits(scale) < 0x00800000)
-
-    @traced_inline
-    def exact_float64(data, scale):
-        s = q.layout.expand(scale, data.shape)
-        return exact_product_float64(data.astype(jnp.float32), s.astype(jnp.float32)).astype(dtype)
 
     def branches(data, scale):
         # The branches take the compact codes and scales, so that each one is

@@ -95,14 +95,15 @@ def _clipped_by_product(xf: jax.Array, s: jax.Array, t: float) -> jax.Array:
     return over & (bits < 0x7F800000) & has_scale
 
 
-def _flushed(x: jax.Array, y: jax.Array) -> jax.Array:
-    """Per element of ``x``: finite and non-zero, but zero in ``y``.
+def _flushed(magnitude_bits: jax.Array, y: jax.Array) -> jax.Array:
+    """Per element of x: finite and non-zero, but zero in ``y``.
 
+    ``magnitude_bits``: :func:`fp8jax.scaling.finite_magnitude_bits` of x.
     Finite and non-zero is read on x's bit patterns: XLA's CPU compares a
     subnormal with zero as zero in some kernels and not in others.
     """
     zero = jnp.asarray(y).astype(jnp.float32) == 0
-    return (finite_magnitude_bits(x) > 0) & zero
+    return (magnitude_bits > 0) & zero
 
 
 def saturated_fraction(x: jax.Array, q: QTensor) -> jax.Array:
@@ -128,7 +129,7 @@ def flushed_fraction(x: jax.Array, y: jax.Array) -> jax.Array:
     in float32: float64 inputs below float32's range count as zeros.
     """
     xf = jnp.asarray(x).astype(jnp.float32)
-    return _share(jnp.sum(_flushed(xf, y).astype(jnp.int32)), xf.size)
+    return _share(jnp.sum(_flushed(finite_magnitude_bits(xf), y).astype(jnp.int32)), xf.size)
 
 
 def _share(count: jax.Array, n: int) -> jax.Array:
@@ -157,10 +158,11 @@ def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
         return {"amax": finite_amax(x), "saturated": zero, "flushed": zero}
     x = amax_input(x)
     xf = x.astype(jnp.float32)
+    mag = finite_magnitude_bits(x)
     parts = (
-        finite_magnitude_bits(x).astype(jnp.int32),
+        mag.astype(jnp.int32),
         _clipped(xf, op).astype(jnp.int32),
-        _flushed(x, op.data).astype(jnp.int32),
+        _flushed(mag, op.data).astype(jnp.int32),
     )
 
     def combine(a, b):

@@ -81,6 +81,11 @@ ROWS = 64
 HALVES = tuple(pl.ds(h * ROWS, ROWS) for h in range(GROUP // ROWS))
 
 
+def _half(h):
+    """The rows of half ``h`` (a loop index) of a square."""
+    return pl.ds(pl.multiple_of(h * ROWS, ROWS), ROWS)
+
+
 def _each_half(fn) -> None:
     """``fn(rows)`` for each half of a square, as a loop: one copy of its code.
 
@@ -90,7 +95,7 @@ def _each_half(fn) -> None:
 
     @pl.loop(0, GROUP // ROWS)
     def _(h):
-        fn(pl.ds(pl.multiple_of(h * ROWS, ROWS), ROWS))
+        fn(_half(h))
 
 
 def _layout(shape: tuple[int, ...]):
@@ -209,8 +214,7 @@ def _columns(x_s, q_s, kw: dict, block: bool) -> jax.Array:
     # The halves in a loop (one copy of their code); magnitude bits are >= 0.
     @pl.loop(0, GROUP // ROWS, init_carry=jnp.zeros((GROUP,), jnp.int32))
     def bits(h, acc):
-        rows = pl.ds(pl.multiple_of(h * ROWS, ROWS), ROWS)
-        return jnp.maximum(acc, jnp.max(scaling.finite_magnitude_bits(_f32(x_s, rows)), axis=0))
+        return jnp.maximum(acc, jnp.max(scaling.finite_magnitude_bits(_f32(x_s, _half(h))), axis=0))
 
     if block:
         # The block's amax in every lane, as the max of each column's and the
