@@ -11,8 +11,9 @@ so :mod:`fp8jax.kernels.tpu_quantize`'s), the same bits:
 
 One CTA (one warpgroup) per 128 x 128 square of x: a TMA copy brings the
 square into shared memory, the warpgroup takes it into registers (wgmma's
-fragment layout) :data:`ROWS` rows at a time and reduces each tile there,
-and TMA copies write the codes (as int8 bytes) and the float32 scales.  A
+fragment layout) :data:`ROWS` rows by :data:`COLS` columns at a time, in
+loops that hold one copy of the code: each tile's amax chunk by chunk, then
+its codes; TMA copies write the codes (as int8 bytes) and the float32 scales.  A
 square is every tile of its rows and columns, so one read of x serves both
 of dy's layouts.
 
@@ -74,11 +75,10 @@ def _square(ref, i, j):
     return ref.at[pl.ds(i * GROUP, GROUP), pl.ds(j * GROUP, GROUP)]
 
 
-#: Rows of a square held in registers at once: wgmma's fragment layout of a
-#: 64 x 128 float32 array is 64 values per thread, so the quantizer's
-#: temporaries fit the 255 registers (a whole square spilled to local memory).
+#: Rows of a square held in registers at once: wgmma's fragment layout puts a
+#: warpgroup's 128 threads on 64 rows (a whole square's values, 128 per thread
+#: in float32, spilled to local memory).
 ROWS = 64
-HALVES = tuple(pl.ds(h * ROWS, ROWS) for h in range(GROUP // ROWS))
 
 
 def _half(h):
@@ -98,9 +98,41 @@ def _each_half(fn) -> None:
         fn(_half(h))
 
 
+#: Columns of a half square computed at once: the per-element code (the
+#: division, its guards, the cast) is most of a kernel's instructions, and on
+#: a 64 x 32 chunk it is a quarter of the half's (16 values per thread).
+COLS = 32
+
+
+def _chunk(c):
+    """The columns of chunk ``c`` (a loop index) of a square."""
+    return pl.ds(pl.multiple_of(c * COLS, COLS), COLS)
+
+
+def _each_piece(fn) -> None:
+    """``fn(rows, cols)`` for each chunk of each half of a square, as one loop."""
+    chunks = GROUP // COLS
+
+    @pl.loop(0, GROUP // ROWS * chunks)
+    def _(k):
+        fn(_half(k // chunks), _chunk(k % chunks))
+
+
+def _max_bits(load, n: int, axis: int, init: jax.Array) -> jax.Array:
+    """The max of ``init`` and the magnitude bits of ``load(k)`` (k < n, a loop) reduced
+    along ``axis``: the finite amax's bit patterns, one chunk at a time."""
+
+    @pl.loop(0, n, init_carry=init)
+    def bits(k, acc):
+        return jnp.maximum(acc, jnp.max(scaling.finite_magnitude_bits(load(k)), axis=axis))
+
+    return bits
+
+
 def _layout(shape: tuple[int, ...]):
     """The register layout of the kernels' arrays of ``shape``: wgmma's fragments for a
-    half square, and the vectors its reductions leave (per row: 64; per column: 128)."""
+    chunk of a half square, and the vectors its reductions leave (per row: 64; per
+    column: 32)."""
     if len(shape) == 2:
         return plgpu.Layout.WGMMA
     return plgpu.Layout.WGMMA.reduce(1 if shape == (ROWS,) else 0)
@@ -161,18 +193,18 @@ def dequantized(d: jax.Array, s: jax.Array, fmt, interpret) -> jax.Array:
     return jnp.where(isfinite(d), multiply_rn(d, s), d)
 
 
-def _load(ref, rows, transposed: bool = False) -> jax.Array:
-    """``rows`` of a 128 x 128 shared-memory square (of its transpose where
+def _load(ref, rows, cols=slice(None), transposed: bool = False) -> jax.Array:
+    """``rows`` x ``cols`` of a 128 x 128 shared-memory square (of its transpose where
     ``transposed``) in registers, wgmma's fragment layout."""
     if transposed:
-        return plgpu.load(ref.at[:, rows].transpose((1, 0)), layout=plgpu.Layout.WGMMA)
-    return plgpu.load(ref.at[rows], layout=plgpu.Layout.WGMMA)
+        return plgpu.load(ref.at[cols, rows].transpose((1, 0)), layout=plgpu.Layout.WGMMA)
+    return plgpu.load(ref.at[rows, cols], layout=plgpu.Layout.WGMMA)
 
 
-def _f32(ref, rows, transposed: bool = False) -> jax.Array:
+def _f32(ref, rows, cols=slice(None), transposed: bool = False) -> jax.Array:
     # float32: bfloat16 values are exact in it, and the amax of the float32
     # bit patterns is the amax of the values.
-    return _load(ref, rows, transposed).astype(jnp.float32)
+    return _load(ref, rows, cols, transposed).astype(jnp.float32)
 
 
 def _split_f32(x_s, halves) -> None:
@@ -180,57 +212,90 @@ def _split_f32(x_s, halves) -> None:
     so that they can be read transposed: Mosaic GPU reads only 16-bit data
     through a transposed view."""
     hi_s, lo_s = halves
-    for rows in HALVES:
-        bits = lax.bitcast_convert_type(_load(x_s, rows), jnp.int32)
-        hi_s[rows] = (bits >> 16).astype(jnp.int16)
-        lo_s[rows] = bits.astype(jnp.int16)
+
+    def piece(rows, cols):
+        bits = lax.bitcast_convert_type(_load(x_s, rows, cols), jnp.int32)
+        hi_s[rows, cols] = (bits >> 16).astype(jnp.int16)
+        lo_s[rows, cols] = bits.astype(jnp.int16)
+
+    _each_piece(piece)
     # Other threads' halves are read next: a warpgroup barrier (with the fence).
     plgpu.commit_smem()
 
 
-def _joined_f32(halves, rows) -> jax.Array:
-    """``rows`` of the transposed square :func:`_split_f32` stored: the same bits."""
+def _joined_f32(halves, rows, cols) -> jax.Array:
+    """``rows`` x ``cols`` of the transposed square :func:`_split_f32` stored: the same bits."""
     hi_s, lo_s = halves
-    hi = _load(hi_s, rows, transposed=True).astype(jnp.int32)
-    lo = _load(lo_s, rows, transposed=True).astype(jnp.int32) & 0xFFFF
+    hi = _load(hi_s, rows, cols, transposed=True).astype(jnp.int32)
+    lo = _load(lo_s, rows, cols, transposed=True).astype(jnp.int32) & 0xFFFF
     return lax.bitcast_convert_type((hi << 16) | lo, jnp.float32)
 
 
-def _rows(xs: jax.Array, kw: dict) -> tuple[jax.Array, jax.Array]:
-    """(int8 codes, float32 scales) of the 1x128 tiles of ``xs``'s rows."""
-    scale = _scale(scaling._bits_amax(xs, 1, False), **kw)
-    codes = _codes(xs, lax.broadcast_in_dim(scale, xs.shape, (0,)), kw["fmt"], cast_with_specials)
-    return codes, scale
+def _row_tiles(load, rows, q_s, s_s, kw: dict) -> None:
+    """The 1x128 tiles of a half square's ``rows``: int8 codes into ``q_s[rows]``,
+    float32 scales into ``s_s[rows]``; ``load(rows, cols)`` gives the float32 values.
 
-
-def _columns(x_s, q_s, kw: dict, block: bool) -> jax.Array:
-    """A square's 128x1 tiles (or, where ``block``, the square as one block) into
-    ``q_s``; returns the 128 scales (the block's in each lane).
-
-    The amax of each column over both halves first (on the bit patterns, one
-    axis at a time: Mosaic GPU reduces one axis per step), then each half's codes.
+    Each row's amax over the chunks first (a loop), then each chunk's codes.
     """
+    bits = _max_bits(
+        lambda c: load(rows, _chunk(c)), GROUP // COLS, 1, jnp.zeros((ROWS,), jnp.int32)
+    )
+    scale = _scale(scaling.magnitude_bits_value(bits, jnp.float32), **kw)
 
-    # The halves in a loop (one copy of their code); magnitude bits are >= 0.
-    @pl.loop(0, GROUP // ROWS, init_carry=jnp.zeros((GROUP,), jnp.int32))
-    def bits(h, acc):
-        return jnp.maximum(acc, jnp.max(scaling.finite_magnitude_bits(_f32(x_s, _half(h))), axis=0))
+    @pl.loop(0, GROUP // COLS)
+    def _(c):
+        cols = _chunk(c)
+        xs = load(rows, cols)
+        s = lax.broadcast_in_dim(scale, xs.shape, (0,))
+        q_s[rows, cols] = _codes(xs, s, kw["fmt"], cast_with_specials)
+
+    s_s[rows] = scale
+
+
+def _columns(x_s, q_s, s_s, kw: dict, block: bool) -> None:
+    """A square's 128x1 tiles (or, where ``block``, the square as one block): int8 codes
+    into ``q_s``, float32 scales into ``s_s`` (the block's in each lane).
+
+    Each column's amax over both halves first (on the bit patterns, one axis
+    at a time: Mosaic GPU reduces one axis per step), then each half's codes,
+    a chunk of columns at a time.
+    """
+    zeros = jnp.zeros((COLS,), jnp.int32)
+
+    def column_bits(cols, acc):
+        return _max_bits(lambda h: _f32(x_s, _half(h), cols), GROUP // ROWS, 0, acc)
 
     if block:
-        # The block's amax in every lane, as the max of each column's and the
+
+        @pl.loop(0, GROUP // COLS, init_carry=zeros)
+        def bits(c, acc):
+            return column_bits(_chunk(c), acc)
+
+        # The block's amax in every lane, as the max of each lane's and the
         # block's: no broadcast of a scalar, which XLA (the interpreter's
         # compiler) would divide by its reciprocal, 1 ulp off the correctly
         # rounded quotient.
-        bits = jnp.maximum(bits, jnp.max(bits, axis=0))
-    scale = _scale(scaling.magnitude_bits_value(bits, jnp.float32), **kw)
+        block_scale = _scale(
+            scaling.magnitude_bits_value(jnp.maximum(bits, jnp.max(bits, axis=0)), jnp.float32),
+            **kw,
+        )
 
-    def half(rows):
-        xs = _f32(x_s, rows)
-        s = lax.broadcast_in_dim(scale, xs.shape, (1,))
-        q_s[rows] = _codes(xs, s, kw["fmt"], cast_with_specials)
+    @pl.loop(0, GROUP // COLS)
+    def _(c):
+        cols = _chunk(c)
+        scale = (
+            block_scale
+            if block
+            else _scale(scaling.magnitude_bits_value(column_bits(cols, zeros), jnp.float32), **kw)
+        )
 
-    _each_half(half)
-    return scale
+        def half(rows):
+            xs = _f32(x_s, rows, cols)
+            s = lax.broadcast_in_dim(scale, xs.shape, (1,))
+            q_s[rows, cols] = _codes(xs, s, kw["fmt"], cast_with_specials)
+
+        _each_half(half)
+        s_s[cols] = scale
 
 
 def _kernel(body, ins, scratch, outs, grid, name: str, interpret):
@@ -350,13 +415,9 @@ def quantize_2d(
 
     def body(x_s, q_s, s_s):
         if orient == "row":
-
-            def half(rows):
-                q_s[rows], s_s[rows] = _rows(_f32(x_s, rows), kw)
-
-            _each_half(half)
+            _each_half(lambda rows: _row_tiles(functools.partial(_f32, x_s), rows, q_s, s_s, kw))
         else:
-            s_s[...] = _columns(x_s, q_s, kw, block=orient == "block")
+            _columns(x_s, q_s, s_s, kw, block=orient == "block")
 
     # 1x128 tiles' scales are written transposed, (C/128, R): 128 contiguous
     # per square (the form the GEMM kernel reads); the others (R/128, C).
@@ -402,19 +463,17 @@ def quantize_rows_cols(
     def body(x_s, *rest):
         halves, (qr_s, sr_s, qc_s, sc_s) = rest[: len(scratch)], rest[len(scratch) :]
 
-        def row_half(rows):
-            qr_s[rows], sr_s[rows] = _rows(_f32(x_s, rows), kw)
-
-        _each_half(row_half)
+        _each_half(lambda rows: _row_tiles(functools.partial(_f32, x_s), rows, qr_s, sr_s, kw))
         # The 128x1 tiles are the rows of the transposed square.
         if wide:
             _split_f32(x_s, halves)
 
-        def col_half(rows):
-            xt = _joined_f32(halves, rows) if wide else _f32(x_s, rows, transposed=True)
-            qc_s[rows], sc_s[rows] = _rows(xt, kw)
+        def transposed(rows, cols):
+            if wide:
+                return _joined_f32(halves, rows, cols)
+            return _f32(x_s, rows, cols, transposed=True)
 
-        _each_half(col_half)
+        _each_half(lambda rows: _row_tiles(transposed, rows, qc_s, sc_s, kw))
 
     outs = [
         _codes_out(rp, cp),
@@ -463,18 +522,19 @@ def requantize_col_t(
 
     def body(d_s, st_s, bytes_s, q_s, s_s):
         # The square's codes as int16 bytes, read back transposed (K x tokens).
-        for rows in HALVES:
-            bytes_s[rows] = _load(d_s, rows).astype(jnp.int16)
+        def piece(rows, cols):
+            bytes_s[rows, cols] = _load(d_s, rows, cols).astype(jnp.int16)
+
+        _each_piece(piece)
         plgpu.commit_smem()
 
-        def half(rows):
-            d = code_values(_load(bytes_s, rows, transposed=True), fmt_in)
+        def values(rows, cols):
+            d = code_values(_load(bytes_s, rows, cols, transposed=True), fmt_in)
             # The square's tokens' scales, along the transposed square's columns.
-            s = lax.broadcast_in_dim(st_s[...], d.shape, (1,))
-            x = dequantized(d, s, fmt_in, interpret)
-            q_s[rows], s_s[rows] = _rows(x, kw)
+            s = lax.broadcast_in_dim(st_s[cols], d.shape, (1,))
+            return dequantized(d, s, fmt_in, interpret)
 
-        _each_half(half)
+        _each_half(lambda rows: _row_tiles(values, rows, q_s, s_s, kw))
 
     def scale_window(g, i, j):
         return g.at[j, pl.ds(i * GROUP, GROUP)]
