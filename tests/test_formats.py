@@ -271,7 +271,8 @@ def test_saturating_cast_gives_the_casts_codes_on_both_sides_of_the_cpu_size_swi
 @pytest.mark.parametrize("jit", [False, True])
 def test_float32_bits_of_float64_round_once_subnormals_included(jit):
     # float64 values across float32's subnormal range, its normal boundary,
-    # exact float32 midpoints, the top of its range, +Inf and NaN: NumPy's
+    # exact float32 midpoints, the top of its range, +Inf and NaN of either
+    # sign: NumPy's
     # conversion (which keeps subnormals) gives the bits.
     rng = np.random.default_rng(13)
     p = np.concatenate(
@@ -279,7 +280,12 @@ def test_float32_bits_of_float64_round_once_subnormals_included(jit):
             np.exp2(rng.uniform(-160, 127.9, 20000)),
             np.exp2(rng.uniform(-127, -125, 5000)),
             (np.arange(1, 2000) + 0.5) * 2.0**-149,
-            [0.0, 2.0**-126, np.inf, np.nan],
+            [0.0, 2.0**-126, np.inf, np.nan, -np.nan],
+            # Half the smallest subnormal (to even: 0) and just above it (1);
+            # float64 subnormals; float32's top midpoint (to even: +Inf), just
+            # below it (the largest finite) and far beyond.
+            [2.0**-150, np.nextafter(2.0**-150, 1.0), 5e-324, 2.0**-1030],
+            [2.0**128 - 2.0**103, np.nextafter(2.0**128 - 2.0**103, 0.0), 1e300],
         ]
     )
     f = jax.jit(formats.float32_bits_of_float64) if jit else formats.float32_bits_of_float64
