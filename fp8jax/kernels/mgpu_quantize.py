@@ -100,7 +100,8 @@ def _each_half(fn) -> None:
 
 #: Columns of a half square computed at once: the per-element code (the
 #: division, its guards, the cast) is most of a kernel's instructions, and on
-#: a 64 x 32 chunk it is a quarter of the half's (16 values per thread).
+#: a 64 x 32 chunk it is a quarter of the half's (16 values per thread).  Not
+#: ROWS: a reduced vector's length tells a row's from a column's (_layout).
 COLS = 32
 
 
