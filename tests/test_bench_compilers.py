@@ -224,8 +224,13 @@ def test_gemm_case_reports_ratios_to_bf16():
     assert recs[0]["ratio"] == 1.0
     assert recs[1]["paths"]["dense/fprop"].startswith("pallas")
     assert "non_gemm_vs_bf16_gemms" in recs[1]
+    assert recs[0]["compile_ratio"] == 1.0 and recs[1]["compile_ratio"] > 0
     text = predicted.table(recs)
     assert "deepseek_v3" in text and "Mosaic GPU" in text
+    # The compile ratio closes each record's line (the header first, bf16 next).
+    lines = text.splitlines()
+    assert lines[1].split()[-1] == "1.00"
+    assert float(lines[2].split()[-1]) == pytest.approx(recs[1]["compile_ratio"], abs=0.01)
 
 
 def test_tpu7x_estimates_a_plain_bf16_gemm():

@@ -222,11 +222,13 @@ def _ratios(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def table(records: Sequence[dict[str, Any]]) -> str:
-    """One line per record: kernels, loops, temporaries, bytes, predicted time and ratios."""
+    """One line per record: kernels, loops, temporaries, bytes, predicted time and ratios,
+    and the seconds to trace, lower and compile it with their ratio to bf16's (the same
+    run, the same process)."""
     head = (
         f"{'target':7s} {'case':28s} {'recipe':16s} {'impl':8s} {'GEMM kernels':30s} "
         f"{'fus':>4s} {'loops':>5s} {'temp MiB':>8s} {'HBM MB':>8s} {'pred us':>8s} "
-        f"{'x bf16':>6s} {'bytes':>5s} {'nonGEMM':>7s} {'compile s':>9s}"
+        f"{'x bf16':>6s} {'bytes':>5s} {'nonGEMM':>7s} {'compile s':>9s} {'x bf16':>6s}"
     )
     lines = [head]
     for r in records:
@@ -247,7 +249,8 @@ def table(records: Sequence[dict[str, Any]]) -> str:
             f"{r['fusions']:4d} {loops:5d} {r['temp_bytes'] / 2**20:8.1f} "
             f"{r['hbm_bytes'] / 1e6:8.1f} {f(r['total_us'], '8.1f')} "
             f"{f(r.get('ratio'), '6.2f')} {f(r.get('bytes_ratio'), '5.2f')} "
-            f"{f(r.get('non_gemm_vs_bf16_gemms'), '7.2f')} {r['compile_seconds']:9.1f}"
+            f"{f(r.get('non_gemm_vs_bf16_gemms'), '7.2f')} {r['compile_seconds']:9.1f} "
+            f"{f(r.get('compile_ratio'), '6.2f')}"
         )
     return "\n".join(lines)
 
