@@ -110,6 +110,14 @@ def _chunk(c):
     return pl.ds(pl.multiple_of(c * COLS, COLS), COLS)
 
 
+def _each_chunk(fn) -> None:
+    """``fn(cols)`` for each chunk of a square's columns, as a loop: one copy of its code."""
+
+    @pl.loop(0, GROUP // COLS)
+    def _(c):
+        fn(_chunk(c))
+
+
 def _each_piece(fn) -> None:
     """``fn(rows, cols)`` for each chunk of each half of a square, as one loop."""
     chunks = GROUP // COLS
@@ -128,6 +136,11 @@ def _max_bits(load, n: int, axis: int, init: jax.Array) -> jax.Array:
         return jnp.maximum(acc, jnp.max(scaling.finite_magnitude_bits(load(k)), axis=axis))
 
     return bits
+
+
+def _scale_of(bits: jax.Array, kw: dict) -> jax.Array:
+    """The float32 scales of tiles whose finite amax has the magnitude bits ``bits``."""
+    return _scale(scaling.magnitude_bits_value(bits, jnp.float32), **kw)
 
 
 def _layout(shape: tuple[int, ...]):
@@ -241,15 +254,14 @@ def _row_tiles(load, rows, q_s, s_s, kw: dict) -> None:
     bits = _max_bits(
         lambda c: load(rows, _chunk(c)), GROUP // COLS, 1, jnp.zeros((ROWS,), jnp.int32)
     )
-    scale = _scale(scaling.magnitude_bits_value(bits, jnp.float32), **kw)
+    scale = _scale_of(bits, kw)
 
-    @pl.loop(0, GROUP // COLS)
-    def _(c):
-        cols = _chunk(c)
+    def chunk(cols):
         xs = load(rows, cols)
         s = lax.broadcast_in_dim(scale, xs.shape, (0,))
         q_s[rows, cols] = _codes(xs, s, kw["fmt"], cast_with_specials)
 
+    _each_chunk(chunk)
     s_s[rows] = scale
 
 
@@ -276,19 +288,10 @@ def _columns(x_s, q_s, s_s, kw: dict, block: bool) -> None:
         # block's: no broadcast of a scalar, which XLA (the interpreter's
         # compiler) would divide by its reciprocal, 1 ulp off the correctly
         # rounded quotient.
-        block_scale = _scale(
-            scaling.magnitude_bits_value(jnp.maximum(bits, jnp.max(bits, axis=0)), jnp.float32),
-            **kw,
-        )
+        block_scale = _scale_of(jnp.maximum(bits, jnp.max(bits, axis=0)), kw)
 
-    @pl.loop(0, GROUP // COLS)
-    def _(c):
-        cols = _chunk(c)
-        scale = (
-            block_scale
-            if block
-            else _scale(scaling.magnitude_bits_value(column_bits(cols, zeros), jnp.float32), **kw)
-        )
+    def chunk(cols):
+        scale = block_scale if block else _scale_of(column_bits(cols, zeros), kw)
 
         def half(rows):
             xs = _f32(x_s, rows, cols)
@@ -297,6 +300,8 @@ def _columns(x_s, q_s, s_s, kw: dict, block: bool) -> None:
 
         _each_half(half)
         s_s[cols] = scale
+
+    _each_chunk(chunk)
 
 
 def _kernel(body, ins, scratch, outs, grid, name: str, interpret):
