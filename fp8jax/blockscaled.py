@@ -39,7 +39,7 @@ from jax import lax
 
 from fp8jax import hadamard, microscaling, platforms
 from fp8jax.formats import BLOCK_FORMATS
-from fp8jax.layout import Layout
+from fp8jax.layout import Layout, pad_axis
 from fp8jax.quant import QTensor
 
 
@@ -139,15 +139,6 @@ def device_native_block_gemm() -> bool:
     return native_block_gemm_available(dev.platform, getattr(dev, "compute_capability", None))
 
 
-def _pad_to(x: jax.Array, axis: int, multiple: int) -> jax.Array:
-    pad = (-x.shape[axis]) % multiple
-    if not pad:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, pad)
-    return jnp.pad(x, widths)
-
-
 def _row_scales(q: QTensor) -> jax.Array:
     """(B, rows, K / block) scales of a canonical operand with K last.
 
@@ -174,8 +165,8 @@ def scaled_matmul_args(qa: QTensor, qb: QTensor) -> tuple[Any, ...]:
             raise ValueError("scaled_matmul operands must be (B, rows, K) blocked along K")
     blk = qa.tile
     k_scales = -(-qa.data.shape[-1] // blk)
-    a = _pad_to(qa.data, 2, blk)
-    b = _pad_to(qb.data, 2, blk)
+    a = pad_axis(qa.data, 2, blk)
+    b = pad_axis(qb.data, 2, blk)
     sa, sb = _row_scales(qa), _row_scales(qb)
     if sa.shape[-1] != k_scales or sb.shape[-1] != k_scales:
         raise ValueError("operands are not blocked along the same K")

@@ -34,6 +34,19 @@ import jax.numpy as jnp
 GRANULARITIES = ("tensor", "row", "tile", "block")
 
 
+def pad_zeros(x: jax.Array, widths) -> jax.Array:
+    """``x`` zero padded by ``widths``, one (before, after) pair per axis (jnp.pad's).
+
+    One ``lax.pad``: ``jnp.pad`` is a jit of its own, a call in the program
+    that XLA inlines and runs its passes over once per use, and a quantizing
+    train step pads at every operand.
+    """
+    widths = [(int(lo), int(hi)) for lo, hi in widths]
+    if all(w == (0, 0) for w in widths):
+        return x
+    return jax.lax.pad(x, jnp.zeros((), x.dtype), [(lo, hi, 0) for lo, hi in widths])
+
+
 def pad_axis(x: jax.Array, axis: int, multiple: int) -> jax.Array:
     """``x`` zero padded at the end of ``axis`` to a multiple of ``multiple``."""
     n = x.shape[axis]
@@ -42,7 +55,7 @@ def pad_axis(x: jax.Array, axis: int, multiple: int) -> jax.Array:
         return x
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, pad)
-    return jnp.pad(x, widths)
+    return pad_zeros(x, widths)
 
 
 def split_axis(x: jax.Array, axis: int, tile: int) -> jax.Array:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fp8jax
-from fp8jax.layout import Layout
+from fp8jax.layout import Layout, pad_zeros
 from fp8jax.recipes import QuantSpec
 
 SHAPE = (3, 6, 10)  # partial tiles and blocks along both matrix axes
@@ -214,3 +214,23 @@ def test_qtensor_moves_keep_its_values(gran, axis, jit):
     leaves, tree = jax.tree_util.tree_flatten(q)
     assert jax.tree_util.tree_unflatten(tree, leaves).layout == q.layout
     assert all(isinstance(leaf, jax.Array) for leaf in leaves)
+
+
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_pad_zeros_is_numpy_pad_as_one_primitive(use_jit):
+    widths = ((0, 1), (2, 0), (0, 3))
+
+    def pad(a):
+        return pad_zeros(a, widths)
+
+    fn = jax.jit(pad) if use_jit else pad
+    for dt in (np.float32, jnp.bfloat16, np.uint8):
+        x = (np.arange(30).reshape(2, 3, 5) + 1).astype(dt)
+        got, want = np.asarray(fn(jnp.asarray(x))), np.pad(x, widths)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    # One pad, no jit of jnp.pad (a call of its own in the program).
+    jaxpr = jax.make_jaxpr(pad)(jnp.ones((2, 3, 5)))
+    assert [e.primitive.name for e in jaxpr.eqns] == ["pad"]
+    x = jnp.ones((2, 2))
+    assert pad_zeros(x, ((0, 0), (0, 0))) is x
