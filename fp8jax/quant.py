@@ -86,7 +86,7 @@ from fp8jax.formats import (
     saturating_cast,
 )
 from fp8jax.inline_ops import traced_inline, where
-from fp8jax.layout import Layout
+from fp8jax.layout import Layout, pad_zeros
 from fp8jax.scaling import (
     divide_offset,
     exact_product,
@@ -674,7 +674,7 @@ def _quantize_as_group_rows(
         xt = jnp.moveaxis(x, ax, -1)
         k = xt.shape[-1]
         kp = -(-k // tile) * tile
-        flat = jnp.pad(xt.reshape(-1, k), ((0, 0), (0, kp - k))).reshape(-1, tile)
+        flat = pad_zeros(xt.reshape(-1, k), ((0, 0), (0, kp - k))).reshape(-1, tile)
         data, scale = _quantize_rows_padded(flat, dtype, fmt, pow2, amax_floor, scale_fmt)
         data = data.reshape(-1, kp)[:, :k].reshape(xt.shape)
         scale = scale.reshape(xt.shape[:-1] + (kp // tile,))
@@ -682,7 +682,7 @@ def _quantize_as_group_rows(
     else:
         lead, (r, c) = x.shape[:-2], x.shape[-2:]
         rp, cp = -(-r // tile) * tile, -(-c // tile) * tile
-        xp = jnp.pad(x, [(0, 0)] * len(lead) + [(0, rp - r), (0, cp - c)])
+        xp = pad_zeros(x, [(0, 0)] * len(lead) + [(0, rp - r), (0, cp - c)])
         blocks = xp.reshape(lead + (rp // tile, tile, cp // tile, tile))
         flat = jnp.moveaxis(blocks, -3, -2).reshape(-1, tile, tile)
         data, scale = _quantize_rows_padded(flat, dtype, fmt, pow2, amax_floor, scale_fmt)
@@ -700,10 +700,16 @@ def _quantize_rows_padded(flat, dtype, fmt, pow2, amax_floor, scale_fmt):
     """(codes, one scale per group) of ``flat``, the bit patterns of ``dtype`` values: its
     rows (n, tile) or blocks (n, tile, tile) each a group, quantized through a bucket."""
     n = flat.shape[0]
+    if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16):
+        # bfloat16 groups as the float32 values they are: a bfloat16 is the top
+        # half of its float32 (exact, subnormals too), widened here on the bit
+        # patterns.  The same values give the same codes and scales, and
+        # bfloat16 and float32 operands share the float32 buckets' kernels.
+        flat, dtype = flat.astype(jnp.uint32) << 16, jnp.dtype(jnp.float32)
     # The barriers keep the layout moves and the padding out of the bucket's
     # kernels, which would otherwise be fused into them and differ per shape.
     pad = [(0, group_rows_bucket(n) - n)] + [(0, 0)] * (flat.ndim - 1)
-    padded = lax.optimization_barrier(jnp.pad(flat, pad))
+    padded = lax.optimization_barrier(pad_zeros(flat, pad))
     data, scale = lax.optimization_barrier(
         _quantize_bucket(padded, dtype, fmt, pow2, amax_floor, scale_fmt)
     )
