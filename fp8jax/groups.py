@@ -87,8 +87,15 @@ def aligned_rows(num_rows: int, num_groups: int, tile: int) -> int:
     return (-(-num_rows // tile) + num_groups) * tile
 
 
+@traced_inline
 def group_layout(group_sizes: jax.Array, num_rows: int, tile: int = 128) -> GroupLayout:
-    """The expert-aligned tile layout of ``group_sizes`` (traceable in its values)."""
+    """The expert-aligned tile layout of ``group_sizes`` (traceable in its values).
+
+    Index arithmetic on a few vectors, traced without jax.numpy's per-operator
+    jits (:func:`fp8jax.inline_ops.traced_inline`): each would be a call of
+    its own in every grouped GEMM's program.  The searches compare every
+    boundary at once (``method="compare_all"``, no loop): the same indices.
+    """
     if group_sizes.ndim != 1:
         raise ValueError(f"group_sizes must be 1-d (E,), got shape {group_sizes.shape}")
     if tile <= 0:
@@ -105,7 +112,7 @@ def group_layout(group_sizes: jax.Array, num_rows: int, tile: int = 128) -> Grou
     # Expert of each tile: the first group whose cumulative tile count exceeds
     # the tile index (empty groups own no tile); beyond all groups: -1.
     t = jnp.arange(mp // tile, dtype=jnp.int32)
-    g_tile = jnp.searchsorted(tile_ends, t, side="right").astype(jnp.int32)
+    g_tile = _search_right(tile_ends, t)
     tile_group = jnp.where(g_tile < num_groups, g_tile, -1)
 
     r = jnp.arange(mp, dtype=jnp.int32)
@@ -115,10 +122,15 @@ def group_layout(group_sizes: jax.Array, num_rows: int, tile: int = 128) -> Grou
     src_row = jnp.where(row_valid, offs[g_r] + pos, 0)
 
     m = jnp.arange(num_rows, dtype=jnp.int32)
-    g_m = jnp.clip(jnp.searchsorted(ends, m, side="right").astype(jnp.int32), 0, num_groups - 1)
+    g_m = jnp.clip(_search_right(ends, m), 0, num_groups - 1)
     in_group = m < ends[-1] if num_groups else jnp.zeros((num_rows,), bool)
     dst_row = jnp.where(in_group, aligned_offs[g_m] + (m - offs[g_m]), 0)
     return GroupLayout(src_row, row_valid, tile_group, dst_row, in_group)
+
+
+def _search_right(edges: jax.Array, v: jax.Array) -> jax.Array:
+    """For each of ``v``: how many of the sorted ``edges`` are <= it (int32)."""
+    return jnp.searchsorted(edges, v, side="right", method="compare_all").astype(jnp.int32)
 
 
 @traced_inline

@@ -36,10 +36,16 @@ def test_layout_matches_python_loop(gs, use_jit):
     np.testing.assert_array_equal(lay.tile_group, tile_group)
     np.testing.assert_array_equal(lay.row_valid, src >= 0)
     np.testing.assert_array_equal(lay.src_row[src >= 0], src[src >= 0])
+    # Each row's place in the aligned buffer: the inverse of src_row.
+    n = sum(gs)
+    dst = np.zeros(m, np.int64)
+    dst[src[src >= 0]] = np.flatnonzero(src >= 0)
+    np.testing.assert_array_equal(lay.in_group, np.arange(m) < n)
+    np.testing.assert_array_equal(lay.dst_row[:n], dst[:n])
+    assert np.all(lay.dst_row[n:] == 0)
     # Round trip: rows -> tiles -> rows; rows past sum(gs) come back as 0.
     a = np.arange(m * 2, dtype=np.float32).reshape(m, 2) + 1
     back = np.asarray(from_tiles(to_tiles(jnp.asarray(a), fn(jnp.asarray(gs), m, tile)), lay))
-    n = sum(gs)
     np.testing.assert_array_equal(back[:n], a[:n])
     assert np.all(back[n:] == 0)
     # No tile holds two experts' rows.
@@ -51,6 +57,14 @@ def test_layout_matches_python_loop(gs, use_jit):
     for t in range(lay.tile_group.shape[0]):
         vals = set(owner[t * tile : (t + 1) * tile]) - {-1}
         assert len(vals) <= 1
+
+
+def test_layout_is_traced_as_primitives_without_a_loop():
+    # No jit of a jax.numpy operator (a call XLA inlines per grouped GEMM)
+    # and no search loop: the index arithmetic as plain primitives.
+    jaxpr = jax.make_jaxpr(lambda g: group_layout(g, 40, 8))(jnp.asarray([3, 0, 5, 1]))
+    names = {e.primitive.name for e in jaxpr.eqns}
+    assert not names & {"pjit", "jit", "scan", "while"}, names
 
 
 def test_sum_tiles_adds_each_experts_tiles_in_order():
