@@ -24,7 +24,7 @@ Each moves or repeats scales exactly (no arithmetic on their values).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 GRANULARITIES = ("tensor", "row", "tile", "block")
 
 
-def pad_zeros(x: jax.Array, widths) -> jax.Array:
+def pad_zeros(x: jax.Array, widths: Sequence[tuple[int, int]]) -> jax.Array:
     """``x`` zero padded by ``widths``, one (before, after) pair per axis (jnp.pad's).
 
     One ``lax.pad``: ``jnp.pad`` is a jit of its own, a call in the program
