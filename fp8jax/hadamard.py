@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fp8jax.layout import pad_axis
+
 RHT_BLOCK = 16
 
 
@@ -82,10 +84,7 @@ def rht(x: jnp.ndarray, signs: jnp.ndarray, axis: int = -1) -> jnp.ndarray:
     # float32 at least (bf16 inputs are exact in it); float64 stays float64.
     dt = jnp.promote_types(x.dtype, jnp.float32)
     xf = jnp.moveaxis(x.astype(dt), axis, -1)
-    length = xf.shape[-1]
-    pad = (-length) % n
-    if pad:
-        xf = jnp.pad(xf, [(0, 0)] * (xf.ndim - 1) + [(0, pad)])
+    xf = pad_axis(xf, xf.ndim - 1, n)
     blocks = xf.reshape(xf.shape[:-1] + (-1, n))
     # The sign flip is exact; the 1/sqrt(n) scaling is exact for even powers
     # of two (n = 16 -> 1/4) and rounded once otherwise.

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp8jax.gemm import with_dot_algorithm
+from fp8jax.layout import pad_axis
 from fp8jax.models.config import ModelConfig
 from fp8jax.nn import Dense
 from fp8jax.recipes import Recipe, for_site
@@ -107,9 +108,8 @@ def attention_core(q, k, v, scale: float, block_q: int = 0) -> jax.Array:
     if block_q <= 0 or t <= block_q:
         return jax.checkpoint(stored_attention_core, static_argnums=(3,))(q, k, v, scale)
     n = -(-t // block_q)
-    pad = n * block_q - t
     # Zero queries past T: each still sees key 0, so its softmax is finite; dropped below.
-    qp = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    qp = pad_axis(q, 1, block_q)
     q_blocks = jnp.moveaxis(qp.reshape(q.shape[0], n, block_q, *q.shape[2:]), 1, 0)
 
     @jax.checkpoint

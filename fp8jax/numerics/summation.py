@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fp8jax.layout import pad_axis
+
 
 def _flat(x) -> jnp.ndarray:
     x = jnp.asarray(x)
@@ -44,9 +46,8 @@ def _flat(x) -> jnp.ndarray:
 def _lanes(x: jnp.ndarray, lanes: int) -> jnp.ndarray:
     if lanes < 1:
         raise ValueError("lanes must be >= 1")
-    pad = (-x.shape[0]) % lanes
     # Zero padding does not change a sum (x + 0 == x exactly).
-    x = jnp.pad(x, (0, pad))
+    x = pad_axis(x, 0, lanes)
     return x.reshape(-1, lanes)
 
 
