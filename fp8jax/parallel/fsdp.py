@@ -186,11 +186,19 @@ class KernelLayout(NamedTuple):
     """A GEMM weight's layout: how many leading axes it contracts, and its weight spec.
 
     A Dense kernel contracts its first ``n_in`` axes; routed experts
-    (E, K, N) have ``n_in`` 1 (their K axis).
+    (E, K, N) have ``n_in`` 1 (their K axis) and ``routed`` True.
     """
 
     n_in: int
     spec: QuantSpec
+    routed: bool = False
+
+    def gemm_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The weight's shape as its GEMM reads it: (K, N) for a Dense kernel (its
+        contracted axes merged, then its output axes), routed experts as they are."""
+        if self.routed:
+            return tuple(shape)
+        return (math.prod(shape[: self.n_in]), math.prod(shape[self.n_in :]))
 
 
 def kernel_layouts(model: nnx.Module) -> dict[tuple[str, ...], KernelLayout]:
@@ -210,8 +218,13 @@ def kernel_layouts(model: nnx.Module) -> dict[tuple[str, ...], KernelLayout]:
             )
         elif callable(getattr(module, "gemm_weights", None)):
             for name, recipe in module.gemm_weights().items():
-                out[prefix + (name,)] = KernelLayout(1, recipe.fprop.rhs)
+                out[prefix + (name,)] = KernelLayout(1, recipe.fprop.rhs, routed=True)
     return out
+
+
+def param_keys(path) -> tuple[str, ...]:
+    """The keys of a parameter tree's path, as :func:`kernel_layouts` names its weights."""
+    return tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
 
 
 def _gemm_view(shape, axis, routed, layout, tile):
@@ -225,7 +238,7 @@ def _gemm_view(shape, axis, routed, layout, tile):
         return (shape, axis) if axis in (1, 2) and shape[axis] % tile == 0 else None
     if layout is None or axis != 0:
         return None
-    view = (math.prod(shape[: layout.n_in]), math.prod(shape[layout.n_in :]))
+    view = layout.gemm_shape(shape)
     return (view, 0) if view[0] % tile == 0 else None
 
 
@@ -275,7 +288,7 @@ def gather_params(
         parameter, None when it is not split over "fsdp"."""
         if "fsdp" not in tuple(spec):
             return None
-        keys = tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+        keys = param_keys(path)
         routed = is_routed_expert_keys(list(keys), x.shape, n_experts)
         layout = layouts.get(keys)
         if not routed and layout is None:

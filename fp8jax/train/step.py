@@ -33,6 +33,8 @@ from flax import nnx
 from jax import lax
 
 from fp8jax import scaling
+from fp8jax.parallel.fsdp import kernel_layouts
+from fp8jax.train import weight_codes
 from fp8jax.train.state import TrainState
 
 LossFn = Callable[[nnx.Module, jax.Array], tuple[jax.Array, dict]]
@@ -135,8 +137,16 @@ def make_train_step(
     fp8_update: Callable[[Any, jax.Array], Any] | None = None,
     donate: bool = True,
     optimizer_for: Callable[[jax.Array], tuple[optax.GradientTransformation, Any]] | None = None,
+    weights_once: bool = True,
 ):
     """A jitted ``step(state, tokens [B, T]) -> (state, metrics)``.
+
+    ``weights_once``: with more than one microbatch, the GEMM weights that
+    their recipes quantize in FP8 blocks are quantized once, before the
+    microbatch loop, and every microbatch's GEMMs take those codes
+    (:mod:`fp8jax.train.weight_codes`: the same bits; the weights' telemetry
+    is then that of the values their codes represent).  False: each
+    microbatch's GEMMs quantize them again.
 
     ``optimizer_for``: a function of the run's length (an int32 scalar) that
     builds ``(tx, schedule)`` (``fp8jax.train.optimizer.make_optimizer`` with
@@ -153,8 +163,8 @@ def make_train_step(
     if microbatches < 1:
         raise ValueError("microbatches must be >= 1")
 
-    def loss_of(params, fp8, bias, rest, tokens):
-        model = nnx.merge(graphdef, params, fp8, bias, rest)
+    def loss_of(params, fp8, bias, rest, tokens, codes):
+        model = nnx.merge(graphdef, weight_codes.with_codes(params, codes), fp8, bias, rest)
         loss, aux = loss_fn(model, tokens)
         return loss, aux
 
@@ -168,6 +178,12 @@ def make_train_step(
         if b % microbatches:
             raise ValueError(f"batch {b} not divisible by microbatches {microbatches}")
         toks_M = tokens.reshape(microbatches, b // microbatches, *tokens.shape[1:])
+        # The weights' FP8 codes, made once for all microbatches (a loop
+        # invariant the compilers leave inside the loop).
+        codes = {}
+        if weights_once and microbatches > 1:
+            model = nnx.merge(graphdef, state.params, state.fp8, state.bias, state.rest)
+            codes = weight_codes.quantize_weights(state.params, kernel_layouts(model))
 
         # A jit of its own: the scan below needs the shapes of its outputs
         # first (eval_shape), and a jitted function is traced once for both,
@@ -177,7 +193,7 @@ def make_train_step(
         @jax.jit
         def one(toks):
             (loss, aux), (g_params, g_fp8) = grad_fn(
-                state.params, state.fp8, state.bias, state.rest, toks
+                state.params, state.fp8, state.bias, state.rest, toks, codes
             )
             return loss, aux, g_params, g_fp8
 
