@@ -80,7 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.microbatches = 1  # gradient accumulation: batch_size must divide by this
     # With microbatches > 1: FP8-block weights quantized once per step, their codes shared by
     # every microbatch (the same bits; weight telemetry then reads their codes' values).
-    c.weights_once = True
+    c.weights_once = False
     c.steps = 60
     c.seed = 0  # model init
     c.data_seed = -1  # batch order; -1: same as seed
