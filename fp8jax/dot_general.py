@@ -56,6 +56,7 @@ from fp8jax.operands import (
     quantize_operand_twice,
     requantizable,
     requantize,
+    source_values,
     state_part,
     take_operand,
     value_cotangent,
@@ -92,7 +93,7 @@ def _fp8_bmm_fwd(x, w, state, recipe, dtypes, with_stats):
         x, qw, recipe.fprop.lhs, recipe, take_x, dtypes[0], state_part(state, "x")
     )
     # A pre-quantized operand's values, for telemetry and an E5M6 cache only.
-    x_hp, w_hp = (materialize(t, jnp.float32) if is_quantized(t) else t for t in (x, w))
+    x_hp, w_hp = (source_values(t, jnp.float32) if is_quantized(t) else t for t in (x, w))
     out = (y, {"x": operand_stats(x_hp, qx), "w": operand_stats(w_hp, qw)}) if with_stats else y
     # Residuals: the FP8 operands (data + scales), never high-precision copies
     # (x in E5M6 where the recipe caches it so).

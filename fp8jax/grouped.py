@@ -58,6 +58,7 @@ from fp8jax.operands import (
     requantize,
     requantize_kernel_fits,
     requantize_tpu_kernel,
+    source_values,
     state_part,
     take_operand,
     value_cotangent,
@@ -152,7 +153,7 @@ def _grouped_fwd(x, w, group_sizes, state, recipe, dtypes, with_stats):
     qw, new_w = take_operand(w, recipe.fprop.rhs, 1, recipe, state_part(state, "w"))
     y = grouped_gemm(qx, qw, layout, "fprop", recipe, w.shape[0], dtypes[0])
     # A pre-quantized input's values, only for telemetry / an E5M6 cache.
-    x_hp, w_hp = (materialize(t, jnp.float32) if is_quantized(t) else t for t in (x, w))
+    x_hp, w_hp = (source_values(t, jnp.float32) if is_quantized(t) else t for t in (x, w))
     out = (y, {"x": operand_stats(x_hp, qx), "w": operand_stats(w_hp, qw)}) if with_stats else y
     # Residuals: the FP8 operands (data + scales), never high-precision copies.
     pre = tuple(t if is_quantized(t) else None for t in (x, w))
@@ -280,7 +281,7 @@ def _run(x, w, group_sizes, recipe, state, preferred_element_type, with_stats):
         # Zero-size operands involve no rounding: what lax.ragged_dot gives
         # (all zeros for K = 0, an empty result otherwise).
         y = jnp.zeros((x.shape[0], w.shape[2]), dtypes[0])
-        w_values = materialize(w, jnp.float32) if is_quantized(w) else w
+        w_values = source_values(w, jnp.float32) if is_quantized(w) else w
         stats = {
             "x": operand_stats(materialize(x, jnp.float32), x),
             "w": operand_stats(w_values, w),

@@ -372,6 +372,36 @@ def materialize(op, dtype) -> jax.Array:
     return op.astype(dtype)
 
 
+def source_values(op, dtype) -> jax.Array:
+    """The values ``op`` stands for, as what must see them (telemetry, a rescaled weight)
+    wants them: a quantized operand's ``source`` (the values its codes were made
+    from) where it keeps one, else :func:`materialize`'s.
+
+    Differentiable as :func:`materialize`: a quantized operand's cotangent is
+    the gradient of the values in its codes' place (:func:`value_cotangent`),
+    the form the GEMMs give, so the two sum where both use one operand.
+    """
+    if is_quantized(op) and op.source is not None:
+        return _source(op, jnp.dtype(dtype))
+    return materialize(op, dtype)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _source(q: QTensor, dtype) -> jax.Array:
+    return q.source.astype(dtype)
+
+
+def _source_fwd(q, dtype):
+    return q.source.astype(dtype), q
+
+
+def _source_bwd(dtype, q, g):
+    return (value_cotangent(q, g.astype(jnp.float32)),)
+
+
+_source.defvjp(_source_fwd, _source_bwd)
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _dequantized(q: QTensor, dtype) -> jax.Array:
     return schemes.dequantize(q, dtype)

@@ -115,6 +115,13 @@ class QTensor:
 
     How the scales follow the data when it moves: :meth:`swapaxes`,
     :meth:`take`, :meth:`batched` (each asks the layout).
+
+    ``source``: the high-precision values the codes were made from, in the
+    codes' shape, where a caller keeps them (a weight quantized once per
+    step, :mod:`fp8jax.train.weight_codes`) for what must see the values
+    themselves (telemetry, a rescaled weight:
+    :func:`fp8jax.operands.source_values`); no GEMM reads them.  None
+    elsewhere.  They move with the data.
     """
 
     data: jax.Array
@@ -122,6 +129,7 @@ class QTensor:
     layout: Layout = Layout()
     tensor_scale: jax.Array | None = None
     scheme: str = "fp8"
+    source: jax.Array | None = None
 
     @property
     def granularity(self) -> str:
@@ -164,22 +172,29 @@ class QTensor:
     def swapaxes(self, i: int, j: int) -> QTensor:
         """Data axes ``i`` and ``j`` (non-negative) swapped, scales and layout with them."""
         layout, scale = self.layout.swap(self.scale, i, j)
-        return replace(self, data=jnp.swapaxes(self.data, i, j), scale=scale, layout=layout)
+        moved = replace(self, data=jnp.swapaxes(self.data, i, j), scale=scale, layout=layout)
+        return moved._with_source(lambda v: jnp.swapaxes(v, i, j))
 
     def take(self, index: jax.Array) -> QTensor:
         """Batch elements ``index`` (an index array into the leading axis), scales with them."""
-        return replace(self, data=self.data[index], scale=self.layout.take(self.scale, index))
+        moved = replace(self, data=self.data[index], scale=self.layout.take(self.scale, index))
+        return moved._with_source(lambda v: v[index])
 
     def batched(self, shape: tuple[int, ...]) -> QTensor:
         """A leading batch axis of size 1: data reshaped to ``shape``, scales and layout with it."""
         layout, scale = self.layout.batched(self.scale)
-        return replace(self, data=self.data.reshape(shape), scale=scale, layout=layout)
+        moved = replace(self, data=self.data.reshape(shape), scale=scale, layout=layout)
+        return moved._with_source(lambda v: v.reshape(shape))
+
+    def _with_source(self, move) -> QTensor:
+        # The source values follow the codes through the same move.
+        return self if self.source is None else replace(self, source=move(self.source))
 
 
 # Static fields are not leaves of the pytree.
 jax.tree_util.register_dataclass(
     QTensor,
-    data_fields=["data", "scale", "tensor_scale"],
+    data_fields=["data", "scale", "tensor_scale", "source"],
     meta_fields=["layout", "scheme"],
 )
 
@@ -204,7 +219,7 @@ def float32_scales(op: Any) -> Any:
     float32 power-of-two scales it stores, bit for bit.
     """
     if is_quantized(op) and op.scheme == "fp8" and op.scale.dtype == E8M0:
-        return QTensor(op.data, decode_e8m0(op.scale), op.layout, op.tensor_scale)
+        return replace(op, scale=decode_e8m0(op.scale))
     return op
 
 
@@ -219,7 +234,7 @@ def ue8m0_scales(op: Any) -> Any:
         return op
     if op.scheme != "fp8":
         raise ValueError(f"UE8M0 scales apply to scheme 'fp8' operands, got {op.scheme!r}")
-    return QTensor(op.data, encode_e8m0(op.scale.astype(jnp.float32)), op.layout)
+    return replace(op, scale=encode_e8m0(op.scale.astype(jnp.float32)), tensor_scale=None)
 
 
 def _norm_axis(axis: int, ndim: int) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +20,7 @@ from fp8jax.operands import (
     materialize,
     quantize_operand,
     quantize_operand_twice,
+    source_values,
 )
 
 
@@ -69,6 +72,38 @@ def test_materialize_is_straight_through_for_quantized_operands(use_jit):
     assert isinstance(g, fp8jax.QTensor) and g.data.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(g.data), c.astype(np.float32))
     assert not np.any(np.asarray(g.scale))
+
+
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_source_values_are_the_kept_values_with_materializes_gradient(use_jit):
+    # A QTensor that keeps the values its codes were made from gives those
+    # (not the codes' values) to telemetry; its gradient takes the GEMMs'
+    # form (the values' gradient in the codes' place), as materialize's does.
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((256, 128)).astype(np.float32)
+    c = rng.standard_normal((256, 128)).astype(np.float32)
+    spec = fp8jax.recipes.deepseek_v3().fprop.rhs
+    q = fp8jax.schemes.quantize(jnp.asarray(w), spec, 1)
+    kept = dataclasses.replace(q, source=jnp.asarray(w))
+
+    def loss(t):
+        return jnp.sum(source_values(t, jnp.float32) * jnp.asarray(c))
+
+    fn = jax.jit(jax.value_and_grad(loss)) if use_jit else jax.value_and_grad(loss)
+    v, g = fn(kept)
+    np.testing.assert_allclose(float(v), np.sum(w.astype(np.float64) * c), rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(g.data), c)
+    assert not np.any(np.asarray(g.scale)) and not np.any(np.asarray(g.source))
+    # Without kept values: materialize's.
+    np.testing.assert_array_equal(
+        np.asarray(source_values(q, jnp.float32)), np.asarray(materialize(q, jnp.float32))
+    )
+    # The kept values move with the codes.
+    b = kept.batched((1, 256, 128))
+    np.testing.assert_array_equal(np.asarray(b.source), w[None])
+    s = b.swapaxes(1, 2)
+    np.testing.assert_array_equal(np.asarray(s.source), w.T[None])
+    np.testing.assert_array_equal(np.asarray(s.take(jnp.array([0, 0])).source), np.stack([w.T] * 2))
 
 
 def _heavy_rows(rng) -> np.ndarray:

@@ -28,7 +28,7 @@ from fp8jax.nn.grad_noise import init_grad_noise
 from fp8jax.nn.observed import record_gemm, run_gemm, value_of
 from fp8jax.nn.recording import record
 from fp8jax.nn.variables import FP8State
-from fp8jax.operands import materialize
+from fp8jax.operands import source_values
 from fp8jax.parallel.experts import (
     ExpertRows,
     expert_parallel_size,
@@ -205,8 +205,9 @@ class MoE(nnx.Module):
         return {"w13": self.dispatch_recipe, "w2": self.down_recipe}
 
     def _values(self, w: nnx.Param) -> jax.Array:
-        """An expert weight's values (an FSDP-gathered QTensor dequantized)."""
-        return materialize(w.get_value(), self.cfg.param_dtype)
+        """An expert weight's values (an FSDP-gathered QTensor dequantized; one quantized
+        once per step, the values it was made from)."""
+        return source_values(w.get_value(), self.cfg.param_dtype)
 
     def _expert_ffn(
         self,
@@ -249,7 +250,7 @@ class MoE(nnx.Module):
             scale_ExF = smooth_swiglu_scales(act, expert, e)
             act = _smooth_rows(act, scale_ExF[expert])
             # The same powers of two on W_down's rows: exact, the product unchanged.
-            w2 = materialize(w2, cfg.param_dtype) * scale_ExF[:, :, None]
+            w2 = source_values(w2, cfg.param_dtype) * scale_ExF[:, :, None]
         y, st2 = run_gemm(
             "expert",
             ragged_dot_with_stats,

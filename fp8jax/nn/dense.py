@@ -23,7 +23,7 @@ from fp8jax.dot_general import dot_general_with_stats
 from fp8jax.nn.grad_noise import init_grad_noise
 from fp8jax.nn.observed import observed_gemm
 from fp8jax.nn.variables import FP8State
-from fp8jax.operands import materialize
+from fp8jax.operands import source_values
 from fp8jax.quant import is_quantized
 from fp8jax.recipes import Recipe, needs_state
 from fp8jax.scaling import init_delayed_gemm_state
@@ -101,12 +101,15 @@ class Dense(nnx.Module):
         """The kernel's values in its DenseGeneral shape (in_features + out_features).
 
         A kernel gathered in FP8 (fp8jax.parallel.fsdp: a QTensor in its
-        GEMM's (K, N) layout) is dequantized to its storage dtype.
+        GEMM's (K, N) layout) is dequantized to its storage dtype; one
+        quantized once per step (fp8jax.train.weight_codes) gives the values
+        it was made from.
         """
         kernel = self.kernel.get_value()
         if not is_quantized(kernel):
             return kernel
-        return materialize(kernel, self.param_dtype).reshape(self.in_features + self.out_features)
+        values = source_values(kernel, self.param_dtype)
+        return values.reshape(self.in_features + self.out_features)
 
     def __call__(self, x: jax.Array, kernel_scale: jax.Array | None = None) -> jax.Array:
         """y = x W (+ b); ``kernel_scale`` (shaped like ``in_features``) multiplies W's

@@ -79,8 +79,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.batch_size = 8
     c.microbatches = 1  # gradient accumulation: batch_size must divide by this
     # With microbatches > 1: FP8-block weights quantized once per step, their codes shared by
-    # every microbatch (the same bits; weight telemetry then reads their codes' values).
-    c.weights_once = False
+    # every microbatch (the same bits); false: quantized again in every microbatch.
+    c.weights_once = True
     c.steps = 60
     c.seed = 0  # model init
     c.data_seed = -1  # batch order; -1: same as seed

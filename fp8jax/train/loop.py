@@ -379,7 +379,7 @@ def setup(
             tx,
             mesh_loss_fn,
             microbatches=int(config.microbatches),
-            weights_once=bool(config.get("weights_once", False)),
+            weights_once=bool(config.get("weights_once", True)),
             bias_rate=float(mcfg.bias_update_rate),
             update_bias_fn=update_router_bias,
             fp8_update=injection.fp8_state_stress(

@@ -137,17 +137,15 @@ def make_train_step(
     fp8_update: Callable[[Any, jax.Array], Any] | None = None,
     donate: bool = True,
     optimizer_for: Callable[[jax.Array], tuple[optax.GradientTransformation, Any]] | None = None,
-    weights_once: bool = False,
+    weights_once: bool = True,
 ):
     """A jitted ``step(state, tokens [B, T]) -> (state, metrics)``.
 
     ``weights_once``: with more than one microbatch, the GEMM weights that
     their recipes quantize in FP8 blocks are quantized once, before the
     microbatch loop, and every microbatch's GEMMs take those codes
-    (:mod:`fp8jax.train.weight_codes`: the same bits; the weights' telemetry
-    is then that of the values their codes represent, computed from the
-    codes in every microbatch).  False (the default): each microbatch's
-    GEMMs quantize them again.
+    (:mod:`fp8jax.train.weight_codes`; the same bits, telemetry included).
+    False: each microbatch's GEMMs quantize them again.
 
     ``optimizer_for``: a function of the run's length (an int32 scalar) that
     builds ``(tx, schedule)`` (``fp8jax.train.optimizer.make_optimizer`` with

@@ -20,16 +20,16 @@ quantized weight the gradient of the values it represents
 when the GEMM quantizes it, and this module hands it on reshaped to the
 weight's shape and dtype.
 
-Telemetry: the layers see the codes, not the float32 weights, so a cached
-weight's statistics (its GEMM's ``w`` site, a SwiGLU's gate/up alignment)
-are those of the values its codes represent: its amax is 448 x its block
-scale (the weight's amax up to that product's rounding), and an element
-flushed to zero reads as zero.  A step with one microbatch quantizes in the
-GEMMs, as without this module, and reports the weights' own statistics.
+The weight itself travels with its codes (``QTensor.source``): what must
+see its values (the GEMM's ``w`` telemetry, a SwiGLU's gate/up alignment,
+a weight rescaled by smooth SwiGLU or a Dense ``kernel_scale``) reads them
+through :func:`fp8jax.operands.source_values`, so every metric is that of
+quantizing in every microbatch too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -58,7 +58,9 @@ def quantize_weights(
         if layout is None or not is_block_fp8(layout.spec):
             continue
         view = layout.gemm_shape(tuple(w.shape))
-        out[param_keys(path)] = schemes.quantize(w.reshape(view), layout.spec, len(view) - 1)
+        q = schemes.quantize(w.reshape(view), layout.spec, len(view) - 1)
+        # The weight itself rides along for what must see its values.
+        out[param_keys(path)] = dataclasses.replace(q, source=w.reshape(view))
     return out
 
 
