@@ -379,7 +379,9 @@ def setup(
             tx,
             mesh_loss_fn,
             microbatches=int(config.microbatches),
-            weights_once=bool(config.get("weights_once", True)),
+            # An FSDP mesh gathers its weights inside the loss, as shards, and in
+            # FP8 there already (fp8jax.parallel.fsdp): no codes to share.
+            weights_once=bool(config.get("weights_once", True)) and mesh.shape["fsdp"] == 1,
             bias_rate=float(mcfg.bias_update_rate),
             update_bias_fn=update_router_bias,
             fp8_update=injection.fp8_state_stress(

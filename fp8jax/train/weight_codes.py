@@ -3,9 +3,9 @@
 A step of M microbatches runs the model M times on the same parameters.  A
 GEMM weight whose recipe quantizes it online in 128x128 blocks (current
 scaling, :func:`fp8jax.parallel.fsdp.is_block_fp8`) gets the same codes and
-scales every time, so a step asked to (``make_train_step(weights_once=True)``)
-quantizes it once, before the microbatch loop (:func:`quantize_weights`),
-and every microbatch's model holds the
+scales every time, so the step (``make_train_step``'s ``weights_once``, on
+by default) quantizes it once, before the microbatch loop
+(:func:`quantize_weights`), and every microbatch's model holds the
 :class:`~fp8jax.QTensor` in its GEMM's layout ((K, N) for a Dense kernel,
 (E, K, N) for routed experts) in the weight's place (:func:`with_codes`),
 as after an FP8 FSDP gather: the GEMM takes the codes as they are and
