@@ -20,7 +20,7 @@ from fp8jax.bench.gemm_cases import Shape
 
 # A module as XLA's GPU compiler prints it (trimmed to what the census reads):
 # a quantize fusion with XLA's estimate, a loop of 4 trips around a cuBLASLt
-# FP8 GEMM and a scale fusion, a conditional whose dearer branch counts, and a
+# FP8 GEMM and a quantizer's fusion, a conditional whose dearer branch counts, and a
 # fusion whose estimate is absurd for its bytes.
 HLO = """\
 HloModule m, is_scheduled=true
@@ -37,7 +37,7 @@ HloModule m, is_scheduled=true
   %a8 = f8e4m3fn[256,64]{1,0} parameter(1)
   %b8 = f8e4m3fn[64,256]{1,0} parameter(2)
   %mm = f32[256,256]{1,0} custom-call(%a8, %b8), custom_call_target="__cublas$lt$matmul$f8"
-  %add = f32[256,256]{1,0} fusion(%acc, %mm), kind=kLoop, calls=%fused_q, backend_config={"reification_cost":[{"exec_time_us":2.5}]}
+  %add = f32[256,256]{1,0} fusion(%acc, %mm), kind=kLoop, calls=%fused_q, metadata={op_name="jit(f)/while/body/jit(_quantize_online)/convert"}, backend_config={"reification_cost":[{"exec_time_us":2.5}]}
   ROOT %t = (s32[], f32[256,256]) tuple(%i, %add)
 }
 
@@ -76,7 +76,8 @@ def test_census_reads_kernels_loops_branches_and_estimates():
     t = compilers.target("h100")
     c = compilers.census_of_text(HLO, t, temp=1234)
     assert c.gemm_kernels == {"cuBLASLt FP8": 1, "Pallas Triton": 1}
-    assert c.loops == [{"name": "loop", "trips": 4, "gemms": 1}]
+    # The loop's fusion is a quantizer's (its op_name says so).
+    assert c.loops == [{"name": "loop", "trips": 4, "gemms": 1, "quantizers": 1}]
     assert c.gemm_in_loop
     # The quantize fusion, the loop's fusion, the dearer branch's fusion, the absurd one.
     assert c.fusions == 4
@@ -87,7 +88,11 @@ def test_census_reads_kernels_loops_branches_and_estimates():
     assert c.other_us == pytest.approx(4.0 + 4 * 2.5 + 3.0 + floor)
     assert c.distrusted == [{"name": "absurd", "xla_us": 18000.0, "used_us": round(floor, 3)}]
     # The loop's fusion 4 times first, then the quantize.
-    assert c.top_other[0] == {"us": 10.0, "name": "add", "op": ""}
+    assert c.top_other[0] == {
+        "us": 10.0,
+        "name": "add",
+        "op": "jit(f)/while/body/jit(_quantize_online)/convert",
+    }
     assert c.top_other[1] == {"us": 4.0, "name": "q", "op": "jit(f)/quantize"}
     # GEMM FLOPs: 4 trips of 256x64x256 and one 256^3 (a square custom call).
     assert c.gemm_flops == pytest.approx(4 * 2 * 256 * 64 * 256 + 2 * 256**3)
@@ -183,6 +188,34 @@ def test_h100_auto_fwd_bwd_has_three_fp8_kernels_and_no_gemm_loop():
     assert auto.gemm_flops == pytest.approx(bf16.gemm_flops)
     # Temporaries bounded by twice bf16's (its GEMMs' float32 outputs and workspace).
     assert auto.temp_bytes <= 2 * bf16.temp_bytes
+
+
+@pytest.mark.slow  # two deviceless compiles of a train step: about 100 s on 2 cores
+def test_h100_microbatched_step_quantizes_its_weights_before_the_loop():
+    # XLA leaves loop-invariant work in the microbatch loop: the step makes
+    # the weights' codes before it (fp8jax.train.weight_codes), and the loop
+    # then repeats none of the weights' quantizer kernels (at least one each).
+    t = _cuda_or_skip()
+    from flax import nnx
+
+    from fp8jax.models import ModelConfig, MoETransformer, loss_fn
+    from fp8jax.parallel.fsdp import kernel_layouts
+    from fp8jax.train.optimizer import make_optimizer
+    from fp8jax.train.state import create_train_state
+    from fp8jax.train.step import make_train_step
+
+    cfg = ModelConfig.tiny(vocab_size=256, max_seq_len=16)
+    model = MoETransformer(cfg, fp8jax.recipes.deepseek_v3(), rngs=nnx.Rngs(0))
+    n_block = sum(lay.spec.granularity == "block" for lay in kernel_layouts(model).values())
+    tx, _ = make_optimizer(peak_lr=1e-3, total_steps=10, warmup_steps=0)
+    graphdef, state = create_train_state(model, tx)
+    tokens = jax.ShapeDtypeStruct((4, 16), jnp.int32)
+    in_loops = {}
+    for once in (True, False):
+        step = make_train_step(graphdef, tx, loss_fn, microbatches=2, weights_once=once)
+        c = compilers.predict(step, (state, tokens), t)
+        in_loops[once] = sum(loop["quantizers"] for loop in c.loops)
+    assert n_block > 0 and in_loops[False] - in_loops[True] >= n_block, (n_block, in_loops)
 
 
 def test_h100_quantizer_keeps_no_mask_in_memory():

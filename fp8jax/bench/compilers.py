@@ -8,7 +8,8 @@ executable (optimized HLO, kernels, temporaries); :func:`census` reads it:
 * GEMM kernels by kind (cuBLAS, cuBLASLt FP8, cuDNN, XLA Triton GEMM fusion,
   Pallas Triton, Mosaic GPU, Mosaic TPU, XLA dot), with their FLOPs;
 * the other kernels (fusions, copies) and their estimated time;
-* loops (``while``) with their trip counts and whether a GEMM runs inside;
+* loops (``while``) with their trip counts, whether a GEMM runs inside, and
+  how many quantizer kernels each repeats;
 * temporaries (the executable's temp allocation) and HBM bytes.
 
 Time estimates and their limits:
@@ -492,7 +493,7 @@ def census_of_text(
             if op == "while":
                 trips = _trips(inst.line, comps)
                 body = _BODY_RE.search(inst.line).group(1)
-                loop = {"name": inst.name, "trips": trips, "gemms": 0}
+                loop = {"name": inst.name, "trips": trips, "gemms": 0, "quantizers": 0}
                 tally["loops"].append(loop)
                 g, o, b = cost(body, weight * (trips or 1), loop)
                 gemm_us += g * (trips or 1)
@@ -534,6 +535,10 @@ def census_of_text(
                     tally["fusions"] += 1
                 else:
                     tally["other"] += 1
+                if in_loop is not None and QUANTIZER_JIT in _op_name(inst.line):
+                    # Work a loop repeats that may not need repeating (a
+                    # loop-invariant weight's quantization, say).
+                    in_loop["quantizers"] += 1
             m = _EXEC_US_RE.search(inst.line)
             floor_us = b / bandwidth * 1e6 if bandwidth else 0.0
             us = float(m.group(1)) if m else floor_us
