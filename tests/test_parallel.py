@@ -193,6 +193,23 @@ _value.defvjp(
 )
 
 
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_dispatch_stats_carry_no_gradient(use_jit):
+    # The dispatch's telemetry under autodiff (the expert-parallel train
+    # step): the same statistics, no gradient, and no differentiation of the
+    # quantizer's other platforms' kernels (which have no JVP rule).
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((8, 256)), jnp.float32)
+    stats = dsp.dispatch_stats(x, DSV3)
+
+    def amax(x):
+        return dsp.dispatch_stats(x, DSV3)["amax"]
+
+    fn = jax.jit(jax.value_and_grad(amax)) if use_jit else jax.value_and_grad(amax)
+    value, grad = fn(x)
+    assert float(value) == float(stats["amax"]) == float(np.max(np.abs(np.asarray(x))))
+    assert not np.any(np.asarray(grad))
+
+
 @on_8_devices
 def test_dispatch_moves_fp8_codes_and_fp8_gradients():
     mesh = _ep_mesh()

@@ -272,7 +272,10 @@ def dispatch_stats(x_TxD: jax.Array, recipe: Recipe) -> dict[str, jax.Array] | N
     specs = fp8_dispatch_spec(recipe)
     if specs is None:
         return None
-    return operand_stats(x_TxD, _quantize_rows(x_TxD, specs[0]))
+    # Statistics carry no gradient: autodiff stays out of this quantization
+    # (the kernels of a platform choice's other branches have no JVP rule).
+    x = lax.stop_gradient(x_TxD)
+    return operand_stats(x, _quantize_rows(x, specs[0]))
 
 
 def dispatch(x_TxD: jax.Array, route: Route, axis_name: str, recipe: Recipe) -> QTensor | jax.Array:
