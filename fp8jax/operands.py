@@ -395,13 +395,6 @@ def _source_fwd(q, dtype):
     return q.source.astype(dtype), q
 
 
-def _source_bwd(dtype, q, g):
-    return (value_cotangent(q, g.astype(jnp.float32)),)
-
-
-_source.defvjp(_source_fwd, _source_bwd)
-
-
 @partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _dequantized(q: QTensor, dtype) -> jax.Array:
     return schemes.dequantize(q, dtype)
@@ -418,6 +411,8 @@ def _dequantized_bwd(dtype, q, g):
 
 
 _dequantized.defvjp(_dequantized_fwd, _dequantized_bwd)
+# The kept values' gradient takes the dequantized values' form.
+_source.defvjp(_source_fwd, _dequantized_bwd)
 
 
 def after_gradient(cached, qdy):

@@ -54,13 +54,14 @@ def quantize_weights(
     """
     out = {}
     for path, w in jax.tree_util.tree_leaves_with_path(params):
-        layout = layouts.get(param_keys(path))
+        keys = param_keys(path)
+        layout = layouts.get(keys)
         if layout is None or not is_block_fp8(layout.spec):
             continue
-        view = layout.gemm_shape(tuple(w.shape))
-        q = schemes.quantize(w.reshape(view), layout.spec, len(view) - 1)
+        w_kn = w.reshape(layout.gemm_shape(tuple(w.shape)))
+        q = schemes.quantize(w_kn, layout.spec, w_kn.ndim - 1)
         # The weight itself rides along for what must see its values.
-        out[param_keys(path)] = dataclasses.replace(q, source=w.reshape(view))
+        out[keys] = dataclasses.replace(q, source=w_kn)
     return out
 
 
