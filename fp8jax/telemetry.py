@@ -31,7 +31,8 @@ from jax import lax
 from fp8jax import platforms
 from fp8jax.formats import float64_magnitude, fmt_max
 from fp8jax.inline_ops import traced_inline
-from fp8jax.quant import QTensor, divide_by_scale, is_quantized
+from fp8jax.kernels import tpu_telemetry
+from fp8jax.quant import QTensor, divide_by_scale, is_quantized, scale_values
 from fp8jax.scaling import (
     amax_input,
     exact_div,
@@ -149,7 +150,11 @@ def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
     of the finite magnitudes' bit patterns (:func:`fp8jax.scaling.finite_amax`'s
     value) and integer counts of the clipped and flushed elements, each
     divided by the element count and rounded once to float32: the values of
-    :func:`saturated_fraction` and :func:`flushed_fraction`.
+    :func:`saturated_fraction` and :func:`flushed_fraction`.  On a TPU, an
+    operand in 1x128 tiles along its last axis or in 128x128 blocks is
+    counted by a Pallas kernel (:mod:`fp8jax.kernels.tpu_telemetry`, the same
+    integers), which reads each tile's scale where XLA would write every
+    element's to HBM first.
     """
     zero = jnp.zeros((), jnp.float32)
     if x.size == 0:
@@ -157,6 +162,21 @@ def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
     if not is_quantized(op):
         return {"amax": finite_amax(x), "saturated": zero, "flushed": zero}
     x = amax_input(x)
+    kernel = _kernel_fits(x, op)
+    bits, clipped, flushed = platforms.choose(
+        lambda p: "tpu kernel" if kernel and p == "tpu" else "xla",
+        lambda how: _counts_tpu if how == "tpu kernel" else _counts,
+        (x, op),
+    )
+    return {
+        "amax": magnitude_bits_value(bits, x.dtype),
+        "saturated": _share(clipped, x.size),
+        "flushed": _share(flushed, x.size),
+    }
+
+
+def _counts(x: jax.Array, op: QTensor) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(max finite magnitude bits in x's width, clipped count, flushed count), int32."""
     xf = x.astype(jnp.float32)
     mag = finite_magnitude_bits(x)
     parts = (
@@ -169,12 +189,63 @@ def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
         return (jnp.maximum(a[0], b[0]), a[1] + b[1], a[2] + b[2])
 
     zeros = tuple(jnp.int32(0) for _ in parts)
-    bits, clipped, flushed = lax.reduce(parts, zeros, combine, tuple(range(x.ndim)))
-    return {
-        "amax": magnitude_bits_value(bits, x.dtype),
-        "saturated": _share(clipped, x.size),
-        "flushed": _share(flushed, x.size),
-    }
+    return lax.reduce(parts, zeros, combine, tuple(range(x.ndim)))
+
+
+#: What the TPU kernel counts: FP8 codes of bfloat16 / float32 values.
+_KERNEL_CODES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+_KERNEL_VALUES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+
+
+def _kernel_fits(x: jax.Array, op: QTensor) -> bool:
+    """Whether the TPU kernel counts ``op``: FP8 codes of bfloat16 / float32 values in
+    1x128 tiles along the last axis or in 128x128 blocks."""
+    lay = op.layout
+    return (
+        op.scheme == "fp8"
+        and op.tensor_scale is None
+        and x.ndim >= 2
+        and lay.tile == tpu_telemetry.GROUP
+        and (lay.blocked or (lay.tiled and lay.axis == x.ndim - 1))
+        and jnp.dtype(op.data.dtype) in _KERNEL_CODES
+        and jnp.dtype(x.dtype) in _KERNEL_VALUES
+        and op.data.shape == x.shape
+    )
+
+
+def _kernel_rows(x: jax.Array, op: QTensor) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(x, codes, each row's scale per 128-column group) as the TPU kernel's 2-D arrays
+    (an operand :func:`_kernel_fits`)."""
+    c = x.shape[-1]
+    scale = scale_values(op)
+    if op.layout.blocked:
+        # A block's scale on each of its rows: (..., R, groups).
+        scale = jnp.repeat(scale, tpu_telemetry.GROUP, axis=-2)[..., : x.shape[-2], :]
+    groups = -(-c // tpu_telemetry.GROUP)
+    return x.reshape(-1, c), op.data.reshape(-1, c), scale.reshape(-1, groups)
+
+
+def _kernel_counts(
+    x: jax.Array, op: QTensor, interpret: bool = False
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`_counts` by the Pallas TPU kernel (``interpret``: its interpret mode)."""
+    count = partial(
+        tpu_telemetry.operand_counts,
+        threshold=clip_threshold(op.data.dtype),
+        interpret=interpret,
+    )
+    bits, clipped, flushed = count(*_kernel_rows(x, op))
+    # The kernel reduces float32 bit patterns: a 16-bit value's are its own,
+    # shifted up by 16 (exact), so shifting back gives x's width.
+    if jnp.dtype(x.dtype).itemsize == 2:
+        bits = lax.shift_right_logical(bits, jnp.int32(16))
+    return bits, clipped, flushed
+
+
+def _counts_tpu(x: jax.Array, op: QTensor) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """:func:`_kernel_counts`, traced and lowered for TPU only."""
+    scalar = jax.ShapeDtypeStruct((), jnp.int32)
+    return platforms.only_on(("tpu",), _kernel_counts, x, op, out_shape=(scalar,) * 3)
 
 
 def merge_operand_stats(
