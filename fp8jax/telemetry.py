@@ -51,19 +51,22 @@ def clip_threshold(fmt) -> float:
     return m + ulp / 2
 
 
+def _clip_test(platform: str) -> str:
+    """How ``platform`` tests for clipping: where float64 costs XLA least to compile (a
+    CPU), the exact product; elsewhere the quotient the quantizer casts.  The same answers."""
+    return "product" if platform == "cpu" else "quotient"
+
+
+def _clipped_as(how: str, xf: jax.Array, q: QTensor) -> jax.Array:
+    """:func:`_clipped` by the test ``how`` ("product" or "quotient")."""
+    s = jnp.broadcast_to(element_scale(q), xf.shape)
+    test = _clipped_by_product if how == "product" else _clipped_by_quotient
+    return test(xf, s, t=clip_threshold(q.data.dtype))
+
+
 def _clipped(xf: jax.Array, q: QTensor) -> jax.Array:
     """Per element of float32 ``xf``: whether the saturating cast of ``q`` clips it."""
-    s = jnp.broadcast_to(element_scale(q), xf.shape)
-    threshold = clip_threshold(q.data.dtype)
-    # Where float64 costs XLA least to compile (a CPU), the exact product
-    # test; elsewhere the quotient the quantizer casts.  The same answers.
-    return platforms.choose(
-        lambda p: "product" if p == "cpu" else "quotient",
-        lambda how: partial(
-            _clipped_by_product if how == "product" else _clipped_by_quotient, t=threshold
-        ),
-        (xf, s),
-    )
+    return platforms.choose(_clip_test, lambda how: partial(_clipped_as, how), (xf, q))
 
 
 @traced_inline
@@ -163,9 +166,10 @@ def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
         return {"amax": finite_amax(x), "saturated": zero, "flushed": zero}
     x = amax_input(x)
     kernel = _kernel_fits(x, op)
+    # One platform choice for the whole count (the clip test's, a TPU's kernel).
     bits, clipped, flushed = platforms.choose(
-        lambda p: "tpu kernel" if kernel and p == "tpu" else "xla",
-        lambda how: _counts_tpu if how == "tpu kernel" else _counts,
+        lambda p: "tpu kernel" if kernel and p == "tpu" else _clip_test(p),
+        lambda how: _counts_tpu if how == "tpu kernel" else partial(_counts, how=how),
         (x, op),
     )
     return {
@@ -175,13 +179,16 @@ def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
     }
 
 
-def _counts(x: jax.Array, op: QTensor) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(max finite magnitude bits in x's width, clipped count, flushed count), int32."""
+def _counts(
+    x: jax.Array, op: QTensor, how: str = "product"
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(max finite magnitude bits in x's width, clipped count, flushed count), int32;
+    ``how``: the clip test (:func:`_clip_test`)."""
     xf = x.astype(jnp.float32)
     mag = finite_magnitude_bits(x)
     parts = (
         mag.astype(jnp.int32),
-        _clipped(xf, op).astype(jnp.int32),
+        _clipped_as(how, xf, op).astype(jnp.int32),
         _flushed(mag, op.data).astype(jnp.int32),
     )
 

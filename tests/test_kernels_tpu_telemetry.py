@@ -66,7 +66,8 @@ def test_kernel_counts_are_the_xla_reductions(granularity, dtype, fmt, clip):
     x = _data(shape, dtype)
     q = _operand(x, fmt, granularity, clip)
     got = [int(v) for v in telemetry._kernel_counts(x, q, interpret=True)]
-    want = [int(v) for v in telemetry._counts(x, q)]
+    want = [int(v) for v in telemetry._counts(x, q, "quotient")]
+    assert want == [int(v) for v in telemetry._counts(x, q, "product")]
     assert got == want
     assert tuple(want) == _numpy_counts(x, q)
     if clip:
@@ -79,7 +80,7 @@ def test_kernel_counts_under_jit_and_on_a_batch_of_tiles(jit):
     q = _operand(x, E4M3, "tile", clip=True)
     count = jax.jit(telemetry._kernel_counts, static_argnums=2) if jit else telemetry._kernel_counts
     got = [int(v) for v in count(x, q, True)]
-    assert got == [int(v) for v in telemetry._counts(x, q)]
+    assert got == [int(v) for v in telemetry._counts(x, q, "quotient")]
 
 
 def test_kernel_takes_fp8_tiles_along_the_last_axis_and_blocks_only():
