@@ -182,8 +182,8 @@ def operand_stats(x: jax.Array, op) -> dict[str, jax.Array]:
 def _counts(
     x: jax.Array, op: QTensor, how: str = "product"
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(max finite magnitude bits in x's width, clipped count, flushed count), int32;
-    ``how``: the clip test (:func:`_clip_test`)."""
+    """(max finite magnitude bits in x's width, clipped count, flushed count), int32, by
+    XLA's reduction; ``how``: the clip test (:func:`_clip_test`; a CPU's by default)."""
     xf = x.astype(jnp.float32)
     mag = finite_magnitude_bits(x)
     parts = (
