@@ -46,6 +46,7 @@ _TILE = (8, 128)
 
 
 def _kernel(x_ref, q_ref, s_ref, bits_ref, clip_ref, flush_ref, *, groups: int, threshold):
+    """One block of rows: its max magnitude bits and counts, each 128-column group in turn."""
     bits = jnp.zeros((1, 1), jnp.int32)
     clipped = jnp.zeros((1, 1), jnp.int32)
     flushed = jnp.zeros((1, 1), jnp.int32)
@@ -63,6 +64,7 @@ def _kernel(x_ref, q_ref, s_ref, bits_ref, clip_ref, flush_ref, *, groups: int, 
         y = scaling.divide_offset(jnp.where(finite, xf, 0.0), s)
         positive = jax.lax.bitcast_convert_type(s, jnp.int32) > 0
         clip = (jnp.abs(y) > threshold) & positive
+        # A code's float32 value is exact; it is zero where the code is +-0.
         flush = (mag > 0) & (q_ref[:, cols].astype(jnp.float32) == 0)
         bits = jnp.maximum(bits, jnp.max(mag, keepdims=True))
         clipped = clipped + jnp.sum(clip.astype(jnp.int32), keepdims=True)
@@ -92,6 +94,7 @@ def operand_counts(
     rp = round_up(r, bm)
     xp = _pad_to(x, (rp, cp), 0)
     qp = _pad_to(codes, (rp, cp), 0)
+    # Zeros pad x and the codes (they add to no count); unit scales pad the scales.
     sp = _pad_to(row_scales.astype(jnp.float32), (rp, cp // GROUP), 1.0)
     steps = rp // bm
     tile = jax.ShapeDtypeStruct((steps * _TILE[0], _TILE[1]), jnp.int32)
