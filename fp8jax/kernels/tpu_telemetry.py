@@ -55,8 +55,8 @@ def _kernel(x_ref, q_ref, s_ref, bits_ref, clip_ref, flush_ref, *, groups: int, 
         # float32: 16-bit values are exact in it, and the order of the
         # magnitudes' bit patterns is the order of the values.
         xf = x_ref[:, cols].astype(jnp.float32)
-        raw = jax.lax.bitcast_convert_type(xf, jnp.int32) & 0x7FFFFFFF
-        finite = raw < 0x7F800000
+        raw, inf_bits = scaling._magnitude_bits(xf)
+        finite = raw < inf_bits
         # NaN and +-Inf count in no max (scaling.finite_magnitude_bits).
         mag = jnp.where(finite, raw, 0)
         s = jnp.broadcast_to(s_ref[:, t : t + 1], xf.shape)
