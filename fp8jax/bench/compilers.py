@@ -129,7 +129,7 @@ _GEMM_TARGETS = (
 #: Pallas kernels that are no GEMM, by the kernel names fp8jax gives them
 #: (the quantizer's, the TPU telemetry's): their custom calls share the GEMM
 #: kernels' targets.
-_NOT_GEMM_KERNELS = ("fp8_quantize_", "fp8_requantize_", "fp8_operand_telemetry")
+_NOT_GEMM_KERNELS = ("fp8_quantize_", "fp8_requantize_", "fp8_operand_telemetry", "fp8_swiglu_grad")
 #: A Mosaic GPU kernel is a GEMM where its module holds a tensor-core instruction
 #: (a kernel's name is lost where it is batched by vmap: "batched_body").
 _MOSAIC_GPU_MMA = ("wgmma", "tcgen05.mma", "tcgen05_mma")

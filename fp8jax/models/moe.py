@@ -18,7 +18,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from fp8jax.layout import Layout
+from fp8jax import platforms
+from fp8jax.kernels import tpu_swiglu
+from fp8jax.kernels.tpu_quantize import subnormal_scales
+from fp8jax.layout import Layout, pad_axis
 from fp8jax.models.config import ModelConfig
 from fp8jax.models.router import Router, expert_load, route, seq_balance_loss
 from fp8jax.monitors import channel_amax, swiglu_monitors, swiglu_monitors_of_amax
@@ -36,7 +39,7 @@ from fp8jax.parallel.experts import (
     run_expert_parallel,
     run_local,
 )
-from fp8jax.quant import QTensor
+from fp8jax.quant import QTensor, scale_values
 from fp8jax.ragged_dot import ragged_dot_with_stats
 from fp8jax.recipes import Recipe, for_site, needs_state
 from fp8jax.rounding import floor_log2, pow2_int
@@ -52,7 +55,7 @@ def first_token_rows(batch: int, seq: int) -> jax.Array:
 def _swiglu_f32(h: jax.Array) -> jax.Array:
     # The nonlinearity runs in float32; its output is the next GEMM's input.
     hf = h.astype(jnp.float32)
-    return jax.nn.silu(hf[..., 0, :]) * hf[..., 1, :]
+    return tpu_swiglu.silu_times(hf[..., 0, :], hf[..., 1, :])
 
 
 def swiglu(h: jax.Array, dtype, recipe: Recipe | None = None) -> jax.Array:
@@ -91,9 +94,64 @@ def _swiglu_cached_fwd(h, dtype, spec):
 
 def _swiglu_cached_bwd(dtype, spec, res, g):
     q, h_like = res
+    kernel = _grad_kernel_fits(q)
+    # A TPU's kernel where it takes the cache; XLA's gradient elsewhere.
+    dh = platforms.choose(
+        lambda p: "tpu kernel" if kernel and p == "tpu" else "xla",
+        lambda how: partial(
+            _cached_grad_tpu if how == "tpu kernel" else _cached_grad, h_like.dtype
+        ),
+        (q, g),
+    )
+    return (dh,)
+
+
+def _cached_grad(dtype, q: QTensor, g: jax.Array) -> jax.Array:
+    """The gradient of SwiGLU at the dequantized cache ``q``, float32, returned as ``dtype``."""
     _, vjp = jax.vjp(_swiglu_f32, dequantize(q, jnp.float32))
     (dh,) = vjp(g.astype(jnp.float32))
-    return (dh.astype(h_like.dtype),)
+    return dh.astype(dtype)
+
+
+def _grad_kernel_fits(q: QTensor) -> bool:
+    """Whether :mod:`fp8jax.kernels.tpu_swiglu` takes the cache ``q``: IEEE FP8 codes in
+    1x128 tiles along F of a (..., 2, F) tensor, one level of scales."""
+    lay = q.layout
+    return (
+        q.scheme == "fp8"
+        and q.tensor_scale is None
+        and lay.tiled
+        and lay.tile == tpu_swiglu.GROUP
+        and lay.axis == q.ndim - 1
+        and jnp.dtype(q.data.dtype) in (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+    )
+
+
+def _cached_grad_kernel(dtype, q: QTensor, g: jax.Array, interpret: bool = False) -> jax.Array:
+    """:func:`_cached_grad` by the Pallas TPU kernel (``interpret``: its interpret mode)."""
+    f = q.shape[-1]
+    scales = scale_values(q)
+    # Zero codes and cotangents pad F to whole tiles: their gradient is
+    # zero, and cropped.
+    codes = pad_axis(q.data, -1, tpu_swiglu.GROUP)
+    fp = codes.shape[-1]
+    codes = codes.reshape(-1, 2, fp)
+    gp = pad_axis(g, -1, tpu_swiglu.GROUP).reshape(-1, fp)
+    dh = tpu_swiglu.swiglu_grad(
+        codes,
+        scales.reshape(-1, 2, fp // tpu_swiglu.GROUP),
+        gp,
+        subnormal_scales(scales),
+        dtype=jnp.dtype(dtype).name,
+        interpret=interpret,
+    )
+    return dh[..., :f].reshape(q.shape)
+
+
+def _cached_grad_tpu(dtype, q: QTensor, g: jax.Array) -> jax.Array:
+    """:func:`_cached_grad_kernel`, traced and lowered for TPU only."""
+    out = jax.ShapeDtypeStruct(q.shape, jnp.dtype(dtype))
+    return platforms.only_on(("tpu",), partial(_cached_grad_kernel, dtype), q, g, out_shape=out)
 
 
 _swiglu_cached.defvjp(_swiglu_cached_fwd, _swiglu_cached_bwd)
