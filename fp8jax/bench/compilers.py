@@ -23,7 +23,13 @@ Time estimates and their limits:
   bandwidth).  A kernel without an estimate (a copy, a custom call that is
   no GEMM) is priced at bytes / bandwidth.
 * TPU: libtpu's ``cost_analysis()``: "optimal_seconds" (negative where it
-  cannot estimate, e.g. a program with loops) and "bytes accessed".
+  cannot estimate, e.g. a program with loops) and "bytes accessed".  A
+  Pallas kernel counts the bytes its ``pl.CostEstimate`` declares (1e9
+  declared on a (256, 256) float32 copy: 1e9 + 1 MB), so the kernels'
+  estimates must be the traffic they cause.  Where it does price a
+  counted loop, it prices at most 5 trips (a fori_loop of sin over 1 MB:
+  2.1 MB for 1 trip, 10.5 MB for 10 and for 100): a TPU program's loops
+  (``Census.loops``) are priced low.
 * XLA's estimate of a non-GEMM kernel is believed up to :data:`DISTRUST`
   times its bytes at HBM speed; beyond, the kernel is priced at bytes /
   bandwidth and listed (``Census.distrusted``): without a device XLA prices
