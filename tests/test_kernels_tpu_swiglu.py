@@ -87,6 +87,8 @@ def test_kernel_takes_fp8_tiles_along_f_only():
     assert not moe._grad_kernel_fits(quant.quantize(h, E4M3, "tile", axis=0))
     assert not moe._grad_kernel_fits(quant.quantize(h, E4M3, "tile", axis=-1, tile=64))
     assert not moe._grad_kernel_fits(quant.quantize(h, E4M3, "tensor"))
+    # Not a (..., 2, F) gate / up pair.
+    assert not moe._grad_kernel_fits(quant.quantize(h.reshape(8, 512), E4M3, "tile", axis=-1))
 
 
 def test_kernel_refuses_mismatched_operands():

@@ -120,6 +120,8 @@ def _grad_kernel_fits(q: QTensor) -> bool:
     return (
         q.scheme == "fp8"
         and q.tensor_scale is None
+        and q.ndim >= 2
+        and q.shape[-2] == 2
         and lay.tiled
         and lay.tile == tpu_swiglu.GROUP
         and lay.axis == q.ndim - 1
