@@ -21,12 +21,14 @@ has the static size ``(ceil(M / tile) + E) * tile`` rows, a bound on
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fp8jax import platforms
 from fp8jax.inline_ops import traced_inline
 
 
@@ -133,12 +135,59 @@ def _search_right(edges: jax.Array, v: jax.Array) -> jax.Array:
     return jnp.searchsorted(edges, v, side="right", method="compare_all").astype(jnp.int32)
 
 
-@traced_inline
 def to_tiles(a: jax.Array, layout: GroupLayout, fill=0) -> jax.Array:
-    """(M, ...) rows -> (num_tiles, tile, ...) expert-aligned tiles; padding rows = ``fill``."""
+    """(M, ...) rows -> (num_tiles, tile, ...) expert-aligned tiles; padding rows = ``fill``.
+
+    A gather of rows; on a TPU lowering, where the tile length is a multiple
+    of 32 rows and ``a``'s elements are 1, 2 or 4 bytes wide, the kernel of
+    :mod:`fp8jax.kernels.tpu_tiles` (each tile assembled from the two
+    aligned blocks its rows span: libtpu prices a gather of single rows at
+    several times its bytes).  The same values either way.
+    """
+    from fp8jax.kernels import tpu_tiles
+
+    kernel = (
+        layout.tile % tpu_tiles.TILE_MULTIPLE == 0
+        and a.size > 0
+        and a.dtype != jnp.bool_
+        and jnp.dtype(a.dtype).itemsize in (1, 2, 4)
+    )
+    return platforms.choose(
+        lambda p: "tpu kernel" if kernel and p == "tpu" else "rows",
+        lambda how: partial(_to_tiles_tpu if how == "tpu kernel" else _to_tile_rows, fill=fill),
+        (a, layout),
+    )
+
+
+@traced_inline
+def _to_tile_rows(a: jax.Array, layout: GroupLayout, fill=0) -> jax.Array:
     valid = layout.row_valid.reshape((-1,) + (1,) * (a.ndim - 1))
     out = jnp.where(valid, a[layout.src_row], jnp.asarray(fill, a.dtype))
     return out.reshape((layout.num_tiles, layout.tile) + a.shape[1:])
+
+
+def _to_tiles_kernel(a: jax.Array, layout: GroupLayout, fill=0, interpret: bool = False):
+    """:func:`to_tiles` by the Pallas TPU kernel (``interpret``: its interpret mode)."""
+    from fp8jax.kernels import tpu_tiles
+
+    tiles = layout.row_valid.reshape(layout.num_tiles, layout.tile)
+    # A tile's rows are consecutive input rows from its first one's; its
+    # valid rows come first (a padding tile has none).
+    start = layout.src_row.reshape(tiles.shape)[:, 0]
+    count = jnp.sum(tiles, axis=1, dtype=jnp.int32)
+    flat = a.reshape(a.shape[0], -1)
+    out = tpu_tiles.window_tiles(
+        flat, start, count, tile=layout.tile, fill=fill, interpret=interpret
+    )
+    return out.reshape((layout.num_tiles, layout.tile) + a.shape[1:])
+
+
+def _to_tiles_tpu(a: jax.Array, layout: GroupLayout, fill=0) -> jax.Array:
+    """:func:`_to_tiles_kernel`, traced and lowered for TPU only."""
+    out = jax.ShapeDtypeStruct((layout.num_tiles, layout.tile) + a.shape[1:], a.dtype)
+    return platforms.only_on(
+        ("tpu",), partial(_to_tiles_kernel, fill=fill), a, layout, out_shape=out
+    )
 
 
 @traced_inline

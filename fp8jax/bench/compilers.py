@@ -132,10 +132,16 @@ _GEMM_TARGETS = (
     ("mosaic_gpu", "Mosaic GPU"),
     ("tpu_custom_call", "Mosaic TPU"),
 )
-#: Pallas kernels that are no GEMM, by the kernel names fp8jax gives them
-#: (the quantizer's, the TPU telemetry's): their custom calls share the GEMM
-#: kernels' targets.
-_NOT_GEMM_KERNELS = ("fp8_quantize_", "fp8_requantize_", "fp8_operand_telemetry", "fp8_swiglu_grad")
+#: Pallas kernels that are no GEMM, by the kernel names fp8jax gives them (the
+#: quantizers', the TPU telemetry's, SwiGLU's backward, the expert tiles'):
+#: their custom calls share the GEMM kernels' targets.
+_NOT_GEMM_KERNELS = (
+    "fp8_quantize_",
+    "fp8_requantize_",
+    "fp8_operand_telemetry",
+    "fp8_swiglu_grad",
+    "fp8_window_tiles",
+)
 #: A Mosaic GPU kernel is a GEMM where its module holds a tensor-core instruction
 #: (a kernel's name is lost where it is batched by vmap: "batched_body").
 _MOSAIC_GPU_MMA = ("wgmma", "tcgen05.mma", "tcgen05_mma")

@@ -1,0 +1,118 @@
+"""The Pallas TPU kernel that lays rows out in expert-aligned tiles, in TPU interpret mode on
+CPU: every row's bit pattern where numpy's gather puts it (NaN, -0, Inf, every dtype width
+the kernel moves), the values of ``fp8jax.groups``' gather of rows; and, where libtpu is
+installed, the kernel in a TPU program.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp8jax import groups
+from fp8jax.kernels import tpu_tiles
+
+DTYPES = [jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.bfloat16, jnp.float32, jnp.int32]
+
+
+def _bits(x):
+    x = np.asarray(x)
+    return x.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize])
+
+
+def _rows(shape, dtype, seed=0):
+    """Values with NaN, +-Inf and -0 among them (integers: any bits)."""
+    rng = np.random.default_rng(seed)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.asarray(rng.integers(-(2**31), 2**31 - 1, shape), dtype)
+    x = (rng.standard_normal(shape) * 8).astype(np.float32)
+    flat = x.reshape(-1)
+    specials = np.array([np.nan, np.inf, -np.inf, -0.0], np.float32)
+    flat[rng.choice(flat.size, 4 * min(8, flat.size // 4), replace=False)] = np.repeat(
+        specials, min(8, flat.size // 4)
+    )
+    return jnp.asarray(x).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "sizes, m, tail",
+    [
+        ([100, 0, 57, 120], 300, (256,)),  # groups ending anywhere, an empty one
+        ([5, 300, 0, 130, 1, 256], 700, (3, 5)),  # trailing axes, rows past the groups
+        ([128, 128], 256, ()),  # one value per row, whole tiles
+        ([0, 0], 40, (8,)),  # no rows in any group
+        ([40], 40, (600,)),  # fewer rows than a tile, columns past one block
+    ],
+)
+def test_kernel_tiles_are_the_row_gather(sizes, m, tail, dtype):
+    a = _rows((m,) + tail, dtype, seed=m)
+    layout = groups.group_layout(jnp.asarray(sizes, jnp.int32), m)
+    for fill in (0, 1):
+        got = groups._to_tiles_kernel(a, layout, fill, interpret=True)
+        # Every bit pattern moved as it is.
+        np.testing.assert_array_equal(_bits(got), _numpy_tiles(a, layout, fill))
+        # XLA's gather of rows: the same values (a NaN may come back with
+        # another payload from XLA's CPU gather of 8-bit floats).
+        want = groups._to_tile_rows(a, layout, fill)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        nan = np.isnan(np.asarray(want, np.float32))
+        np.testing.assert_array_equal(np.isnan(np.asarray(got, np.float32)), nan)
+        np.testing.assert_array_equal(_bits(got)[~nan], _bits(want)[~nan])
+
+
+def _numpy_tiles(a, layout, fill):
+    """The tiles' bit patterns by numpy: each valid aligned row is its source row's bits."""
+    bits = _bits(a)
+    fill_bits = _bits(np.asarray(jnp.asarray(fill, a.dtype)))
+    out = np.broadcast_to(fill_bits, (layout.src_row.shape[0],) + bits.shape[1:]).copy()
+    valid = np.asarray(layout.row_valid)
+    out[valid] = bits[np.asarray(layout.src_row)[valid]]
+    return out.reshape((layout.num_tiles, layout.tile) + bits.shape[1:])
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_kernel_tiles_under_jit(jit):
+    a = _rows((500, 128), jnp.bfloat16, seed=3)
+    layout = groups.group_layout(jnp.asarray([70, 200, 0, 129], jnp.int32), 500)
+    run = groups._to_tiles_kernel
+    if jit:
+        run = jax.jit(run, static_argnums=(2, 3))
+    got = run(a, layout, 0, True)
+    np.testing.assert_array_equal(_bits(got), _numpy_tiles(a, layout, 0))
+
+
+def test_kernel_refuses_what_it_cannot_move():
+    start = count = jnp.zeros((2,), jnp.int32)
+    with pytest.raises(ValueError, match="2-D"):
+        tpu_tiles.window_tiles(jnp.zeros((256,)), start, count, tile=128)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        tpu_tiles.window_tiles(jnp.zeros((256, 8)), start, count, tile=100)
+    with pytest.raises(ValueError, match="1-, 2- and 4-byte"):
+        tpu_tiles.window_tiles(jnp.zeros((256, 8), jnp.complex64), start, count, tile=128)
+    with pytest.raises(ValueError, match="same 1-D shape"):
+        tpu_tiles.window_tiles(jnp.zeros((256, 8)), start, count[:1], tile=128)
+
+
+def test_tpu_program_takes_the_kernel():
+    from fp8jax.bench import compilers
+
+    t = compilers.target("tpu7x")
+    why = compilers.unavailable(t)
+    if why:
+        pytest.skip(why)
+
+    def tiles(a, sizes):
+        return groups.to_tiles(a, groups.group_layout(sizes, a.shape[0]))
+
+    args = (
+        jax.ShapeDtypeStruct((1024, 256), jnp.float8_e4m3fn),
+        jax.ShapeDtypeStruct((4,), jnp.int32),
+    )
+    compiled = compilers.compile_for(tiles, args, t)
+    assert "fp8_window_tiles" in compiled.text
+    census = compilers.census(compiled)
+    # No GEMM, and no gather turned into a loop.
+    assert census.gemm_kernels == {} and census.loops == []
