@@ -13,10 +13,11 @@ it moves (3,072 rows of a (2,048, 256) bfloat16 array: 18.4 MB accessed for
 rotates them into place in VMEM: every block is read at most twice, the
 tiles written once.
 
-The rows are moved as signed integers of their width, widened to int32
-for the rotation and narrowed back, so every bit pattern (NaN payloads,
--0) comes out as it went in: the gather's values (XLA's CPU gather of 8-bit
-floats may give a NaN another payload; this kernel does not).
+The rows are moved as signed integers of their width (a bitcast in the
+kernel), widened to int32 for the rotation and narrowed back, so every bit
+pattern comes out as it went in.  (Pallas' interpret mode, on CPU, moves
+8-bit floats with XLA's CPU operations, which may give an E5M2 NaN another
+payload, as XLA's CPU gather does.)
 
 Shapes: ``a`` (M, C) of any 1-, 2- or 4-byte dtype; ``start`` and ``count``
 int32 (T,); the result (T * tile, C).  ``interpret=True`` runs Pallas' TPU
@@ -53,12 +54,21 @@ def _kernel(start_ref, count_ref, lo_ref, hi_ref, o_ref, *, tile: int, fill_bits
     # Rotate both blocks up by the window's offset within the first one: its
     # rows then sit in place, the first tile - off of them from ``lo``.
     shift = jax.lax.rem(tile - off, tile)
-    lo = pltpu.roll(lo_ref[...].astype(jnp.int32), shift, 0)
-    hi = pltpu.roll(hi_ref[...].astype(jnp.int32), shift, 0)
+    lo = pltpu.roll(_widened(lo_ref[...]), shift, 0)
+    hi = pltpu.roll(_widened(hi_ref[...]), shift, 0)
     row = jax.lax.broadcasted_iota(jnp.int32, lo.shape, 0)
     window = jnp.where(row < tile - off, lo, hi)
     out = jnp.where(row < count_ref[t], window, fill_bits)
-    o_ref[...] = out.astype(o_ref.dtype)
+    ints = _INT[jnp.dtype(o_ref.dtype).itemsize]
+    o_ref[...] = jax.lax.bitcast_convert_type(out.astype(ints), o_ref.dtype)
+
+
+def _widened(x: jax.Array) -> jax.Array:
+    """The bit patterns of ``x`` as int32 (sign-extended from their width): the values
+    the rotation moves.  In the kernel, so that no integer copy of the array is
+    written to HBM (XLA's TPU compiler copies a bitcast between float and integer)."""
+    ints = _INT[jnp.dtype(x.dtype).itemsize]
+    return jax.lax.bitcast_convert_type(x, ints).astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("tile", "fill", "interpret"))
@@ -87,7 +97,6 @@ def window_tiles(
     m, c = a.shape
     n_tiles = start.shape[0]
     ints = _INT[width]
-    bits = jax.lax.bitcast_convert_type(a, ints)
     # fill's bit pattern in a's dtype, as that width's signed integer.
     fill_bits = int(np.asarray(fill, jnp.dtype(a.dtype)).view(jnp.dtype(ints)))
     last = cdiv(m, tile) - 1
@@ -110,12 +119,12 @@ def window_tiles(
     moved = n_tiles * tile * c * width
     out = pl.pallas_call(
         functools.partial(_kernel, tile=tile, fill_bits=fill_bits),
-        out_shape=jax.ShapeDtypeStruct((n_tiles * tile, c), ints),
+        out_shape=jax.ShapeDtypeStruct((n_tiles * tile, c), a.dtype),
         grid_spec=grid_spec,
         compiler_params=None if interpret else compiler_params(("parallel", "parallel")),
         # Two blocks read and one written per tile.
         cost_estimate=pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=3 * moved),
         interpret=pltpu.InterpretParams() if interpret else False,
         name="fp8_window_tiles",
-    )(start.astype(jnp.int32), count.astype(jnp.int32), bits, bits)
-    return jax.lax.bitcast_convert_type(out, a.dtype)
+    )(start.astype(jnp.int32), count.astype(jnp.int32), a, a)
+    return out
