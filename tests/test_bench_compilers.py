@@ -131,6 +131,26 @@ ENTRY %main (x: bf16[64,128], y: bf16[64,128]) -> (f32[64,1], f32[64,1], bf16[64
 """
 
 
+# A TPU module (trimmed): a Pallas tile-layout kernel whose result feeds a Pallas GEMM.
+TPU_HLO = """\
+HloModule t, is_scheduled=true
+
+ENTRY %main (x: f8e4m3fn[256,256], w: f8e4m3fn[256,256]) -> bf16[256,256] {
+  %x = f8e4m3fn[256,256]{1,0} parameter(0)
+  %w = f8e4m3fn[256,256]{1,0} parameter(1)
+  %fp8_window_tiles.2 = f8e4m3fn[256,256]{1,0} custom-call(%x, %x), custom_call_target="tpu_custom_call", metadata={op_name="jit(f)/fp8_window_tiles/pallas_call"}
+  ROOT %fp8_grouped_block_scaled_matmul_nn.1 = bf16[256,256]{1,0} custom-call(%fp8_window_tiles.2, %w), custom_call_target="tpu_custom_call", metadata={op_name="jit(f)/fp8_grouped_block_scaled_matmul_nn/pallas_call"}
+}
+"""
+
+
+def test_census_names_a_kernel_by_itself_not_by_its_operands():
+    # The GEMM's line names the tiles' kernel as an operand: still a GEMM.
+    c = compilers.census_of_text(TPU_HLO, compilers.target("tpu7x"))
+    assert c.gemm_kernels == {"Mosaic TPU": 1}
+    assert c.other_kernels == 1
+
+
 def test_kernel_census_counts_copies_of_a_kernel_once():
     assert compilers.kernel_census(KERNELS_HLO) == {
         "fusions": 3,

@@ -121,3 +121,32 @@ def test_tpu_program_takes_the_kernel():
     census = compilers.census(compiled)
     # No GEMM, and no gather turned into a loop.
     assert census.gemm_kernels == {} and census.loops == []
+
+
+def test_tpu_grouped_gemm_takes_the_kernel_and_keeps_its_gemms():
+    """The grouped GEMM's forward and backward on tpu7x lay their rows out with the tiles'
+    kernel, and the census counts its three GEMM kernels, none of them as a tile kernel."""
+    import fp8jax
+    from fp8jax.bench import compilers
+    from fp8jax.registry import get
+
+    t = compilers.target("tpu7x")
+    why = compilers.unavailable(t)
+    if why:
+        pytest.skip(why)
+
+    def fwd_bwd(x, w):
+        sizes = jnp.full((4,), x.shape[0] // 4, jnp.int32)
+        y, vjp = jax.vjp(
+            lambda x, w: fp8jax.ragged_dot(x, w, sizes, recipe=get("deepseek_v3")), x, w
+        )
+        return vjp(y)
+
+    args = (
+        jax.ShapeDtypeStruct((512, 256), jnp.bfloat16),
+        jax.ShapeDtypeStruct((4, 256, 256), jnp.bfloat16),
+    )
+    compiled = compilers.compile_for(fwd_bwd, args, t)
+    assert "fp8_window_tiles" in compiled.text
+    # Fprop, Dgrad and Wgrad.
+    assert compilers.census(compiled).gemm_kernels == {"Mosaic TPU": 3}

@@ -366,7 +366,10 @@ def _gemm_kind(inst: _Inst, comps: dict[str, list[_Inst]]) -> str | None:
     if inst.opcode == "custom-call":
         m = _TARGET_RE.search(inst.line)
         tgt = m.group(1) if m else ""
-        if any(name in inst.line for name in _NOT_GEMM_KERNELS):
+        # The kernel's own name (its instruction's, or the JAX operation that
+        # made it), not the line: a GEMM's operand may be another kernel's result.
+        own = f"{inst.name} {_op_name(inst.line)}"
+        if any(name in own for name in _NOT_GEMM_KERNELS):
             return None
         for prefix, kind in _GEMM_TARGETS:
             if tgt.startswith(prefix):
