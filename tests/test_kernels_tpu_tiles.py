@@ -95,8 +95,9 @@ def test_kernel_refuses_what_it_cannot_move():
         tpu_tiles.window_tiles(jnp.zeros((256,)), start, count, tile=128)
     with pytest.raises(ValueError, match="multiple of 32"):
         tpu_tiles.window_tiles(jnp.zeros((256, 8)), start, count, tile=100)
-    with pytest.raises(ValueError, match="1-, 2- and 4-byte"):
-        tpu_tiles.window_tiles(jnp.zeros((256, 8), jnp.complex64), start, count, tile=128)
+    for dtype in (jnp.complex64, jnp.bool_):
+        with pytest.raises(ValueError, match="1-, 2- and 4-byte"):
+            tpu_tiles.window_tiles(jnp.zeros((256, 8), dtype), start, count, tile=128)
     with pytest.raises(ValueError, match="same 1-D shape"):
         tpu_tiles.window_tiles(jnp.zeros((256, 8)), start, count[:1], tile=128)
 

@@ -88,8 +88,8 @@ def window_tiles(
     if tile % TILE_MULTIPLE:
         raise ValueError(f"tile must be a multiple of {TILE_MULTIPLE}, got {tile}")
     width = jnp.dtype(a.dtype).itemsize
-    if width not in _INT:
-        raise ValueError(f"window_tiles moves 1-, 2- and 4-byte values, got {a.dtype}")
+    if width not in _INT or a.dtype == jnp.bool_:
+        raise ValueError(f"window_tiles moves 1-, 2- and 4-byte numbers, got {a.dtype}")
     if start.shape != count.shape or start.ndim != 1:
         raise ValueError(
             f"start and count must be the same 1-D shape, {start.shape}, {count.shape}"
