@@ -222,16 +222,26 @@ def requantize_block(
         rows = slice(t * GROUP, (t + 1) * GROUP)
         for c in range(col_groups):
             cols = slice(c * GROUP, (c + 1) * GROUP)
-            d = d_ref[rows, cols].astype(jnp.float32)
-            s = jnp.broadcast_to(s_cols[rows, c : c + 1], d.shape)
-            # quant.dequantize on a TPU: the plain product, or the bit-pattern
-            # one (subnormal scales, which flush-to-zero would zero) for every
-            # element when any scale of the cache is subnormal.
-            x = jnp.where(subnormal, scaling.exact_product(d, s, fmt_in), d * s)
+            x = dequantize_group(d_ref[rows, cols], s_cols[rows, c : c + 1], subnormal, fmt_in)
             amax = scaling._bits_amax(x, 0, True)
             scale = _scale(amax, fmt, pow2, amax_floor, ue8m0)
             q_ref[rows, cols] = _codes(x, scale, fmt)
             s_ref[t : t + 1, cols] = scale
+
+
+def dequantize_group(codes, row_scales, subnormal, fmt) -> jax.Array:
+    """In a kernel: FP8 ``codes`` of one 128-column group times each row's scale
+    (``row_scales``, a column), float32, as quant.dequantize on a TPU: the plain
+    product, or the bit-pattern one (subnormal scales, which flush-to-zero would
+    zero) for every element when ``subnormal`` (any scale of the cache is)."""
+    d = codes.astype(jnp.float32)
+    s = jnp.broadcast_to(row_scales, d.shape)
+    return jnp.where(subnormal, scaling.exact_product(d, s, fmt), d * s)
+
+
+def subnormal_flag(subnormal: jax.Array) -> jax.Array:
+    """The bool scalar ``subnormal`` as the (8, 128) int32 tile a kernel reads it from."""
+    return jnp.full((8, GROUP), subnormal, jnp.int32)
 
 
 def cost_estimate(rows: int, cols: int, in_itemsize: int, layouts: int = 1) -> pl.CostEstimate:
@@ -441,7 +451,7 @@ def requantize_col(
     st = _pad_to(row_scales.astype(jnp.float32), (rp, cp // GROUP), 1.0).T
     if subnormal is None:
         subnormal = subnormal_scales(row_scales)
-    flag = jnp.full((8, GROUP), subnormal, jnp.int32)
+    flag = subnormal_flag(subnormal)
     kernel = functools.partial(
         requantize_block,
         groups=bm // GROUP,

@@ -37,22 +37,14 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from fp8jax import scaling
 from fp8jax.kernels.block_gemm import _pad_to, round_up
 from fp8jax.kernels.tpu_params import compiler_params
-from fp8jax.kernels.tpu_quantize import GROUP, _blocks
+from fp8jax.kernels.tpu_quantize import GROUP, _blocks, dequantize_group, subnormal_flag
 
 
 def silu_times(gate: jax.Array, up: jax.Array) -> jax.Array:
     """silu(gate) * up: the SwiGLU whose gradient the kernel takes (float32 operands)."""
     return jax.nn.silu(gate) * up
-
-
-def _dequantize(q, s, subnormal, fmt) -> jax.Array:
-    """One 128-column group of codes times its rows' scales, as quant.dequantize on a TPU."""
-    d = q.astype(jnp.float32)
-    s = jnp.broadcast_to(s, d.shape)
-    return jnp.where(subnormal, scaling.exact_product(d, s, fmt), d * s)
 
 
 def _kernel(q_ref, s_ref, g_ref, flag_ref, dh_ref, *, groups: int, fmt):
@@ -62,8 +54,8 @@ def _kernel(q_ref, s_ref, g_ref, flag_ref, dh_ref, *, groups: int, fmt):
     for t in range(groups):
         gate = slice(t * GROUP, (t + 1) * GROUP)
         up = slice(f + t * GROUP, f + (t + 1) * GROUP)
-        a = _dequantize(q_ref[:, gate], s_ref[:, t : t + 1], subnormal, fmt)
-        b = _dequantize(q_ref[:, up], s_ref[:, groups + t : groups + t + 1], subnormal, fmt)
+        a = dequantize_group(q_ref[:, gate], s_ref[:, t : t + 1], subnormal, fmt)
+        b = dequantize_group(q_ref[:, up], s_ref[:, groups + t : groups + t + 1], subnormal, fmt)
         _, vjp = jax.vjp(silu_times, a, b)
         # The cotangent in float32 (exact from any narrower float).
         da, db = vjp(g_ref[:, gate].astype(jnp.float32))
@@ -111,7 +103,7 @@ def swiglu_grad(
     qp = _pad_to(codes.reshape(r, 2 * f), (rp, 2 * f), 0)
     sp = _pad_to(scales.astype(jnp.float32).reshape(r, 2 * groups), (rp, 2 * groups), 1.0)
     gp = _pad_to(g, (rp, f), 0)
-    flag = jnp.full((8, GROUP), subnormal, jnp.int32)
+    flag = subnormal_flag(subnormal)
     rows = pl.BlockSpec((bm, 2 * f), lambda i: (i, 0))
     out_dtype = jnp.dtype(dtype)
     dh = pl.pallas_call(
