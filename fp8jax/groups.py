@@ -146,12 +146,7 @@ def to_tiles(a: jax.Array, layout: GroupLayout, fill=0) -> jax.Array:
     """
     from fp8jax.kernels import tpu_tiles
 
-    kernel = (
-        layout.tile % tpu_tiles.TILE_MULTIPLE == 0
-        and a.size > 0
-        and a.dtype != jnp.bool_
-        and jnp.dtype(a.dtype).itemsize in (1, 2, 4)
-    )
+    kernel = a.size > 0 and tpu_tiles.moves(a.dtype, layout.tile)
     return platforms.choose(
         lambda p: "tpu kernel" if kernel and p == "tpu" else "rows",
         lambda how: partial(_to_tiles_tpu if how == "tpu kernel" else _to_tile_rows, fill=fill),

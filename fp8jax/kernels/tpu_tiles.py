@@ -47,6 +47,13 @@ TILE_MULTIPLE = 32
 _INT = {1: jnp.int8, 2: jnp.int16, 4: jnp.int32}
 
 
+def moves(dtype, tile: int) -> bool:
+    """Whether :func:`window_tiles` moves values of ``dtype`` in tiles of ``tile`` rows:
+    1-, 2- and 4-byte numbers (an integer view of their width), whole sublane tiles."""
+    dtype = jnp.dtype(dtype)
+    return tile % TILE_MULTIPLE == 0 and dtype.itemsize in _INT and dtype != jnp.bool_
+
+
 def _kernel(start_ref, count_ref, lo_ref, hi_ref, o_ref, *, tile: int, fill_bits: int):
     t = pl.program_id(0)
     # Starts are non-negative: the remainder and quotient need no sign fix-up.
@@ -87,9 +94,9 @@ def window_tiles(
         raise ValueError(f"window_tiles takes a 2-D array, got shape {a.shape}")
     if tile % TILE_MULTIPLE:
         raise ValueError(f"tile must be a multiple of {TILE_MULTIPLE}, got {tile}")
-    width = jnp.dtype(a.dtype).itemsize
-    if width not in _INT or a.dtype == jnp.bool_:
+    if not moves(a.dtype, tile):
         raise ValueError(f"window_tiles moves 1-, 2- and 4-byte numbers, got {a.dtype}")
+    width = jnp.dtype(a.dtype).itemsize
     if start.shape != count.shape or start.ndim != 1:
         raise ValueError(
             f"start and count must be the same 1-D shape, {start.shape}, {count.shape}"
