@@ -39,6 +39,10 @@ from fp8jax.inline_ops import clip, isinf, traced_inline, where
 
 E4M3 = jnp.dtype(ml_dtypes.float8_e4m3fn)
 E5M2 = jnp.dtype(ml_dtypes.float8_e5m2)
+# The OCP FP8 formats (a sign bit, +-0, no offset on the exponent bias): their
+# codes follow from a float32's bit pattern by integer arithmetic alone, and
+# they are the codes FP8 tensor cores, the MXU and this package's kernels take.
+IEEE_FP8 = (E4M3, E5M2)
 E4M3FNUZ = jnp.dtype(ml_dtypes.float8_e4m3fnuz)
 E5M2FNUZ = jnp.dtype(ml_dtypes.float8_e5m2fnuz)
 E8M0 = jnp.dtype(ml_dtypes.float8_e8m0fnu)
@@ -129,7 +133,7 @@ def saturating_cast(x: jnp.ndarray, fmt, *, assume_finite: bool = False) -> jnp.
     """
     fmt = as_format(fmt)
     y = saturate(x, fmt, assume_finite=assume_finite)
-    if fmt in _IEEE_FP8 and y.dtype == jnp.float32:
+    if fmt in IEEE_FP8 and y.dtype == jnp.float32:
         # The same codes either way: integer arithmetic on XLA CPU, whose own
         # conversion is a slow scalar routine, where the operand is large
         # enough for that to matter; the hardware conversion on GPUs and
@@ -155,11 +159,6 @@ def _codes_once(y: jnp.ndarray, fmt) -> jnp.ndarray:
     one pass, division and rounding, that writes one byte an element.
     """
     return lax.optimization_barrier(fp8_codes(y, fmt))
-
-
-# FP8 formats with a sign bit, +-0 and no offset on the exponent bias: their
-# codes follow from a float32's bit pattern by integer arithmetic alone.
-_IEEE_FP8 = (E4M3, E5M2)
 
 
 @traced_inline
@@ -189,7 +188,7 @@ def fp8_codes(y: jnp.ndarray, fmt) -> jnp.ndarray:
       and they round to 0 in either format anyway.
     """
     fmt = as_format(fmt)
-    if fmt not in _IEEE_FP8:
+    if fmt not in IEEE_FP8:
         raise ValueError(f"fp8_codes takes E4M3FN or E5M2, got {fmt}")
     info = ml_dtypes.finfo(fmt)
     nmant = int(info.nmant)

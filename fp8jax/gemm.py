@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp8jax import accumulate, blockscaled, host_cpu, path_record, platforms, quant
+from fp8jax.formats import IEEE_FP8
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
 from fp8jax.inline_ops import traced_inline
 from fp8jax.kernels import tpu_block_gemm, tpu_quantize
@@ -58,7 +59,6 @@ DIMS = {
     "dgrad": (((2,), (2,)), ((0,), (0,))),  # (B,M,N) x (B,K,N) -> (B,M,K)
     "wgrad": (((1,), (1,)), ((0,), (0,))),  # (B,M,K) x (B,M,N) -> (B,K,N)
 }
-_FP8_KERNEL_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
 # What the Pallas kernel's epilogue writes.
 _KERNEL_OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 _ALG = lax.DotAlgorithmPreset
@@ -194,7 +194,7 @@ def _kernel_layout_fits(a, b, kind: str) -> bool:
             is_quantized(op)
             and op.scheme == "fp8"
             and fits_layout(op.layout)
-            and jnp.dtype(op.data.dtype) in _FP8_KERNEL_DTYPES
+            and jnp.dtype(op.data.dtype) in IEEE_FP8
             and op.data.ndim == 3
         )
 

@@ -23,8 +23,7 @@ import jax.numpy as jnp
 
 from fp8jax import platforms, quant, scaling, schemes
 from fp8jax.formats import (
-    E4M3,
-    E5M2,
+    IEEE_FP8,
     as_format,
     e5m6_scale_exponent,
     ldexp_exact,
@@ -282,7 +281,7 @@ def requantize_kernel_fits(cached: QTensor, spec: QuantSpec, caxis: int) -> bool
         and cached.layout.tiled
         and cached.axis == nd - 1
         and cached.tile == 128
-        and cached.dtype in (E4M3, E5M2)
+        and cached.dtype in IEEE_FP8
         and kernel_tiles(spec)
     )
 
@@ -293,7 +292,7 @@ def kernel_tiles(spec: QuantSpec) -> bool:
     return (
         spec.quantized
         and schemes.scheme_of(spec.fmt) == "fp8"
-        and as_format(spec.fmt) in (E4M3, E5M2)
+        and as_format(spec.fmt) in IEEE_FP8
         and spec.granularity == "tile"
         and spec.tile == 128
         and spec.scaling == "current"

@@ -75,8 +75,8 @@ from jax import lax
 from fp8jax import platforms
 from fp8jax.formats import (
     E4M3,
-    E5M2,
     E8M0,
+    IEEE_FP8,
     SCALE_FMTS,
     as_format,
     check_scale_fmt,
@@ -425,7 +425,7 @@ def tpu_quantizer_orient(x, fmt, granularity, axis, tile) -> str | None:
     tiles along the second-to-last, 128x128 blocks of the last two (leading
     axes stack matrices); IEEE FP8 formats; float32 / bfloat16 inputs.
     """
-    if tile != 128 or as_format(fmt) not in (E4M3, E5M2) or x.size == 0:
+    if tile != 128 or as_format(fmt) not in IEEE_FP8 or x.size == 0:
         return None
     if jnp.dtype(x.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         return None

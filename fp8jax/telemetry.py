@@ -29,7 +29,7 @@ import numpy as np
 from jax import lax
 
 from fp8jax import platforms
-from fp8jax.formats import float64_magnitude, fmt_max
+from fp8jax.formats import IEEE_FP8, float64_magnitude, fmt_max
 from fp8jax.inline_ops import traced_inline
 from fp8jax.kernels import tpu_telemetry
 from fp8jax.quant import QTensor, divide_by_scale, is_quantized, scale_values
@@ -199,8 +199,7 @@ def _counts(
     return lax.reduce(parts, zeros, combine, tuple(range(x.ndim)))
 
 
-#: What the TPU kernel counts: FP8 codes of bfloat16 / float32 values.
-_KERNEL_CODES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+#: What the TPU kernel counts: IEEE FP8 codes of bfloat16 / float32 values.
 _KERNEL_VALUES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
 
@@ -214,7 +213,7 @@ def _kernel_fits(x: jax.Array, op: QTensor) -> bool:
         and x.ndim >= 2
         and lay.tile == tpu_telemetry.GROUP
         and (lay.blocked or (lay.tiled and lay.axis == x.ndim - 1))
-        and jnp.dtype(op.data.dtype) in _KERNEL_CODES
+        and jnp.dtype(op.data.dtype) in IEEE_FP8
         and jnp.dtype(x.dtype) in _KERNEL_VALUES
         and op.data.shape == x.shape
     )

@@ -49,12 +49,12 @@ import numpy as np
 from jax import lax
 
 from fp8jax import platforms
+from fp8jax.formats import IEEE_FP8
 from fp8jax.kernels import mgpu_block_gemm as mgpu
 
 #: K chunk = scale tile = promotion interval of the two-level accumulation.
 CHUNK = mgpu.CHUNK
 
-_FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
 _OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
 
@@ -87,7 +87,7 @@ def check_operands(
         raise ValueError(
             f"a_data must be 2D and b_data {2 + lead}D, got {a_data.shape} and {b_data.shape}"
         )
-    if jnp.dtype(a_data.dtype) not in _FP8_DTYPES or jnp.dtype(b_data.dtype) not in _FP8_DTYPES:
+    if jnp.dtype(a_data.dtype) not in IEEE_FP8 or jnp.dtype(b_data.dtype) not in IEEE_FP8:
         raise TypeError(
             f"a_data and b_data must be float8_e4m3fn or float8_e5m2, got {a_data.dtype}, {b_data.dtype}"
         )
@@ -179,7 +179,7 @@ def check_tn_operands(at_data, at_scale, b_data, b_scale, out_dtype) -> tuple[in
     if at_data.ndim != 2 or b_data.ndim != 2:
         raise ValueError(f"at_data and b_data must be 2D, got {at_data.shape} and {b_data.shape}")
     for name, x in (("at_data", at_data), ("b_data", b_data)):
-        if jnp.dtype(x.dtype) not in _FP8_DTYPES:
+        if jnp.dtype(x.dtype) not in IEEE_FP8:
             raise TypeError(f"{name} must be float8_e4m3fn or float8_e5m2, got {x.dtype}")
     if jnp.dtype(out_dtype) not in _OUT_DTYPES:
         raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
@@ -309,7 +309,7 @@ def _check_batched(a_data, a_scale, bt_data, b_scale_kc, out_dtype, b_cols) -> N
             f"bt_data must be (B, N, K) for a_data {a_data.shape}, got {bt_data.shape}"
         )
     for name, x in (("a_data", a_data), ("bt_data", bt_data)):
-        if jnp.dtype(x.dtype) not in _FP8_DTYPES:
+        if jnp.dtype(x.dtype) not in IEEE_FP8:
             raise TypeError(f"{name} must be float8_e4m3fn or float8_e5m2, got {x.dtype}")
     if jnp.dtype(out_dtype) not in _OUT_DTYPES:
         raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")

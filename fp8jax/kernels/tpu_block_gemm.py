@@ -67,6 +67,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from fp8jax import platforms
+from fp8jax.formats import IEEE_FP8
 from fp8jax.kernels import tpu_quantize
 from fp8jax.kernels.block_gemm import (
     CHUNK,
@@ -102,8 +103,6 @@ ROWS_PER_DOT = 512
 #: The grouped (MoE) GEMM kernels' scoped VMEM: with them at 60 MiB libtpu
 #: gives no time at all for the grouped fwd+bwd (8 x 512 x 7168 x 2048).
 GROUPED_VMEM_LIMIT = 48 << 20
-
-_FP8 = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
 
 # Mosaic's native tiles: 8-bit data is tiled (32, 128); every block's last
 # dimension is a multiple of 128.
@@ -606,7 +605,7 @@ def block_scaled_matmul_tn_requant(
     for a bfloat16 result, half as many for float32 (whose double-buffered output
     block, beside the block's new codes, would overflow tpu7x's VMEM).
     """
-    if cache_data.ndim != 2 or jnp.dtype(cache_data.dtype) not in _FP8:
+    if cache_data.ndim != 2 or jnp.dtype(cache_data.dtype) not in IEEE_FP8:
         raise ValueError(
             f"cache_data must be 2-D FP8 codes, got {cache_data.dtype} {cache_data.shape}"
         )

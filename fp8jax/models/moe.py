@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp8jax import platforms
-from fp8jax.formats import E4M3, E5M2
+from fp8jax.formats import IEEE_FP8
 from fp8jax.kernels import tpu_swiglu
 from fp8jax.kernels.tpu_quantize import subnormal_scales
 from fp8jax.layout import Layout, pad_axis
@@ -126,7 +126,7 @@ def _grad_kernel_fits(q: QTensor) -> bool:
         and lay.tiled
         and lay.tile == tpu_swiglu.GROUP
         and lay.axis == q.ndim - 1
-        and q.data.dtype in (E4M3, E5M2)
+        and q.data.dtype in IEEE_FP8
     )
 
 
