@@ -251,6 +251,62 @@ def test_quantize_compiles_to_the_kernel_for_tpu(granularity, axis, shape):
     assert census.fusions == 0 and not census.gemm_kernels
 
 
+def _called(fn, arrays, out_shape):
+    # over_matrices' call, run here and now (interpret mode), its declared shapes checked.
+    got = fn(*arrays)
+    if out_shape is not None:
+        assert [(g.shape, g.dtype) for g in jax.tree.leaves(got)] == [
+            (o.shape, o.dtype) for o in out_shape
+        ]
+    return got
+
+
+@pytest.mark.parametrize(
+    "shape, as_rows",
+    [
+        ((1, 256, 384), {"row", "col", "block", "rows_cols"}),
+        ((3, 256, 260), {"row", "col", "block", "rows_cols"}),
+        ((2, 3, 128, 200), {"row", "col", "block", "rows_cols"}),
+        ((2, 130, 200), {"row"}),
+    ],
+)
+def test_a_stack_of_matrices_is_quantized_as_each_matrix_alone(shape, as_rows):
+    # One matrix, or a stack whose groups stay inside each matrix, goes to the
+    # kernel as one 2-D call; any other stack is vmapped.  Every way gives
+    # each matrix's own codes and scales.
+    from functools import partial
+
+    rng = np.random.default_rng(1)
+    mags = np.exp2(rng.uniform(-20, 20, shape[:-1] + (1,)))
+    x = jnp.asarray(rng.standard_normal(shape) * mags, jnp.bfloat16)
+    runs = {o: partial(tq.quantize_2d, fmt=E4M3, orient=o, interpret=True) for o in tq.ORIENTS}
+    runs["rows_cols"] = partial(tq.quantize_rows_cols, fmt=E4M3, interpret=True)
+    mats = x.reshape((-1,) + shape[-2:])
+    for name, fn in runs.items():
+        assert tq._stacks_as_rows(fn, (x,)) == (name in as_rows), name
+        got = tq.over_matrices(fn, (x,), _called)
+        alone = [fn(m) for m in mats]
+        for k, g in enumerate(got):
+            want = np.stack([np.asarray(a[k]) for a in alone]).reshape(g.shape)
+            np.testing.assert_array_equal(_bits(g), _bits(want), err_msg=f"{name} result {k}")
+
+
+def test_a_stack_of_matrices_compiles_to_one_two_dimensional_kernel_for_tpu():
+    pytest.importorskip("libtpu")
+    from fp8jax.bench import compilers
+
+    def q(w):
+        out = quant.quantize(w, E4M3, "block")
+        return out.data, out.scale
+
+    c = compilers.compile_for(q, [jax.ShapeDtypeStruct((3, 256, 512), jnp.bfloat16)], "tpu7x")
+    kernels = [
+        line for line in c.text.splitlines() if "fp8_quantize_" in line and "custom-call(" in line
+    ]
+    # The three experts' blocks as the rows of one (768, 512) matrix.
+    assert len(kernels) == 1 and "bf16[768,512]" in kernels[0], kernels
+
+
 def test_rows_and_cols_compile_to_one_kernel_for_tpu():
     pytest.importorskip("libtpu")
     from fp8jax.bench import compilers

@@ -46,6 +46,7 @@ in Pallas' TPU interpret mode (the tests, on CPU).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -505,13 +506,59 @@ def on_platform(platform: str, fn, *arrays: jax.Array):
     """:func:`on_tpu` for ``platform`` (the GPU quantizers' ``on_gpu`` too): where
     :func:`result_shapes` knows ``fn``, the kernel is traced only when the program is
     lowered for ``platform``."""
+
+    def call(fn, arrays, out_shape):
+        return platforms.only_on((platform,), fn, *arrays, out_shape=out_shape)
+
+    return over_matrices(fn, arrays, call)
+
+
+def over_matrices(fn, arrays, call):
+    """``fn`` (a 2-D entry point of this module or the GPU quantizers', settings bound)
+    over ``arrays`` whose leading axes stack matrices, as ``call(fn2, arrays2,
+    out_shape)`` runs it (``out_shape``: :func:`result_shapes`, or None).
+
+    One matrix (leading axes of size 1) is the 2-D call itself.  A stack whose
+    groups never cross from one matrix into the next (1x128 tiles along
+    the columns; 128x1 tiles or 128x128 blocks where a matrix's rows are a
+    multiple of 128) is quantized as the rows of one matrix: each group
+    holds the same elements, so the codes and scales are the same bits.
+    Any other stack is ``fn`` vmapped over the leading axes.  Both forms
+    spare the kernel the batch axis of a vmap, a grid axis more for Mosaic
+    to lower and compile per call.
+    """
     lead = arrays[0].shape[:-2]
+    n = math.prod(lead)
+    if lead and (n == 1 or _stacks_as_rows(fn, arrays)):
+        if n == 1:
+            flat = tuple(a.reshape(a.shape[len(lead) :]) for a in arrays)
+        else:
+            flat = tuple(a.reshape((-1,) + a.shape[len(lead) + 1 :]) for a in arrays)
+        out = call(fn, flat, result_shapes(fn, flat[0].shape))
+        # Each result stacks along its first axis as the inputs did.
+        return jax.tree.map(lambda y: y.reshape(lead + (y.shape[0] // n,) + y.shape[1:]), out)
     out = result_shapes(fn, arrays[0].shape[-2:])
     if out is not None:
         out = tuple(jax.ShapeDtypeStruct(lead + o.shape, o.dtype) for o in out)
     for _ in lead:
         fn = jax.vmap(fn)
-    return platforms.only_on((platform,), fn, *arrays, out_shape=out)
+    return call(fn, arrays, out)
+
+
+def _stacks_as_rows(fn, arrays) -> bool:
+    """Whether the matrices of ``arrays`` (one x, leading axes stacking matrices) may be
+    quantized by ``fn`` as the rows of one: its groups then never span two matrices."""
+    if len(arrays) != 1 or not isinstance(fn, functools.partial):
+        return False
+    name = getattr(fn.func, "__name__", "")
+    if name == "quantize_2d":
+        orient = fn.keywords.get("orient")
+    elif name == "quantize_rows_cols":
+        # Its 1x128 tiles stack in any case; its 128x1 tiles decide.
+        orient = "col"
+    else:
+        return False
+    return orient == "row" or (orient in ("col", "block") and arrays[0].shape[-2] % GROUP == 0)
 
 
 def result_shapes(fn, shape: tuple[int, int]) -> tuple[jax.ShapeDtypeStruct, ...] | None:
