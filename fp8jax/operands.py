@@ -329,9 +329,10 @@ def requantize_tpu_kernel(
         cached.scale if cache_scales is None else cache_scales
     )
     run = partial(tpu_quantize.requantize_col, **kernel_settings(spec))
-    # The flag as an argument, one for the whole stack, not bound into run:
-    # the kernel then waits for a TPU lowering.
-    data, scale = tpu_quantize.on_tpu(run, cached.data, cached.scale, subnormal)
+    # The flag as an argument, one per matrix of the stack (the same for
+    # all), not bound into run: the kernel then waits for a TPU lowering.
+    flag = jnp.broadcast_to(subnormal, cached.data.shape[:-2])
+    data, scale = tpu_quantize.on_tpu(run, cached.data, cached.scale, flag)
     return QTensor(data, scale, Layout(spec.granularity, len(cached.shape) - 2, spec.tile))
 
 

@@ -289,23 +289,6 @@ def test_a_stack_of_matrices_is_quantized_as_each_matrix_alone(shape, as_rows):
         for k, g in enumerate(got):
             want = np.stack([np.asarray(a[k]) for a in alone]).reshape(g.shape)
             np.testing.assert_array_equal(_bits(g), _bits(want), err_msg=f"{name} result {k}")
-    # The requantizer: with one flag for the whole cache (0-d) its stack goes as
-    # rows where the 128x1 tiles allow; with none, each matrix's scales decide.
-    cache = quant.quantize(x, E4M3, "tile", axis=-1)
-    flag = tq.subnormal_scales(cache.scale)
-    requant = partial(tq.requantize_col, fmt=E4M3, interpret=True)
-    codes, scales = cache.data.reshape(mats.shape), cache.scale.reshape(mats.shape[:2] + (-1,))
-    for args, alone_args in [
-        ((cache.data, cache.scale, flag), [(c, s, flag) for c, s in zip(codes, scales)]),
-        ((cache.data, cache.scale), list(zip(codes, scales))),
-    ]:
-        stacked = len(args) == 3 and "col" in as_rows
-        assert tq._stacks_as_rows(requant, args) == stacked, len(args)
-        got = tq.over_matrices(requant, args, _called)
-        alone = [requant(*a) for a in alone_args]
-        for k, g in enumerate(got):
-            want = np.stack([np.asarray(a[k]) for a in alone]).reshape(g.shape)
-            np.testing.assert_array_equal(_bits(g), _bits(want), err_msg=f"requantize {k}")
 
 
 def test_a_stack_of_matrices_compiles_to_one_two_dimensional_kernel_for_tpu():

@@ -516,8 +516,7 @@ def on_platform(platform: str, fn, *arrays: jax.Array):
 def over_matrices(fn, arrays, call):
     """``fn`` (a 2-D entry point of this module or the GPU quantizers', settings bound)
     over ``arrays`` whose leading axes stack matrices, as ``call(fn2, arrays2,
-    out_shape)`` runs it (``out_shape``: :func:`result_shapes`, or None).  A 0-d
-    array (``requantize_col``'s flag) is one value for every matrix.
+    out_shape)`` runs it (``out_shape``: :func:`result_shapes`, or None).
 
     One matrix (leading axes of size 1) is the 2-D call itself.  A stack whose
     groups never cross from one matrix into the next (1x128 tiles along
@@ -531,37 +530,31 @@ def over_matrices(fn, arrays, call):
     lead = arrays[0].shape[:-2]
     n = math.prod(lead)
     if lead and (n == 1 or _stacks_as_rows(fn, arrays)):
-        k = len(lead)
-        # One matrix drops the leading axes; a stack puts its rows one after another.
-        shape = (lambda a: a.shape[k:]) if n == 1 else (lambda a: (-1,) + a.shape[k + 1 :])
-        flat = tuple(a if a.ndim == 0 else a.reshape(shape(a)) for a in arrays)
+        if n == 1:
+            flat = tuple(a.reshape(a.shape[len(lead) :]) for a in arrays)
+        else:
+            flat = tuple(a.reshape((-1,) + a.shape[len(lead) + 1 :]) for a in arrays)
         out = call(fn, flat, result_shapes(fn, flat[0].shape))
         # Each result stacks along its first axis as the inputs did.
         return jax.tree.map(lambda y: y.reshape(lead + (y.shape[0] // n,) + y.shape[1:]), out)
     out = result_shapes(fn, arrays[0].shape[-2:])
     if out is not None:
         out = tuple(jax.ShapeDtypeStruct(lead + o.shape, o.dtype) for o in out)
-    in_axes = tuple(None if a.ndim == 0 else 0 for a in arrays)
     for _ in lead:
-        fn = jax.vmap(fn, in_axes=in_axes)
+        fn = jax.vmap(fn)
     return call(fn, arrays, out)
 
 
 def _stacks_as_rows(fn, arrays) -> bool:
-    """Whether the matrices of ``arrays`` (leading axes stacking matrices) may be given
-    to ``fn`` as the rows of one: its groups then never span two matrices."""
-    if not isinstance(fn, functools.partial):
+    """Whether the matrices of ``arrays`` (one x, leading axes stacking matrices) may be
+    quantized by ``fn`` as the rows of one: its groups then never span two matrices."""
+    if len(arrays) != 1 or not isinstance(fn, functools.partial):
         return False
     name = getattr(fn.func, "__name__", "")
-    if name == "quantize_2d" and len(arrays) == 1:
+    if name == "quantize_2d":
         orient = fn.keywords.get("orient")
-    elif name == "quantize_rows_cols" and len(arrays) == 1:
+    elif name == "quantize_rows_cols":
         # Its 1x128 tiles stack in any case; its 128x1 tiles decide.
-        orient = "col"
-    elif name == "requantize_col" and len(arrays) == 3 and arrays[2].ndim == 0:
-        # The cache's 1x128 tiles and their scales stack, and the new 128x1
-        # tiles decide, where one flag serves the whole stack (without it each
-        # matrix's own scales would decide its dequantization).
         orient = "col"
     else:
         return False
