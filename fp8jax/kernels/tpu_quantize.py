@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -513,7 +515,7 @@ def on_platform(platform: str, fn, *arrays: jax.Array):
     return over_matrices(fn, arrays, call)
 
 
-def over_matrices(fn, arrays, call):
+def over_matrices(fn: Callable, arrays: Sequence[jax.Array], call: Callable) -> Any:
     """``fn`` (a 2-D entry point of this module or the GPU quantizers', settings bound)
     over ``arrays`` whose leading axes stack matrices, as ``call(fn2, arrays2,
     out_shape)`` runs it (``out_shape``: :func:`result_shapes`, or None).
@@ -545,7 +547,7 @@ def over_matrices(fn, arrays, call):
     return call(fn, arrays, out)
 
 
-def _stacks_as_rows(fn, arrays) -> bool:
+def _stacks_as_rows(fn: Callable, arrays: Sequence[jax.Array]) -> bool:
     """Whether the matrices of ``arrays`` (one x, leading axes stacking matrices) may be
     quantized by ``fn`` as the rows of one: its groups then never span two matrices."""
     if len(arrays) != 1 or not isinstance(fn, functools.partial):
