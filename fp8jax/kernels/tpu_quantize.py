@@ -521,9 +521,9 @@ def over_matrices(fn: Callable, arrays: Sequence[jax.Array], call: Callable) -> 
     out_shape)`` runs it (``out_shape``: :func:`result_shapes`, or None).
 
     One matrix (leading axes of size 1) is the 2-D call itself.  A stack whose
-    groups never cross from one matrix into the next (1x128 tiles along
-    the columns; 128x1 tiles or 128x128 blocks where a matrix's rows are a
-    multiple of 128) is quantized as the rows of one matrix: each group
+    groups never cross from one matrix into the next (1x128 tiles, always;
+    128x1 tiles or 128x128 blocks where a matrix's rows are a multiple of
+    128) is quantized as the rows of one matrix: each group
     holds the same elements, so the codes and scales are the same bits.
     Any other stack is ``fn`` vmapped over the leading axes.  Both forms
     spare the kernel the batch axis of a vmap, a grid axis more for Mosaic
