@@ -155,7 +155,6 @@ def headers(draw):
     ]
     meta = None
     n_delta = 0
-    stricter = False
     for _ in range(draw(st.integers(0, 3))):
         kind = draw(
             st.sampled_from(
@@ -245,8 +244,6 @@ def headers(draw):
             )
             if new == "MAP":
                 new = Obj((("F32", None),))
-            if new in ("F4", "F6_E2M3") or isinstance(new, Obj):
-                stricter = True
             rec[1][fields["dtype"]][1] = new
         elif kind == "drop":
             rec[1].pop(draw(st.integers(0, len(rec[1]) - 1)))
@@ -285,6 +282,13 @@ def headers(draw):
                         ]
                     )
                 )
+    # Read from the final header: a later mutation may give a tensor another dtype.
+    stricter = any(
+        isinstance(v, Obj) or v in ("F4", "F6_E2M3")
+        for _, fields in recs
+        for k, v in fields
+        if k == "dtype"
+    )
     pairs = [(name, Obj(tuple((k, v) for k, v in fields))) for name, fields in recs]
     if meta is not None or draw(st.booleans()):
         m = Obj(tuple(meta.items())) if isinstance(meta, dict) else meta
