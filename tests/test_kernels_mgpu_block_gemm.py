@@ -148,6 +148,25 @@ def test_ragged_dot_lowers_to_grouped_mosaic_gpu_kernels():
     assert paths["expert/wgrad"] == "pallas"
 
 
+def test_one_shape_and_setting_is_one_kernel_in_a_program():
+    # Two GEMMs of one shape share one kernel (lowered and compiled once);
+    # another output type is another kernel.
+    s = jax.ShapeDtypeStruct
+    args = (
+        s((1, 128, 256), E4M3),
+        s((1, 2, 128), jnp.float32),
+        s((1, 128, 256), E4M3),
+        s((1, 2, 1), jnp.float32),
+    )
+
+    def two(a, sa, b, sb):
+        nt = lambda dt: mgpu.matmul_nt(a, sa, b, sb, b_cols=False, out_dtype=dt)
+        return nt(jnp.float32), nt(jnp.float32) * 2.0, nt(jnp.bfloat16)
+
+    text, _ = _cuda_text(two, *args)
+    assert len(_mosaic_calls(text)) == 2
+
+
 # ----------------------------------------------------------------------------
 # compiled for an H100 (needs XLA's compile-only CUDA client; no GPU)
 # ----------------------------------------------------------------------------

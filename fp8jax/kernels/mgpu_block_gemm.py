@@ -58,6 +58,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from fp8jax.kernels.mgpu_ptxas import ask_ptxas_once
+
 #: K run = scale tile = promotion interval; also the K step of the pipeline.
 CHUNK = 128
 #: Output tile of one CTA: two consumer warpgroups of 64 rows, 128 columns.
@@ -182,6 +184,7 @@ def _body(*refs, kc: int, b_cols: bool, grouped: bool, stages: int, out_dtype):
 
 
 def _call(body, out_shape, grid, names, interpret):
+    ask_ptxas_once()
     return plgpu.kernel(
         body,
         out_type=out_shape,
@@ -211,6 +214,12 @@ def check_padded(a, b, a_scale_t, b_scale, *, b_cols: bool) -> None:
         raise ValueError(f"b_scale must be {want}, got {b_scale.shape}")
 
 
+# A jit per kernel: two calls of one shape and settings share one trace, so the
+# program lowers and compiles the kernel once (a new trace is a new kernel).
+_STATIC = ("out_dtype", "interpret", "stages")
+
+
+@functools.partial(jax.jit, static_argnames=("b_cols",) + _STATIC)
 def matmul_nt(
     a: jax.Array,
     a_scale_t: jax.Array,
@@ -241,6 +250,7 @@ def matmul_nt(
     return _call(body, out, grid, ("m", "n", "b"), interpret)(a, a_scale_t, b, b_scale)
 
 
+@functools.partial(jax.jit, static_argnames=_STATIC)
 def grouped_matmul_nt(
     tile_group: jax.Array,
     a: jax.Array,

@@ -63,6 +63,7 @@ from fp8jax import scaling
 from fp8jax.inline_ops import isfinite
 from fp8jax.kernels.block_gemm import _pad_to, cdiv, round_up
 from fp8jax.kernels.gpu_codes import cast_with_specials, code_values
+from fp8jax.kernels.mgpu_ptxas import ask_ptxas_once
 from fp8jax.kernels.tpu_quantize import GROUP, ORIENTS, _codes, _scale, check_2d, crop
 
 __all__ = ["ORIENTS", "quantize_2d", "quantize_rows_cols", "requantize_col_t"]
@@ -314,6 +315,7 @@ def _kernel(body, ins, scratch, outs, grid, name: str, interpret):
     *out_smem)`` fills the output buffers.
     """
     n_in, n_scratch = len(ins), len(scratch)
+    ask_ptxas_once()
 
     def kern(*refs):
         in_g, out_g = refs[:n_in], refs[n_in:]
