@@ -685,8 +685,9 @@ def _pallas(
         # x (B, M, K) 1x128 tiles; w (B, K, N) 128x128 blocks -> w^T (B, N, K).
         args = (a.data, a.scale, _swap12(b.data), b.scale)
     elif kind == "dgrad":
-        # dy (B, M, N) tiles along N; w (B, K, N) is K-major for a contraction over N.
-        args = (a.data, a.scale, b.data, _swap12(b.scale))
+        # dy (B, M, N) tiles along N; w (B, K, N) is K-major for a contraction over N,
+        # and the kernel reads its block scales (B, K/128, N/128) as stored (b_scale_nk).
+        args = (a.data, a.scale, b.data, b.scale)
     else:
         # x (B, T, K) and dy (B, T, N) in 128x1 tiles along the tokens T:
         # x^T (B, K, T) and dy^T (B, N, T), the tile scales per column of each.
@@ -694,6 +695,7 @@ def _pallas(
     run = partial(
         batched_matmul_nt,
         b_cols=kind == "wgrad",
+        b_scale_nk=kind == "dgrad",
         out_dtype=out_dtype,
         interpret=how == "interpret",
     )

@@ -148,6 +148,23 @@ def test_ragged_dot_lowers_to_grouped_mosaic_gpu_kernels():
     assert paths["expert/wgrad"] == "pallas"
 
 
+def test_dgrad_reads_the_weights_block_scales_as_stored():
+    # Dgrad's weight W (K, N) = bt with block scales (K/128, N/128) = (3, 2):
+    # the kernel takes them as they are, not a transposed copy.
+    s = jax.ShapeDtypeStruct
+    args = (
+        s((128, 256), E4M3),
+        s((128, 2), jnp.float32),
+        s((384, 256), E4M3),
+        s((3, 2), jnp.float32),
+    )
+    fn = lambda a, sa, bt, sbt: bg.block_scaled_matmul_nt(a, sa, bt, sbt, out_dtype=jnp.float32)
+    text, _ = _cuda_text(fn, *args)
+    [call] = _mosaic_calls(text)
+    assert "tensor<1x3x2xf32>) -> tensor<1x128x384xf32>" in call
+    assert "-> tensor<1x2x3xf32>" not in text and "-> tensor<2x3xf32>" not in text
+
+
 def test_one_shape_and_setting_is_one_kernel_in_a_program():
     # Two GEMMs of one shape share one kernel (lowered and compiled once);
     # another output type is another kernel.

@@ -280,8 +280,10 @@ def _interpreted(kernel, args, kw) -> jax.Array:
     return jax.pure_callback(host, out, *args, vmap_method="sequential")
 
 
-@functools.partial(jax.jit, static_argnames=("b_cols", "out_dtype", "interpret", "stages"))
-def _padded_nt(a, a_scale, bt, b_scale_kc, *, b_cols, out_dtype, interpret, stages):
+@functools.partial(
+    jax.jit, static_argnames=("b_cols", "b_scale_nk", "out_dtype", "interpret", "stages")
+)
+def _padded_nt(a, a_scale, bt, b_scale_kc, *, b_cols, b_scale_nk, out_dtype, interpret, stages):
     """Pad to the kernel's tiles, run it, crop.  Shapes: see :func:`batched_matmul_nt`."""
     nb, m, k = a.shape
     n = bt.shape[1]
@@ -292,14 +294,25 @@ def _padded_nt(a, a_scale, bt, b_scale_kc, *, b_cols, out_dtype, interpret, stag
     b_p = _pad_to(bt, (nb, np_, kp), 0)
     # A's scales as (B, Kc, Mp): each K step loads one contiguous row of 128.
     sa_t = _pad_to(jnp.swapaxes(a_scale, 1, 2), (nb, kc, mp), 1.0)
-    sb = _pad_to(b_scale_kc, (nb, kc, np_ if b_cols else np_ // CHUNK), 1.0)
+    if b_scale_nk:
+        sb = _pad_to(b_scale_kc, (nb, np_ // CHUNK, kc), 1.0)
+    else:
+        sb = _pad_to(b_scale_kc, (nb, kc, np_ if b_cols else np_ // CHUNK), 1.0)
     out = mgpu.matmul_nt(
-        a_p, sa_t, b_p, sb, b_cols=b_cols, out_dtype=out_dtype, interpret=interpret, stages=stages
+        a_p,
+        sa_t,
+        b_p,
+        sb,
+        b_cols=b_cols,
+        b_scale_nk=b_scale_nk,
+        out_dtype=out_dtype,
+        interpret=interpret,
+        stages=stages,
     )
     return out[:, :m, :n]
 
 
-def _check_batched(a_data, a_scale, bt_data, b_scale_kc, out_dtype, b_cols) -> None:
+def _check_batched(a_data, a_scale, bt_data, b_scale_kc, out_dtype, b_cols, b_scale_nk) -> None:
     if a_data.ndim != 3 or bt_data.ndim != 3:
         raise ValueError(f"a_data and bt_data must be 3D, got {a_data.shape} and {bt_data.shape}")
     nb, m, k = a_data.shape
@@ -313,8 +326,14 @@ def _check_batched(a_data, a_scale, bt_data, b_scale_kc, out_dtype, b_cols) -> N
             raise TypeError(f"{name} must be float8_e4m3fn or float8_e5m2, got {x.dtype}")
     if jnp.dtype(out_dtype) not in _OUT_DTYPES:
         raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
+    if b_cols and b_scale_nk:
+        raise ValueError("b_cols and b_scale_nk are two layouts of b_scale_kc: pick one")
     kc = cdiv(k, CHUNK)
-    want = {"a_scale": (nb, m, kc), "b_scale_kc": (nb, kc, n if b_cols else cdiv(n, CHUNK))}
+    if b_scale_nk:
+        b_want = (nb, cdiv(n, CHUNK), kc)
+    else:
+        b_want = (nb, kc, n if b_cols else cdiv(n, CHUNK))
+    want = {"a_scale": (nb, m, kc), "b_scale_kc": b_want}
     for (name, shape), sc in zip(want.items(), (a_scale, b_scale_kc)):
         if sc.shape != shape:
             raise ValueError(f"{name} must have shape {shape}, got {sc.shape}")
@@ -329,6 +348,7 @@ def batched_matmul_nt(
     b_scale_kc: jax.Array,
     *,
     b_cols: bool = False,
+    b_scale_nk: bool = False,
     out_dtype=jnp.bfloat16,
     interpret=None,
     stages: int = mgpu.STAGES,
@@ -337,10 +357,13 @@ def batched_matmul_nt(
 
     ``a_data`` (B, M, K) FP8 with ``a_scale`` (B, M, Kc) 1x128 tile scales;
     ``bt_data`` (B, N, K) FP8 with ``b_scale_kc`` (B, Kc, Nc) 128x128 block
-    scales, or with ``b_cols`` (B, Kc, N) scales of 128x1 tiles (one per row
-    of ``bt`` and K run: Wgrad's token tiles).  ``interpret``: see :func:`launch`.
+    scales, with ``b_scale_nk`` the same blocks as (B, Nc, Kc) (``bt``'s own
+    block grid: Dgrad's weight scales as stored, read in place of a
+    transposed copy), or with ``b_cols`` (B, Kc, N) scales of 128x1 tiles (one
+    per row of ``bt`` and K run: Wgrad's token tiles).  ``interpret``: see
+    :func:`launch`.
     """
-    _check_batched(a_data, a_scale, bt_data, b_scale_kc, out_dtype, b_cols)
+    _check_batched(a_data, a_scale, bt_data, b_scale_kc, out_dtype, b_cols, b_scale_nk)
     return launch(
         _padded_nt,
         a_data,
@@ -349,6 +372,7 @@ def batched_matmul_nt(
         b_scale_kc,
         interpret=interpret,
         b_cols=b_cols,
+        b_scale_nk=b_scale_nk,
         out_dtype=jnp.dtype(out_dtype),
         stages=stages,
     )
@@ -371,7 +395,7 @@ def block_scaled_matmul(
     ``interpret``: see :func:`launch`; ``stages``: K steps in flight.
     """
     check_operands(a_data, a_scale, b_data, b_scale, out_dtype, b_layout="kn")
-    return _single(a_data, a_scale, b_data.T, b_scale, False, out_dtype, interpret, stages)
+    return _single(a_data, a_scale, b_data.T, b_scale, out_dtype, interpret, stages)
 
 
 def block_scaled_matmul_nt(
@@ -388,11 +412,14 @@ def block_scaled_matmul_nt(
 
     ``bt_data`` (N, K) FP8, ``bt_scale`` (ceil(N/128), ceil(K/128)).  Both
     operands are then K-major, the layout Hopper's FP8 ``wgmma`` reads: the
-    kernel's own layout, nothing is moved.  In a linear layer y = x W with W
+    kernel's own layout, nothing is moved (the kernel reads ``bt_scale`` as
+    given, ``b_scale_nk``).  In a linear layer y = x W with W
     (K, N), Dgrad ``dx = dy W^T`` is exactly this call with ``bt = W``.
     """
     check_operands(a_data, a_scale, bt_data, bt_scale, out_dtype, b_layout="nk")
-    return _single(a_data, a_scale, bt_data, bt_scale.T, False, out_dtype, interpret, stages)
+    return _single(
+        a_data, a_scale, bt_data, bt_scale, out_dtype, interpret, stages, b_scale_nk=True
+    )
 
 
 def block_scaled_matmul_tn(
@@ -421,17 +448,22 @@ def block_scaled_matmul_tn(
     ``at`` times the per-column scales of ``b``.
     """
     check_tn_operands(at_data, at_scale, b_data, b_scale, out_dtype)
-    return _single(at_data.T, at_scale.T, b_data.T, b_scale, True, out_dtype, interpret, stages)
+    return _single(
+        at_data.T, at_scale.T, b_data.T, b_scale, out_dtype, interpret, stages, b_cols=True
+    )
 
 
-def _single(a, a_scale, bt, b_scale_kc, b_cols, out_dtype, interpret, stages) -> jax.Array:
+def _single(
+    a, a_scale, bt, b_scale, out_dtype, interpret, stages, *, b_cols=False, b_scale_nk=False
+) -> jax.Array:
     """One K-major GEMM (a batch of one) of :func:`batched_matmul_nt`."""
     return batched_matmul_nt(
         a[None],
         a_scale[None],
         bt[None],
-        b_scale_kc[None],
+        b_scale[None],
         b_cols=b_cols,
+        b_scale_nk=b_scale_nk,
         out_dtype=out_dtype,
         interpret=interpret,
         stages=stages,

@@ -108,12 +108,11 @@ def _grouped_aligned(
 ):
     """Pad K and N to the kernel's tiles, bring B to (E, N, K), run the kernel, crop."""
     mp, k = a_data.shape
-    if b_layout == "kn":
+    # "nk": B (E, N, K) and its block scales (E, Nc, Kc) are read as given.
+    nk = b_layout != "kn"
+    if not nk:
         # FP8 wgmma reads K-major B only: transpose the codes once in XLA (exact).
         b_data = jnp.swapaxes(b_data, 1, 2)
-    else:
-        # The kernel reads B's block scales as (E, Kc, Nc), one per K step.
-        b_scale = jnp.swapaxes(b_scale, 1, 2)
     num_groups, n, _ = b_data.shape
     kp, np_ = round_up(k, CHUNK), round_up(n, CHUNK)
     kc, nc = kp // CHUNK, np_ // CHUNK
@@ -122,9 +121,17 @@ def _grouped_aligned(
     b_p = _pad_to(b_data, (num_groups, np_, kp), 0)
     # A's scales as (Kc, Mp): each K step loads one contiguous row of 128.
     sa_t = _pad_to(a_scale, (mp, kc), 1.0).T
-    sb = _pad_to(b_scale, (num_groups, kc, nc), 1.0)
+    sb = _pad_to(b_scale, (num_groups, nc, kc) if nk else (num_groups, kc, nc), 1.0)
     out = mgpu.grouped_matmul_nt(
-        block_group, a_p, sa_t, b_p, sb, out_dtype=out_dtype, interpret=interpret, stages=stages
+        block_group,
+        a_p,
+        sa_t,
+        b_p,
+        sb,
+        out_dtype=out_dtype,
+        b_scale_nk=nk,
+        interpret=interpret,
+        stages=stages,
     )
     return out[:, :n]
 

@@ -8,12 +8,14 @@ transposes"), which is DeepGEMM's NT-only constraint::
 
     a   float8 (B, Mp, Kp)   a_scale_t float32 (B, Kc, Mp)     one scale per 1x128 tile
     b   float8 (E, Np, Kp)   b_scale   float32 (E, Kc, Nc)     one per 128x128 block
+                             or        float32 (E, Nc, Kc)     the same, "b_scale_nk"
                              or        float32 (E, Kc, Np)     one per 128x1 tile ("columns")
 
     out[m, n] = sum_c ( sum_{k in c} a[m, k] * b[n, k] ) * a_scale_t[c, m] * s_b(c, n)
 
-with ``s_b(c, n) = b_scale[c, n // 128]`` (blocks) or ``b_scale[c, n]``
-(columns).  Mp, Np and Kp are multiples of 128 (the callers pad: zero codes
+with ``s_b(c, n) = b_scale[c, n // 128]`` (blocks), ``b_scale[n // 128, c]``
+(blocks, ``b_scale_nk``: Dgrad's weight scales as stored, no transpose) or
+``b_scale[c, n]`` (columns).  Mp, Np and Kp are multiples of 128 (the callers pad: zero codes
 add nothing, unit scales keep padding inert) and Kc = Kp / 128.  E4M3 and
 E5M2 operands may be mixed (FP8 ``wgmma`` takes its two types separately).
 
@@ -85,7 +87,7 @@ def _swizzled():
     return (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
 
 
-def _body(*refs, kc: int, b_cols: bool, grouped: bool, stages: int, out_dtype):
+def _body(*refs, kc: int, b_cols: bool, b_scale_nk: bool, grouped: bool, stages: int, out_dtype):
     """One CTA: the 128x128 output tile (m, n) of batch b, or of row tile m's expert.
 
     Refs (global memory): [tile_group,] a, a_scale_t, b, b_scale, out, as in
@@ -114,7 +116,8 @@ def _body(*refs, kc: int, b_cols: bool, grouped: bool, stages: int, out_dtype):
         if b_cols:
             scale = sa_s[rows][:, None] * sb_s[0][...][None, :]
         else:
-            scale = (sa_s[rows] * sb_ref[c, j])[:, None]
+            sb = sb_ref[j, c] if b_scale_nk else sb_ref[c, j]
+            scale = (sa_s[rows] * sb)[:, None]
 
         def mma(partial_ref):
             # b_s holds (BLOCK_N, 128) K-major rows; wgmma reads it as (128, BLOCK_N).
@@ -197,7 +200,7 @@ def _call(body, out_shape, grid, names, interpret):
     )
 
 
-def check_padded(a, b, a_scale_t, b_scale, *, b_cols: bool) -> None:
+def check_padded(a, b, a_scale_t, b_scale, *, b_cols: bool, b_scale_nk: bool = False) -> None:
     """The kernel's shape contract (see the module docstring)."""
     for name, x in (("a", a), ("b", b)):
         if x.ndim != 3 or x.shape[1] % BLOCK_M or x.shape[2] % CHUNK:
@@ -209,7 +212,12 @@ def check_padded(a, b, a_scale_t, b_scale, *, b_cols: bool) -> None:
     kc = a.shape[2] // CHUNK
     if a_scale_t.shape != (a.shape[0], kc, a.shape[1]):
         raise ValueError(f"a_scale_t must be {(a.shape[0], kc, a.shape[1])}, got {a_scale_t.shape}")
-    want = (b.shape[0], kc, b.shape[1] if b_cols else b.shape[1] // BLOCK_N)
+    if b_cols:
+        want = (b.shape[0], kc, b.shape[1])
+    elif b_scale_nk:
+        want = (b.shape[0], b.shape[1] // BLOCK_N, kc)
+    else:
+        want = (b.shape[0], kc, b.shape[1] // BLOCK_N)
     if b_scale.shape != want:
         raise ValueError(f"b_scale must be {want}, got {b_scale.shape}")
 
@@ -219,7 +227,7 @@ def check_padded(a, b, a_scale_t, b_scale, *, b_cols: bool) -> None:
 _STATIC = ("out_dtype", "interpret", "stages")
 
 
-@functools.partial(jax.jit, static_argnames=("b_cols",) + _STATIC)
+@functools.partial(jax.jit, static_argnames=("b_cols", "b_scale_nk") + _STATIC)
 def matmul_nt(
     a: jax.Array,
     a_scale_t: jax.Array,
@@ -228,29 +236,39 @@ def matmul_nt(
     *,
     b_cols: bool,
     out_dtype,
+    b_scale_nk: bool = False,
     interpret: plgpu.InterpretGPUParams | bool = False,
     stages: int = STAGES,
 ) -> jax.Array:
     """Batched dense kernel: ``out[i] = A[i] @ B[i]^T`` with block scales, (B, Mp, Np).
 
     ``a`` (B, Mp, Kp), ``a_scale_t`` (B, Kc, Mp), ``b`` (B, Np, Kp), ``b_scale``
-    (B, Kc, Np // 128) block scales or, with ``b_cols``, (B, Kc, Np) per-row
+    (B, Kc, Np // 128) block scales ((B, Np // 128, Kc) with ``b_scale_nk``) or,
+    with ``b_cols``, (B, Kc, Np) per-row
     scales of ``b`` (module docstring).
     """
-    check_padded(a, b, a_scale_t, b_scale, b_cols=b_cols)
+    if b_cols and b_scale_nk:
+        raise ValueError("b_cols and b_scale_nk are two layouts of b_scale: pick one")
+    check_padded(a, b, a_scale_t, b_scale, b_cols=b_cols, b_scale_nk=b_scale_nk)
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"batch mismatch: a {a.shape}, b {b.shape}")
     nb, mp, kp = a.shape
     np_ = b.shape[1]
     body = functools.partial(
-        _body, kc=kp // CHUNK, b_cols=b_cols, grouped=False, stages=stages, out_dtype=out_dtype
+        _body,
+        kc=kp // CHUNK,
+        b_cols=b_cols,
+        b_scale_nk=b_scale_nk,
+        grouped=False,
+        stages=stages,
+        out_dtype=out_dtype,
     )
     out = jax.ShapeDtypeStruct((nb, mp, np_), out_dtype)
     grid = (mp // BLOCK_M, np_ // BLOCK_N, nb)
     return _call(body, out, grid, ("m", "n", "b"), interpret)(a, a_scale_t, b, b_scale)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@functools.partial(jax.jit, static_argnames=("b_scale_nk",) + _STATIC)
 def grouped_matmul_nt(
     tile_group: jax.Array,
     a: jax.Array,
@@ -259,22 +277,29 @@ def grouped_matmul_nt(
     b_scale: jax.Array,
     *,
     out_dtype,
+    b_scale_nk: bool = False,
     interpret: plgpu.InterpretGPUParams | bool = False,
     stages: int = STAGES,
 ) -> jax.Array:
     """Grouped kernel: row tile t of ``a`` times its expert's ``b[tile_group[t]]^T``, (Mp, Np).
 
     ``a`` (Mp, Kp), ``a_scale_t`` (Kc, Mp), ``b`` (E, Np, Kp), ``b_scale``
-    (E, Kc, Np // 128), ``tile_group`` int32 (Mp // 128,): expert of each
+    (E, Kc, Np // 128) ((E, Np // 128, Kc) with ``b_scale_nk``), ``tile_group`` int32 (Mp // 128,): expert of each
     128-row tile, -1 for padding (written as zeros, nothing loaded).
     """
-    check_padded(a[None], b, a_scale_t[None], b_scale, b_cols=False)
+    check_padded(a[None], b, a_scale_t[None], b_scale, b_cols=False, b_scale_nk=b_scale_nk)
     mp, kp = a.shape
     np_ = b.shape[1]
     if tile_group.shape != (mp // BLOCK_M,):
         raise ValueError(f"tile_group must have shape ({mp // BLOCK_M},), got {tile_group.shape}")
     body = functools.partial(
-        _body, kc=kp // CHUNK, b_cols=False, grouped=True, stages=stages, out_dtype=out_dtype
+        _body,
+        kc=kp // CHUNK,
+        b_cols=False,
+        b_scale_nk=b_scale_nk,
+        grouped=True,
+        stages=stages,
+        out_dtype=out_dtype,
     )
     out = jax.ShapeDtypeStruct((1, mp, np_), out_dtype)
     grid = (mp // BLOCK_M, np_ // BLOCK_N)
