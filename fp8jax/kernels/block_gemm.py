@@ -294,10 +294,8 @@ def _padded_nt(a, a_scale, bt, b_scale_kc, *, b_cols, b_scale_nk, out_dtype, int
     b_p = _pad_to(bt, (nb, np_, kp), 0)
     # A's scales as (B, Kc, Mp): each K step loads one contiguous row of 128.
     sa_t = _pad_to(jnp.swapaxes(a_scale, 1, 2), (nb, kc, mp), 1.0)
-    if b_scale_nk:
-        sb = _pad_to(b_scale_kc, (nb, np_ // CHUNK, kc), 1.0)
-    else:
-        sb = _pad_to(b_scale_kc, (nb, kc, np_ if b_cols else np_ // CHUNK), 1.0)
+    sb_shape = mgpu.b_scale_shape(nb, np_, kc, b_cols=b_cols, b_scale_nk=b_scale_nk)
+    sb = _pad_to(b_scale_kc, sb_shape, 1.0)
     out = mgpu.matmul_nt(
         a_p,
         sa_t,
@@ -326,13 +324,8 @@ def _check_batched(a_data, a_scale, bt_data, b_scale_kc, out_dtype, b_cols, b_sc
             raise TypeError(f"{name} must be float8_e4m3fn or float8_e5m2, got {x.dtype}")
     if jnp.dtype(out_dtype) not in _OUT_DTYPES:
         raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
-    if b_cols and b_scale_nk:
-        raise ValueError("b_cols and b_scale_nk are two layouts of b_scale_kc: pick one")
     kc = cdiv(k, CHUNK)
-    if b_scale_nk:
-        b_want = (nb, cdiv(n, CHUNK), kc)
-    else:
-        b_want = (nb, kc, n if b_cols else cdiv(n, CHUNK))
+    b_want = mgpu.b_scale_shape(nb, n, kc, b_cols=b_cols, b_scale_nk=b_scale_nk)
     want = {"a_scale": (nb, m, kc), "b_scale_kc": b_want}
     for (name, shape), sc in zip(want.items(), (a_scale, b_scale_kc)):
         if sc.shape != shape:

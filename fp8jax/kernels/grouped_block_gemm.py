@@ -115,13 +115,13 @@ def _grouped_aligned(
         b_data = jnp.swapaxes(b_data, 1, 2)
     num_groups, n, _ = b_data.shape
     kp, np_ = round_up(k, CHUNK), round_up(n, CHUNK)
-    kc, nc = kp // CHUNK, np_ // CHUNK
+    kc = kp // CHUNK
     # Zero data padding adds exact zeros; unit scale padding keeps it inert.
     a_p = _pad_to(a_data, (mp, kp), 0)
     b_p = _pad_to(b_data, (num_groups, np_, kp), 0)
     # A's scales as (Kc, Mp): each K step loads one contiguous row of 128.
     sa_t = _pad_to(a_scale, (mp, kc), 1.0).T
-    sb = _pad_to(b_scale, (num_groups, nc, kc) if nk else (num_groups, kc, nc), 1.0)
+    sb = _pad_to(b_scale, mgpu.b_scale_shape(num_groups, np_, kc, b_cols=False, b_scale_nk=nk), 1.0)
     out = mgpu.grouped_matmul_nt(
         block_group,
         a_p,

@@ -15,8 +15,8 @@ transposes"), which is DeepGEMM's NT-only constraint::
 
 with ``s_b(c, n) = b_scale[c, n // 128]`` (blocks), ``b_scale[n // 128, c]``
 (blocks, ``b_scale_nk``: Dgrad's weight scales as stored, no transpose) or
-``b_scale[c, n]`` (columns).  Mp, Np and Kp are multiples of 128 (the callers pad: zero codes
-add nothing, unit scales keep padding inert) and Kc = Kp / 128.  E4M3 and
+``b_scale[c, n]`` (columns).  Mp, Np and Kp are multiples of 128 (the callers
+pad: zero codes add nothing, unit scales keep padding inert) and Kc = Kp / 128.  E4M3 and
 E5M2 operands may be mixed (FP8 ``wgmma`` takes its two types separately).
 
 Design (read from JAX's ``hopper_matmul_mgpu`` and DeepGEMM's description):
@@ -200,6 +200,18 @@ def _call(body, out_shape, grid, names, interpret):
     )
 
 
+def b_scale_shape(batch: int, n: int, kc: int, *, b_cols: bool, b_scale_nk: bool) -> tuple:
+    """The shape of B's scales for ``n`` rows of B (padded or not) and ``kc`` K runs:
+    (batch, kc, n) with ``b_cols``, (batch, N blocks, kc) with ``b_scale_nk``, else
+    (batch, kc, N blocks)."""
+    if b_cols and b_scale_nk:
+        raise ValueError("b_cols and b_scale_nk are two layouts of B's scales: pick one")
+    if b_cols:
+        return batch, kc, n
+    blocks = pl.cdiv(n, BLOCK_N)
+    return (batch, blocks, kc) if b_scale_nk else (batch, kc, blocks)
+
+
 def check_padded(a, b, a_scale_t, b_scale, *, b_cols: bool, b_scale_nk: bool = False) -> None:
     """The kernel's shape contract (see the module docstring)."""
     for name, x in (("a", a), ("b", b)):
@@ -212,12 +224,7 @@ def check_padded(a, b, a_scale_t, b_scale, *, b_cols: bool, b_scale_nk: bool = F
     kc = a.shape[2] // CHUNK
     if a_scale_t.shape != (a.shape[0], kc, a.shape[1]):
         raise ValueError(f"a_scale_t must be {(a.shape[0], kc, a.shape[1])}, got {a_scale_t.shape}")
-    if b_cols:
-        want = (b.shape[0], kc, b.shape[1])
-    elif b_scale_nk:
-        want = (b.shape[0], b.shape[1] // BLOCK_N, kc)
-    else:
-        want = (b.shape[0], kc, b.shape[1] // BLOCK_N)
+    want = b_scale_shape(b.shape[0], b.shape[1], kc, b_cols=b_cols, b_scale_nk=b_scale_nk)
     if b_scale.shape != want:
         raise ValueError(f"b_scale must be {want}, got {b_scale.shape}")
 
@@ -244,11 +251,8 @@ def matmul_nt(
 
     ``a`` (B, Mp, Kp), ``a_scale_t`` (B, Kc, Mp), ``b`` (B, Np, Kp), ``b_scale``
     (B, Kc, Np // 128) block scales ((B, Np // 128, Kc) with ``b_scale_nk``) or,
-    with ``b_cols``, (B, Kc, Np) per-row
-    scales of ``b`` (module docstring).
+    with ``b_cols``, (B, Kc, Np) per-row scales of ``b`` (module docstring).
     """
-    if b_cols and b_scale_nk:
-        raise ValueError("b_cols and b_scale_nk are two layouts of b_scale: pick one")
     check_padded(a, b, a_scale_t, b_scale, b_cols=b_cols, b_scale_nk=b_scale_nk)
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"batch mismatch: a {a.shape}, b {b.shape}")
@@ -284,8 +288,9 @@ def grouped_matmul_nt(
     """Grouped kernel: row tile t of ``a`` times its expert's ``b[tile_group[t]]^T``, (Mp, Np).
 
     ``a`` (Mp, Kp), ``a_scale_t`` (Kc, Mp), ``b`` (E, Np, Kp), ``b_scale``
-    (E, Kc, Np // 128) ((E, Np // 128, Kc) with ``b_scale_nk``), ``tile_group`` int32 (Mp // 128,): expert of each
-    128-row tile, -1 for padding (written as zeros, nothing loaded).
+    (E, Kc, Np // 128) ((E, Np // 128, Kc) with ``b_scale_nk``), ``tile_group``
+    int32 (Mp // 128,): expert of each 128-row tile, -1 for padding (written as
+    zeros, nothing loaded).
     """
     check_padded(a[None], b, a_scale_t[None], b_scale, b_cols=False, b_scale_nk=b_scale_nk)
     mp, kp = a.shape
