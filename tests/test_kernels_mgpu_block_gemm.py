@@ -81,26 +81,12 @@ def test_kernel_contract_is_checked():
         mgpu.matmul_nt(
             a, jnp.ones((1, 1, 100)), b, jnp.ones((1, 1, 1)), b_cols=False, out_dtype=jnp.float32
         )
+    # B's scales in two layouts at once, or of the wrong shape for the one asked.
+    square = lambda sb, **kw: mgpu.matmul_nt(b, jnp.ones((1, 1, 128)), b, sb, **kw)
     with pytest.raises(ValueError, match="pick one"):
-        mgpu.matmul_nt(
-            b,
-            jnp.ones((1, 1, 128)),
-            b,
-            jnp.ones((1, 1, 128)),
-            b_cols=True,
-            b_scale_nk=True,
-            out_dtype=jnp.float32,
-        )
+        square(jnp.ones((1, 1, 128)), b_cols=True, b_scale_nk=True, out_dtype=jnp.float32)
     with pytest.raises(ValueError, match="b_scale must be"):
-        mgpu.matmul_nt(
-            b,
-            jnp.ones((1, 1, 128)),
-            b,
-            jnp.ones((1, 2, 1)),
-            b_scale_nk=True,
-            b_cols=False,
-            out_dtype=jnp.float32,
-        )
+        square(jnp.ones((1, 2, 1)), b_cols=False, b_scale_nk=True, out_dtype=jnp.float32)
     with pytest.raises(ValueError, match="tile_group"):
         mgpu.grouped_matmul_nt(
             jnp.zeros((3,), jnp.int32),

@@ -186,8 +186,13 @@ def _body(*refs, kc: int, b_cols: bool, b_scale_nk: bool, grouped: bool, stages:
             store(o_s, jnp.zeros((_WG_ROWS, BLOCK_N), out_dtype))
 
 
-def _call(body, out_shape, grid, names, interpret):
+def _call(out_shape, grid, names, interpret, *, kp: int, stages: int, **layout):
+    """The kernel of :func:`_body` for ``out_shape``, K (padded) ``kp`` and B's
+    ``layout`` (``b_cols``, ``b_scale_nk``, ``grouped``)."""
     ask_ptxas_once()
+    body = functools.partial(
+        _body, kc=kp // CHUNK, stages=stages, out_dtype=out_shape.dtype, **layout
+    )
     return plgpu.kernel(
         body,
         out_type=out_shape,
@@ -258,18 +263,20 @@ def matmul_nt(
         raise ValueError(f"batch mismatch: a {a.shape}, b {b.shape}")
     nb, mp, kp = a.shape
     np_ = b.shape[1]
-    body = functools.partial(
-        _body,
-        kc=kp // CHUNK,
+    out = jax.ShapeDtypeStruct((nb, mp, np_), out_dtype)
+    grid = (mp // BLOCK_M, np_ // BLOCK_N, nb)
+    call = _call(
+        out,
+        grid,
+        ("m", "n", "b"),
+        interpret,
+        kp=kp,
+        stages=stages,
         b_cols=b_cols,
         b_scale_nk=b_scale_nk,
         grouped=False,
-        stages=stages,
-        out_dtype=out_dtype,
     )
-    out = jax.ShapeDtypeStruct((nb, mp, np_), out_dtype)
-    grid = (mp // BLOCK_M, np_ // BLOCK_N, nb)
-    return _call(body, out, grid, ("m", "n", "b"), interpret)(a, a_scale_t, b, b_scale)
+    return call(a, a_scale_t, b, b_scale)
 
 
 @functools.partial(jax.jit, static_argnames=("b_scale_nk",) + _STATIC)
@@ -297,16 +304,17 @@ def grouped_matmul_nt(
     np_ = b.shape[1]
     if tile_group.shape != (mp // BLOCK_M,):
         raise ValueError(f"tile_group must have shape ({mp // BLOCK_M},), got {tile_group.shape}")
-    body = functools.partial(
-        _body,
-        kc=kp // CHUNK,
+    out = jax.ShapeDtypeStruct((1, mp, np_), out_dtype)
+    grid = (mp // BLOCK_M, np_ // BLOCK_N)
+    call = _call(
+        out,
+        grid,
+        ("m", "n"),
+        interpret,
+        kp=kp,
+        stages=stages,
         b_cols=False,
         b_scale_nk=b_scale_nk,
         grouped=True,
-        stages=stages,
-        out_dtype=out_dtype,
     )
-    out = jax.ShapeDtypeStruct((1, mp, np_), out_dtype)
-    grid = (mp // BLOCK_M, np_ // BLOCK_N)
-    call = _call(body, out, grid, ("m", "n"), interpret)
     return call(tile_group.astype(jnp.int32), a[None], a_scale_t[None], b, b_scale)[0]
