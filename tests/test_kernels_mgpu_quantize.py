@@ -91,6 +91,9 @@ def test_shared_memory_is_race_free():
     codes_t, scales_t = mq.requantize_col_t(cached.data, cached.scale, fmt=E4M3, interpret=RACES)
     want = quant.quantize(quant.dequantize(cached, jnp.float32), E4M3, "tile", axis=0)
     _assert_same(codes_t.T, scales_t.T, want)
+    # The block's scale, stored to global memory by every lane of the warpgroup.
+    codes, scales = mq.quantize_2d(x, fmt=E4M3, orient="block", interpret=RACES)
+    _assert_same(codes, scales, quant.quantize(x, E4M3, "block"))
 
 
 def test_scale_options_under_jit():

@@ -13,7 +13,8 @@ One CTA (one warpgroup) per 128 x 128 square of x: a TMA copy brings the
 square into shared memory, the warpgroup takes it into registers (wgmma's
 fragment layout) :data:`ROWS` rows by :data:`COLS` columns at a time, in
 loops that hold one copy of the code: each tile's amax chunk by chunk, then
-its codes; TMA copies write the codes (as int8 bytes) and the float32 scales.  A
+its codes; TMA copies write the codes (as int8 bytes) and the float32 scales
+(a 128x128 block's one scale the warpgroup stores itself).  A
 square is every tile of its rows and columns, so one read of x serves both
 of dy's layouts.
 
@@ -268,7 +269,8 @@ def _row_tiles(load, rows, q_s, s_s, kw: dict) -> None:
 
 def _columns(x_s, q_s, s_s, kw: dict, block: bool) -> None:
     """A square's 128x1 tiles (or, where ``block``, the square as one block): int8 codes
-    into ``q_s``, float32 scales into ``s_s`` (the block's in each lane).
+    into ``q_s``, float32 scales into ``s_s``: a column's each, or (``block``) the
+    block's, written to global memory at the square's place in the grid.
 
     Each column's amax over both halves first (on the bit patterns, one axis
     at a time: Mosaic GPU reduces one axis per step), then each half's codes,
@@ -290,6 +292,11 @@ def _columns(x_s, q_s, s_s, kw: dict, block: bool) -> None:
         # compiler) would divide by its reciprocal, 1 ulp off the correctly
         # rounded quotient.
         block_scale = _scale_of(jnp.maximum(bits, jnp.max(bits, axis=0)), kw)
+        # One float32 per block, stored by the warpgroup itself (TMA moves 16
+        # bytes at least): the (R/128, C/128) scales the GEMMs read, no copy
+        # spread over the block's columns for XLA to slice.  Every lane holds
+        # the same value, so their max is it.
+        s_s[lax.axis_index("i"), lax.axis_index("j")] = jnp.max(block_scale, axis=0)
 
     def chunk(cols):
         scale = block_scale if block else _scale_of(column_bits(cols, zeros), kw)
@@ -300,7 +307,8 @@ def _columns(x_s, q_s, s_s, kw: dict, block: bool) -> None:
             q_s[rows, cols] = _codes(xs, s, kw["fmt"], cast_with_specials)
 
         _each_half(half)
-        s_s[cols] = scale
+        if not block:
+            s_s[cols] = scale
 
     _each_chunk(chunk)
 
@@ -310,9 +318,10 @@ def _kernel(body, ins, scratch, outs, grid, name: str, interpret):
 
     ``ins`` and ``outs``: ``(array or ShapeDtypeStruct, smem shape, where)``,
     ``where(ref, i, j)`` the global window the CTA copies into its shared
-    buffer first (ins) or from it last (outs); ``scratch``: further
-    ``(shape, dtype)`` shared buffers.  ``body(*in_smem, *scratch_smem,
-    *out_smem)`` fills the output buffers.
+    buffer first (ins) or from it last (outs); an output of smem shape None
+    has no shared buffer: the body gets its global ref and writes it itself.
+    ``scratch``: further ``(shape, dtype)`` shared buffers.  ``body(*in_smem,
+    *scratch_smem, *outs)`` fills the outputs.
     """
     n_in, n_scratch = len(ins), len(scratch)
     ask_ptxas_once()
@@ -326,6 +335,11 @@ def _kernel(body, ins, scratch, outs, grid, name: str, interpret):
             for (_, _, where), g, s in zip(ins, in_g, buffers[:n_in], strict=True):
                 plgpu.copy_gmem_to_smem(where(g, i, j), s, barrier)
             plgpu.barrier_wait(barrier)
+            staged = iter(buffers[n_in + n_scratch :])
+            out_refs = [
+                g if shape is None else next(staged) for (_, shape, _), g in zip(outs, out_g)
+            ]
+            buffers = buffers[: n_in + n_scratch] + out_refs
             if interpret:
                 # The interpreter runs on XLA, whose division is already the IEEE one.
                 body(*buffers)
@@ -338,13 +352,14 @@ def _kernel(body, ins, scratch, outs, grid, name: str, interpret):
                     body(*buffers)
             # The registers' stores to shared memory, visible to TMA.
             plgpu.commit_smem()
-            for (_, _, where), g, s in zip(outs, out_g, buffers[n_in + n_scratch :], strict=True):
-                plgpu.copy_smem_to_gmem(s, where(g, i, j))
+            for (_, shape, where), g, s in zip(outs, out_g, out_refs, strict=True):
+                if shape is not None:
+                    plgpu.copy_smem_to_gmem(s, where(g, i, j))
             plgpu.wait_smem_to_gmem(0)
 
         buffers = [plgpu.SMEM(shape, a.dtype) for a, shape, _ in ins]
         buffers += [plgpu.SMEM(shape, dtype) for shape, dtype in scratch]
-        buffers += [plgpu.SMEM(shape, t.dtype) for t, shape, _ in outs]
+        buffers += [plgpu.SMEM(shape, t.dtype) for t, shape, _ in outs if shape is not None]
         buffers.append(plgpu.Barrier(num_arrivals=n_in))
         pl.run_scoped(scope, *buffers)
 
@@ -428,8 +443,14 @@ def quantize_2d(
             _columns(x_s, q_s, s_s, kw, block=orient == "block")
 
     # 1x128 tiles' scales are written transposed, (C/128, R): 128 contiguous
-    # per square (the form the GEMM kernel reads); the others (R/128, C).
-    scales = _scales_out(gj, rp, by_j=True) if orient == "row" else _scales_out(gi, cp, False)
+    # per square (the form the GEMM kernel reads); 128x1 tiles' (R/128, C);
+    # a block's one per square, (R/128, C/128), stored by the body itself.
+    if orient == "row":
+        scales = _scales_out(gj, rp, by_j=True)
+    elif orient == "col":
+        scales = _scales_out(gi, cp, by_j=False)
+    else:
+        scales = jax.ShapeDtypeStruct((gi, gj), jnp.float32), None, None
     codes, s = _kernel(
         body,
         [_square_in(xp)],
@@ -439,9 +460,10 @@ def quantize_2d(
         f"fp8_quantize_{orient}",
         interpret,
     )
-    if orient == "row":
-        s = s.T
-    return crop(orient, lax.bitcast_convert_type(codes, kw["fmt"]), s, r, c)
+    codes = lax.bitcast_convert_type(codes, kw["fmt"])
+    if orient == "block":
+        return codes[:r, :c], s[: cdiv(r, GROUP), : cdiv(c, GROUP)]
+    return crop(orient, codes, s.T if orient == "row" else s, r, c)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
