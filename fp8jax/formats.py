@@ -43,6 +43,9 @@ E5M2 = jnp.dtype(ml_dtypes.float8_e5m2)
 # codes follow from a float32's bit pattern by integer arithmetic alone, and
 # they are the codes FP8 tensor cores, the MXU and this package's kernels take.
 IEEE_FP8 = (E4M3, E5M2)
+# The wide floats this package's Pallas kernels read and write: the values a
+# quantizer or telemetry kernel takes, the dtype a GEMM kernel's epilogue rounds to.
+KERNEL_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 E4M3FNUZ = jnp.dtype(ml_dtypes.float8_e4m3fnuz)
 E5M2FNUZ = jnp.dtype(ml_dtypes.float8_e5m2fnuz)
 E8M0 = jnp.dtype(ml_dtypes.float8_e8m0fnu)

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp8jax import accumulate, blockscaled, host_cpu, path_record, platforms, quant
-from fp8jax.formats import IEEE_FP8
+from fp8jax.formats import IEEE_FP8, KERNEL_FLOATS
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
 from fp8jax.inline_ops import traced_inline
 from fp8jax.kernels import tpu_block_gemm, tpu_quantize
@@ -60,7 +60,6 @@ DIMS = {
     "wgrad": (((1,), (1,)), ((0,), (0,))),  # (B,M,K) x (B,M,N) -> (B,K,N)
 }
 # What the Pallas kernel's epilogue writes.
-_KERNEL_OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 _ALG = lax.DotAlgorithmPreset
 
 
@@ -444,7 +443,7 @@ def fprop_quantizing(
     abstract_qx = cache(lambda: jax.eval_shape(partial(take, dstate=None), x)[0])
 
     def decide(p: str) -> str:
-        if p != "tpu" or is_quantized(x) or out_dtype not in _KERNEL_OUT_DTYPES:
+        if p != "tpu" or is_quantized(x) or out_dtype not in KERNEL_FLOATS:
             return "separate"
         if not kernel_tiles(spec) or x.ndim != 3:
             return "separate"
@@ -506,7 +505,7 @@ def _run(
         )
     if b_index is not None and impl not in _RUN_IMPLS:
         b, b_index = take_batch(b, b_index), None
-    if impl == "pallas" and out_dtype in _KERNEL_OUT_DTYPES:
+    if impl == "pallas" and out_dtype in KERNEL_FLOATS:
         # The kernel rounds its float32 accumulator to the caller's dtype itself.
         return _pallas(a, b, kind, how=how, out_dtype=out_dtype, a_source=a_source)
     return _run_float32(impl, how, a, b, kind, recipe, b_index, a_source).astype(out_dtype)
@@ -795,9 +794,7 @@ def grouped_gemm(
     ``out_dtype`` itself: no float32 result in memory).
     """
     # The kernels write bfloat16 or float32; another dtype is rounded from float32.
-    kernel_dtype = (
-        jnp.dtype(out_dtype) if out_dtype in _KERNEL_OUT_DTYPES else jnp.dtype(jnp.float32)
-    )
+    kernel_dtype = jnp.dtype(out_dtype) if out_dtype in KERNEL_FLOATS else jnp.dtype(jnp.float32)
     with path_record.scope("expert"):
         if kind == "wgrad":
             y = _grouped_wgrad(a, b, layout, recipe, num_groups, kernel_dtype)

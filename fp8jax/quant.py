@@ -77,6 +77,7 @@ from fp8jax.formats import (
     E4M3,
     E8M0,
     IEEE_FP8,
+    KERNEL_FLOATS,
     SCALE_FMTS,
     as_format,
     check_scale_fmt,
@@ -427,7 +428,7 @@ def tpu_quantizer_orient(x, fmt, granularity, axis, tile) -> str | None:
     """
     if tile != 128 or as_format(fmt) not in IEEE_FP8 or x.size == 0:
         return None
-    if jnp.dtype(x.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+    if jnp.dtype(x.dtype) not in KERNEL_FLOATS:
         return None
     ax = _norm_axis(axis, x.ndim)
     if granularity == "tile" and ax == x.ndim - 1:

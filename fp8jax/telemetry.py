@@ -29,7 +29,7 @@ import numpy as np
 from jax import lax
 
 from fp8jax import platforms
-from fp8jax.formats import IEEE_FP8, float64_magnitude, fmt_max
+from fp8jax.formats import IEEE_FP8, KERNEL_FLOATS, float64_magnitude, fmt_max
 from fp8jax.inline_ops import traced_inline
 from fp8jax.kernels import tpu_telemetry
 from fp8jax.quant import QTensor, divide_by_scale, is_quantized, scale_values
@@ -200,7 +200,6 @@ def _counts(
 
 
 #: What the TPU kernel counts: IEEE FP8 codes of bfloat16 / float32 values.
-_KERNEL_VALUES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
 
 def _kernel_fits(x: jax.Array, op: QTensor) -> bool:
@@ -214,7 +213,7 @@ def _kernel_fits(x: jax.Array, op: QTensor) -> bool:
         and lay.tile == tpu_telemetry.GROUP
         and (lay.blocked or (lay.tiled and lay.axis == x.ndim - 1))
         and jnp.dtype(op.data.dtype) in IEEE_FP8
-        and jnp.dtype(x.dtype) in _KERNEL_VALUES
+        and jnp.dtype(x.dtype) in KERNEL_FLOATS
         and op.data.shape == x.shape
     )
 

@@ -49,13 +49,11 @@ import numpy as np
 from jax import lax
 
 from fp8jax import platforms
-from fp8jax.formats import IEEE_FP8
+from fp8jax.formats import IEEE_FP8, KERNEL_FLOATS
 from fp8jax.kernels import mgpu_block_gemm as mgpu
 
 #: K chunk = scale tile = promotion interval of the two-level accumulation.
 CHUNK = mgpu.CHUNK
-
-_OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
 
 def cdiv(a: int, b: int) -> int:
@@ -91,7 +89,7 @@ def check_operands(
         raise TypeError(
             f"a_data and b_data must be float8_e4m3fn or float8_e5m2, got {a_data.dtype}, {b_data.dtype}"
         )
-    if jnp.dtype(out_dtype) not in _OUT_DTYPES:
+    if jnp.dtype(out_dtype) not in KERNEL_FLOATS:
         raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
     m, k = a_data.shape
     if b_layout == "kn":
@@ -181,7 +179,7 @@ def check_tn_operands(at_data, at_scale, b_data, b_scale, out_dtype) -> tuple[in
     for name, x in (("at_data", at_data), ("b_data", b_data)):
         if jnp.dtype(x.dtype) not in IEEE_FP8:
             raise TypeError(f"{name} must be float8_e4m3fn or float8_e5m2, got {x.dtype}")
-    if jnp.dtype(out_dtype) not in _OUT_DTYPES:
+    if jnp.dtype(out_dtype) not in KERNEL_FLOATS:
         raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
     k, m = at_data.shape
     kb, n = b_data.shape
@@ -322,7 +320,7 @@ def _check_batched(a_data, a_scale, bt_data, b_scale_kc, out_dtype, b_cols, b_sc
     for name, x in (("a_data", a_data), ("bt_data", bt_data)):
         if jnp.dtype(x.dtype) not in IEEE_FP8:
             raise TypeError(f"{name} must be float8_e4m3fn or float8_e5m2, got {x.dtype}")
-    if jnp.dtype(out_dtype) not in _OUT_DTYPES:
+    if jnp.dtype(out_dtype) not in KERNEL_FLOATS:
         raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
     kc = cdiv(k, CHUNK)
     b_want = mgpu.b_scale_shape(nb, n, kc, b_cols=b_cols, b_scale_nk=b_scale_nk)

@@ -67,7 +67,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from fp8jax import platforms
-from fp8jax.formats import IEEE_FP8
+from fp8jax.formats import IEEE_FP8, KERNEL_FLOATS
 from fp8jax.kernels import tpu_quantize
 from fp8jax.kernels.block_gemm import (
     CHUNK,
@@ -494,7 +494,7 @@ def block_scaled_matmul_quantizing(
     ``block_m`` None: :data:`DENSE_BLOCK_M` rows for bfloat16 x, half as many
     for float32 (whose double-buffered block of x would overflow tpu7x's VMEM).
     """
-    if x.ndim != 2 or jnp.dtype(x.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+    if x.ndim != 2 or jnp.dtype(x.dtype) not in KERNEL_FLOATS:
         raise ValueError(f"x must be 2-D float32 or bfloat16, got {x.dtype} {x.shape}")
     m, k = x.shape
     fmt = jnp.dtype(fmt)
