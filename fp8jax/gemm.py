@@ -59,7 +59,6 @@ DIMS = {
     "dgrad": (((2,), (2,)), ((0,), (0,))),  # (B,M,N) x (B,K,N) -> (B,M,K)
     "wgrad": (((1,), (1,)), ((0,), (0,))),  # (B,M,K) x (B,M,N) -> (B,K,N)
 }
-# What the Pallas kernel's epilogue writes.
 _ALG = lax.DotAlgorithmPreset
 
 

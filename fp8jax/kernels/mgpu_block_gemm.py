@@ -16,8 +16,9 @@ transposes"), which is DeepGEMM's NT-only constraint::
 with ``s_b(c, n) = b_scale[c, n // 128]`` (blocks), ``b_scale[n // 128, c]``
 (blocks, ``b_scale_nk``: Dgrad's weight scales as stored, no transpose) or
 ``b_scale[c, n]`` (columns).  Mp, Np and Kp are multiples of 128 (the callers
-pad: zero codes add nothing, unit scales keep padding inert) and Kc = Kp / 128.  E4M3 and
-E5M2 operands may be mixed (FP8 ``wgmma`` takes its two types separately).
+pad: zero codes add nothing, unit scales keep padding inert) and Kc = Kp / 128.
+E4M3 and E5M2 operands may be mixed (FP8 ``wgmma`` takes its two types
+separately).
 
 Design (read from JAX's ``hopper_matmul_mgpu`` and DeepGEMM's description):
 
