@@ -47,7 +47,7 @@ from fp8jax.inline_ops import traced_inline
 from fp8jax.kernels import tpu_block_gemm, tpu_quantize
 from fp8jax.kernels.availability import kernel_available
 from fp8jax.kernels.block_gemm import CHUNK, batched_matmul_nt
-from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligned
+from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligned, grouped_wgrad
 from fp8jax.layout import Layout, pad_axis, repeat_crop
 from fp8jax.operands import Requantizable, kernel_settings, kernel_tiles, materialize
 from fp8jax.quant import QTensor, is_quantized
@@ -815,41 +815,56 @@ def _token_tiles(op) -> bool:
     )
 
 
+# How a "pallas" decision runs a kernel (not a refusal).
+_KERNEL_HOWS = ("compiled", "interpret", "mosaic")
+
+
 def _grouped_wgrad(a, b, layout: GroupLayout, recipe: Recipe, num_groups: int, out_dtype):
     """The wgrad grouped GEMM of :func:`grouped_gemm`.
 
-    On a TPU lowering, where "pallas" runs and both operands are FP8 token
-    tiles, the grouped Wgrad kernel (``tpu_block_gemm.grouped_wgrad``): each
-    expert's tiles added into one accumulator in VMEM.  Elsewhere each token
-    tile's GEMM is complete (scaled, promoted) before the tiles of a group are
-    added in float32, through a (tiles, K, N) float32 intermediate.  Both add
-    the tiles' promoted partials in tile order; the kernel may fuse each
-    promotion into the add (one rounding), and under the accumulation
-    emulator's FFMA promotion a dense GEMM would fold every chain into one
-    accumulator, so the paths can differ in the last bits.
+    Where "pallas" runs and both operands are FP8 token tiles, a grouped
+    Wgrad kernel: each expert's tiles (each one 128-long K run) promoted into
+    one float32 accumulator, in VMEM on a TPU
+    (``tpu_block_gemm.grouped_wgrad``), in registers on a Hopper GPU or in
+    Mosaic GPU's interpreter (``grouped_block_gemm.grouped_wgrad``).
+    Elsewhere each token tile's GEMM is complete (scaled, promoted) before
+    the tiles of a group are added in float32, through a (tiles, K, N)
+    float32 intermediate.  Both add the tiles' promoted partials in tile
+    order; a kernel may fuse each promotion into the add (one rounding), and
+    under the accumulation emulator's FFMA promotion a dense GEMM would fold
+    every chain into one accumulator, so the paths can differ in the last bits.
     """
     fits = layout.tile == CHUNK and _token_tiles(a) and _token_tiles(b)
-    kernel = tuple(
-        p
+    kernel = {
+        p: how
         for p in platforms.PLATFORMS
-        if fits and _decision(recipe, a, b, "wgrad", p) == ("pallas", "mosaic")
-    )
+        for impl, how in [_decision(recipe, a, b, "wgrad", p)]
+        if fits and impl == "pallas" and how in _KERNEL_HOWS
+    }
     others = tuple(p for p in platforms.PLATFORMS if p not in kernel)
     if kernel:
-        path_record.note("wgrad", {p: "pallas grouped tpu" for p in kernel})
+        path_record.note(
+            "wgrad",
+            {
+                p: "pallas grouped" + {"interpret": " interpret", "mosaic": " tpu"}.get(how, "")
+                for p, how in kernel.items()
+            },
+        )
 
-    def build(use_kernel: bool):
-        if use_kernel:
+    def build(how: str):
+        if how:
+            tpu = how == "mosaic"
             run = partial(
-                tpu_block_gemm.grouped_wgrad,
+                tpu_block_gemm.grouped_wgrad if tpu else grouped_wgrad,
                 num_groups=num_groups,
                 out_dtype=out_dtype,
-                interpret=False,
+                interpret=how == "interpret",
             )
             args = (a.data, a.scale, b.data, b.scale, layout.tile_group)
-            # (E, K, N): declared, so the kernel is traced only for a TPU lowering.
+            # (E, K, N): declared, so a compiled kernel is traced only when a
+            # program is lowered for its platform.
             out = jax.ShapeDtypeStruct((num_groups, a.shape[2], b.shape[2]), out_dtype)
-            return lambda: _on_kernel_platform("mosaic", run, *args, out_shape=out)
+            return lambda: _on_kernel_platform(how, run, *args, out_shape=out)
 
         def per_tile():
             with path_record.only(others):
@@ -858,7 +873,7 @@ def _grouped_wgrad(a, b, layout: GroupLayout, recipe: Recipe, num_groups: int, o
 
         return per_tile
 
-    return platforms.choose(lambda p: p in kernel, build)
+    return platforms.choose(lambda p: kernel.get(p, ""), build)
 
 
 def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe, out_dtype):

@@ -153,3 +153,115 @@ def test_gpu_grouped_kernel_matches_float64(layout):
         a, sa, b_in, sb_in, gs, out_dtype=jnp.bfloat16, b_layout=layout, interpret=False
     )
     assert_grouped_close(got, a, sa, b, sb, gs, jnp.bfloat16, tensor_core=True)
+
+
+# ----------------------------------------------------------------------------
+# Wgrad over expert-aligned token tiles
+# ----------------------------------------------------------------------------
+
+
+def make_token_tiles(seed, tiles, m, n):
+    """FP8 codes of x and dy in 128-token tiles, with one scale per tile and column."""
+    rng = np.random.default_rng(seed)
+    a, b = fp8(rng, (tiles, 128, m)), fp8(rng, (tiles, 128, n))
+    return a, scales(rng, (tiles, 1, m)), b, scales(rng, (tiles, 1, n))
+
+
+def wgrad_oracle(a, sa, b, sb, tile_group, num_groups):
+    """float64 dw[e] = sum of x_t^T dy_t over expert e's tiles, and its magnitude bound."""
+    a64 = np.asarray(a, np.float64) * np.asarray(sa, np.float64)
+    b64 = np.asarray(b, np.float64) * np.asarray(sb, np.float64)
+    shape = (num_groups, a.shape[2], b.shape[2])
+    ref, mag = np.zeros(shape), np.zeros(shape)
+    for t, g in enumerate(tile_group):
+        if g >= 0:
+            ref[g] += a64[t].T @ b64[t]
+            mag[g] += np.abs(a64[t]).T @ np.abs(b64[t])
+    return ref, mag
+
+
+#: Each tile's expert (4 experts): empty experts, one padding tile; the last
+#: expert only; no tokens at all (every expert's Wgrad is zero).
+WGRAD_TILE_GROUPS = [[0, 0, 2, 2, 2, -1], [3, 3, 3], [-1, -1]]
+
+
+@pytest.mark.parametrize("tile_group", WGRAD_TILE_GROUPS)
+def test_grouped_wgrad_matches_float64(tile_group):
+    # Odd M and N (padded blocks), empty experts, one run or several per expert.
+    num_groups = 4
+    a, sa, b, sb = make_token_tiles(len(tile_group), len(tile_group), 200, 300)
+    tg = jnp.asarray(tile_group, jnp.int32)
+    got = np.asarray(gg.grouped_wgrad(a, sa, b, sb, tg, num_groups, interpret=True))
+    ref, mag = wgrad_oracle(a, sa, b, sb, tile_group, num_groups)
+    assert got.shape == ref.shape and got.dtype == np.float32
+    # Each run's float32 partial, its promotion and one float32 add per run.
+    runs = max(1, max(tile_group.count(g) for g in range(num_groups)))
+    np.testing.assert_array_less(np.abs(got - ref), (128 + 3 * runs + 4) * U32 * mag + 1e-30)
+    assert not got[[g for g in range(num_groups) if g not in tile_group]].any()
+
+
+def test_grouped_wgrad_equals_the_per_tile_path_under_jit():
+    # Against the path it replaces: the batched kernel per tile (each run
+    # promoted alone), the tiles of an expert added in tile order.  The kernel
+    # promotes each run into the running sum, an FMA where the compiler forms
+    # one: the same values up to one rounding per run.
+    from fp8jax.groups import sum_tiles
+    from fp8jax.kernels.block_gemm import batched_matmul_nt
+
+    tg = jnp.asarray([0, 1, 1, 3, -1], jnp.int32)
+    a, sa, b, sb = make_token_tiles(7, 5, 256, 384)
+    run = jax.jit(lambda *xs: gg.grouped_wgrad(*xs, 4, out_dtype=jnp.bfloat16, interpret=True))
+    got = run(a, sa, b, sb, tg)
+    per_tile = batched_matmul_nt(
+        jnp.swapaxes(a, 1, 2),
+        jnp.swapaxes(sa, 1, 2),
+        jnp.swapaxes(b, 1, 2),
+        sb,
+        b_cols=True,
+        out_dtype=jnp.float32,
+        interpret=True,
+    )
+    want = sum_tiles(per_tile, type("Layout", (), {"tile_group": tg})(), 4).astype(jnp.bfloat16)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(
+        np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=2 * U_BF16, atol=0
+    )
+
+
+def test_expert_runs_are_each_experts_consecutive_tiles():
+    start, count = gg.expert_runs(jnp.asarray([0, 0, 2, 2, 2, 4, -1, -1]), 5)
+    np.testing.assert_array_equal(start, [0, 2, 2, 5, 5])
+    np.testing.assert_array_equal(count, [2, 0, 3, 0, 1])
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(a=jnp.zeros((2, 64, 128), jnp.float8_e4m3fn)), "tiles"),
+        (dict(tg=jnp.zeros((3,), jnp.int32)), "tile_group"),
+        (dict(sa=jnp.ones((2, 128), jnp.float32)), "a_scale"),
+        (dict(b=jnp.zeros((2, 128, 128), jnp.bfloat16)), "b_data"),
+        (dict(out_dtype=jnp.float16), "out_dtype"),
+    ],
+)
+def test_grouped_wgrad_bad_inputs_raise(change, match):
+    args = dict(
+        a=jnp.zeros((2, 128, 128), jnp.float8_e4m3fn),
+        sa=jnp.ones((2, 1, 128), jnp.float32),
+        b=jnp.zeros((2, 128, 128), jnp.float8_e4m3fn),
+        sb=jnp.ones((2, 1, 128), jnp.float32),
+        tg=jnp.zeros((2,), jnp.int32),
+        out_dtype=jnp.float32,
+    )
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=match):
+        gg.grouped_wgrad(
+            args["a"],
+            args["sa"],
+            args["b"],
+            args["sb"],
+            args["tg"],
+            1,
+            out_dtype=args["out_dtype"],
+            interpret=True,
+        )

@@ -21,13 +21,19 @@ import pytest
 from test_kernels_block_gemm import (
     E4M3,
     E5M2,
+    U32,
     assert_close,
     make_case,
     make_tn_case,
     tn_oracle,
     tolerance,
 )
-from test_kernels_grouped_block_gemm import assert_grouped_close, make_grouped
+from test_kernels_grouped_block_gemm import (
+    assert_grouped_close,
+    make_grouped,
+    make_token_tiles,
+    wgrad_oracle,
+)
 
 import fp8jax
 from fp8jax import path_record, platforms, recipes
@@ -72,6 +78,17 @@ def test_grouped_kernel_is_race_free_with_empty_and_ragged_groups():
     assert_grouped_close(got, a, sa, b, sb, gs, jnp.float32)
     want = gg.grouped_block_scaled_matmul_reference(a, sa, b, sb, gs, out_dtype=jnp.float32)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-3)
+
+
+def test_grouped_wgrad_kernel_is_race_free():
+    # Expert 0 owns two K runs, expert 1 one, expert 2 none; odd M and N.
+    tile_group = [0, 0, 1]
+    a, sa, b, sb = make_token_tiles(5, 3, 130, 135)
+    tg = jnp.asarray(tile_group, jnp.int32)
+    got = np.asarray(gg.grouped_wgrad(a, sa, b, sb, tg, 3, interpret=RACES))
+    ref, mag = wgrad_oracle(a, sa, b, sb, tile_group, 3)
+    np.testing.assert_array_less(np.abs(got - ref), (128 + 10) * U32 * mag + 1e-30)
+    assert not got[2].any()
 
 
 def test_kernel_contract_is_checked():
@@ -148,10 +165,12 @@ def test_ragged_dot_lowers_to_grouped_mosaic_gpu_kernels():
         return jnp.sum(y**2)
 
     text, paths = _cuda_text(jax.value_and_grad(loss, argnums=(0, 1)), x, w)
-    # Grouped Fprop and Dgrad, and Wgrad per token tile (a batch of dense GEMMs).
+    # Grouped Fprop, Dgrad and Wgrad (each expert's token tiles summed in the
+    # kernel's registers): no (tiles, K, N) float32 products, no loop adding them.
     assert len(_mosaic_calls(text)) == 3
-    assert paths["expert/fprop"] == paths["expert/dgrad"] == "pallas grouped"
-    assert paths["expert/wgrad"] == "pallas"
+    assert paths["expert/fprop"] == paths["expert/dgrad"] == paths["expert/wgrad"]
+    assert paths["expert/wgrad"] == "pallas grouped"
+    assert "stablehlo.while" not in text
 
 
 def test_dgrad_reads_the_weights_block_scales_as_stored():
@@ -208,6 +227,7 @@ def _h100_or_skip():
         ("kn", jnp.float8_e5m2, jnp.float8_e4m3fn, "e5m2.e4m3"),
         ("tn", jnp.float8_e4m3fn, jnp.float8_e5m2, "e4m3.e5m2"),
         ("grouped_kn", jnp.float8_e4m3fn, None, "e4m3.e4m3"),
+        ("grouped_wgrad", jnp.float8_e4m3fn, None, "e4m3.e4m3"),
     ],
 )
 def test_h100_code_is_fp8_wgmma_fed_by_tma(layout, a_fmt, b_fmt, types):

@@ -20,7 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_kernels_block_gemm import E4M3, E5M2, assert_close, fp8, make_case, scales
-from test_kernels_grouped_block_gemm import assert_grouped_close, make_grouped
+from test_kernels_grouped_block_gemm import (
+    WGRAD_TILE_GROUPS,
+    assert_grouped_close,
+    make_grouped,
+    make_token_tiles,
+    wgrad_oracle,
+)
 
 from fp8jax.groups import group_layout
 from fp8jax.kernels import block_gemm as bg
@@ -325,33 +331,18 @@ def test_bad_arguments_raise(kw, match):
         tg.block_scaled_matmul(a, sa, b, sb, interpret=True, **kw)
 
 
-@pytest.mark.parametrize(
-    "tile_group",
-    [
-        [0, 0, 2, 2, 2, -1],  # experts 1 and 3 own no tile; one padding tile
-        [3, 3, 3],  # the last expert only
-        [-1, -1],  # no tokens at all: every expert's Wgrad is zero
-    ],
-)
+@pytest.mark.parametrize("tile_group", WGRAD_TILE_GROUPS)
 def test_grouped_wgrad_matches_float64(tile_group):
     # dw[e] = sum over e's 128-token tiles of x_t^T dy_t, with each tile's
     # scales per column; odd M and N (padded blocks), empty experts.
-    rng = np.random.default_rng(len(tile_group))
-    t, m, n, e = len(tile_group), 200, 300, 4
-    a, b = fp8(rng, (t, 128, m)), fp8(rng, (t, 128, n))
-    sa, sb = scales(rng, (t, 1, m)), scales(rng, (t, 1, n))
+    e = 4
+    a, sa, b, sb = make_token_tiles(len(tile_group), len(tile_group), 200, 300)
     tg_ = jnp.asarray(tile_group, jnp.int32)
     got = np.asarray(
         tg.grouped_wgrad(a, sa, b, sb, tg_, e, block_m=128, block_n=128, interpret=True)
     )
-    a64 = np.asarray(a, np.float64) * np.asarray(sa, np.float64)
-    b64 = np.asarray(b, np.float64) * np.asarray(sb, np.float64)
-    want, mag = np.zeros((e, m, n)), np.zeros((e, m, n))
-    for i, g in enumerate(tile_group):
-        if g >= 0:
-            want[g] += a64[i].T @ b64[i]
-            mag[g] += np.abs(a64[i]).T @ np.abs(b64[i])
-    assert got.shape == (e, m, n) and got.dtype == np.float32
+    want, mag = wgrad_oracle(a, sa, b, sb, tile_group, e)
+    assert got.shape == want.shape and got.dtype == np.float32
     # float32 sums of at most a few 128-long runs.
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * (mag.max() + 1e-30))
     assert not got[[i for i in range(e) if i not in tile_group]].any()

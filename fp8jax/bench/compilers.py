@@ -66,6 +66,7 @@ from fp8jax.bench.hlo import (
     _operand_text,
     _shape_bytes,
 )
+from fp8jax.kernels.mgpu_block_gemm import K_GROUPED_NAME
 from fp8jax.toolkit import hardware
 
 
@@ -316,8 +317,12 @@ def _operands(line: str, opcode: str) -> list[str]:
 
 
 def _gemm_flops(inst: _Inst, types: dict[str, str]) -> float:
-    """2 x output elements x contraction length of a dot or a GEMM kernel."""
+    """2 x output elements x contraction length of a dot or a GEMM kernel (for the
+    grouped Wgrad kernel, whose groups split the contraction: one group's output)."""
     out = _dims(inst.type_text.split(")")[0] if inst.type_text.startswith("(") else inst.type_text)
+    if K_GROUPED_NAME in f"{inst.name} {_op_name(inst.line)}" and out:
+        # (E, M, N): each K run belongs to one expert, E products of M x N in all.
+        out = out[1:]
     ops = [_dims(types.get(o, "")) for o in _operands(inst.line, inst.opcode)]
     out_n = math.prod(out) if out else 0
     labels = _DIM_LABELS_RE.search(inst.line)

@@ -31,7 +31,7 @@ from fp8jax.kernels import grouped_block_gemm as grouped
 H100_SHARED_BYTES = 227 * 1024
 #: Registers one thread may use.
 MAX_REGISTERS = 255
-LAYOUTS = ("kn", "nk", "tn", "grouped_kn", "grouped_nk")
+LAYOUTS = ("kn", "nk", "tn", "grouped_kn", "grouped_nk", "grouped_wgrad")
 _DUMP_VARS = ("MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_PTXAS", "MOSAIC_GPU_DUMP_RESOURCES")
 
 
@@ -105,7 +105,8 @@ def kernel_case(
     """(compiled kernel function, abstract operands) of one layout at a small shape.
 
     "kn" Fprop, "nk" Dgrad, "tn" Wgrad, "grouped_kn" / "grouped_nk" the MoE
-    kernel's two weight layouts; M = N = 256, K = 640, 4 experts.  ``b_fmt``
+    kernel's two weight layouts, "grouped_wgrad" the experts' Wgrad over K runs
+    (token tiles); M = N = 256, K = 640, 4 experts.  ``b_fmt``
     (default ``a_fmt``): the second operand's FP8 format.
     """
     s, f32 = jax.ShapeDtypeStruct, jnp.float32
@@ -144,6 +145,16 @@ def kernel_case(
                 s((e, n, k), b_fmt),
                 s((e, nc, kc), f32),
                 s((mc,), jnp.int32),
+            ),
+        ),
+        "grouped_wgrad": (
+            functools.partial(grouped.grouped_wgrad, num_groups=e),
+            (
+                s((kc, 128, m), a_fmt),
+                s((kc, 1, m), f32),
+                s((kc, 128, n), b_fmt),
+                s((kc, 1, n), f32),
+                s((kc,), jnp.int32),
             ),
         ),
     }

@@ -18,6 +18,7 @@ from fp8jax.kernels.grouped_block_gemm import (
     grouped_block_scaled_matmul,
     grouped_block_scaled_matmul_aligned,
     grouped_block_scaled_matmul_reference,
+    grouped_wgrad,
 )
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "grouped_block_scaled_matmul",
     "grouped_block_scaled_matmul_aligned",
     "grouped_block_scaled_matmul_reference",
+    "grouped_wgrad",
     "hopper_gpu",
     "kernel_available",
     "self_check_error",

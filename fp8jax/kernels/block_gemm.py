@@ -69,6 +69,37 @@ def round_up(a: int, b: int) -> int:
 # ----------------------------------------------------------------------------
 
 
+def check_types(out_dtype, **codes: jax.Array) -> None:
+    """The kernels' dtypes: FP8 ``codes`` (named as the caller's arguments), a wide
+    ``out_dtype`` (:data:`fp8jax.formats.KERNEL_FLOATS`)."""
+    for name, x in codes.items():
+        if jnp.dtype(x.dtype) not in IEEE_FP8:
+            raise TypeError(f"{name} must be float8_e4m3fn or float8_e5m2, got {x.dtype}")
+    if jnp.dtype(out_dtype) not in KERNEL_FLOATS:
+        raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
+
+
+def check_token_tiles(a_data, a_scale, b_data, b_scale, tile_group, out_dtype) -> None:
+    """The grouped Wgrad's operands: FP8 codes of x and dy in 128-token tiles (T, 128, M)
+    and (T, 128, N), one scale per tile and column (T, 1, M) / (T, 1, N), the expert
+    of each tile (T,)."""
+    if a_data.ndim != 3 or a_data.shape[1] != CHUNK or b_data.shape[:2] != a_data.shape[:2]:
+        raise ValueError(
+            f"grouped_wgrad takes (T, {CHUNK}, M) and (T, {CHUNK}, N) tiles, got "
+            f"{a_data.shape} and {b_data.shape}"
+        )
+    t = a_data.shape[0]
+    if tile_group.shape != (t,):
+        raise ValueError(f"tile_group must be ({t},), got {tile_group.shape}")
+    check_types(out_dtype, a_data=a_data, b_data=b_data)
+    for name, scale, cols in (
+        ("a_scale", a_scale, a_data.shape[2]),
+        ("b_scale", b_scale, b_data.shape[2]),
+    ):
+        if scale.shape != (t, 1, cols):
+            raise ValueError(f"{name} must have shape {(t, 1, cols)}, got {scale.shape}")
+
+
 def check_operands(
     a_data: jax.Array,
     a_scale: jax.Array,
@@ -85,12 +116,7 @@ def check_operands(
         raise ValueError(
             f"a_data must be 2D and b_data {2 + lead}D, got {a_data.shape} and {b_data.shape}"
         )
-    if jnp.dtype(a_data.dtype) not in IEEE_FP8 or jnp.dtype(b_data.dtype) not in IEEE_FP8:
-        raise TypeError(
-            f"a_data and b_data must be float8_e4m3fn or float8_e5m2, got {a_data.dtype}, {b_data.dtype}"
-        )
-    if jnp.dtype(out_dtype) not in KERNEL_FLOATS:
-        raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
+    check_types(out_dtype, a_data=a_data, b_data=b_data)
     m, k = a_data.shape
     if b_layout == "kn":
         kb, n = b_data.shape[lead:]
@@ -176,11 +202,7 @@ def check_tn_operands(at_data, at_scale, b_data, b_scale, out_dtype) -> tuple[in
     """Validate the 1D1D (Wgrad) operands; return (M, K, N) with K the contraction."""
     if at_data.ndim != 2 or b_data.ndim != 2:
         raise ValueError(f"at_data and b_data must be 2D, got {at_data.shape} and {b_data.shape}")
-    for name, x in (("at_data", at_data), ("b_data", b_data)):
-        if jnp.dtype(x.dtype) not in IEEE_FP8:
-            raise TypeError(f"{name} must be float8_e4m3fn or float8_e5m2, got {x.dtype}")
-    if jnp.dtype(out_dtype) not in KERNEL_FLOATS:
-        raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
+    check_types(out_dtype, at_data=at_data, b_data=b_data)
     k, m = at_data.shape
     kb, n = b_data.shape
     if kb != k:
@@ -317,11 +339,7 @@ def _check_batched(a_data, a_scale, bt_data, b_scale_kc, out_dtype, b_cols, b_sc
         raise ValueError(
             f"bt_data must be (B, N, K) for a_data {a_data.shape}, got {bt_data.shape}"
         )
-    for name, x in (("a_data", a_data), ("bt_data", bt_data)):
-        if jnp.dtype(x.dtype) not in IEEE_FP8:
-            raise TypeError(f"{name} must be float8_e4m3fn or float8_e5m2, got {x.dtype}")
-    if jnp.dtype(out_dtype) not in KERNEL_FLOATS:
-        raise TypeError(f"out_dtype must be bfloat16 or float32, got {out_dtype}")
+    check_types(out_dtype, a_data=a_data, bt_data=bt_data)
     kc = cdiv(k, CHUNK)
     b_want = mgpu.b_scale_shape(nb, n, kc, b_cols=b_cols, b_scale_nk=b_scale_nk)
     want = {"a_scale": (nb, m, kc), "b_scale_kc": b_want}

@@ -25,6 +25,10 @@ extra pass over A, and at most ``E`` tiles of wasted MMA work.  Callers that
 already produce aligned groups (a dispatcher that pads each expert's segment)
 call ``grouped_block_scaled_matmul_aligned`` with one expert id per row tile.
 
+**Wgrad.**  ``grouped_wgrad`` takes the experts' x and dy in the same
+expert-aligned 128-token tiles and sums each expert's tiles in one kernel
+(``mgpu_block_gemm.grouped_wgrad_nt``): no (tiles, K, N) float32 products.
+
 **Weight layout.**  FP8 ``wgmma`` reads K-major operands only: with "nk"
 weights (E, N, K) (Dgrad's W as stored) nothing moves; "kn" weights (E, K, N)
 (Fprop's W) are transposed once in XLA (FP8 codes, exact), which a quantizer
@@ -46,6 +50,7 @@ from fp8jax.kernels.block_gemm import (
     _pad_to,
     block_scaled_matmul_reference,
     check_operands,
+    check_token_tiles,
     launch,
     round_up,
 )
@@ -217,3 +222,82 @@ def grouped_block_scaled_matmul(
         stages=stages,
     )
     return jnp.where(layout.in_group[:, None], y_al[layout.dst_row], jnp.zeros((), y_al.dtype))
+
+
+# ----------------------------------------------------------------------------
+# Wgrad over expert-aligned token tiles
+# ----------------------------------------------------------------------------
+
+
+def expert_runs(tile_group: jax.Array, num_groups: int) -> tuple[jax.Array, jax.Array]:
+    """(first tile, tile count) of each expert, int32 (E,), from the expert of each tile
+    (ascending, -1 for padding): an expert's tiles are consecutive."""
+    tg = tile_group.astype(jnp.int32)
+    experts = jnp.arange(num_groups, dtype=jnp.int32)[:, None]
+    start = jnp.sum((tg[None, :] >= 0) & (tg[None, :] < experts), axis=1, dtype=jnp.int32)
+    count = jnp.sum(tg[None, :] == experts, axis=1, dtype=jnp.int32)
+    return start, count
+
+
+@functools.partial(jax.jit, static_argnames=("num_groups", "out_dtype", "interpret", "stages"))
+def _grouped_wgrad(
+    a_data, a_scale, b_data, b_scale, tile_group, *, num_groups, out_dtype, interpret, stages
+):
+    """Lay the tiles out K-major (tokens minor), pad M and N to the kernel's tiles, run
+    it, crop."""
+    t, _, m = a_data.shape
+    n = b_data.shape[2]
+    mp, np_ = round_up(m, CHUNK), round_up(n, CHUNK)
+
+    def k_major(data, scale, cols):
+        # FP8 wgmma reads K-major operands only: the codes of all tiles as one
+        # (C, T * 128) matrix (a transpose in XLA, exact); each tile's column
+        # scales are already one row (T, C) per K run.  Zero codes and unit
+        # scales pad the columns.
+        codes = _pad_to(data.reshape(t * CHUNK, -1).T, (cols, t * CHUNK), 0)
+        return codes[None], _pad_to(scale.reshape(t, -1), (t, cols), 1.0)[None]
+
+    a_t, sa_t = k_major(a_data, a_scale, mp)
+    b_t, sb = k_major(b_data, b_scale, np_)
+    start, count = expert_runs(tile_group, num_groups)
+    out = mgpu.grouped_wgrad_nt(
+        start, count, a_t, sa_t, b_t, sb, out_dtype=out_dtype, interpret=interpret, stages=stages
+    )
+    return out[:, :m, :n]
+
+
+def grouped_wgrad(
+    a_data: jax.Array,
+    a_scale: jax.Array,
+    b_data: jax.Array,
+    b_scale: jax.Array,
+    tile_group: jax.Array,
+    num_groups: int,
+    *,
+    out_dtype=jnp.float32,
+    interpret=None,
+    stages: int = mgpu.STAGES,
+) -> jax.Array:
+    """``tpu_block_gemm.grouped_wgrad``'s experts' Wgrad, (E, M, N), on a Hopper GPU.
+
+    The same operands (x and dy in expert-aligned 128-token tiles, one
+    scale per tile and column, each tile's expert) and the same sums: each
+    tile one 128-long K run, its float32 partial times fl32(a_scale *
+    b_scale) added in tile order to the expert's float32 accumulator, here
+    in registers (:func:`fp8jax.kernels.mgpu_block_gemm.grouped_wgrad_nt`).
+    An expert with no tile gets zeros; no (T, M, N) intermediate reaches
+    HBM.  ``interpret``: see :func:`fp8jax.kernels.block_gemm.launch`.
+    """
+    check_token_tiles(a_data, a_scale, b_data, b_scale, tile_group, out_dtype)
+    return launch(
+        _grouped_wgrad,
+        a_data,
+        a_scale.astype(jnp.float32),
+        b_data,
+        b_scale.astype(jnp.float32),
+        tile_group.astype(jnp.int32),
+        interpret=interpret,
+        num_groups=num_groups,
+        out_dtype=jnp.dtype(out_dtype),
+        stages=stages,
+    )

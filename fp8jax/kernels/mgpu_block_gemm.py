@@ -1,7 +1,8 @@
 """Block-scaled FP8 GEMM (DeepSeek-V3 / DeepGEMM scaling) as a Mosaic GPU kernel for Hopper.
 
-One kernel body serves the dense GEMMs (a batch of independent products) and
-the grouped MoE GEMM (row tiles that each pick their expert's weight).  Both
+One kernel body serves the dense GEMMs (a batch of independent products),
+the grouped MoE GEMM (row tiles that each pick their expert's weight) and
+the grouped Wgrad (each expert's sum over its own K runs).  Both
 operands are **K-major** (the contraction axis is the minor one), the only
 layout Hopper's FP8 ``wgmma`` reads on jax 0.11 ("Only f16 WGMMA supports
 transposes"), which is DeepGEMM's NT-only constraint::
@@ -38,6 +39,9 @@ Design (read from JAX's ``hopper_matmul_mgpu`` and DeepGEMM's description):
   (bfloat16 or float32), stages it in shared memory and stores it with TMA.
 * Grouped: the CTA reads its row tile's expert id; a tile tagged -1 is
   padding and is written as zeros without loading or multiplying anything.
+* Grouped Wgrad: the CTA reads its expert's first K run and run count and
+  pipelines over those runs only (a pipeline length read at run time); an
+  expert with no run is written as zeros.
 
 Numerics: FP8 products are exact; the 128 products of a run are summed by
 the tensor core (on Hopper with its own ~14-bit-mantissa accumulation; in
@@ -72,6 +76,8 @@ _WG_ROWS = 64
 _CONSUMERS = BLOCK_M // _WG_ROWS
 #: K steps in flight in shared memory (33 KiB each).
 STAGES = 4
+#: The name of the grouped Wgrad kernel (:func:`grouped_wgrad_nt`) in its op's metadata.
+K_GROUPED_NAME = "fp8_k_grouped_gemm"
 # Registers kept by the producer warpgroup (it only issues TMA copies).
 _PRODUCER_REGISTERS = 40
 
@@ -88,20 +94,39 @@ def _swizzled():
     return (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
 
 
-def _body(*refs, kc: int, b_cols: bool, b_scale_nk: bool, grouped: bool, stages: int, out_dtype):
-    """One CTA: the 128x128 output tile (m, n) of batch b, or of row tile m's expert.
+def _body(
+    *refs,
+    kc: int,
+    b_cols: bool,
+    b_scale_nk: bool,
+    grouped: bool,
+    stages: int,
+    out_dtype,
+    k_groups: bool = False,
+):
+    """One CTA: the 128x128 output tile (m, n) of batch b, of row tile m's expert, or
+    (``k_groups``) of expert b's sum over its own K steps.
 
-    Refs (global memory): [tile_group,] a, a_scale_t, b, b_scale, out, as in
-    :func:`matmul_nt` / :func:`grouped_matmul_nt`.
+    Refs (global memory): [tile_group,] or [k_start, k_count,] a, a_scale_t, b,
+    b_scale, out, as in :func:`matmul_nt` / :func:`grouped_matmul_nt` /
+    :func:`grouped_wgrad_nt`.
     """
+    i, j = lax.axis_index("m"), lax.axis_index("n")
+    # The operands' batch, the output's, the first K step and the K steps run.
+    first = 0
     if grouped:
         gid_g, a_g, sa_g, b_g, sb_g, o_g = refs
-        i, j = lax.axis_index("m"), lax.axis_index("n")
         ab, e = 0, gid_g[i]
+        ob, runs = ab, kc
+    elif k_groups:
+        start_g, count_g, a_g, sa_g, b_g, sb_g, o_g = refs
+        ob = lax.axis_index("b")
+        ab, e = 0, 0
+        first, runs = start_g[ob], count_g[ob]
     else:
         a_g, sa_g, b_g, sb_g, o_g = refs
-        i, j, ab = lax.axis_index("m"), lax.axis_index("n"), lax.axis_index("b")
-        e = ab
+        ab = lax.axis_index("b")
+        e, ob, runs = ab, ab, kc
     wg = lax.axis_index("wg")
     rows = pl.ds(wg * _WG_ROWS, _WG_ROWS)
     # Padding tiles of the grouped layout (expert -1) read expert 0's refs but
@@ -117,7 +142,7 @@ def _body(*refs, kc: int, b_cols: bool, b_scale_nk: bool, grouped: bool, stages:
         if b_cols:
             scale = sa_s[rows][:, None] * sb_s[0][...][None, :]
         else:
-            sb = sb_ref[j, c] if b_scale_nk else sb_ref[c, j]
+            sb = sb_ref[j, first + c] if b_scale_nk else sb_ref[first + c, j]
             scale = (sa_s[rows] * sb)[:, None]
 
         def mma(partial_ref):
@@ -129,19 +154,20 @@ def _body(*refs, kc: int, b_cols: bool, b_scale_nk: bool, grouped: bool, stages:
         partial = pl.run_scoped(mma, plgpu.ACC((_WG_ROWS, BLOCK_N), jnp.float32))
         return acc + partial * scale
 
+    # K step c of the pipeline reads K run first + c of the operands.
     in_specs = [
-        plgpu.BlockSpec((BLOCK_M, CHUNK), lambda c: (i, c), transforms=_swizzled()),
-        plgpu.BlockSpec((BLOCK_N, CHUNK), lambda c: (j, c), transforms=_swizzled()),
-        plgpu.BlockSpec((None, BLOCK_M), lambda c: (c, i)),
+        plgpu.BlockSpec((BLOCK_M, CHUNK), lambda c: (i, first + c), transforms=_swizzled()),
+        plgpu.BlockSpec((BLOCK_N, CHUNK), lambda c: (j, first + c), transforms=_swizzled()),
+        plgpu.BlockSpec((None, BLOCK_M), lambda c: (first + c, i)),
     ]
     if b_cols:
-        in_specs.append(plgpu.BlockSpec((None, BLOCK_N), lambda c: (c, j)))
+        in_specs.append(plgpu.BlockSpec((None, BLOCK_N), lambda c: (first + c, j)))
     operands = (a_g.at[ab], b_ref, sa_g.at[ab]) + ((sb_ref,) if b_cols else ())
 
     def pipeline(body, context):
         return plgpu.emit_pipeline_warp_specialized(
             body,
-            grid=(kc,),
+            grid=(runs,),
             memory_registers=_PRODUCER_REGISTERS,
             in_specs=in_specs,
             wg_axis="wg",
@@ -158,7 +184,7 @@ def _body(*refs, kc: int, b_cols: bool, b_scale_nk: bool, grouped: bool, stages:
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             o_s.at[wg],
-            o_g.at[ab, pl.ds(i * BLOCK_M + wg * _WG_ROWS, _WG_ROWS), pl.ds(j * BLOCK_N, BLOCK_N)],
+            o_g.at[ob, pl.ds(i * BLOCK_M + wg * _WG_ROWS, _WG_ROWS), pl.ds(j * BLOCK_N, BLOCK_N)],
         )
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -177,19 +203,22 @@ def _body(*refs, kc: int, b_cols: bool, b_scale_nk: bool, grouped: bool, stages:
         def compute():
             pipeline(step, context)(*operands, allocations=allocs)
 
-        if not grouped:
+        if not (grouped or k_groups):
             compute()
             return
-        pl.when(e >= 0)(compute)
+        # A padding row tile (expert -1), or an expert that owns no K step:
+        # zeros, nothing loaded or multiplied.
+        empty = e < 0 if grouped else runs == 0
+        pl.when(~empty)(compute)
 
-        @pl.when((e < 0) & (wg < _CONSUMERS))
-        def _padding_tile():
+        @pl.when(empty & (wg < _CONSUMERS))
+        def _empty():
             store(o_s, jnp.zeros((_WG_ROWS, BLOCK_N), out_dtype))
 
 
 def _call(out_shape, grid, names, interpret, *, kp: int, stages: int, **layout):
     """The kernel of :func:`_body` for ``out_shape``, K (padded) ``kp`` and B's
-    ``layout`` (``b_cols``, ``b_scale_nk``, ``grouped``)."""
+    ``layout`` (``b_cols``, ``b_scale_nk``, ``grouped``, ``k_groups``)."""
     ask_ptxas_once()
     body = functools.partial(
         _body, kc=kp // CHUNK, stages=stages, out_dtype=out_shape.dtype, **layout
@@ -203,6 +232,19 @@ def _call(out_shape, grid, names, interpret, *, kp: int, stages: int, **layout):
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=interpret or None,
+    )
+
+
+def _batch_call(batch: int, a, b, out_dtype, interpret, stages: int, **layout):
+    """The kernel on grid (M tiles, N tiles, ``batch``) writing (batch, Mp, Np) for
+    K-major ``a`` (., Mp, Kp) and ``b`` (., Np, Kp): the dense kernel's batch, or the
+    grouped Wgrad's experts (``layout`` as in :func:`_call`)."""
+    _, mp, kp = a.shape
+    np_ = b.shape[1]
+    out = jax.ShapeDtypeStruct((batch, mp, np_), out_dtype)
+    grid = (mp // BLOCK_M, np_ // BLOCK_N, batch)
+    return _call(
+        out, grid, ("m", "n", "b"), interpret, kp=kp, stages=stages, grouped=False, **layout
     )
 
 
@@ -262,20 +304,8 @@ def matmul_nt(
     check_padded(a, b, a_scale_t, b_scale, b_cols=b_cols, b_scale_nk=b_scale_nk)
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"batch mismatch: a {a.shape}, b {b.shape}")
-    nb, mp, kp = a.shape
-    np_ = b.shape[1]
-    out = jax.ShapeDtypeStruct((nb, mp, np_), out_dtype)
-    grid = (mp // BLOCK_M, np_ // BLOCK_N, nb)
-    call = _call(
-        out,
-        grid,
-        ("m", "n", "b"),
-        interpret,
-        kp=kp,
-        stages=stages,
-        b_cols=b_cols,
-        b_scale_nk=b_scale_nk,
-        grouped=False,
+    call = _batch_call(
+        a.shape[0], a, b, out_dtype, interpret, stages, b_cols=b_cols, b_scale_nk=b_scale_nk
     )
     return call(a, a_scale_t, b, b_scale)
 
@@ -319,3 +349,44 @@ def grouped_matmul_nt(
         grouped=True,
     )
     return call(tile_group.astype(jnp.int32), a[None], a_scale_t[None], b, b_scale)[0]
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def grouped_wgrad_nt(
+    k_start: jax.Array,
+    k_count: jax.Array,
+    a: jax.Array,
+    a_scale_t: jax.Array,
+    b: jax.Array,
+    b_scale: jax.Array,
+    *,
+    out_dtype,
+    interpret: plgpu.InterpretGPUParams | bool = False,
+    stages: int = STAGES,
+) -> jax.Array:
+    """Grouped Wgrad kernel: each expert's sum over its own K runs, (E, Mp, Np).
+
+    ``out[e] = sum_{c in [k_start[e], k_start[e] + k_count[e])} (A_c B_c^T) *
+    a_scale_t[c, m] * b_scale[c, n]`` with ``a`` (1, Mp, Kp) and ``b`` (1, Np,
+    Kp) K-major (Wgrad's x^T and dy^T, K the tokens), ``a_scale_t`` (1, Kc, Mp)
+    and ``b_scale`` (1, Kc, Np) one scale per K run and row (128-token tiles,
+    ``b_cols``), ``k_start`` / ``k_count`` int32 (E,) each expert's K runs (its
+    token tiles, consecutive).  Each run's FP32 partial is promoted into the
+    expert's register accumulator as in :func:`matmul_nt`; an expert with no
+    run gets zeros.  No per-run product reaches global memory.
+    """
+    check_padded(a, b, a_scale_t, b_scale, b_cols=True)
+    if a.shape[0] != 1 or b.shape[0] != 1:
+        raise ValueError(f"grouped_wgrad_nt takes one A and one B, got {a.shape} and {b.shape}")
+    num_groups = k_start.shape[0]
+    if k_start.ndim != 1 or k_count.shape != k_start.shape:
+        raise ValueError(
+            f"k_start and k_count must be two (E,) vectors, got {k_start.shape}, {k_count.shape}"
+        )
+    call = _batch_call(
+        num_groups, a, b, out_dtype, interpret, stages, b_cols=True, b_scale_nk=False, k_groups=True
+    )
+    # The name in the op's metadata: the compilers' census counts one
+    # contraction's FLOPs for it (the groups split K), not one per group.
+    with jax.named_scope(K_GROUPED_NAME):
+        return call(k_start.astype(jnp.int32), k_count.astype(jnp.int32), a, a_scale_t, b, b_scale)

@@ -75,6 +75,7 @@ from fp8jax.kernels.block_gemm import (
     cdiv,
     check_operands,
     check_tn_operands,
+    check_token_tiles,
     expand_b_scale,
     round_up,
 )
@@ -925,13 +926,7 @@ def grouped_wgrad(
     zeros (each expert's run of grid steps opens with a step that only zeroes
     the accumulator).  No (T, M, N) intermediate reaches HBM.
     """
-    if a_data.ndim != 3 or a_data.shape[1] != CHUNK or b_data.shape[:2] != a_data.shape[:2]:
-        raise ValueError(
-            f"grouped_wgrad takes (T, {CHUNK}, M) and (T, {CHUNK}, N) tiles, got "
-            f"{a_data.shape} and {b_data.shape}"
-        )
-    if tile_group.shape != a_data.shape[:1]:
-        raise ValueError(f"tile_group must be ({a_data.shape[0]},), got {tile_group.shape}")
+    check_token_tiles(a_data, a_scale, b_data, b_scale, tile_group, out_dtype)
     _check_blocks(block_m, block_n, RUNS_PER_STEP)
     return launch(
         _grouped_wgrad,
