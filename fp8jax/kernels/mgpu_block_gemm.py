@@ -112,8 +112,9 @@ def _body(
     :func:`grouped_wgrad_nt`.
     """
     i, j = lax.axis_index("m"), lax.axis_index("n")
-    # The operands' batch, the output's, the first K step and the K steps run.
-    first = 0
+    # The operands' batch, the output's, the K steps run and (k_groups) the
+    # expert's first K run.
+    first = None
     if grouped:
         gid_g, a_g, sa_g, b_g, sb_g, o_g = refs
         ab, e = 0, gid_g[i]
@@ -129,6 +130,11 @@ def _body(
         e, ob, runs = ab, ab, kc
     wg = lax.axis_index("wg")
     rows = pl.ds(wg * _WG_ROWS, _WG_ROWS)
+
+    def run_of(c):
+        """The operands' K run of pipeline step ``c``."""
+        return c if first is None else first + c
+
     # Padding tiles of the grouped layout (expert -1) read expert 0's refs but
     # never run the pipeline.
     b_ref = b_g.at[jnp.maximum(e, 0)]
@@ -142,7 +148,7 @@ def _body(
         if b_cols:
             scale = sa_s[rows][:, None] * sb_s[0][...][None, :]
         else:
-            sb = sb_ref[j, first + c] if b_scale_nk else sb_ref[first + c, j]
+            sb = sb_ref[j, run_of(c)] if b_scale_nk else sb_ref[run_of(c), j]
             scale = (sa_s[rows] * sb)[:, None]
 
         def mma(partial_ref):
@@ -154,14 +160,13 @@ def _body(
         partial = pl.run_scoped(mma, plgpu.ACC((_WG_ROWS, BLOCK_N), jnp.float32))
         return acc + partial * scale
 
-    # K step c of the pipeline reads K run first + c of the operands.
     in_specs = [
-        plgpu.BlockSpec((BLOCK_M, CHUNK), lambda c: (i, first + c), transforms=_swizzled()),
-        plgpu.BlockSpec((BLOCK_N, CHUNK), lambda c: (j, first + c), transforms=_swizzled()),
-        plgpu.BlockSpec((None, BLOCK_M), lambda c: (first + c, i)),
+        plgpu.BlockSpec((BLOCK_M, CHUNK), lambda c: (i, run_of(c)), transforms=_swizzled()),
+        plgpu.BlockSpec((BLOCK_N, CHUNK), lambda c: (j, run_of(c)), transforms=_swizzled()),
+        plgpu.BlockSpec((None, BLOCK_M), lambda c: (run_of(c), i)),
     ]
     if b_cols:
-        in_specs.append(plgpu.BlockSpec((None, BLOCK_N), lambda c: (first + c, j)))
+        in_specs.append(plgpu.BlockSpec((None, BLOCK_N), lambda c: (run_of(c), j)))
     operands = (a_g.at[ab], b_ref, sa_g.at[ab]) + ((sb_ref,) if b_cols else ())
 
     def pipeline(body, context):
