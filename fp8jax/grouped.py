@@ -56,6 +56,7 @@ from fp8jax.operands import (
     materialize,
     quantize_operand,
     requantize,
+    requantize_gpu_kernel,
     requantize_kernel_fits,
     requantize_tpu_kernel,
     source_values,
@@ -63,7 +64,7 @@ from fp8jax.operands import (
     take_operand,
     value_cotangent,
 )
-from fp8jax.quant import float32_scales, group_amax, is_quantized
+from fp8jax.quant import float32_scales, gpu_kernels, group_amax, is_quantized
 from fp8jax.recipes import QuantSpec, Recipe
 from fp8jax.telemetry import operand_stats
 
@@ -114,11 +115,13 @@ def _quantize_tokens(t_tiles, spec: QuantSpec, layout: GroupLayout, recipe: Reci
 def _tokens_from_cache(x_cached, spec: QuantSpec, layout: GroupLayout, recipe: Recipe, dstate):
     """Wgrad's x in token tiles quantized along the tokens, from x's cache (M, K).
 
-    On a TPU, where the requantizing kernel fits (FP8 codes in 1x128 tiles
-    to 128-token tiles), the codes and their scales are laid out in tiles
+    Where the requantizing kernels fit (FP8 codes in 1x128 tiles to
+    128-token tiles), the codes and their scales are laid out in tiles
     (padding: code 0, scale 1, the value 0 that ``to_tiles`` pads with) and
-    requantized with the whole cache's subnormal flag: the codes and scales
-    of dequantizing, tiling and quantizing, with no float32 copy of x in HBM.
+    requantized by a kernel: the codes and scales of dequantizing, tiling
+    and quantizing, with no float32 copy of x in HBM.  On a TPU with the
+    whole cache's subnormal flag; on a CUDA GPU the new codes are written
+    K-major, as the grouped Wgrad kernel reads them.
     """
 
     def dequantized():
@@ -128,12 +131,45 @@ def _tokens_from_cache(x_cached, spec: QuantSpec, layout: GroupLayout, recipe: R
     if not (is_quantized(x_cached) and requantize_kernel_fits(x_cached, spec, 0)):
         return dequantized()
 
-    def kernel():
+    def tpu_kernel():
         q = float32_scales(x_cached)
         return requantize_tpu_kernel(tile_rows(q, layout), spec, q.scale)
 
-    ways = {"kernel": kernel, "dequantized": dequantized}
-    return platforms.choose(lambda p: "kernel" if p == "tpu" else "dequantized", ways.__getitem__)
+    def gpu_kernel():
+        return gpu_requantized_tiles(tile_rows(x_cached, layout), spec)
+
+    def decide(p: str) -> str:
+        if p == "tpu":
+            return "tpu kernel"
+        return "gpu kernel" if p == "cuda" and gpu_kernels() is not None else "dequantized"
+
+    ways = {"tpu kernel": tpu_kernel, "gpu kernel": gpu_kernel, "dequantized": dequantized}
+    return platforms.choose(decide, ways.__getitem__)
+
+
+def gpu_requantized_tiles(tiles, spec: QuantSpec, interpret: bool = False):
+    """A cache's FP8 codes laid out in 128-token tiles (T, 128, K), 1x128 tiles along K,
+    quantized again in 128x1 tiles along the tokens by the GPU requantizer
+    (:func:`fp8jax.operands.requantize_gpu_kernel`; ``interpret``: in its interpreter).
+
+    The tiles' rows are one (T * 128, K) cache whose 128-row tiles are the
+    token tiles: one 2-D kernel (no batch axis), its codes written K-major,
+    which the grouped Wgrad kernel reads without a transpose.
+    """
+    t, rows, k = tiles.shape
+    flat = dataclasses.replace(
+        tiles,
+        data=tiles.data.reshape(t * rows, k),
+        scale=tiles.scale.reshape(t * rows, -1),
+        layout=dataclasses.replace(tiles.layout, axis=1),
+    )
+    out = requantize_gpu_kernel(flat, spec, interpret)
+    return dataclasses.replace(
+        out,
+        data=out.data.reshape(t, rows, k),
+        scale=out.scale.reshape(t, 1, k),
+        layout=Layout(spec.granularity, 1, spec.tile),
+    )
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))

@@ -336,15 +336,19 @@ def requantize_tpu_kernel(
     return QTensor(data, scale, Layout(spec.granularity, len(cached.shape) - 2, spec.tile))
 
 
-def requantize_gpu_kernel(cached: QTensor, spec: QuantSpec) -> QTensor:
+def requantize_gpu_kernel(cached: QTensor, spec: QuantSpec, interpret: bool = False) -> QTensor:
     """``transposed`` in one kernel (Mosaic GPU, or Triton where asked for:
     ``quant.gpu_kernels()``): the codes read once, the new codes written K-major
-    (as the Wgrad kernel reads them), no float32 copy in HBM."""
+    (as the Wgrad kernel reads them), no float32 copy in HBM.  ``interpret``:
+    the kernel in its interpreter on any platform, a 2-D ``cached`` (the tests)."""
     from fp8jax.kernels import gpu_quantize
 
     cached = float32_scales(cached)
     run = partial(quant.gpu_kernels().requantize_col_t, **kernel_settings(spec))
-    data_t, scale_t = gpu_quantize.on_gpu(run, cached.data, cached.scale)
+    if interpret:
+        data_t, scale_t = run(cached.data, cached.scale, interpret=True)
+    else:
+        data_t, scale_t = gpu_quantize.on_gpu(run, cached.data, cached.scale)
     last = len(cached.shape) - 1
     out = QTensor(data_t, scale_t, Layout(spec.granularity, last, spec.tile))
     return out.swapaxes(last - 1, last)

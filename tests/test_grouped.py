@@ -341,3 +341,35 @@ def test_invalid_group_sizes_are_refused_eagerly_and_nan_under_jit(name, sizes):
     # Valid traced sizes stay untouched.
     y = jax.jit(lambda x, w, g: grouped_dot(x, w, g, recipe=recipe))(x, w, jnp.asarray([1, 3]))
     assert bool(jnp.all(jnp.isfinite(y)))
+
+
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_gpu_requantized_tiles_are_the_dequantized_paths_bits(use_jit):
+    # Wgrad's x from its 1x128 FP8 cache in expert-aligned 128-token tiles: the
+    # GPU's requantizing kernel (interpreted) on the cache's tiles gives the
+    # codes and scales of dequantizing, tiling and quantizing along the tokens.
+    from fp8jax.gemm import tile_rows
+    from fp8jax.grouped import _quantize_tokens, gpu_requantized_tiles
+    from fp8jax.groups import group_layout, to_tiles
+    from fp8jax.operands import materialize, quantize_operand
+
+    recipe = fp8jax.recipes.deepseek_v3()
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((300, 256)).astype(np.float32)
+    x[:64, :128] *= 1e-30  # tiny tiles (subnormal scales)
+    x[150, 7] = 3e4  # an outlier
+    cached, _ = quantize_operand(jnp.asarray(x), recipe.fprop.lhs, 1, recipe)
+    layout = group_layout(jnp.asarray([100, 0, 150], jnp.int32), 300)
+    spec = recipe.wgrad.lhs
+
+    def both(c):
+        got = gpu_requantized_tiles(tile_rows(c, layout), spec, interpret=True)
+        x_t = to_tiles(materialize(c, jnp.float32), layout)
+        return got, _quantize_tokens(x_t, spec, layout, recipe, None)
+
+    got, want = (jax.jit(both) if use_jit else both)(cached)
+    assert got.layout == want.layout and got.shape == want.shape == (layout.num_tiles, 128, 256)
+    np.testing.assert_array_equal(
+        np.asarray(got.data).view(np.uint8), np.asarray(want.data).view(np.uint8)
+    )
+    np.testing.assert_array_equal(np.asarray(got.scale), np.asarray(want.scale))
