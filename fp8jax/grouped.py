@@ -64,7 +64,7 @@ from fp8jax.operands import (
     take_operand,
     value_cotangent,
 )
-from fp8jax.quant import float32_scales, gpu_kernels, group_amax, is_quantized
+from fp8jax.quant import QTensor, float32_scales, gpu_kernels, group_amax, is_quantized
 from fp8jax.recipes import QuantSpec, Recipe
 from fp8jax.telemetry import operand_stats
 
@@ -147,7 +147,7 @@ def _tokens_from_cache(x_cached, spec: QuantSpec, layout: GroupLayout, recipe: R
     return platforms.choose(decide, ways.__getitem__)
 
 
-def gpu_requantized_tiles(tiles, spec: QuantSpec, interpret: bool = False):
+def gpu_requantized_tiles(tiles: QTensor, spec: QuantSpec, interpret: bool = False) -> QTensor:
     """A cache's FP8 codes laid out in 128-token tiles (T, 128, K), 1x128 tiles along K,
     quantized again in 128x1 tiles along the tokens by the GPU requantizer
     (:func:`fp8jax.operands.requantize_gpu_kernel`; ``interpret``: in its interpreter).
@@ -162,6 +162,8 @@ def gpu_requantized_tiles(tiles, spec: QuantSpec, interpret: bool = False):
         data=tiles.data.reshape(t * rows, k),
         scale=tiles.scale.reshape(t * rows, -1),
         layout=dataclasses.replace(tiles.layout, axis=1),
+        # No GEMM or requantizer reads the values a cache was made from.
+        source=None,
     )
     out = requantize_gpu_kernel(flat, spec, interpret)
     return dataclasses.replace(
