@@ -819,6 +819,11 @@ def _token_tiles(op) -> bool:
 _KERNEL_HOWS = ("compiled", "interpret", "mosaic")
 
 
+def _grouped_path(how: str) -> str:
+    """The path record's name of a grouped kernel run ``how`` (a "pallas" decision's)."""
+    return "pallas grouped" + {"interpret": " interpret", "mosaic": " tpu"}.get(how, "")
+
+
 def _grouped_wgrad(a, b, layout: GroupLayout, recipe: Recipe, num_groups: int, out_dtype):
     """The wgrad grouped GEMM of :func:`grouped_gemm`.
 
@@ -843,13 +848,7 @@ def _grouped_wgrad(a, b, layout: GroupLayout, recipe: Recipe, num_groups: int, o
     }
     others = tuple(p for p in platforms.PLATFORMS if p not in kernel)
     if kernel:
-        path_record.note(
-            "wgrad",
-            {
-                p: "pallas grouped" + {"interpret": " interpret", "mosaic": " tpu"}.get(how, "")
-                for p, how in kernel.items()
-            },
-        )
+        path_record.note("wgrad", {p: _grouped_path(how) for p, how in kernel.items()})
 
     def build(how: str):
         if how:
@@ -886,13 +885,7 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe, out_dtyp
     kernel = {p: d for p, d in decisions.items() if d[0] == "pallas" and layout.tile == CHUNK}
     others = tuple(p for p in platforms.PLATFORMS if p not in kernel)
     if kernel:
-        path_record.note(
-            kind,
-            {
-                p: "pallas grouped" + {"interpret": " interpret", "mosaic": " tpu"}.get(how, "")
-                for p, (_, how) in kernel.items()
-            },
-        )
+        path_record.note(kind, {p: _grouped_path(how) for p, (_, how) in kernel.items()})
 
     def build(d):
         if d[0] == "pallas":

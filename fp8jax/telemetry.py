@@ -199,9 +199,6 @@ def _counts(
     return lax.reduce(parts, zeros, combine, tuple(range(x.ndim)))
 
 
-#: What the TPU kernel counts: IEEE FP8 codes of bfloat16 / float32 values.
-
-
 def _kernel_fits(x: jax.Array, op: QTensor) -> bool:
     """Whether the TPU kernel counts ``op``: FP8 codes of bfloat16 / float32 values in
     1x128 tiles along the last axis or in 128x128 blocks."""

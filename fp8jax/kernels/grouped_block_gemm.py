@@ -234,6 +234,9 @@ def expert_runs(tile_group: jax.Array, num_groups: int) -> tuple[jax.Array, jax.
     (ascending, -1 for padding): an expert's tiles are consecutive."""
     tg = tile_group.astype(jnp.int32)
     experts = jnp.arange(num_groups, dtype=jnp.int32)[:, None]
+    # Both as sums over the tiles, which XLA fuses into one kernel (a
+    # cumulative sum of the counts would be a kernel of its own, one more in
+    # the H100 census): an expert's tiles follow all lower experts'.
     start = jnp.sum((tg[None, :] >= 0) & (tg[None, :] < experts), axis=1, dtype=jnp.int32)
     count = jnp.sum(tg[None, :] == experts, axis=1, dtype=jnp.int32)
     return start, count
@@ -251,9 +254,10 @@ def _grouped_wgrad(
 
     def k_major(data, scale, cols):
         # FP8 wgmma reads K-major operands only: the codes of all tiles as one
-        # (C, T * 128) matrix (a transpose in XLA, exact); each tile's column
-        # scales are already one row (T, C) per K run.  Zero codes and unit
-        # scales pad the columns.
+        # (C, T * 128) matrix (a transpose in XLA, exact, which cancels where a
+        # requantizer wrote the codes K-major); each tile's column scales are
+        # already one row (T, C) per K run.  Zero codes and unit scales pad the
+        # columns.
         codes = _pad_to(data.reshape(t * CHUNK, -1).T, (cols, t * CHUNK), 0)
         return codes[None], _pad_to(scale.reshape(t, -1), (t, cols), 1.0)[None]
 
