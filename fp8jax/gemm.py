@@ -428,9 +428,11 @@ def fprop_quantizing(
 
     On a TPU where that is the quantizer's 1x128-tile kernel and the GEMM the
     Mosaic kernel, one kernel does both
-    (``tpu_block_gemm.block_scaled_matmul_quantizing``: x read once, its codes
-    and scales written for the Wgrad's cache; the same bits as ``take`` then
-    :func:`gemm`); elsewhere ``take`` then :func:`gemm`.
+    (``tpu_block_gemm.block_scaled_matmul_quantizing``: x read once per column
+    block, its codes and scales written for the Wgrad's cache; the same bits as
+    ``take`` then :func:`gemm`) where that moves fewer bytes
+    (``tpu_block_gemm.quantizing_reads_less``: N up to two column blocks);
+    elsewhere ``take`` then :func:`gemm`.
     """
     out_dtype = jnp.dtype(out_dtype)
 
@@ -448,7 +450,9 @@ def fprop_quantizing(
             return "separate"
         row_kernel = quant.tpu_quantizer_orient(x, spec.fmt, "tile", 2, 128) == "row"
         mosaic = _decision(recipe, abstract_qx(), b, "fprop", p) == ("pallas", "mosaic")
-        return "kernel" if row_kernel and mosaic else "separate"
+        # Wide N: x read once per column block costs more than its codes read so.
+        fewer = tpu_block_gemm.quantizing_reads_less(b.shape[-1], jnp.dtype(x.dtype).itemsize)
+        return "kernel" if row_kernel and mosaic and fewer else "separate"
 
     def build(d: str) -> Callable:
         if d == "separate":

@@ -45,7 +45,8 @@ def assert_near_reference(got, want):
 SMALL = dict(block_m=128, block_n=128, interpret=True)
 
 # (M, K, N): odd M and N (padding), one run, several runs in one K step,
-# more runs than one step holds (two K steps, K padded to 16 runs).
+# more runs than one step holds (9 runs: three K steps of 3, their scales
+# padded to a tile of 8 rows).
 SHAPES = [(37, 300, 200), (130, 128, 129), (20, 1100, 70)]
 
 
@@ -237,6 +238,45 @@ def test_blocks_split_an_axis_into_equal_lane_multiples(size, block, tile, want)
     assert blocks * got - size < 128 * blocks
 
 
+@pytest.mark.parametrize(
+    "kc, runs, want",
+    [(5, 8, 5), (8, 8, 8), (9, 8, 3), (12, 8, 6), (13, 8, 7), (16, 8, 8), (56, 8, 8), (20, 8, 5)],
+)
+def test_k_steps_take_runs_that_divide_k(kc, runs, want):
+    # K 1536 (12 runs) in two steps of 6, not padded to 16 runs; 56 runs (K
+    # 7168) in steps of 8 as before; 13 runs padded by one.
+    assert tg._step_runs(kc, runs) == want
+    # The scale block of a step: j rows where legal, else a whole tile of 8.
+    assert tg._step_rows(want, bg.round_up(kc, want)) in (want, 8)
+
+
+@pytest.mark.parametrize("orient", ["nn", "nt", "tn"])
+def test_k_steps_of_six_runs_keep_the_values(orient):
+    # K 1536: two K steps of 6 runs, each step's scales padded to 8 rows.
+    m, k, n = 40, 1536, 130
+    a, sa, b, sb = make_case(k + len(orient), m, k, n)
+    kw = dict(block_m=128, block_n=128, interpret=True, out_dtype=jnp.float32)
+    if orient == "nn":
+        got = tg.block_scaled_matmul(a, sa, b, sb, **kw)
+    elif orient == "nt":
+        bt, sbt = np.ascontiguousarray(b.T), np.ascontiguousarray(sb.T)
+        got = jax.jit(lambda *xs: tg.block_scaled_matmul_nt(*xs, **kw))(a, sa, bt, sbt)
+    else:
+        # a^T (K, M) with 128x1 tiles along K: the same per-run scales as a's 1x128
+        # tiles; b's 128x128 block scales repeated over their 128 columns.
+        sbc = np.repeat(sb, 128, axis=1)[:, :n]
+        got = tg.block_scaled_matmul_tn(np.ascontiguousarray(a.T), sa.T, b, sbc, **kw)
+    assert_close(got, a, sa, b, sb, jnp.float32)
+
+
+@pytest.mark.parametrize(
+    "n, itemsize, want", [(256, 4, True), (2304, 4, False), (4096, 2, True), (7168, 2, False)]
+)
+def test_fprop_quantizes_in_kernel_while_it_reads_fewer_bytes(n, itemsize, want):
+    # bfloat16 x: up to two column blocks (4096), not four (7168 in blocks of 1792).
+    assert tg.quantizing_reads_less(n, itemsize) == want
+
+
 def test_split_blocks_keep_the_values():
     # 520 rows in blocks of at most 512: two blocks of 384 (not two of 512);
     # 300 columns in blocks of at most 256: two of 256.
@@ -406,14 +446,15 @@ def _gemm_kernels(text: str) -> int:
     return sum("block_scaled_matmul" in c for c in calls)
 
 
-def test_auto_compiles_one_mosaic_kernel_per_gemm_for_ironwood():
+@pytest.mark.parametrize("n", [256, 2304])
+def test_auto_compiles_one_mosaic_kernel_per_gemm_for_ironwood(n):
     pytest.importorskip("libtpu")
     import fp8jax
     from fp8jax import path_record, recipes
 
     sh = _sharding("tpu7x:2x2x1")
     x = jax.ShapeDtypeStruct((256, 384), jnp.float32, sharding=sh)
-    w = jax.ShapeDtypeStruct((384, 256), jnp.float32, sharding=sh)
+    w = jax.ShapeDtypeStruct((384, n), jnp.float32, sharding=sh)
     r = recipes.deepseek_v3()
 
     def loss(x, w):
@@ -426,10 +467,13 @@ def test_auto_compiles_one_mosaic_kernel_per_gemm_for_ironwood():
     assert _gemm_kernels(text) == 3
     # No loop over K runs outside the kernels.
     assert not re.search(r"\bwhile\(", text)
-    # Fprop quantizes x itself (x read once for its codes and the product),
-    # Wgrad requantizes x's FP8 cache itself (no requantized copy in HBM).
-    assert "fp8_block_scaled_matmul_nn_quantizing" in text
-    assert not re.search(r"fp8_quantize_row(?!s_cols)", text)
+    # Fprop quantizes x itself (x read once for its codes and the product)
+    # while N is one column block of float32 x; across two, x is quantized
+    # first and its codes read twice (quantizing_reads_less).  Wgrad
+    # requantizes x's FP8 cache itself (no requantized copy in HBM).
+    fused = n == 256
+    assert ("fp8_block_scaled_matmul_nn_quantizing" in text) == fused
+    assert bool(re.search(r"fp8_quantize_row(?!s_cols)", text)) != fused
     assert "fp8_block_scaled_matmul_tn_requant" in text
     assert "fp8_quantize_requantize_col" not in text
 

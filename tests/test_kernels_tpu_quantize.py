@@ -114,10 +114,28 @@ def test_rows_cols_kernel_gives_both_layouts_bits(dtype, fmt):
 
 
 def test_rows_cols_kernel_scale_options_blocks_and_jit():
-    # More rows than one block (two blocks of 1024, the second mostly
-    # padding); power-of-two, UE8M0 and floored scales; jitted around it.
+    # More rows than 1024 (9 groups of 128: one block of 1152, not two of
+    # 1024); power-of-two, UE8M0 and floored scales; jitted around it.
     x = _data((1100, 130), jnp.float32, seed=5)
     _assert_scale_options_under_jit(tq.quantize_rows_cols, x, (dict(), *SCALE_OPTIONS))
+
+
+@pytest.mark.parametrize(
+    "groups, cap, want", [(3, 8, 3), (8, 8, 8), (12, 8, 12), (16, 8, 8), (18, 8, 8), (56, 8, 8)]
+)
+def test_blocks_take_whole_axes_rather_than_padding(groups, cap, want):
+    # 1536 rows: one block of 12 groups (its scale block the whole scale
+    # axis), not padded to 2048; past 16 groups that do not divide, padded.
+    assert tq.groups_per_block(groups, cap) == want
+
+
+@pytest.mark.parametrize("orient", ["col", "block"])
+def test_an_axis_of_twelve_groups_gives_quantize_bits(orient):
+    x = _data((1536, 200), jnp.bfloat16, seed=6)
+    codes, scales = tq.quantize_2d(x, fmt=E4M3, orient=orient, interpret=True)
+    want = _reference(x, E4M3, orient)
+    np.testing.assert_array_equal(_bits(codes), _bits(want.data))
+    np.testing.assert_array_equal(_bits(scales), _bits(want.scale))
 
 
 #: Power-of-two, UE8M0 and floored scales (quant.quantize's keywords).

@@ -15,7 +15,9 @@ bfloat16 ``out_dtype`` when the last K step is done (a float32 output block
 is the accumulator itself).
 
 Grid ``(M / bm, N / bn, K / (128 j))``: output tiles, then K steps of ``j``
-runs each (an unrolled inner loop over the runs of a step); the K axis is
+runs each (an unrolled inner loop over the runs of a step; at most
+:data:`RUNS_PER_STEP`, a divisor of K's runs where that costs less than
+padding K, :func:`_step_runs`); the K axis is
 "arbitrary" (sequential: the accumulator carries across it), the two
 output axes "parallel".  Three orientations, all read in the layout the
 operands are stored in (no transposes in HBM):
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -108,6 +111,7 @@ GROUPED_VMEM_LIMIT = 48 << 20
 # Mosaic's native tiles: 8-bit data is tiled (32, 128); every block's last
 # dimension is a multiple of 128.
 _SUBLANE_FP8 = 32
+_SUBLANE_F32 = 8
 _LANE = 128
 
 
@@ -133,6 +137,36 @@ def _blocks(
     # A step of j runs: its (j, bm) scale block needs j % 8 == 0 or j == all runs.
     j = kc if kc <= runs else runs
     return bm, bn, j
+
+
+def _step_runs(kc: int, runs: int) -> int:
+    """The runs per K step of a dense kernel: all ``kc`` of them when they fit one step,
+    else the j <= ``runs`` that costs least as padded runs plus half a run per step
+    (K 1536: two steps of 6 runs, where steps of 8 would pad K to 2048 and add a
+    third of the work; K 7168: steps of 8, as before)."""
+    if kc <= runs:
+        return kc
+    return min(range(1, runs + 1), key=lambda j: (round_up(kc, j) + cdiv(kc, j) / 2, -j))
+
+
+def _step_rows(j: int, kc: int) -> int:
+    """Rows of the scale block of a K step of ``j`` runs (of ``kc`` in all): j where that
+    is a legal block (a multiple of the float32 sublane tile, 8, or all the runs), else
+    j padded to a whole tile."""
+    return j if j % _SUBLANE_F32 == 0 or j == kc else round_up(j, _SUBLANE_F32)
+
+
+def _step_scales(s: jax.Array, j: int, width: int, col: Callable) -> tuple[jax.Array, Any]:
+    """Scales ``s`` (Kc, X), Kc a multiple of ``j``, and the BlockSpec that reads the ``j``
+    rows of one K step and ``width`` columns at block ``col(i, jn)``: ``s`` itself, or,
+    where j rows are no legal block (:func:`_step_rows`), each step's rows padded with
+    unit scales to a whole tile, (Kc / j, rows, X), of which the kernel reads the first j."""
+    rows = _step_rows(j, s.shape[0])
+    if rows == j:
+        return s, pl.BlockSpec((j, width), lambda i, jn, kk: (kk, col(i, jn)))
+    steps = s.reshape(s.shape[0] // j, j, s.shape[1])
+    spec = pl.BlockSpec((None, rows, width), lambda i, jn, kk: (kk, 0, col(i, jn)))
+    return _pad_to(steps, (steps.shape[0], rows, s.shape[1]), 1.0), spec
 
 
 def _check_blocks(block_m: int, block_n: int, runs: int) -> None:
@@ -301,14 +335,15 @@ def _dense(
         m, k = a.shape
     n = b.shape[0] if orient == "nt" else b.shape[1]
     kc = cdiv(k, run)
-    bm, bn, j = _blocks(m, n, kc, block_m, block_n, runs, orient, squares=quant is not None)
+    bm, bn, _ = _blocks(m, n, kc, block_m, block_n, runs, orient, squares=quant is not None)
+    j = _step_runs(kc, runs)
     mp, np_, kcp = round_up(m, bm), round_up(n, bn), round_up(kc, j)
     kp, bk = kcp * run, j * run
 
     # Zero codes add nothing; unit scales keep the padding inert.
     a_p = _pad_to(a, (kp, mp) if orient == "tn" else (mp, kp), 0)
     b_p = _pad_to(b, (np_, kp) if orient == "nt" else (kp, np_), 0)
-    sb_p = _pad_to(sb_cols, (kcp, np_), 1.0)
+    sb_p, sb_spec = _step_scales(_pad_to(sb_cols, (kcp, np_), 1.0), j, bn, lambda i, jn: jn)
     cost = cost_estimate(mp, np_, kp, bm, bn, out_dtype, run)
 
     if orient == "tn":
@@ -325,11 +360,11 @@ def _dense(
     # The work of a quantization in the kernel per element (tpu_quantize.cost_estimate's),
     # redone for each column block.
     a_work = 60 * kp * mp * (np_ // bn)
-    a_in = [a_spec, pl.BlockSpec((j, bm), lambda i, jn, kk: (kk, i))]
     scratch = acc
     if quant is not None:
         kernel = functools.partial(_quantizing_nn_kernel, j=j, run=run, quant=dict(quant))
         a_in, a_args = [a_spec], [a_p]
+        rows = _step_rows(j, kcp)
         # x's codes and transposed scales are outputs, in the blocks the plain
         # kernel reads them in, written by the first column block.  An output
         # block must not be visited again once left, so the other column
@@ -341,13 +376,18 @@ def _dense(
             return jnp.where(jn == 0, i, n_m + i), jnp.where(jn == 0, kk, 0)
 
         def scales_at(i, jn, kk):
-            return jnp.where(jn == 0, kk, 0), jnp.where(jn == 0, i, n_m + i)
+            at = jnp.where(jn == 0, kk, 0), jnp.where(jn == 0, i, n_m + i)
+            # Steps whose j rows are padded to a tile: (steps, rows, M) (_step_scales).
+            return at if rows == j else (at[0], 0, at[1])
 
+        # The scales as the plain kernel reads them (_step_scales).
+        st_shape = (kcp, mp + spare) if rows == j else (kcp // j, rows, mp + spare)
         out_shape += [
             jax.ShapeDtypeStruct((mp + spare, kp), dict(quant)["fmt"]),
-            jax.ShapeDtypeStruct((kcp, mp + spare), jnp.float32),
+            jax.ShapeDtypeStruct(st_shape, jnp.float32),
         ]
-        out_specs += [pl.BlockSpec((bm, bk), codes_at), pl.BlockSpec((j, bm), scales_at)]
+        st_block = (j, bm) if rows == j else (None, rows, bm)
+        out_specs += [pl.BlockSpec((bm, bk), codes_at), pl.BlockSpec(st_block, scales_at)]
         # x read in its own dtype rather than one byte a code, once per column
         # block; its codes and scales written once, and a spare block per row block.
         x_extra = mp * kp * (jnp.dtype(a.dtype).itemsize - 1) * n_n
@@ -359,13 +399,18 @@ def _dense(
         )
     elif requant is None:
         kernel = functools.partial(_dense_kernel, j=j, orient=orient, run=run)
-        a_args = [a_p, _pad_to(sa_t, (kcp, mp), 1.0)]
+        sa_p, sa_spec = _step_scales(_pad_to(sa_t, (kcp, mp), 1.0), j, bm, lambda i, jn: i)
+        a_in, a_args = [a_spec, sa_spec], [a_p, sa_p]
     else:
         kernel = functools.partial(_requant_tn_kernel, j=j, run=run, requant=dict(requant))
         a_in, a_args = _requant_inputs(a_spec, a_p, sa_t, flag, kp, mp, bk, bm)
         # The block's new codes and scales, in VMEM only.
         codes = dict(requant)["fmt"]
-        scratch = [pltpu.VMEM((bk, bm), codes), pltpu.VMEM((j, bm), jnp.float32), *acc]
+        scratch = [
+            pltpu.VMEM((bk, bm), codes),
+            pltpu.VMEM((_step_rows(j, kcp), bm), jnp.float32),
+            *acc,
+        ]
         cost = pl.CostEstimate(
             flops=cost.flops + a_work, transcendentals=0, bytes_accessed=cost.bytes_accessed
         )
@@ -374,7 +419,7 @@ def _dense(
         kernel,
         out_shape=out_shape,
         grid=(mp // bm, np_ // bn, kcp // j),
-        in_specs=[*a_in, b_spec, pl.BlockSpec((j, bn), lambda i, jn, kk: (kk, jn))],
+        in_specs=[*a_in, b_spec, sb_spec],
         out_specs=out_specs,
         scratch_shapes=scratch,
         compiler_params=_compiler_params(interpret),
@@ -384,7 +429,11 @@ def _dense(
     )(*a_args, b_p, sb_p)
     if quant is None:
         return outs[0][:m, :n]
-    return outs[0][:m, :n], outs[1][:m, :k], outs[2][:kc, :m].T
+    st = outs[2]
+    if st.ndim == 3:
+        # Each step's j rows of the tile-padded steps (_step_scales).
+        st = st[:, :j].reshape(kcp, st.shape[2])
+    return outs[0][:m, :n], outs[1][:m, :k], st[:kc, :m].T
 
 
 def _requant_inputs(a_spec, a_p, scales, flag, kp: int, mp: int, bk: int, bm: int):
@@ -466,6 +515,19 @@ def block_scaled_matmul(
         interpret=interpret,
         **_dense_kw(out_dtype, block_m, block_n, runs_per_step),
     )
+
+
+def quantizing_reads_less(n: int, itemsize: int, block_n: int = DENSE_BLOCK_N) -> bool:
+    """Whether the Fprop kernel that quantizes its x moves no more bytes than the row
+    quantizer followed by the plain kernel, for N = ``n`` and x of ``itemsize`` bytes.
+
+    The first reads x once per column block; the second reads x once and its codes (a
+    byte each) once per column block; both write the codes once.  Per element of x:
+    ``itemsize * blocks`` against ``itemsize + blocks``: true up to two column blocks
+    of bfloat16 x (4096^3), one of float32.
+    """
+    blocks = cdiv(n, _fit(n, block_n, _LANE))
+    return itemsize * blocks <= itemsize + blocks
 
 
 def block_scaled_matmul_quantizing(

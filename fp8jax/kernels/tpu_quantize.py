@@ -259,6 +259,16 @@ def cost_estimate(rows: int, cols: int, in_itemsize: int, layouts: int = 1) -> p
     )
 
 
+def groups_per_block(groups: int, cap: int = COL_GROUPS) -> int:
+    """128-groups per block along an axis of ``groups`` of them: all of them up to ``cap``;
+    ``cap`` where it divides them; all of them up to twice ``cap`` (one block, whose
+    scale block is then the whole scale axis: 1536 rows in one block rather than padded
+    to 2048); else ``cap``, the axis padded to a multiple of it."""
+    if groups <= cap or (groups % cap and groups <= 2 * cap):
+        return groups
+    return cap
+
+
 def _blocks(rows: int, cols: int, orient: str, itemsize: int) -> tuple[int, int]:
     """The block (rows, columns) of one grid step, clipped to the operand."""
     if orient == "row":
@@ -266,8 +276,7 @@ def _blocks(rows: int, cols: int, orient: str, itemsize: int) -> tuple[int, int]
         # Multiples of 32 rows: FP8 codes are tiled (32, 128).
         bm = max(32, min(ROW_BLOCK_MAX, ROW_BLOCK_BYTES // (cp * itemsize)) // 32 * 32)
         return min(bm, round_up(rows, 32)), cp
-    bm = GROUP * min(COL_GROUPS, cdiv(rows, GROUP))
-    return bm, min(COL_BLOCK, round_up(cols, GROUP))
+    return GROUP * groups_per_block(cdiv(rows, GROUP)), min(COL_BLOCK, round_up(cols, GROUP))
 
 
 @functools.partial(
@@ -353,9 +362,10 @@ def check_2d(x: jax.Array, orient: str) -> None:
 
 
 def _dual_block(size: int) -> int:
-    """A block of :func:`quantize_rows_cols` along an axis of ``size``: the whole axis
-    (rounded up to 128) when it fits one block, else :data:`DUAL_BLOCK` (8 groups)."""
-    return round_up(size, GROUP) if size <= DUAL_BLOCK else DUAL_BLOCK
+    """A block of :func:`quantize_rows_cols` along an axis of ``size``: groups of 128 as
+    :func:`groups_per_block` takes them, at most :data:`DUAL_BLOCK` rows where that
+    divides the axis."""
+    return GROUP * groups_per_block(cdiv(size, GROUP), DUAL_BLOCK // GROUP)
 
 
 @functools.partial(jax.jit, static_argnames=("fmt", "pow2", "amax_floor", "ue8m0", "interpret"))
@@ -446,8 +456,8 @@ def requantize_col(
     r, c = codes.shape
     # 8 tiles of the cache's scales per block: its (C/128, R) scale block
     # needs 8 rows (the float32 sublane tile).
-    bm, bn = GROUP * min(COL_GROUPS, cdiv(r, GROUP)), GROUP * 8
-    bn = min(bn, round_up(c, GROUP))
+    bm = GROUP * groups_per_block(cdiv(r, GROUP))
+    bn = GROUP * groups_per_block(cdiv(c, GROUP), 8)
     rp, cp = round_up(r, bm), round_up(c, bn)
     dp = _pad_to(codes, (rp, cp), 0)
     # Unit scales keep the padding zeros; the flag reads the real scales only.
