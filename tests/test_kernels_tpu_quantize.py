@@ -129,6 +129,13 @@ def test_blocks_take_whole_axes_rather_than_padding(groups, cap, want):
     assert tq.groups_per_block(groups, cap) == want
 
 
+def test_block_quantizer_columns_are_not_padded_past_the_lane_tile():
+    # W (7168, 576), DeepSeek-V3's kv_a: 5 column groups in one block of 640,
+    # not two of 512; 1536 rows in one block of 12 groups.
+    assert tq._blocks(7168, 576, "block", 2) == (1024, 640)
+    assert tq._blocks(1536, 7168, "col", 2) == (1536, 512)
+
+
 @pytest.mark.parametrize("orient", ["col", "block"])
 def test_an_axis_of_twelve_groups_gives_quantize_bits(orient):
     x = _data((1536, 200), jnp.bfloat16, seed=6)

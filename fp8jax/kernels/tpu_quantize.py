@@ -276,7 +276,8 @@ def _blocks(rows: int, cols: int, orient: str, itemsize: int) -> tuple[int, int]
         # Multiples of 32 rows: FP8 codes are tiled (32, 128).
         bm = max(32, min(ROW_BLOCK_MAX, ROW_BLOCK_BYTES // (cp * itemsize)) // 32 * 32)
         return min(bm, round_up(rows, 32)), cp
-    return GROUP * groups_per_block(cdiv(rows, GROUP)), min(COL_BLOCK, round_up(cols, GROUP))
+    col_groups = groups_per_block(cdiv(cols, GROUP), COL_BLOCK // GROUP)
+    return GROUP * groups_per_block(cdiv(rows, GROUP)), GROUP * col_groups
 
 
 @functools.partial(
