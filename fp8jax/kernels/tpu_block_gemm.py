@@ -128,7 +128,9 @@ def _fit(size: int, block: int, tile: int) -> int:
 def _blocks(
     m: int, n: int, kc: int, block_m: int, block_n: int, runs: int, orient: str, squares=False
 ):
-    """(bm, bn, j) clipped to the operand (rounded up to the hardware tiles).
+    """(bm, bn, j) clipped to the operand (rounded up to the hardware tiles); j is the
+    grouped kernels' K step (their (j, tile) scale blocks take no padded steps), the
+    dense kernels take :func:`_step_runs`'s.
     ``squares``: A is quantized in the kernel, in 128 x 128 squares."""
     # In "tn" A's rows sit on the lanes of its (K, M) blocks.
     m_tile = _LANE if orient == "tn" or squares else _SUBLANE_FP8
