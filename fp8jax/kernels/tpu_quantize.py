@@ -455,8 +455,9 @@ def requantize_col(
         raise ValueError(f"requantize_col takes a 2-D array, got shape {codes.shape}")
     fmt = jnp.dtype(fmt)
     r, c = codes.shape
-    # 8 tiles of the cache's scales per block: its (C/128, R) scale block
-    # needs 8 rows (the float32 sublane tile).
+    # Its (C/128, R) scale block needs 8 rows (the float32 sublane tile) or all
+    # of them: 8 tiles of the cache per block where 8 divide them, else the
+    # whole axis up to 16 (groups_per_block).
     bm = GROUP * groups_per_block(cdiv(r, GROUP))
     bn = GROUP * groups_per_block(cdiv(c, GROUP), 8)
     rp, cp = round_up(r, bm), round_up(c, bn)
