@@ -270,6 +270,68 @@ def test_k_steps_of_six_runs_keep_the_values(orient):
 
 
 @pytest.mark.parametrize(
+    "m, n, k, orient",
+    [(4096, 4096, 4096, "nn"), (8192, 8192, 8192, "nt"), (4096, 1536, 7168, "tn")],
+)
+def test_one_k_step_reads_a_once_where_that_moves_fewer_bytes(m, n, k, orient):
+    kc = k // 128
+    bm, bn, _ = tg._blocks(m, n, kc, tg.DENSE_BLOCK_M, tg.DENSE_BLOCK_N, 8, orient)
+    got = tg._resident_a_blocks(m, n, kc, bm, bn, orient, jnp.bfloat16, 128)
+    assert got is not None
+    rbm, rbn, buffers = got
+    assert buffers in (1, 2) and rbm % 128 == 0 and rbn % 128 == 0
+
+    def moved(bm_, bn_, kp, resident):
+        mp, np_ = bg.round_up(m, bm_), bg.round_up(n, bn_)
+        est = tg.cost_estimate(mp, np_, kp, bm_, bn_, jnp.bfloat16, resident_a=resident)
+        return est.bytes_accessed
+
+    # A once and B once per row block, against A once per column block too.
+    assert moved(rbm, rbn, k, True) < moved(bm, bn, k, False)
+    # A's block (all of K) fits the planned VMEM with the rest.
+    assert buffers * rbm * k + 2 * rbn * k < tg.RESIDENT_A_VMEM
+
+
+@pytest.mark.parametrize(
+    "m, n, kc, orient",
+    # One K step already; 12 runs (not groups of 8); K 65536, whose A block of even
+    # 1024 rows (64 MiB) does not fit.
+    [(4096, 4096, 8, "nn"), (4096, 24576, 12, "nn"), (4096, 7168, 512, "nt")],
+)
+def test_k_steps_stay_where_one_step_cannot_hold_k(m, n, kc, orient):
+    bm, bn, _ = tg._blocks(m, n, kc, tg.DENSE_BLOCK_M, tg.DENSE_BLOCK_N, 8, orient)
+    assert tg._resident_a_blocks(m, n, kc, bm, bn, orient, jnp.bfloat16, 128) is None
+
+
+@pytest.mark.parametrize("orient", ["nn", "nt", "tn"])
+def test_one_k_step_gives_the_k_steps_bits(monkeypatch, orient):
+    # K 2048 (16 runs) with 128-wide blocks: one K step of 16 runs, A resident
+    # across two column blocks and the runs looped in groups of 8, against two
+    # K steps of 8: the same products in the same order, so the same bits.
+    m, k, n = 200, 2048, 250
+    a, sa, b, sb = make_case(k + len(orient), m, k, n)
+    kw = dict(block_m=128, block_n=128, interpret=True, out_dtype=jnp.float32)
+    kc = k // 128
+    bm, bn, _ = tg._blocks(m, n, kc, 128, 128, 8, orient)
+    assert tg._resident_a_blocks(m, n, kc, bm, bn, orient, jnp.float32, 128) is not None
+    if orient == "nn":
+        args, f = (a, sa, b, sb), tg.block_scaled_matmul
+    elif orient == "nt":
+        args, f = (
+            (a, sa, np.ascontiguousarray(b.T), np.ascontiguousarray(sb.T)),
+            (tg.block_scaled_matmul_nt),
+        )
+    else:
+        sbc = np.repeat(sb, 128, axis=1)[:, :n]
+        args, f = (np.ascontiguousarray(a.T), sa.T, b, sbc), tg.block_scaled_matmul_tn
+    call = functools.partial(f, **kw)
+    one_step = jax.jit(call)(*args)
+    assert_close(one_step, a, sa, b, sb, jnp.float32)
+    monkeypatch.setattr(tg, "_resident_a_blocks", lambda *_: None)
+    np.testing.assert_array_equal(np.asarray(call(*args)), np.asarray(one_step))
+
+
+@pytest.mark.parametrize(
     "n, itemsize, want", [(256, 4, True), (2304, 4, False), (4096, 2, True), (7168, 2, False)]
 )
 def test_fprop_quantizes_in_kernel_while_it_reads_fewer_bytes(n, itemsize, want):

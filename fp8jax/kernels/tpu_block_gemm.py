@@ -19,7 +19,11 @@ runs each (an unrolled inner loop over the runs of a step; at most
 :data:`RUNS_PER_STEP`, a divisor of K's runs where that costs less than
 padding K, :func:`_step_runs`); the K axis is
 "arbitrary" (sequential: the accumulator carries across it), the two
-output axes "parallel".  Three orientations, all read in the layout the
+output axes "parallel".  Where all of K fits one step next to a narrower
+output block, the plain kernels take it in one (:func:`_resident_a_blocks`;
+its runs looped in groups of :data:`RUNS_PER_STEP`): A's block index then
+stays the same across a row block's column blocks and A is read from HBM
+once, not once per column block.  Three orientations, all read in the layout the
 operands are stored in (no transposes in HBM):
 
     "nn" (fprop)  a (M, K) with 1x128 tiles,   b (K, N) with 128x128 blocks
@@ -101,6 +105,11 @@ BLOCK_M = 1024
 BLOCK_N = 1024
 #: Runs (of 128 along K) per K step.
 RUNS_PER_STEP = 8
+#: The scoped VMEM a dense kernel whose A block holds all of K may plan for
+#: (:func:`_resident_a_blocks`): below :data:`VMEM_LIMIT`, which Mosaic's own
+#: buffers share (at 8192 x 8192 x 8192, blocks of 2048 x 512 planned at 52
+#: MiB ran out of tpu7x's scoped VMEM; 2048 x 256, 42 MiB, compiled).
+RESIDENT_A_VMEM = 48 << 20
 #: Output rows per FP8 dot inside a K step: one run's float32 partial is
 #: ROWS_PER_DOT x bn (4 MiB at 512 x 2048), not the whole block's.
 ROWS_PER_DOT = 512
@@ -171,6 +180,63 @@ def _step_scales(s: jax.Array, j: int, width: int, col: Callable) -> tuple[jax.A
     return _pad_to(steps, (steps.shape[0], rows, s.shape[1]), 1.0), spec
 
 
+def _resident_a_blocks(
+    m: int, n: int, kc: int, bm: int, bn: int, orient: str, out_dtype, run: int
+) -> tuple[int, int, int] | None:
+    """(bm, bn, A's buffers) of a plain dense kernel that takes all ``kc`` runs of K in
+    one step, or None where the stepped blocks (``bm`` x ``bn``, :func:`_step_runs`)
+    are kept.
+
+    With one K step A's block index does not change across a row block's column
+    blocks, so A is read from HBM once (:func:`cost_estimate`'s ``resident_a``)
+    instead of once per column block; B is still read once per row block, so
+    taller blocks read B fewer times.  The A block then holds bm x K codes:
+    bm from half to twice ``bm``, bn from ``bn`` down to 128, and A double- or
+    single-buffered (a single buffer is not prefetched: the kernel waits for
+    each new row block's A, once per row block), wherever the blocks, the
+    accumulator and the temporaries of one group of runs fit
+    :data:`RESIDENT_A_VMEM`.  Of those, the fewest bytes moved, then double
+    buffering, the widest, the tallest.  Taken only where K has more runs than
+    one step and a multiple of :data:`RUNS_PER_STEP` (the in-kernel loop's
+    groups), and where it moves fewer bytes than the stepped blocks.
+    """
+    if kc <= RUNS_PER_STEP or kc % RUNS_PER_STEP:
+        return None
+    kp = kc * run
+    out_size = jnp.dtype(out_dtype).itemsize
+    m_tile = _LANE if orient == "tn" else _SUBLANE_FP8
+
+    def bytes_moved(bm_, bn_, resident):
+        mp, np_ = round_up(m, bm_), round_up(n, bn_)
+        kcp = kc if resident else round_up(kc, _step_runs(kc, RUNS_PER_STEP))
+        est = cost_estimate(mp, np_, kcp * run, bm_, bn_, out_dtype, run, resident_a=resident)
+        return est.bytes_accessed
+
+    def vmem(bm_, bn_, a_buffers):
+        codes = kp * (a_buffers * bm_ + 2 * bn_)
+        scales = 4 * round_up(kc, _SUBLANE_F32) * (a_buffers * bm_ + 2 * bn_)
+        out = bm_ * bn_ * (2 * out_size + (0 if out_size == 4 else 4))
+        # One row slice's partial and its scaled copy, and the group's scale columns.
+        temps = 2 * 4 * min(bm_, ROWS_PER_DOT) * bn_ + 4 * bm_ * _LANE
+        return codes + scales + out + temps
+
+    tall = {_fit(m, max(c, _LANE), m_tile) for c in (bm // 2, bm, 2 * bm)}
+    wide = {_fit(n, c, _LANE) for c in (bn, 1024, 512, 256, 128) if c <= bn}
+    fits = [
+        (bytes_moved(bm_, bn_, True), -buffers, -bn_, -bm_, (bm_, bn_, buffers))
+        for bm_ in tall
+        for bn_ in wide
+        for buffers in (2, 1)
+        if vmem(bm_, bn_, buffers) <= RESIDENT_A_VMEM
+    ]
+    if not fits:
+        return None
+    best = min(fits)
+    if best[0] >= bytes_moved(bm, bn, False):
+        return None
+    return best[-1]
+
+
 def _check_blocks(block_m: int, block_n: int, runs: int) -> None:
     if block_m < _LANE or block_m % _LANE:
         raise ValueError(f"block_m must be a multiple of 128, got {block_m}")
@@ -193,6 +259,9 @@ def _accumulate(a_ref, sa_ref, b_ref, sb_ref, acc_ref, *, j: int, orient: str, r
     run's float32 partial stays small next to the accumulator; every output
     element still gets each run's whole 128-long dot, then its scale.
     """
+    if j > RUNS_PER_STEP and j % RUNS_PER_STEP == 0:
+        _accumulate_in_loop(a_ref, sa_ref, b_ref, sb_ref, acc_ref, j=j, orient=orient, run=run)
+        return
     # sa_ref (j, bm): one row of A's scales per run; as columns, (bm, j).
     sa_cols = jnp.transpose(sa_ref[...])
     bm = acc_ref.shape[0]
@@ -207,6 +276,33 @@ def _accumulate(a_ref, sa_ref, b_ref, sb_ref, acc_ref, *, j: int, orient: str, r
             # Promotion: the run's float32 partial times fl32(a_scale * b_scale).
             scale = sa_cols[rows, t : t + 1] * sb_ref[t : t + 1, :]
             acc_ref[rows, :] += partial * scale
+
+
+def _accumulate_in_loop(a_ref, sa_ref, b_ref, sb_ref, acc_ref, *, j: int, orient: str, run: int):
+    """:func:`_accumulate` for a step of many runs (all of K): a loop over groups of
+    :data:`RUNS_PER_STEP` runs, unrolled within a group, so that the kernel's code and
+    its VMEM temporaries stay those of one group.  Each output element gets the same
+    products in the same order as the unrolled form (row slice by row slice, run by run)."""
+    bm = acc_ref.shape[0]
+    step = min(bm, ROWS_PER_DOT)
+    per = RUNS_PER_STEP
+
+    def group(g, carry):
+        first = pl.multiple_of(g * per, per)
+        # This group's rows of A's scales (per, bm), as columns (bm, per).
+        sa_cols = jnp.transpose(sa_ref[pl.ds(first, per), :])
+        for r in range(0, bm, step):
+            rows = slice(r, min(r + step, bm))
+            for u in range(per):
+                ks = pl.ds(pl.multiple_of((first + u) * run, run), run)
+                a = a_ref[ks, rows] if orient == "tn" else a_ref[rows, ks]
+                b = b_ref[:, ks] if orient == "nt" else b_ref[ks, :]
+                partial = _run_dot(a, b, orient)
+                scale = sa_cols[rows, u : u + 1] * sb_ref[pl.ds(first + u, 1), :]
+                acc_ref[rows, :] += partial * scale
+        return carry
+
+    lax.fori_loop(0, j // per, group, 0)
 
 
 def _requant_tn_kernel(
@@ -259,16 +355,25 @@ def _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *scratch, j: int, orient:
 
 
 def cost_estimate(
-    mp: int, np_: int, kp: int, bm: int, bn: int, out_dtype, run: int = CHUNK
+    mp: int,
+    np_: int,
+    kp: int,
+    bm: int,
+    bn: int,
+    out_dtype,
+    run: int = CHUNK,
+    resident_a: bool = False,
 ) -> pl.CostEstimate:
     """What the kernel moves and computes: 2 M N K flops; codes, scales and output bytes.
 
     Each of the ``N / bn`` output column blocks reads all of A (codes and
     scales) once, each of the ``M / bm`` row blocks all of B; the output is
-    written once.
+    written once.  ``resident_a``: the grid has one K step, so A's block index
+    stays the same across a row block's column blocks and the pipeline fetches
+    it once: all of A is read once.
     """
     n_m, n_n, kc = mp // bm, np_ // bn, kp // run
-    a_bytes = (mp * kp + kc * mp * 4) * n_n
+    a_bytes = (mp * kp + kc * mp * 4) * (1 if resident_a else n_n)
     b_bytes = (kp * np_ + kc * np_ * 4) * n_m
     out_bytes = mp * np_ * jnp.dtype(out_dtype).itemsize
     return pl.CostEstimate(
@@ -339,6 +444,11 @@ def _dense(
     kc = cdiv(k, run)
     bm, bn, _ = _blocks(m, n, kc, block_m, block_n, runs, orient, squares=quant is not None)
     j = _step_runs(kc, runs)
+    plain = quant is None and requant is None
+    resident = _resident_a_blocks(m, n, kc, bm, bn, orient, out_dtype, run) if plain else None
+    a_buffers = 2
+    if resident is not None:
+        (bm, bn, a_buffers), j = resident, kc
     mp, np_, kcp = round_up(m, bm), round_up(n, bn), round_up(kc, j)
     kp, bk = kcp * run, j * run
 
@@ -346,12 +456,14 @@ def _dense(
     a_p = _pad_to(a, (kp, mp) if orient == "tn" else (mp, kp), 0)
     b_p = _pad_to(b, (np_, kp) if orient == "nt" else (kp, np_), 0)
     sb_p, sb_spec = _step_scales(_pad_to(sb_cols, (kcp, np_), 1.0), j, bn, lambda i, jn: jn)
-    cost = cost_estimate(mp, np_, kp, bm, bn, out_dtype, run)
+    cost = cost_estimate(mp, np_, kp, bm, bn, out_dtype, run, resident_a=plain and kcp == j)
 
+    # A single buffer: A's block changes once per row block (_resident_a_blocks).
+    mode = pl.Buffered(1) if a_buffers == 1 else None
     if orient == "tn":
-        a_spec = pl.BlockSpec((bk, bm), lambda i, jn, kk: (kk, i))
+        a_spec = pl.BlockSpec((bk, bm), lambda i, jn, kk: (kk, i), pipeline_mode=mode)
     else:
-        a_spec = pl.BlockSpec((bm, bk), lambda i, jn, kk: (i, kk))
+        a_spec = pl.BlockSpec((bm, bk), lambda i, jn, kk: (i, kk), pipeline_mode=mode)
     if orient == "nt":
         b_spec = pl.BlockSpec((bn, bk), lambda i, jn, kk: (jn, kk))
     else:
