@@ -169,6 +169,9 @@ def _wgrad_of_cache(t, m, n, seed, cache_fmt=E4M3, tiny_row=None):
         (300, 260, 130, E5M2, 9, {}),
         (1100, 256, 130, E4M3, None, dict(pow2=True, ue8m0=True)),
         (200, 1100, 70, E4M3, 150, dict(amax_floor=1e-4)),
+        # 2048 tokens (16 runs) in one K step: the cache requantized once per row
+        # block, in a loop over its 16 groups, for three column blocks.
+        (2048, 256, 300, E4M3, 900, {}),
     ],
 )
 def test_wgrad_requantizing_its_cache_gives_the_requantized_operands_bits(
@@ -194,6 +197,10 @@ def test_wgrad_requantizing_its_cache_gives_the_requantized_operands_bits(
         return tg.block_scaled_matmul_tn_requant(*args, fmt=E4M3, **opts, **kw)
 
     args = (cached.data, cached.scale, flag, qdy.data, qdy.scale)
+    kc = -(-t // 128)
+    bm, bn, _ = tg._blocks(m, n, kc, block_m, 128, 8, "tn")
+    resident = tg._resident_a_blocks(m, n, kc, bm, bn, "tn", jnp.float32, 128, requant=True)
+    assert (resident is not None) == (t == 2048)
     for f in (fused, jax.jit(fused)):
         np.testing.assert_array_equal(
             np.asarray(f(*args)).view(np.uint32), np.asarray(want).view(np.uint32)

@@ -181,7 +181,15 @@ def _step_scales(s: jax.Array, j: int, width: int, col: Callable) -> tuple[jax.A
 
 
 def _resident_a_blocks(
-    m: int, n: int, kc: int, bm: int, bn: int, orient: str, out_dtype, run: int
+    m: int,
+    n: int,
+    kc: int,
+    bm: int,
+    bn: int,
+    orient: str,
+    out_dtype,
+    run: int,
+    requant: bool = False,
 ) -> tuple[int, int, int] | None:
     """(bm, bn, A's buffers) of a plain dense kernel that takes all ``kc`` runs of K in
     one step, or None where the stepped blocks (``bm`` x ``bn``, :func:`_step_runs`)
@@ -199,6 +207,9 @@ def _resident_a_blocks(
     buffering, the widest, the tallest.  Taken only where K has more runs than
     one step and a multiple of :data:`RUNS_PER_STEP` (the in-kernel loop's
     groups), and where it moves fewer bytes than the stepped blocks.
+    ``requant``: the "tn" kernel that quantizes its A (x's cache) again, whose
+    VMEM also holds the cache's tile scales and the requantized codes and scales,
+    and whose blocks are no taller than ``bm``.
     """
     if kc <= RUNS_PER_STEP or kc % RUNS_PER_STEP:
         return None
@@ -214,13 +225,24 @@ def _resident_a_blocks(
 
     def vmem(bm_, bn_, a_buffers):
         codes = kp * (a_buffers * bm_ + 2 * bn_)
-        scales = 4 * round_up(kc, _SUBLANE_F32) * (a_buffers * bm_ + 2 * bn_)
+        step_scales = 4 * round_up(kc, _SUBLANE_F32)
+        scales = step_scales * (a_buffers * bm_ + 2 * bn_)
         out = bm_ * bn_ * (2 * out_size + (0 if out_size == 4 else 4))
         # One row slice's partial and its scaled copy, and the group's scale columns.
         temps = 2 * 4 * min(bm_, ROWS_PER_DOT) * bn_ + 4 * bm_ * _LANE
+        if requant:
+            # A's scales are the cache's, (tiles, tokens) per buffer, beside the
+            # requantized codes and scales and one 128 x 128 group's float32 values.
+            tiles = round_up(bm_ // _LANE, _SUBLANE_F32)
+            scales += (4 * tiles * kp - step_scales * bm_) * a_buffers + step_scales * bm_
+            codes += kp * bm_
+            temps += 4 * 4 * _LANE * _LANE
         return codes + scales + out + temps
 
-    tall = {_fit(m, max(c, _LANE), m_tile) for c in (bm // 2, bm, 2 * bm)}
+    # The requantizing kernel unrolls a row of 128-column tiles per group of tokens:
+    # no taller than the stepped block (4096 rows of it overflow tpu7x's VMEM).
+    taller = (2 * bm,) if not requant else ()
+    tall = {_fit(m, max(c, _LANE), m_tile) for c in (bm // 2, bm, *taller)}
     wide = {_fit(n, c, _LANE) for c in (bn, 1024, 512, 256, 128) if c <= bn}
     fits = [
         (bytes_moved(bm_, bn_, True), -buffers, -bn_, -bm_, (bm_, bn_, buffers))
@@ -306,21 +328,32 @@ def _accumulate_in_loop(a_ref, sa_ref, b_ref, sb_ref, acc_ref, *, j: int, orient
 
 
 def _requant_tn_kernel(
-    a_ref, st_ref, flag_ref, b_ref, sb_ref, o_ref, q_ref, s_ref, *acc, j, run, requant
+    a_ref, st_ref, flag_ref, b_ref, sb_ref, o_ref, q_ref, s_ref, *acc, j, run, requant, once
 ):
     """ "tn" with A the FP8 cache in 1x128 tiles along M: the block's tiles are quantized
     again in 128-token tiles into VMEM (``q_ref`` codes, ``s_ref`` (j, bm) scales: the
-    requantizing kernel's body, the same bits), then accumulated as any "tn" block."""
-    tpu_quantize.requantize_block(
-        a_ref,
-        st_ref,
-        flag_ref,
-        q_ref,
-        s_ref,
-        groups=j,
-        col_groups=q_ref.shape[1] // _LANE,
-        **requant,
-    )
+    requantizing kernel's body, the same bits), then accumulated as any "tn" block.
+    ``once``: all of K is one step, so a row block's A is the same for all its column
+    blocks, which run in order (the column axis "arbitrary"): it is quantized at the
+    first and the VMEM copies serve the rest."""
+
+    def requantize():
+        tpu_quantize.requantize_block(
+            a_ref,
+            st_ref,
+            flag_ref,
+            q_ref,
+            s_ref,
+            groups=j,
+            col_groups=q_ref.shape[1] // _LANE,
+            looped=j > RUNS_PER_STEP,
+            **requant,
+        )
+
+    if once:
+        pl.when(pl.program_id(1) == 0)(requantize)
+    else:
+        requantize()
     _dense_kernel(q_ref, s_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient="tn", run=run)
 
 
@@ -381,10 +414,17 @@ def cost_estimate(
     )
 
 
-def _compiler_params(interpret: bool, n_axes: int = 3, vmem_limit: int = VMEM_LIMIT):
+def _compiler_params(
+    interpret: bool, n_axes: int = 3, vmem_limit: int = VMEM_LIMIT, parallel: int | None = None
+):
+    """The axes' semantics: the first ``parallel`` (default: all but the last) "parallel",
+    the rest "arbitrary" (sequential)."""
     if interpret:
         return None
-    return compiler_params(("parallel",) * (n_axes - 1) + ("arbitrary",), vmem_limit)
+    parallel = n_axes - 1 if parallel is None else parallel
+    return compiler_params(
+        ("parallel",) * parallel + ("arbitrary",) * (n_axes - parallel), vmem_limit
+    )
 
 
 def _interpret(interpret: bool):
@@ -444,8 +484,11 @@ def _dense(
     kc = cdiv(k, run)
     bm, bn, _ = _blocks(m, n, kc, block_m, block_n, runs, orient, squares=quant is not None)
     j = _step_runs(kc, runs)
-    plain = quant is None and requant is None
-    resident = _resident_a_blocks(m, n, kc, bm, bn, orient, out_dtype, run) if plain else None
+    resident = None
+    if quant is None:
+        resident = _resident_a_blocks(
+            m, n, kc, bm, bn, orient, out_dtype, run, requant=requant is not None
+        )
     a_buffers = 2
     if resident is not None:
         (bm, bn, a_buffers), j = resident, kc
@@ -456,7 +499,8 @@ def _dense(
     a_p = _pad_to(a, (kp, mp) if orient == "tn" else (mp, kp), 0)
     b_p = _pad_to(b, (np_, kp) if orient == "nt" else (kp, np_), 0)
     sb_p, sb_spec = _step_scales(_pad_to(sb_cols, (kcp, np_), 1.0), j, bn, lambda i, jn: jn)
-    cost = cost_estimate(mp, np_, kp, bm, bn, out_dtype, run, resident_a=plain and kcp == j)
+    one_step = kcp == j and quant is None
+    cost = cost_estimate(mp, np_, kp, bm, bn, out_dtype, run, resident_a=one_step)
 
     # A single buffer: A's block changes once per row block (_resident_a_blocks).
     mode = pl.Buffered(1) if a_buffers == 1 else None
@@ -472,8 +516,8 @@ def _dense(
     out_shape = [jax.ShapeDtypeStruct((mp, np_), out_dtype)]
     out_specs = [pl.BlockSpec((bm, bn), lambda i, jn, kk: (i, jn))]
     # The work of a quantization in the kernel per element (tpu_quantize.cost_estimate's),
-    # redone for each column block.
-    a_work = 60 * kp * mp * (np_ // bn)
+    # redone for each column block, or once where the requantized A stays (one K step).
+    a_work = 60 * kp * mp * (1 if one_step and requant is not None else np_ // bn)
     scratch = acc
     if quant is not None:
         kernel = functools.partial(_quantizing_nn_kernel, j=j, run=run, quant=dict(quant))
@@ -516,7 +560,9 @@ def _dense(
         sa_p, sa_spec = _step_scales(_pad_to(sa_t, (kcp, mp), 1.0), j, bm, lambda i, jn: i)
         a_in, a_args = [a_spec, sa_spec], [a_p, sa_p]
     else:
-        kernel = functools.partial(_requant_tn_kernel, j=j, run=run, requant=dict(requant))
+        kernel = functools.partial(
+            _requant_tn_kernel, j=j, run=run, requant=dict(requant), once=one_step
+        )
         a_in, a_args = _requant_inputs(a_spec, a_p, sa_t, flag, kp, mp, bk, bm)
         # The block's new codes and scales, in VMEM only.
         codes = dict(requant)["fmt"]
@@ -536,7 +582,8 @@ def _dense(
         in_specs=[*a_in, b_spec, sb_spec],
         out_specs=out_specs,
         scratch_shapes=scratch,
-        compiler_params=_compiler_params(interpret),
+        # A requantized once per row block: its column blocks in order on one core.
+        compiler_params=_compiler_params(interpret, parallel=1 if requant and one_step else None),
         cost_estimate=cost,
         interpret=_interpret(interpret),
         name=f"fp8_block_scaled_matmul_{orient}{suffix}",

@@ -52,6 +52,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -61,6 +62,8 @@ from fp8jax.kernels.tpu_params import compiler_params
 
 #: The group length (DeepSeek-V3's 128).
 GROUP = 128
+# float32's sublane tile: a dynamic store of scale rows starts at a multiple of it.
+_SUBLANES = 8
 ORIENTS = ("row", "col", "block")
 
 #: Bytes of x per "row" block (at least 32 rows, at most 256); groups of 128
@@ -211,16 +214,42 @@ def requantize_block(
     pow2,
     amax_floor,
     ue8m0,
+    looped=False,
 ):
     """FP8 codes ``d_ref`` (128 groups x 128 col_groups) in 1x128 tiles (their scales
     ``st_ref`` as (tiles, rows), at least ``col_groups`` rows) quantized again in 128x1
     tiles into ``q_ref`` and ``s_ref`` (groups, columns): the body of
     :func:`requantize_col`, and of the Wgrad GEMM kernel that requantizes its cache
     (``fp8jax.kernels.tpu_block_gemm``).  ``flag_ref[0, 0]`` != 0: some scale of the
-    cache is subnormal."""
+    cache is subnormal.  ``looped``: the groups in a loop rather than unrolled (the
+    same bits; for a block of many groups, a multiple of 8)."""
+    subnormal = flag_ref[0:1, 0:1] != 0
+    if looped:
+        # Many groups (all of a GEMM's K in one step): a loop over runs of 8 of them
+        # (8 rows of scales: one aligned store each), the same code on each group's
+        # rows, so the kernel holds the code of 8 groups.
+        def eight(g, carry):
+            scales = [[] for _ in range(col_groups)]
+            for u in range(_SUBLANES):
+                first = pl.multiple_of((g * _SUBLANES + u) * GROUP, GROUP)
+                rows = pl.ds(first, GROUP)
+                # This group's scales, one column per 128-column tile of the block.
+                s_cols = jnp.transpose(st_ref[:, rows])
+                for c in range(col_groups):
+                    cols = slice(c * GROUP, (c + 1) * GROUP)
+                    x = dequantize_group(d_ref[rows, cols], s_cols[:, c : c + 1], subnormal, fmt_in)
+                    amax = scaling._bits_amax(x, 0, True)
+                    scales[c].append(_scale(amax, fmt, pow2, amax_floor, ue8m0))
+                    q_ref[rows, cols] = _codes(x, scales[c][-1], fmt)
+            at = pl.ds(pl.multiple_of(g * _SUBLANES, _SUBLANES), _SUBLANES)
+            for c in range(col_groups):
+                s_ref[at, c * GROUP : (c + 1) * GROUP] = jnp.concatenate(scales[c], axis=0)
+            return carry
+
+        lax.fori_loop(0, groups // _SUBLANES, eight, 0)
+        return
     # The cached tiles' scales, one column per 128-column tile of the block.
     s_cols = jnp.transpose(st_ref[...])
-    subnormal = flag_ref[0:1, 0:1] != 0
     for t in range(groups):
         rows = slice(t * GROUP, (t + 1) * GROUP)
         for c in range(col_groups):
