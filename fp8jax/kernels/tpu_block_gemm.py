@@ -108,7 +108,9 @@ RUNS_PER_STEP = 8
 #: The scoped VMEM a dense kernel whose A block holds all of K may plan for
 #: (:func:`_resident_a_blocks`): below :data:`VMEM_LIMIT`, which Mosaic's own
 #: buffers share (at 8192 x 8192 x 8192, blocks of 2048 x 512 planned at 52
-#: MiB ran out of tpu7x's scoped VMEM; 2048 x 256, 42 MiB, compiled).
+#: MiB ran out of tpu7x's scoped VMEM; 2048 x 256, 42 MiB, compiled).  Every
+#: input block counts twice: the pipeline double-buffers it (a
+#: ``pl.Buffered(1)`` A block took the VMEM of two all the same).
 RESIDENT_A_VMEM = 48 << 20
 #: Output rows per FP8 dot inside a K step: one run's float32 partial is
 #: ROWS_PER_DOT x bn (4 MiB at 512 x 2048), not the whole block's.
@@ -190,21 +192,18 @@ def _resident_a_blocks(
     out_dtype,
     run: int,
     requant: bool = False,
-) -> tuple[int, int, int] | None:
-    """(bm, bn, A's buffers) of a plain dense kernel that takes all ``kc`` runs of K in
-    one step, or None where the stepped blocks (``bm`` x ``bn``, :func:`_step_runs`)
-    are kept.
+) -> tuple[int, int] | None:
+    """(bm, bn) of a dense kernel that takes all ``kc`` runs of K in one step, or None
+    where the stepped blocks (``bm`` x ``bn``, :func:`_step_runs`) are kept.
 
     With one K step A's block index does not change across a row block's column
     blocks, so A is read from HBM once (:func:`cost_estimate`'s ``resident_a``)
     instead of once per column block; B is still read once per row block, so
     taller blocks read B fewer times.  The A block then holds bm x K codes:
-    bm from half to twice ``bm``, bn from ``bn`` down to 128, and A double- or
-    single-buffered (a single buffer is not prefetched: the kernel waits for
-    each new row block's A, once per row block), wherever the blocks, the
-    accumulator and the temporaries of one group of runs fit
-    :data:`RESIDENT_A_VMEM`.  Of those, the fewest bytes moved, then double
-    buffering, the widest, the tallest.  Taken only where K has more runs than
+    bm from half to twice ``bm`` and bn from ``bn`` down to 128, wherever the
+    double-buffered blocks, the accumulator and the temporaries of one group
+    of runs fit :data:`RESIDENT_A_VMEM`.  Of those, the fewest bytes moved,
+    then the widest, the tallest.  Taken only where K has more runs than
     one step and a multiple of :data:`RUNS_PER_STEP` (the in-kernel loop's
     groups), and where it moves fewer bytes than the stepped blocks.
     ``requant``: the "tn" kernel that quantizes its A (x's cache) again, whose
@@ -223,10 +222,10 @@ def _resident_a_blocks(
         est = cost_estimate(mp, np_, kcp * run, bm_, bn_, out_dtype, run, resident_a=resident)
         return est.bytes_accessed
 
-    def vmem(bm_, bn_, a_buffers):
-        codes = kp * (a_buffers * bm_ + 2 * bn_)
+    def vmem(bm_, bn_):
+        codes = 2 * kp * (bm_ + bn_)
         step_scales = 4 * round_up(kc, _SUBLANE_F32)
-        scales = step_scales * (a_buffers * bm_ + 2 * bn_)
+        scales = 2 * step_scales * (bm_ + bn_)
         out = bm_ * bn_ * (2 * out_size + (0 if out_size == 4 else 4))
         # One row slice's partial and its scaled copy, and the group's scale columns.
         temps = 2 * 4 * min(bm_, ROWS_PER_DOT) * bn_ + 4 * bm_ * _LANE
@@ -234,7 +233,7 @@ def _resident_a_blocks(
             # A's scales are the cache's, (tiles, tokens) per buffer, beside the
             # requantized codes and scales and one 128 x 128 group's float32 values.
             tiles = round_up(bm_ // _LANE, _SUBLANE_F32)
-            scales += (4 * tiles * kp - step_scales * bm_) * a_buffers + step_scales * bm_
+            scales += 2 * (4 * tiles * kp - step_scales * bm_) + step_scales * bm_
             codes += kp * bm_
             temps += 4 * 4 * _LANE * _LANE
         return codes + scales + out + temps
@@ -245,11 +244,10 @@ def _resident_a_blocks(
     tall = {_fit(m, max(c, _LANE), m_tile) for c in (bm // 2, bm, *taller)}
     wide = {_fit(n, c, _LANE) for c in (bn, 1024, 512, 256, 128) if c <= bn}
     fits = [
-        (bytes_moved(bm_, bn_, True), -buffers, -bn_, -bm_, (bm_, bn_, buffers))
+        (bytes_moved(bm_, bn_, True), -bn_, -bm_, (bm_, bn_))
         for bm_ in tall
         for bn_ in wide
-        for buffers in (2, 1)
-        if vmem(bm_, bn_, buffers) <= RESIDENT_A_VMEM
+        if vmem(bm_, bn_) <= RESIDENT_A_VMEM
     ]
     if not fits:
         return None
@@ -489,9 +487,8 @@ def _dense(
         resident = _resident_a_blocks(
             m, n, kc, bm, bn, orient, out_dtype, run, requant=requant is not None
         )
-    a_buffers = 2
     if resident is not None:
-        (bm, bn, a_buffers), j = resident, kc
+        (bm, bn), j = resident, kc
     mp, np_, kcp = round_up(m, bm), round_up(n, bn), round_up(kc, j)
     kp, bk = kcp * run, j * run
 
@@ -502,12 +499,10 @@ def _dense(
     one_step = kcp == j and quant is None
     cost = cost_estimate(mp, np_, kp, bm, bn, out_dtype, run, resident_a=one_step)
 
-    # A single buffer: A's block changes once per row block (_resident_a_blocks).
-    mode = pl.Buffered(1) if a_buffers == 1 else None
     if orient == "tn":
-        a_spec = pl.BlockSpec((bk, bm), lambda i, jn, kk: (kk, i), pipeline_mode=mode)
+        a_spec = pl.BlockSpec((bk, bm), lambda i, jn, kk: (kk, i))
     else:
-        a_spec = pl.BlockSpec((bm, bk), lambda i, jn, kk: (i, kk), pipeline_mode=mode)
+        a_spec = pl.BlockSpec((bm, bk), lambda i, jn, kk: (i, kk))
     if orient == "nt":
         b_spec = pl.BlockSpec((bn, bk), lambda i, jn, kk: (jn, kk))
     else:
