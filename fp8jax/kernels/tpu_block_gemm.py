@@ -20,10 +20,11 @@ runs each (an unrolled inner loop over the runs of a step; at most
 padding K, :func:`_step_runs`); the K axis is
 "arbitrary" (sequential: the accumulator carries across it), the two
 output axes "parallel".  Where all of K fits one step next to a narrower
-output block, the plain kernels take it in one (:func:`_resident_a_blocks`;
-its runs looped in groups of :data:`RUNS_PER_STEP`): A's block index then
-stays the same across a row block's column blocks and A is read from HBM
-once, not once per column block.  Three orientations, all read in the layout the
+output block, the plain kernels and the Wgrad that requantizes its A take
+it in one (:func:`_resident_a_blocks`; its runs looped in groups of
+:data:`RUNS_PER_STEP`): A's block index then stays the same across a row
+block's column blocks and A is read from HBM once, not once per column
+block (and requantized once).  Three orientations, all read in the layout the
 operands are stored in (no transposes in HBM):
 
     "nn" (fprop)  a (M, K) with 1x128 tiles,   b (K, N) with 128x128 blocks
