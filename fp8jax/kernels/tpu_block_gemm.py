@@ -192,6 +192,7 @@ def _resident_a_blocks(
     orient: str,
     out_dtype,
     run: int,
+    runs: int = RUNS_PER_STEP,
     requant: bool = False,
 ) -> tuple[int, int] | None:
     """(bm, bn) of a dense kernel that takes all ``kc`` runs of K in one step, or None
@@ -204,14 +205,15 @@ def _resident_a_blocks(
     bm from half to twice ``bm`` and bn from ``bn`` down to 128, wherever the
     double-buffered blocks, the accumulator and the temporaries of one group
     of runs fit :data:`RESIDENT_A_VMEM`.  Of those, the fewest bytes moved,
-    then the widest, the tallest.  Taken only where K has more runs than
-    one step and a multiple of :data:`RUNS_PER_STEP` (the in-kernel loop's
-    groups), and where it moves fewer bytes than the stepped blocks.
+    then the widest, the tallest.  Taken only where K has more runs than one
+    step of ``runs`` holds and a multiple of :data:`RUNS_PER_STEP` (the
+    in-kernel loop's groups), and where it moves fewer bytes than the stepped
+    blocks.
     ``requant``: the "tn" kernel that quantizes its A (x's cache) again, whose
     VMEM also holds the cache's tile scales and the requantized codes and scales,
     and whose blocks are no taller than ``bm``.
     """
-    if kc <= RUNS_PER_STEP or kc % RUNS_PER_STEP:
+    if kc <= runs or kc % RUNS_PER_STEP:
         return None
     kp = kc * run
     out_size = jnp.dtype(out_dtype).itemsize
@@ -219,25 +221,24 @@ def _resident_a_blocks(
 
     def bytes_moved(bm_, bn_, resident):
         mp, np_ = round_up(m, bm_), round_up(n, bn_)
-        kcp = kc if resident else round_up(kc, _step_runs(kc, RUNS_PER_STEP))
+        kcp = kc if resident else round_up(kc, _step_runs(kc, runs))
         est = cost_estimate(mp, np_, kcp * run, bm_, bn_, out_dtype, run, resident_a=resident)
         return est.bytes_accessed
 
     def vmem(bm_, bn_):
-        codes = 2 * kp * (bm_ + bn_)
         step_scales = 4 * round_up(kc, _SUBLANE_F32)
-        scales = 2 * step_scales * (bm_ + bn_)
+        # A requantizing kernel's A scales are the cache's, (tiles, tokens).
+        a_scales = 4 * round_up(bm_ // _LANE, _SUBLANE_F32) * kp if requant else step_scales * bm_
+        # Every input block double-buffered.
+        inputs = 2 * (kp * (bm_ + bn_) + a_scales + step_scales * bn_)
         out = bm_ * bn_ * (2 * out_size + (0 if out_size == 4 else 4))
         # One row slice's partial and its scaled copy, and the group's scale columns.
         temps = 2 * 4 * min(bm_, ROWS_PER_DOT) * bn_ + 4 * bm_ * _LANE
         if requant:
-            # A's scales are the cache's, (tiles, tokens) per buffer, beside the
-            # requantized codes and scales and one 128 x 128 group's float32 values.
-            tiles = round_up(bm_ // _LANE, _SUBLANE_F32)
-            scales += 2 * (4 * tiles * kp - step_scales * bm_) + step_scales * bm_
-            codes += kp * bm_
+            # The requantized codes and scales, and one 128 x 128 group's float32 values.
+            inputs += (kp + step_scales) * bm_
             temps += 4 * 4 * _LANE * _LANE
-        return codes + scales + out + temps
+        return inputs + out + temps
 
     # The requantizing kernel unrolls a row of 128-column tiles per group of tokens:
     # no taller than the stepped block (4096 rows of it overflow tpu7x's VMEM).
@@ -291,12 +292,25 @@ def _accumulate(a_ref, sa_ref, b_ref, sb_ref, acc_ref, *, j: int, orient: str, r
         rows = slice(r, min(r + step, bm))
         for t in range(j):
             ks = slice(t * run, (t + 1) * run)
-            a = a_ref[ks, rows] if orient == "tn" else a_ref[rows, ks]
-            b = b_ref[:, ks] if orient == "nt" else b_ref[ks, :]
-            partial = _run_dot(a, b, orient)
-            # Promotion: the run's float32 partial times fl32(a_scale * b_scale).
-            scale = sa_cols[rows, t : t + 1] * sb_ref[t : t + 1, :]
-            acc_ref[rows, :] += partial * scale
+            _add_run(
+                a_ref,
+                b_ref,
+                acc_ref,
+                rows,
+                ks,
+                sa_cols[rows, t : t + 1],
+                sb_ref[t : t + 1, :],
+                orient,
+            )
+
+
+def _add_run(a_ref, b_ref, acc_ref, rows, ks, sa_col, sb_row, orient: str) -> None:
+    """Add one run (K slice ``ks``) of the output rows ``rows`` to the accumulator."""
+    a = a_ref[ks, rows] if orient == "tn" else a_ref[rows, ks]
+    b = b_ref[:, ks] if orient == "nt" else b_ref[ks, :]
+    partial = _run_dot(a, b, orient)
+    # Promotion: the run's float32 partial times fl32(a_scale * b_scale).
+    acc_ref[rows, :] += partial * (sa_col * sb_row)
 
 
 def _accumulate_in_loop(a_ref, sa_ref, b_ref, sb_ref, acc_ref, *, j: int, orient: str, run: int):
@@ -316,11 +330,8 @@ def _accumulate_in_loop(a_ref, sa_ref, b_ref, sb_ref, acc_ref, *, j: int, orient
             rows = slice(r, min(r + step, bm))
             for u in range(per):
                 ks = pl.ds(pl.multiple_of((first + u) * run, run), run)
-                a = a_ref[ks, rows] if orient == "tn" else a_ref[rows, ks]
-                b = b_ref[:, ks] if orient == "nt" else b_ref[ks, :]
-                partial = _run_dot(a, b, orient)
-                scale = sa_cols[rows, u : u + 1] * sb_ref[pl.ds(first + u, 1), :]
-                acc_ref[rows, :] += partial * scale
+                sb_row = sb_ref[pl.ds(first + u, 1), :]
+                _add_run(a_ref, b_ref, acc_ref, rows, ks, sa_cols[rows, u : u + 1], sb_row, orient)
         return carry
 
     lax.fori_loop(0, j // per, group, 0)
@@ -486,7 +497,7 @@ def _dense(
     resident = None
     if quant is None:
         resident = _resident_a_blocks(
-            m, n, kc, bm, bn, orient, out_dtype, run, requant=requant is not None
+            m, n, kc, bm, bn, orient, out_dtype, run, runs, requant=requant is not None
         )
     if resident is not None:
         (bm, bn), j = resident, kc

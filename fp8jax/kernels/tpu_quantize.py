@@ -224,6 +224,14 @@ def requantize_block(
     cache is subnormal.  ``looped``: the groups in a loop rather than unrolled (the
     same bits; for a block of many groups, a multiple of 8)."""
     subnormal = flag_ref[0:1, 0:1] != 0
+
+    def requant(d_ref, q_ref, rows, cols, row_scales):
+        # One 128 x 128 group: its codes into q_ref, its row of 128 scales returned.
+        x = dequantize_group(d_ref[rows, cols], row_scales, subnormal, fmt_in)
+        scale = _scale(scaling._bits_amax(x, 0, True), fmt, pow2, amax_floor, ue8m0)
+        q_ref[rows, cols] = _codes(x, scale, fmt)
+        return scale
+
     if looped:
         # Many groups (all of a GEMM's K in one step): a loop over runs of 8 of them
         # (8 rows of scales: one aligned store each), the same code on each group's
@@ -237,10 +245,7 @@ def requantize_block(
                 s_cols = jnp.transpose(st_ref[:, rows])
                 for c in range(col_groups):
                     cols = slice(c * GROUP, (c + 1) * GROUP)
-                    x = dequantize_group(d_ref[rows, cols], s_cols[:, c : c + 1], subnormal, fmt_in)
-                    amax = scaling._bits_amax(x, 0, True)
-                    scales[c].append(_scale(amax, fmt, pow2, amax_floor, ue8m0))
-                    q_ref[rows, cols] = _codes(x, scales[c][-1], fmt)
+                    scales[c].append(requant(d_ref, q_ref, rows, cols, s_cols[:, c : c + 1]))
             at = pl.ds(pl.multiple_of(g * _SUBLANES, _SUBLANES), _SUBLANES)
             for c in range(col_groups):
                 s_ref[at, c * GROUP : (c + 1) * GROUP] = jnp.concatenate(scales[c], axis=0)
@@ -254,11 +259,7 @@ def requantize_block(
         rows = slice(t * GROUP, (t + 1) * GROUP)
         for c in range(col_groups):
             cols = slice(c * GROUP, (c + 1) * GROUP)
-            x = dequantize_group(d_ref[rows, cols], s_cols[rows, c : c + 1], subnormal, fmt_in)
-            amax = scaling._bits_amax(x, 0, True)
-            scale = _scale(amax, fmt, pow2, amax_floor, ue8m0)
-            q_ref[rows, cols] = _codes(x, scale, fmt)
-            s_ref[t : t + 1, cols] = scale
+            s_ref[t : t + 1, cols] = requant(d_ref, q_ref, rows, cols, s_cols[rows, c : c + 1])
 
 
 def dequantize_group(codes, row_scales, subnormal, fmt) -> jax.Array:
