@@ -24,7 +24,9 @@ output block, the plain kernels and the Wgrad that requantizes its A take
 it in one (:func:`_resident_a_blocks`; its runs looped in groups of
 :data:`RUNS_PER_STEP`): A's block index then stays the same across a row
 block's column blocks and A is read from HBM once, not once per column
-block (and requantized once).  Three orientations, all read in the layout the
+block (and requantized once).  The kernel copies that A block into one
+VMEM buffer itself (the pipeline would hold it twice), which leaves room
+for blocks twice as tall, so B is read half as often.  Three orientations, all read in the layout the
 operands are stored in (no transposes in HBM):
 
     "nn" (fprop)  a (M, K) with 1x128 tiles,   b (K, N) with 128x128 blocks
@@ -108,10 +110,11 @@ BLOCK_N = 1024
 RUNS_PER_STEP = 8
 #: The scoped VMEM a dense kernel whose A block holds all of K may plan for
 #: (:func:`_resident_a_blocks`): below :data:`VMEM_LIMIT`, which Mosaic's own
-#: buffers share (at 8192 x 8192 x 8192, blocks of 2048 x 512 planned at 52
-#: MiB ran out of tpu7x's scoped VMEM; 2048 x 256, 42 MiB, compiled).  Every
-#: input block counts twice: the pipeline double-buffers it (a
-#: ``pl.Buffered(1)`` A block took the VMEM of two all the same).
+#: buffers share.  A's block counts once (the kernel's own copy,
+#: :func:`_copy_row_block`), every pipelined block twice (double-buffered; a
+#: ``pl.Buffered(1)`` A block took the VMEM of two all the same).  Planned
+#: against used on tpu7x, K 4096 with 4096 x 256 blocks: 28.3 MiB planned,
+#: 27.8 MiB used.
 RESIDENT_A_VMEM = 48 << 20
 #: Output rows per FP8 dot inside a K step: one run's float32 partial is
 #: ROWS_PER_DOT x bn (4 MiB at 512 x 2048), not the whole block's.
@@ -201,10 +204,13 @@ def _resident_a_blocks(
     With one K step A's block index does not change across a row block's column
     blocks, so A is read from HBM once (:func:`cost_estimate`'s ``resident_a``)
     instead of once per column block; B is still read once per row block, so
-    taller blocks read B fewer times.  The A block then holds bm x K codes:
-    bm from half to twice ``bm`` and bn from ``bn`` down to 128, wherever the
-    double-buffered blocks, the accumulator and the temporaries of one group
-    of runs fit :data:`RESIDENT_A_VMEM`.  Of those, the fewest bytes moved,
+    taller blocks read B fewer times.  The A block then holds bm x K codes, in
+    one VMEM copy the kernel makes itself (:func:`_copy_row_block`): bm from
+    half to twice ``bm`` and bn from ``bn`` down to 256 (v6e's matrix units are
+    256 wide: 128 columns would leave half of one idle), wherever
+    A's copy, the double-buffered B, scale and output blocks, the accumulator
+    and the temporaries of one row slice's group of runs fit
+    :data:`RESIDENT_A_VMEM`.  Of those, the fewest bytes moved,
     then the widest, the tallest.  Taken only where K has more runs than one
     step of ``runs`` holds and a multiple of :data:`RUNS_PER_STEP` (the
     in-kernel loop's groups), and where it moves fewer bytes than the stepped
@@ -229,11 +235,12 @@ def _resident_a_blocks(
         step_scales = 4 * round_up(kc, _SUBLANE_F32)
         # A requantizing kernel's A scales are the cache's, (tiles, tokens).
         a_scales = 4 * round_up(bm_ // _LANE, _SUBLANE_F32) * kp if requant else step_scales * bm_
-        # Every input block double-buffered.
-        inputs = 2 * (kp * (bm_ + bn_) + a_scales + step_scales * bn_)
+        # A's codes in the kernel's single copy (_copy_row_block); every
+        # pipelined input block double-buffered.
+        inputs = kp * bm_ + 2 * (kp * bn_ + a_scales + step_scales * bn_)
         out = bm_ * bn_ * (2 * out_size + (0 if out_size == 4 else 4))
-        # One row slice's partial and its scaled copy, and the group's scale columns.
-        temps = 2 * 4 * min(bm_, ROWS_PER_DOT) * bn_ + 4 * bm_ * _LANE
+        # One row slice's partial and its scaled copy, and its group's scale columns.
+        temps = 4 * min(bm_, ROWS_PER_DOT) * (2 * bn_ + _LANE)
         if requant:
             # The requantized codes and scales, and one 128 x 128 group's float32 values.
             inputs += (kp + step_scales) * bm_
@@ -244,7 +251,7 @@ def _resident_a_blocks(
     # no taller than the stepped block (4096 rows of it overflow tpu7x's VMEM).
     taller = (2 * bm,) if not requant else ()
     tall = {_fit(m, max(c, _LANE), m_tile) for c in (bm // 2, bm, *taller)}
-    wide = {_fit(n, c, _LANE) for c in (bn, 1024, 512, 256, 128) if c <= bn}
+    wide = {_fit(n, c, _LANE) for c in (bn, 1024, 512, 256) if c <= bn}
     fits = [
         (bytes_moved(bm_, bn_, True), -bn_, -bm_, (bm_, bn_))
         for bm_ in tall
@@ -315,41 +322,86 @@ def _add_run(a_ref, b_ref, acc_ref, rows, ks, sa_col, sb_row, orient: str) -> No
 
 def _accumulate_in_loop(a_ref, sa_ref, b_ref, sb_ref, acc_ref, *, j: int, orient: str, run: int):
     """:func:`_accumulate` for a step of many runs (all of K): a loop over groups of
-    :data:`RUNS_PER_STEP` runs, unrolled within a group, so that the kernel's code and
-    its VMEM temporaries stay those of one group.  Each output element gets the same
-    products in the same order as the unrolled form (row slice by row slice, run by run)."""
+    :data:`RUNS_PER_STEP` runs and, within a group, over slices of
+    :data:`ROWS_PER_DOT` rows (a shorter last slice unrolled after them), the runs
+    of a slice unrolled, so that the kernel's code and its VMEM temporaries stay
+    those of one slice's group (unrolled over a 4096-row block, Mosaic held 23 MiB
+    more).  Each output element gets the same products in the same order as the
+    unrolled form (run by run)."""
     bm = acc_ref.shape[0]
     step = min(bm, ROWS_PER_DOT)
     per = RUNS_PER_STEP
 
     def group(g, carry):
         first = pl.multiple_of(g * per, per)
-        # This group's rows of A's scales (per, bm), as columns (bm, per).
-        sa_cols = jnp.transpose(sa_ref[pl.ds(first, per), :])
-        for r in range(0, bm, step):
-            rows = slice(r, min(r + step, bm))
+
+        def add_slice(rows):
+            # This group's rows of the slice's A scales (per, rows), as columns.
+            sa_cols = jnp.transpose(sa_ref[pl.ds(first, per), rows])
             for u in range(per):
                 ks = pl.ds(pl.multiple_of((first + u) * run, run), run)
                 sb_row = sb_ref[pl.ds(first + u, 1), :]
-                _add_run(a_ref, b_ref, acc_ref, rows, ks, sa_cols[rows, u : u + 1], sb_row, orient)
+                _add_run(a_ref, b_ref, acc_ref, rows, ks, sa_cols[:, u : u + 1], sb_row, orient)
+
+        def full_slice(r, carry):
+            add_slice(pl.ds(pl.multiple_of(r * step, step), step))
+            return carry
+
+        carry = lax.fori_loop(0, bm // step, full_slice, carry)
+        if bm % step:
+            add_slice(slice(bm - bm % step, bm))
         return carry
 
     lax.fori_loop(0, j // per, group, 0)
 
 
+def _copy_row_block(a_hbm, a_ref, sem, orient: str) -> None:
+    """Copy this row block's A (all of K) from HBM into the VMEM buffer ``a_ref``, and
+    wait for it: a one-step kernel's A, fetched by the kernel rather than the pipeline.
+
+    The pipeline would hold A's block twice (double-buffered, also as
+    ``pl.Buffered(1)``), though its index changes only once per row block;
+    one copy leaves the VMEM for blocks twice as tall, which read B half as
+    often.  The copy is a stall of bm x K bytes per row block before its
+    first dot."""
+    bm = a_ref.shape[1] if orient == "tn" else a_ref.shape[0]
+    rows = pl.ds(pl.multiple_of(pl.program_id(0) * bm, bm), bm)
+    copy = pltpu.make_async_copy(
+        a_hbm.at[:, rows] if orient == "tn" else a_hbm.at[rows, :], a_ref, sem
+    )
+    copy.start()
+    copy.wait()
+
+
 def _requant_tn_kernel(
-    a_ref, st_ref, flag_ref, b_ref, sb_ref, o_ref, q_ref, s_ref, *acc, j, run, requant, once
+    a_ref,
+    st_ref,
+    flag_ref,
+    b_ref,
+    sb_ref,
+    o_ref,
+    q_ref,
+    s_ref,
+    *scratch,
+    j,
+    run,
+    requant,
+    once,
+    fetch,
 ):
     """ "tn" with A the FP8 cache in 1x128 tiles along M: the block's tiles are quantized
     again in 128-token tiles into VMEM (``q_ref`` codes, ``s_ref`` (j, bm) scales: the
     requantizing kernel's body, the same bits), then accumulated as any "tn" block.
     ``once``: all of K is one step, so a row block's A is the same for all its column
     blocks, which run in order (the column axis "arbitrary"): it is quantized at the
-    first and the VMEM copies serve the rest."""
+    first and the VMEM copies serve the rest.  ``fetch`` (with ``once``): ``a_ref``
+    is the cache in HBM, copied into the first of ``scratch`` at the first column
+    block (:func:`_copy_row_block`) and quantized from there."""
+    acc = scratch[2:] if fetch else scratch
 
-    def requantize():
+    def requantize(cache_ref):
         tpu_quantize.requantize_block(
-            a_ref,
+            cache_ref,
             st_ref,
             flag_ref,
             q_ref,
@@ -360,11 +412,27 @@ def _requant_tn_kernel(
             **requant,
         )
 
-    if once:
-        pl.when(pl.program_id(1) == 0)(requantize)
+    if fetch:
+
+        @pl.when(pl.program_id(1) == 0)
+        def _first():
+            _copy_row_block(a_ref, scratch[0], scratch[1], "tn")
+            requantize(scratch[0])
+
+    elif once:
+        pl.when(pl.program_id(1) == 0)(lambda: requantize(a_ref))
     else:
-        requantize()
+        requantize(a_ref)
     _dense_kernel(q_ref, s_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient="tn", run=run)
+
+
+def _fetch_a_kernel(a_hbm, sa_ref, b_ref, sb_ref, o_ref, a_ref, sem, *acc, j, orient, run):
+    """A plain kernel whose grid has one K step, with A left in HBM (``a_hbm``): each row
+    block's A is copied into ``a_ref`` at its first column block
+    (:func:`_copy_row_block`), and the row block's column blocks, in order, read it
+    from there."""
+    pl.when(pl.program_id(1) == 0)(lambda: _copy_row_block(a_hbm, a_ref, sem, orient))
+    _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient=orient, run=run)
 
 
 def _quantizing_nn_kernel(x_ref, b_ref, sb_ref, o_ref, q_ref, st_ref, *acc, j, run, quant):
@@ -515,6 +583,15 @@ def _dense(
         a_spec = pl.BlockSpec((bk, bm), lambda i, jn, kk: (kk, i))
     else:
         a_spec = pl.BlockSpec((bm, bk), lambda i, jn, kk: (i, kk))
+    # A kernel that takes all of K in one step where it fits (_resident_a_blocks)
+    # leaves A in HBM and copies each row block's into one VMEM buffer itself
+    # (_copy_row_block); the scratch's first two entries.
+    fetch = resident is not None
+    a_copy = []
+    if fetch:
+        a_spec = pl.BlockSpec(memory_space=pl.ANY)
+        a_copy = [pltpu.VMEM((bk, bm) if orient == "tn" else (bm, bk), a.dtype)]
+        a_copy.append(pltpu.SemaphoreType.DMA)
     if orient == "nt":
         b_spec = pl.BlockSpec((bn, bk), lambda i, jn, kk: (jn, kk))
     else:
@@ -525,7 +602,7 @@ def _dense(
     # The work of a quantization in the kernel per element (tpu_quantize.cost_estimate's),
     # redone for each column block, or once where the requantized A stays (one K step).
     a_work = 60 * kp * mp * (1 if one_step and requant is not None else np_ // bn)
-    scratch = acc
+    scratch = a_copy + acc
     if quant is not None:
         kernel = functools.partial(_quantizing_nn_kernel, j=j, run=run, quant=dict(quant))
         a_in, a_args = [a_spec], [a_p]
@@ -565,19 +642,18 @@ def _dense(
     elif requant is None:
         kernel = functools.partial(_dense_kernel, j=j, orient=orient, run=run)
         sa_p, sa_spec = _step_scales(_pad_to(sa_t, (kcp, mp), 1.0), j, bm, lambda i, jn: i)
+        if fetch:
+            kernel = functools.partial(_fetch_a_kernel, j=j, orient=orient, run=run)
         a_in, a_args = [a_spec, sa_spec], [a_p, sa_p]
     else:
         kernel = functools.partial(
-            _requant_tn_kernel, j=j, run=run, requant=dict(requant), once=one_step
+            _requant_tn_kernel, j=j, run=run, requant=dict(requant), once=one_step, fetch=fetch
         )
         a_in, a_args = _requant_inputs(a_spec, a_p, sa_t, flag, kp, mp, bk, bm)
         # The block's new codes and scales, in VMEM only.
         codes = dict(requant)["fmt"]
-        scratch = [
-            pltpu.VMEM((bk, bm), codes),
-            pltpu.VMEM((_step_rows(j, kcp), bm), jnp.float32),
-            *acc,
-        ]
+        scratch = [pltpu.VMEM((bk, bm), codes), pltpu.VMEM((_step_rows(j, kcp), bm), jnp.float32)]
+        scratch += a_copy + acc
         cost = pl.CostEstimate(
             flops=cost.flops + a_work, transcendentals=0, bytes_accessed=cost.bytes_accessed
         )
@@ -589,8 +665,11 @@ def _dense(
         in_specs=[*a_in, b_spec, sb_spec],
         out_specs=out_specs,
         scratch_shapes=scratch,
-        # A requantized once per row block: its column blocks in order on one core.
-        compiler_params=_compiler_params(interpret, parallel=1 if requant and one_step else None),
+        # A fetched (and requantized) once per row block: its column blocks in
+        # order on one core.
+        compiler_params=_compiler_params(
+            interpret, parallel=1 if fetch or requant and one_step else None
+        ),
         cost_estimate=cost,
         interpret=_interpret(interpret),
         name=f"fp8_block_scaled_matmul_{orient}{suffix}",
