@@ -311,13 +311,14 @@ def test_k_steps_stay_where_one_step_cannot_hold_k(m, n, kc, orient):
 
 
 @pytest.mark.parametrize("orient", ["nn", "nt", "tn"])
-@pytest.mark.parametrize("m, block_m", [(200, 128), (1100, 1024)])
+@pytest.mark.parametrize("m, block_m", [(200, 128), (2200, 1024)])
 def test_one_k_step_gives_the_k_steps_bits(monkeypatch, orient, m, block_m):
     # K 2048 (16 runs) with 128-wide column blocks: one K step of 16 runs, A
     # copied once per row block and kept across two column blocks, the runs
     # looped in groups of 8, against two K steps of 8: the same products in the
-    # same order, so the same bits.  1100 rows: a block of more than 512 rows,
-    # looped in slices of 512 with a shorter last one.
+    # same order, so the same bits.  2200 rows: two row blocks (the second's
+    # copy starts past the first), each of more than 512 rows, looped in
+    # slices of 512 with a shorter last one.
     k, n = 2048, 250
     a, sa, b, sb = make_case(k + len(orient) + m, m, k, n)
     kw = dict(block_m=block_m, block_n=128, interpret=True, out_dtype=jnp.float32)
@@ -325,7 +326,7 @@ def test_one_k_step_gives_the_k_steps_bits(monkeypatch, orient, m, block_m):
     bm, bn, _ = tg._blocks(m, n, kc, block_m, 128, 8, orient)
     resident = tg._resident_a_blocks(m, n, kc, bm, bn, orient, jnp.float32, 128)
     assert resident is not None
-    assert m < 512 or resident[0] % tg.ROWS_PER_DOT
+    assert m < 512 or (resident[0] % tg.ROWS_PER_DOT and bg.cdiv(m, resident[0]) == 2)
     if orient == "nn":
         args, f = (a, sa, b, sb), tg.block_scaled_matmul
     elif orient == "nt":

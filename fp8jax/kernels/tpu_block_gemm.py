@@ -26,8 +26,8 @@ it in one (:func:`_resident_a_blocks`; its runs looped in groups of
 block's column blocks and A is read from HBM once, not once per column
 block (and requantized once).  The kernel copies that A block into one
 VMEM buffer itself (the pipeline would hold it twice), which leaves room
-for blocks twice as tall, so B is read half as often.  Three orientations, all read in the layout the
-operands are stored in (no transposes in HBM):
+for blocks twice as tall, so B is read half as often.  Three orientations,
+all read in the layout the operands are stored in (no transposes in HBM):
 
     "nn" (fprop)  a (M, K) with 1x128 tiles,   b (K, N) with 128x128 blocks
     "nt" (dgrad)  a (M, K) with 1x128 tiles,   b given as (N, K), blocks (N/128, K/128)
