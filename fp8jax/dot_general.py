@@ -48,11 +48,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp8jax import path_record, scaling
-from fp8jax.gemm import fprop_quantizing, gemm, with_dot_algorithm
+from fp8jax.gemm import dgrad_quantizing, fprop_quantizing, gemm, with_dot_algorithm
 from fp8jax.operands import (
     after_gradient,
     cache_for_wgrad,
     materialize,
+    quantize_operand,
     quantize_operand_twice,
     requantizable,
     requantize,
@@ -105,21 +106,26 @@ def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
     x_cached, qw, state, new_x, new_w, (x_pre, w_pre) = res
     _, x_dtype, w_dtype = dtypes
     dy = g[0] if with_stats else g
-    # dy for Dgrad (contraction over N) and for Wgrad (over the tokens M).
-    qdy_d, qdy_w, new_dy = quantize_operand_twice(
-        dy,
-        (recipe.dgrad.lhs, recipe.wgrad.rhs),
-        (_DGRAD_DY_AXIS, _WGRAD_DY_AXIS),
-        recipe,
-        state_part(state, "dy"),
-    )
-    # Dgrad: dx = dy @ w^T.
+    # Dgrad: dx = dy @ w^T, with dy quantized for it (contraction over N) and for
+    # the Wgrad (over the tokens M); one kernel quantizes dy and multiplies where
+    # a TPU runs it.
     w_d = requantize(
         qw, recipe.dgrad.rhs, _DGRAD_W_AXIS, recipe, recipe.fprop.rhs, state_part(state, "w")
     )
-    dx = gemm(qdy_d, w_d, "dgrad", recipe, out_dtype=x_dtype)
+    take_both = partial(
+        quantize_operand_twice,
+        specs=(recipe.dgrad.lhs, recipe.wgrad.rhs),
+        caxes=(_DGRAD_DY_AXIS, _WGRAD_DY_AXIS),
+        recipe=recipe,
+    )
+    take_wgrad = partial(
+        quantize_operand, spec=recipe.wgrad.rhs, caxis=_WGRAD_DY_AXIS, recipe=recipe
+    )
+    dx, qdy_w, new_dy = dgrad_quantizing(
+        dy, w_d, recipe.dgrad.lhs, recipe, take_both, take_wgrad, x_dtype, state_part(state, "dy")
+    )
     # Wgrad: dw = x^T @ dy, contraction over the token axis M.
-    x_c = after_gradient(x_cached, qdy_d)
+    x_c = after_gradient(x_cached, qdy_w)
     x_w = requantize(
         x_c, recipe.wgrad.lhs, _WGRAD_X_AXIS, recipe, recipe.fprop.lhs, state_part(state, "x")
     )

@@ -486,6 +486,85 @@ def _tpu_fprop_quantizing(
     return y, dataclasses.replace(qx, data=codes, scale=scales), None
 
 
+def dgrad_quantizing(
+    dy: jax.Array,
+    b,
+    spec: QuantSpec,
+    recipe: Recipe,
+    take_both: Callable[..., tuple[Any, Any, Any]],
+    take_wgrad: Callable[..., tuple[Any, Any]],
+    out_dtype: Any = jnp.float32,
+    dstate: Any = None,
+) -> tuple[jax.Array, Any, Any]:
+    """The Dgrad of ``dy`` (B, M, N) and ``b`` (w, (B, K, N)), with dy's Wgrad operand:
+    (dx as ``out_dtype``, dy's Wgrad operand, dy's updated delayed state).
+
+    ``take_both(dy, dstate=dstate)`` = (Dgrad operand, Wgrad operand, state)
+    quantizes dy for both GEMMs (``spec`` along N for the Dgrad), and
+    ``take_wgrad(dy)`` = (Wgrad operand, _) for the Wgrad alone.  On a TPU
+    where the Dgrad operand is 1x128 tiles and the GEMM the Mosaic kernel,
+    and dx has one column block of ``tpu_block_gemm.DENSE_BLOCK_N`` (bfloat16
+    dy; ``tpu_block_gemm.quantizing_reads_less`` with ``codes_only_here``),
+    the Dgrad kernel quantizes dy's tiles itself
+    (``tpu_block_gemm.block_scaled_matmul_nt_quantizing``, the same bits) and
+    only the Wgrad's 128-token tiles are written: one pass over dy fewer, the
+    same bytes.  Elsewhere ``take_both`` then :func:`gemm`.
+    """
+    out_dtype = jnp.dtype(out_dtype)
+
+    def separate(dy, b, dstate):
+        qdy_d, qdy_w, new = take_both(dy, dstate=dstate)
+        return gemm(qdy_d, b, "dgrad", recipe, out_dtype=out_dtype), qdy_w, new
+
+    # dy's Dgrad operand as take_both gives it (shapes and layout only), asked once.
+    abstract_qdy = cache(lambda: jax.eval_shape(partial(take_both, dstate=None), dy)[0])
+
+    def decide(p: str) -> str:
+        if p != "tpu" or is_quantized(dy) or out_dtype not in KERNEL_FLOATS:
+            return "separate"
+        if not kernel_tiles(spec) or dy.ndim != 3 or jnp.dtype(dy.dtype) not in KERNEL_FLOATS:
+            return "separate"
+        row_kernel = quant.tpu_quantizer_orient(dy, spec.fmt, "tile", 2, 128) == "row"
+        mosaic = _decision(recipe, abstract_qdy(), b, "dgrad", p) == ("pallas", "mosaic")
+        itemsize = jnp.dtype(dy.dtype).itemsize
+        fewer = tpu_block_gemm.quantizing_reads_less(b.shape[1], itemsize, codes_only_here=True)
+        return "kernel" if row_kernel and mosaic and fewer else "separate"
+
+    def build(d: str) -> Callable:
+        if d == "separate":
+            return separate
+        return partial(
+            _tpu_dgrad_quantizing,
+            spec=spec,
+            recipe=recipe,
+            qdy=abstract_qdy(),
+            take_wgrad=take_wgrad,
+            out_dtype=out_dtype,
+        )
+
+    return platforms.choose(decide, build, (dy, b, dstate))
+
+
+def _tpu_dgrad_quantizing(
+    dy, b: QTensor, dstate, *, spec: QuantSpec, recipe: Recipe, qdy: QTensor, take_wgrad, out_dtype
+):
+    """The Mosaic TPU Dgrad kernel that quantizes dy (B, M, N) itself against w (B, K, N)
+    blocks, and dy's Wgrad operand from ``take_wgrad`` (an online spec: no delayed
+    state to update); ``qdy``: dy's Dgrad operand, abstract."""
+    del dstate
+    path_record.note("dgrad", {"tpu": describe_path("pallas", recipe, qdy, b, "mosaic")})
+    fn = partial(
+        tpu_block_gemm.block_scaled_matmul_nt_quantizing,
+        **kernel_settings(spec),
+        out_dtype=out_dtype,
+        interpret=False,
+    )
+    out = jax.ShapeDtypeStruct(_out_shape(dy, b, "dgrad"), out_dtype)
+    dx = _on_kernel_platform("mosaic", _per_matrix(fn), dy, b.data, b.scale, out_shape=out)
+    qdy_w, _ = take_wgrad(dy)
+    return dx, qdy_w, None
+
+
 def _out_shape(a, b, kind: str) -> tuple[int, int, int]:
     """(B, rows, cols) of a canonical GEMM's result (module docstring)."""
     if kind == "fprop":

@@ -132,6 +132,51 @@ def test_fprop_quantizing_its_x_gives_the_quantizers_bits(m, k, n, dtype, block_
         )
 
 
+@pytest.mark.parametrize(
+    "m, k, n, dtype, block_n, opts",
+    [
+        (300, 260, 130, jnp.bfloat16, 128, {}),
+        (200, 1100, 300, jnp.float32, 128, dict(pow2=True, ue8m0=True)),
+        (37, 300, 200, jnp.bfloat16, 256, dict(amax_floor=1e-4)),
+    ],
+)
+def test_dgrad_quantizing_its_dy_gives_the_quantizers_bits(m, k, n, dtype, block_n, opts):
+    # dy (m, k), k the contraction, quantized in the kernel: the product is the
+    # plain Dgrad kernel's of the row quantizer's codes and scales, bit for
+    # bit.  A tiny row (subnormal scale), padding in M, K and N, two K steps
+    # (1100), and one to three column blocks, each quantizing dy again.
+    from fp8jax import quant
+    from fp8jax.kernels import tpu_quantize as tq
+
+    rng = np.random.default_rng(m + k + 1)
+    dy = rng.standard_normal((m, k)) * np.exp(2 * rng.standard_normal((m, 1)))
+    dy[3] *= 1e-39
+    dy = jnp.asarray(dy, dtype)
+    # W (n, k) as the Dgrad reads it: 128x128 blocks over (n, k).
+    w = quant.quantize(jnp.asarray(rng.standard_normal((n, k)), jnp.float32), E4M3, "block")
+    kw = dict(block_m=128, block_n=block_n, interpret=True, out_dtype=jnp.float32)
+    codes, row_scales = tq.quantize_2d(dy, fmt=E4M3, orient="row", interpret=True, **opts)
+    want = tg.block_scaled_matmul_nt(codes, row_scales, w.data, w.scale, **kw)
+    # The float64 oracle on the codes and scales as numpy arrays.
+    ours = [np.asarray(t) for t in (codes, row_scales, w.data, w.scale)]
+    assert_close(want, ours[0], ours[1], ours[2].T, ours[3].T, jnp.float32)
+
+    def fused(dy, bt, sbt):
+        return tg.block_scaled_matmul_nt_quantizing(dy, bt, sbt, fmt=E4M3, **opts, **kw)
+
+    for f in (fused, jax.jit(fused)):
+        np.testing.assert_array_equal(
+            np.asarray(f(dy, w.data, w.scale)).view(np.uint32), np.asarray(want).view(np.uint32)
+        )
+
+
+@pytest.mark.parametrize("n, itemsize, want", [(1536, 2, True), (4096, 2, False), (1536, 4, False)])
+def test_dgrad_quantizes_in_kernel_where_that_reads_no_more(n, itemsize, want):
+    # dy's column quantizer reads it anyway: one column block of bfloat16 dy
+    # costs its two bytes, as its codes' write and read did.
+    assert tg.quantizing_reads_less(n, itemsize, codes_only_here=True) == want
+
+
 def test_fprop_quantizing_refuses_other_operands():
     from fp8jax import quant
 

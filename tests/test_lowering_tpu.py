@@ -46,11 +46,11 @@ def _device(chip: str):
     return topologies.get_topology_desc(TOPOLOGIES[chip], "tpu").devices[0]
 
 
-def _compile(recipe, chip: str, m=256, k=384, n=256):
+def _compile(recipe, chip: str, m=256, k=384, n=256, dtype=jnp.float32):
     """Compiled fwd+bwd of one dot_general for ``chip``; its HLO text and resolved paths."""
     sharding = NamedSharding(jax.sharding.Mesh(np.array([_device(chip)]), ("x",)), PartitionSpec())
-    x = jax.ShapeDtypeStruct((m, k), jnp.float32, sharding=sharding)
-    w = jax.ShapeDtypeStruct((k, n), jnp.float32, sharding=sharding)
+    x = jax.ShapeDtypeStruct((m, k), dtype, sharding=sharding)
+    w = jax.ShapeDtypeStruct((k, n), dtype, sharding=sharding)
     state = scaling.init_delayed_gemm_state(recipe) if fp8jax.needs_state(recipe) else None
 
     def loss(x, w):
@@ -79,6 +79,21 @@ def test_deepseek_v3_compiles_for_v6e():
     assert sum("fp8_block_scaled_matmul_tn_requant" in line for line in calls) == 1
     assert sum("fp8_quantize_" in line for line in calls) == 2
     assert sum("fp8_quantize_rows_cols" in line for line in calls) == 1
+    assert len(calls) == 5
+
+
+def test_deepseek_v3_dgrad_quantizes_bfloat16_dy_itself():
+    # bfloat16 operands, dx one column block: the Dgrad kernel quantizes dy's
+    # 1x128 tiles itself, and dy's one quantizer pass writes the Wgrad's
+    # 128-token tiles only (no kernel writing both layouts).
+    text, paths = _compile(recipes.deepseek_v3(), "tpu7x", 128, 256, 128, jnp.bfloat16)
+    assert set(paths.values()) == {"pallas tpu"}
+    calls = [line for line in text.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
+    assert sum("fp8_block_scaled_matmul_nt_quantizing" in line for line in calls) == 1
+    assert sum("fp8_block_scaled_matmul_nn_quantizing" in line for line in calls) == 1
+    assert sum("fp8_block_scaled_matmul_tn_requant" in line for line in calls) == 1
+    assert sum("fp8_quantize_col" in line for line in calls) == 1
+    assert sum("fp8_quantize_rows_cols" in line for line in calls) == 0
     assert len(calls) == 5
 
 

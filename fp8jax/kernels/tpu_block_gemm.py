@@ -435,14 +435,15 @@ def _fetch_a_kernel(a_hbm, sa_ref, b_ref, sb_ref, o_ref, a_ref, sem, *acc, j, or
     _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient=orient, run=run)
 
 
-def _quantizing_nn_kernel(x_ref, b_ref, sb_ref, o_ref, q_ref, st_ref, *acc, j, run, quant):
-    """ "nn" with A the unquantized x: the block's 1x128 tiles are quantized into the
-    codes and scales output blocks (``q_ref``, ``st_ref`` (j, bm): the quantizer's body,
-    the same bits), then accumulated from them as any "nn" block."""
+def _quantizing_kernel(x_ref, b_ref, sb_ref, o_ref, q_ref, st_ref, *acc, j, run, quant, orient):
+    """ "nn" or "nt" with A unquantized (x, or dy): the block's 1x128 tiles are quantized
+    into ``q_ref`` and ``st_ref`` (j, bm) (the quantizer's body, the same bits), output
+    blocks (x's codes for the Wgrad's cache) or VMEM scratch, then accumulated from
+    them as any block of ``orient``."""
     tpu_quantize.rows_t_block(
         x_ref, q_ref, st_ref, groups=q_ref.shape[0] // _LANE, col_groups=j, **quant
     )
-    _dense_kernel(q_ref, st_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient="nn", run=run)
+    _dense_kernel(q_ref, st_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient=orient, run=run)
 
 
 def _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *scratch, j: int, orient: str, run: int):
@@ -522,6 +523,7 @@ def _interpret(interpret: bool):
         "run",
         "requant",
         "quant",
+        "keep_codes",
     ),
 )
 def _dense(
@@ -540,6 +542,7 @@ def _dense(
     run=CHUNK,
     requant=None,
     quant=None,
+    keep_codes=True,
 ):
     """Pad, launch, crop.  ``a``/``b`` as stored (module docstring); ``sa_t`` (Kc, M),
     ``sb_cols`` (Kc, N) with Kc = ceil(K / run).  ``run``: the K run of one scale
@@ -550,9 +553,10 @@ def _dense(
     (K, ceil(M/128)) and ``flag`` whether any of them is subnormal; the kernel
     quantizes each block again in 128-token tiles before its dots.
 
-    ``quant`` ("nn" only; a tuple of ``tpu_quantize.quantize_2d``'s settings):
-    ``a`` (M, K) is x in float32 or bfloat16, quantized in 1x128 tiles in the
-    kernel; the result is (out, x's codes (M, K), their scales (M, Kc)).
+    ``quant`` ("nn" or "nt"; a tuple of ``tpu_quantize.quantize_2d``'s settings):
+    ``a`` (M, K) is x (or dy) in float32 or bfloat16, quantized in 1x128 tiles in
+    the kernel; the result is (out, x's codes (M, K), their scales (M, Kc)), or,
+    ``keep_codes=False``, out alone (the codes and scales in VMEM only).
     """
     if orient == "tn":
         k, m = a.shape
@@ -603,8 +607,26 @@ def _dense(
     # redone for each column block, or once where the requantized A stays (one K step).
     a_work = 60 * kp * mp * (1 if one_step and requant is not None else np_ // bn)
     scratch = a_copy + acc
-    if quant is not None:
-        kernel = functools.partial(_quantizing_nn_kernel, j=j, run=run, quant=dict(quant))
+    if quant is not None and not keep_codes:
+        kernel = functools.partial(
+            _quantizing_kernel, j=j, run=run, quant=dict(quant), orient=orient
+        )
+        a_in, a_args = [a_spec], [a_p]
+        # A's codes and scales for this step's dots only.
+        fmt = dict(quant)["fmt"]
+        scratch = [pltpu.VMEM((bm, bk), fmt), pltpu.VMEM((_step_rows(j, kcp), bm), jnp.float32)]
+        scratch += acc
+        # A read in its own dtype rather than one byte a code, once per column block.
+        a_extra = mp * kp * (jnp.dtype(a.dtype).itemsize - 1) * (np_ // bn)
+        cost = pl.CostEstimate(
+            flops=cost.flops + a_work,
+            transcendentals=0,
+            bytes_accessed=cost.bytes_accessed + a_extra,
+        )
+    elif quant is not None:
+        kernel = functools.partial(
+            _quantizing_kernel, j=j, run=run, quant=dict(quant), orient=orient
+        )
         a_in, a_args = [a_spec], [a_p]
         rows = _step_rows(j, kcp)
         # x's codes and transposed scales are outputs, in the blocks the plain
@@ -674,7 +696,7 @@ def _dense(
         interpret=_interpret(interpret),
         name=f"fp8_block_scaled_matmul_{orient}{suffix}",
     )(*a_args, b_p, sb_p)
-    if quant is None:
+    if quant is None or not keep_codes:
         return outs[0][:m, :n]
     st = outs[2]
     if st.ndim == 3:
@@ -764,17 +786,24 @@ def block_scaled_matmul(
     )
 
 
-def quantizing_reads_less(n: int, itemsize: int, block_n: int = DENSE_BLOCK_N) -> bool:
-    """Whether the Fprop kernel that quantizes its x moves no more bytes than the row
-    quantizer followed by the plain kernel, for N = ``n`` and x of ``itemsize`` bytes.
+def quantizing_reads_less(
+    n: int, itemsize: int, block_n: int = DENSE_BLOCK_N, codes_only_here: bool = False
+) -> bool:
+    """Whether the kernel that quantizes its A moves no more bytes than a row quantizer
+    followed by the plain kernel, for N = ``n`` output columns and A of ``itemsize``
+    bytes.
 
-    The first reads x once per column block; the second reads x once and its codes (a
-    byte each) once per column block; both write the codes once.  Per element of x:
-    ``itemsize * blocks`` against ``itemsize + blocks``: true up to two column blocks
-    of bfloat16 x (4096^3), one of float32.
+    The first reads A once per column block.  The Fprop's second reads x once
+    and its codes (a byte each) once per column block, and both write the codes
+    (the Wgrad's cache).  Per element of A: ``itemsize * blocks`` against
+    ``itemsize + blocks``: true up to two column blocks of bfloat16 x (4096^3),
+    one of float32.  ``codes_only_here``: A is read in its own dtype by another
+    kernel anyway and its 1x128 codes serve this GEMM only (dy, whose column
+    quantizer feeds the Wgrad): the second then costs the codes' write and
+    reads, ``1 + blocks``: true for one column block of bfloat16 dy.
     """
     blocks = cdiv(n, _fit(n, block_n, _LANE))
-    return itemsize * blocks <= itemsize + blocks
+    return itemsize * blocks <= (1 if codes_only_here else itemsize) + blocks
 
 
 def block_scaled_matmul_quantizing(
@@ -849,6 +878,55 @@ def block_scaled_matmul_nt(
         expand_b_scale(bt_scale.T, n),
         orient="nt",
         interpret=interpret,
+        **_dense_kw(out_dtype, block_m, block_n, runs_per_step),
+    )
+
+
+def block_scaled_matmul_nt_quantizing(
+    a: jax.Array,
+    bt_data: jax.Array,
+    bt_scale: jax.Array,
+    *,
+    fmt,
+    pow2: bool = False,
+    amax_floor: float = 0.0,
+    ue8m0: bool = False,
+    out_dtype=jnp.bfloat16,
+    block_m: int | None = None,
+    block_n: int = DENSE_BLOCK_N,
+    runs_per_step: int = RUNS_PER_STEP,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """Dgrad ("nt") of an unquantized ``a`` (M, K), float32 or bfloat16 (dy, K its
+    contraction axis), quantized in 1x128 tiles inside the kernel, and ``bt`` (N, K)
+    in 128x128 blocks as :func:`block_scaled_matmul_nt` takes it: ``out`` (M, N).
+
+    The same bits as :func:`block_scaled_matmul_nt` of
+    ``tpu_quantize.quantize_2d(a, fmt=fmt, orient="row", ...)``: each grid step
+    quantizes its (M-block, K-block) of ``a`` in VMEM (the quantizer's body) and
+    multiplies those codes; they are not written out, so ``a`` is read once per
+    column block and its codes never reach HBM.  ``block_m`` None as in
+    :func:`block_scaled_matmul_quantizing`.
+    """
+    if a.ndim != 2 or jnp.dtype(a.dtype) not in KERNEL_FLOATS:
+        raise ValueError(f"a must be 2-D float32 or bfloat16, got {a.dtype} {a.shape}")
+    m, k = a.shape
+    fmt = jnp.dtype(fmt)
+    codes = jax.ShapeDtypeStruct((m, k), fmt)
+    scales = jax.ShapeDtypeStruct((m, cdiv(k, CHUNK)), jnp.float32)
+    _, _, n = check_operands(codes, scales, bt_data, bt_scale, out_dtype, b_layout="nk")
+    if block_m is None:
+        block_m = DENSE_BLOCK_M * 2 // jnp.dtype(a.dtype).itemsize
+    return launch(
+        _dense,
+        a,
+        None,
+        bt_data,
+        expand_b_scale(bt_scale.T, n),
+        orient="nt",
+        interpret=interpret,
+        quant=_settings(fmt=fmt, pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0),
+        keep_codes=False,
         **_dense_kw(out_dtype, block_m, block_n, runs_per_step),
     )
 
