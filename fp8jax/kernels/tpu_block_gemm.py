@@ -33,13 +33,15 @@ all read in the layout the operands are stored in (no transposes in HBM):
     "nt" (dgrad)  a (M, K) with 1x128 tiles,   b given as (N, K), blocks (N/128, K/128)
     "tn" (wgrad)  a given as (K, M), b (K, N), both with 128x1 tiles along K
 
-Two of them also quantize their A (the quantizer's kernel bodies,
+Three variants also quantize their A (the quantizer's kernel bodies,
 :mod:`fp8jax.kernels.tpu_quantize`, the same bits), so that an operand is
 read from HBM once for its quantization and its GEMM:
 
     "nn" quantizing   x (M, K) in float32 / bfloat16, quantized in 1x128 tiles
                       per block; its codes and scales are outputs too (the
                       Wgrad's FP8 cache)
+    "nt" quantizing   dy (M, K) in float32 / bfloat16, quantized in 1x128
+                      tiles per block, its codes and scales in VMEM only
     "tn" requant      x's FP8 cache (K, M) in 1x128 tiles along M, dequantized
                       and quantized again in 128-token tiles per block, in VMEM
 
