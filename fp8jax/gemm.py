@@ -444,15 +444,10 @@ def fprop_quantizing(
     abstract_qx = cache(lambda: jax.eval_shape(partial(take, dstate=None), x)[0])
 
     def decide(p: str) -> str:
-        if p != "tpu" or is_quantized(x) or out_dtype not in KERNEL_FLOATS:
-            return "separate"
-        if not kernel_tiles(spec) or x.ndim != 3:
-            return "separate"
-        row_kernel = quant.tpu_quantizer_orient(x, spec.fmt, "tile", 2, 128) == "row"
-        mosaic = _decision(recipe, abstract_qx(), b, "fprop", p) == ("pallas", "mosaic")
         # Wide N: x read once per column block costs more than its codes read so.
-        fewer = tpu_block_gemm.quantizing_reads_less(b.shape[-1], jnp.dtype(x.dtype).itemsize)
-        return "kernel" if row_kernel and mosaic and fewer else "separate"
+        fewer = partial(tpu_block_gemm.quantizing_reads_less, b.shape[-1])
+        fits = _tpu_quantizing_fits(p, x, b, spec, recipe, abstract_qx, "fprop", out_dtype, fewer)
+        return "kernel" if fits else "separate"
 
     def build(d: str) -> Callable:
         if d == "separate":
@@ -464,26 +459,44 @@ def fprop_quantizing(
     return platforms.choose(decide, build, (x, b, dstate))
 
 
+def _tpu_quantizing_fits(
+    p: str, t, b, spec: QuantSpec, recipe: Recipe, abstract_q, kind: str, out_dtype, fewer
+) -> bool:
+    """Whether, lowered for ``p``, the Mosaic TPU kernel of ``kind`` quantizes ``t``
+    (B, M, K), float32 or bfloat16, in ``spec``'s 1x128 tiles itself: a TPU, where
+    ``spec``'s quantizer is the row kernel and the GEMM the Mosaic kernel (on
+    ``abstract_q()``, t's operand), and where ``fewer(itemsize)`` says the kernel
+    moves no more bytes."""
+    if p != "tpu" or is_quantized(t) or out_dtype not in KERNEL_FLOATS:
+        return False
+    if not kernel_tiles(spec) or t.ndim != 3 or jnp.dtype(t.dtype) not in KERNEL_FLOATS:
+        return False
+    row_kernel = quant.tpu_quantizer_orient(t, spec.fmt, "tile", 2, 128) == "row"
+    mosaic = _decision(recipe, abstract_q(), b, kind, p) == ("pallas", "mosaic")
+    return row_kernel and mosaic and fewer(jnp.dtype(t.dtype).itemsize)
+
+
 def _tpu_fprop_quantizing(
     x, b: QTensor, dstate, *, spec: QuantSpec, recipe: Recipe, qx: QTensor, out_dtype
 ):
     """The Mosaic TPU Fprop kernel that quantizes x (B, M, K) itself, w (B, K, N) blocks
     (an online spec: no delayed state to update); ``qx``: x's operand, abstract."""
     del dstate
-    path_record.note("fprop", {"tpu": describe_path("pallas", recipe, qx, b, "mosaic")})
-    fn = partial(
-        tpu_block_gemm.block_scaled_matmul_quantizing,
-        **kernel_settings(spec),
-        out_dtype=out_dtype,
-        interpret=False,
-    )
-
+    fn = tpu_block_gemm.block_scaled_matmul_quantizing
+    run = _tpu_quantizing_kernel("fprop", fn, spec, recipe, qx, b, out_dtype)
     y = jax.ShapeDtypeStruct(_out_shape(x, b, "fprop"), out_dtype)
     shapes = (y, jax.ShapeDtypeStruct(qx.data.shape, qx.data.dtype), qx.scale)
-    y, codes, scales = _on_kernel_platform(
-        "mosaic", _per_matrix(fn), x, b.data, b.scale, out_shape=shapes
-    )
+    y, codes, scales = _on_kernel_platform("mosaic", run, x, b.data, b.scale, out_shape=shapes)
     return y, dataclasses.replace(qx, data=codes, scale=scales), None
+
+
+def _tpu_quantizing_kernel(
+    kind: str, fn: Callable, spec: QuantSpec, recipe: Recipe, q: QTensor, b, out_dtype
+) -> Callable:
+    """The quantizing kernel ``fn`` of ``kind`` over stacked matrices, with ``spec``'s
+    settings; its path recorded as the Mosaic kernel's on ``q`` (abstract) and ``b``."""
+    path_record.note(kind, {"tpu": describe_path("pallas", recipe, q, b, "mosaic")})
+    return _per_matrix(partial(fn, **kernel_settings(spec), out_dtype=out_dtype, interpret=False))
 
 
 def dgrad_quantizing(
@@ -520,15 +533,10 @@ def dgrad_quantizing(
     abstract_qdy = cache(lambda: jax.eval_shape(partial(take_both, dstate=None), dy)[0])
 
     def decide(p: str) -> str:
-        if p != "tpu" or is_quantized(dy) or out_dtype not in KERNEL_FLOATS:
-            return "separate"
-        if not kernel_tiles(spec) or dy.ndim != 3 or jnp.dtype(dy.dtype) not in KERNEL_FLOATS:
-            return "separate"
-        row_kernel = quant.tpu_quantizer_orient(dy, spec.fmt, "tile", 2, 128) == "row"
-        mosaic = _decision(recipe, abstract_qdy(), b, "dgrad", p) == ("pallas", "mosaic")
-        itemsize = jnp.dtype(dy.dtype).itemsize
-        fewer = tpu_block_gemm.quantizing_reads_less(b.shape[1], itemsize, codes_only_here=True)
-        return "kernel" if row_kernel and mosaic and fewer else "separate"
+        # dx's columns are w's K; dy's own read is its column quantizer's.
+        fewer = partial(tpu_block_gemm.quantizing_reads_less, b.shape[1], codes_only_here=True)
+        fits = _tpu_quantizing_fits(p, dy, b, spec, recipe, abstract_qdy, "dgrad", out_dtype, fewer)
+        return "kernel" if fits else "separate"
 
     def build(d: str) -> Callable:
         if d == "separate":
@@ -552,15 +560,10 @@ def _tpu_dgrad_quantizing(
     blocks, and dy's Wgrad operand from ``take_wgrad`` (an online spec: no delayed
     state to update); ``qdy``: dy's Dgrad operand, abstract."""
     del dstate
-    path_record.note("dgrad", {"tpu": describe_path("pallas", recipe, qdy, b, "mosaic")})
-    fn = partial(
-        tpu_block_gemm.block_scaled_matmul_nt_quantizing,
-        **kernel_settings(spec),
-        out_dtype=out_dtype,
-        interpret=False,
-    )
+    fn = tpu_block_gemm.block_scaled_matmul_nt_quantizing
+    run = _tpu_quantizing_kernel("dgrad", fn, spec, recipe, qdy, b, out_dtype)
     out = jax.ShapeDtypeStruct(_out_shape(dy, b, "dgrad"), out_dtype)
-    dx = _on_kernel_platform("mosaic", _per_matrix(fn), dy, b.data, b.scale, out_shape=out)
+    dx = _on_kernel_platform("mosaic", run, dy, b.data, b.scale, out_shape=out)
     qdy_w, _ = take_wgrad(dy)
     return dx, qdy_w, None
 

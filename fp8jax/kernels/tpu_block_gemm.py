@@ -835,24 +835,39 @@ def block_scaled_matmul_quantizing(
     ``block_m`` None: :data:`DENSE_BLOCK_M` rows for bfloat16 x, half as many
     for float32 (whose double-buffered block of x would overflow tpu7x's VMEM).
     """
-    if x.ndim != 2 or jnp.dtype(x.dtype) not in KERNEL_FLOATS:
-        raise ValueError(f"x must be 2-D float32 or bfloat16, got {x.dtype} {x.shape}")
-    m, k = x.shape
-    fmt = jnp.dtype(fmt)
-    codes = jax.ShapeDtypeStruct((m, k), fmt)
+    quant = _settings(fmt=jnp.dtype(fmt), pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0)
+    blocks = (out_dtype, block_m, block_n, runs_per_step)
+    return _launch_quantizing("x", x, b_data, b_scale, "nn", quant, blocks, interpret)
+
+
+def _launch_quantizing(
+    name: str, a, b_data, b_scale, orient: str, quant: tuple, blocks: tuple, interpret
+):
+    """A quantizing kernel of ``orient`` ("nn": the Fprop, b (K, N) and its codes and
+    scales kept; "nt": the Dgrad, b (N, K) and its codes in VMEM only) on ``a`` (M, K),
+    float32 or bfloat16, called ``name`` in errors.  ``blocks``: (out_dtype, block_m,
+    block_n, runs_per_step), block_m None as :func:`block_scaled_matmul_quantizing`
+    says."""
+    if a.ndim != 2 or jnp.dtype(a.dtype) not in KERNEL_FLOATS:
+        raise ValueError(f"{name} must be 2-D float32 or bfloat16, got {a.dtype} {a.shape}")
+    out_dtype, block_m, block_n, runs_per_step = blocks
+    m, k = a.shape
+    codes = jax.ShapeDtypeStruct((m, k), dict(quant)["fmt"])
     scales = jax.ShapeDtypeStruct((m, cdiv(k, CHUNK)), jnp.float32)
-    _, _, n = check_operands(codes, scales, b_data, b_scale, out_dtype, b_layout="kn")
+    b_layout = "kn" if orient == "nn" else "nk"
+    _, _, n = check_operands(codes, scales, b_data, b_scale, out_dtype, b_layout=b_layout)
     if block_m is None:
-        block_m = DENSE_BLOCK_M * 2 // jnp.dtype(x.dtype).itemsize
+        block_m = DENSE_BLOCK_M * 2 // jnp.dtype(a.dtype).itemsize
     return launch(
         _dense,
-        x,
+        a,
         None,
         b_data,
-        expand_b_scale(b_scale, n),
-        orient="nn",
+        expand_b_scale(b_scale if orient == "nn" else b_scale.T, n),
+        orient=orient,
         interpret=interpret,
-        quant=_settings(fmt=fmt, pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0),
+        quant=quant,
+        keep_codes=orient == "nn",
         **_dense_kw(out_dtype, block_m, block_n, runs_per_step),
     )
 
@@ -910,27 +925,9 @@ def block_scaled_matmul_nt_quantizing(
     column block and its codes never reach HBM.  ``block_m`` None as in
     :func:`block_scaled_matmul_quantizing`.
     """
-    if a.ndim != 2 or jnp.dtype(a.dtype) not in KERNEL_FLOATS:
-        raise ValueError(f"a must be 2-D float32 or bfloat16, got {a.dtype} {a.shape}")
-    m, k = a.shape
-    fmt = jnp.dtype(fmt)
-    codes = jax.ShapeDtypeStruct((m, k), fmt)
-    scales = jax.ShapeDtypeStruct((m, cdiv(k, CHUNK)), jnp.float32)
-    _, _, n = check_operands(codes, scales, bt_data, bt_scale, out_dtype, b_layout="nk")
-    if block_m is None:
-        block_m = DENSE_BLOCK_M * 2 // jnp.dtype(a.dtype).itemsize
-    return launch(
-        _dense,
-        a,
-        None,
-        bt_data,
-        expand_b_scale(bt_scale.T, n),
-        orient="nt",
-        interpret=interpret,
-        quant=_settings(fmt=fmt, pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0),
-        keep_codes=False,
-        **_dense_kw(out_dtype, block_m, block_n, runs_per_step),
-    )
+    quant = _settings(fmt=jnp.dtype(fmt), pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0)
+    blocks = (out_dtype, block_m, block_n, runs_per_step)
+    return _launch_quantizing("a", a, bt_data, bt_scale, "nt", quant, blocks, interpret)
 
 
 def block_scaled_matmul_tn(
