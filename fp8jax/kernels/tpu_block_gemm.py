@@ -91,7 +91,7 @@ from fp8jax.kernels.block_gemm import (
     expand_b_scale,
     round_up,
 )
-from fp8jax.kernels.tpu_params import VMEM_LIMIT, compiler_params
+from fp8jax.kernels.tpu_params import F32_SUBLANES, VMEM_LIMIT, compiler_params
 
 #: The dense kernels' output block (rows x columns).  Each operand is
 #: re-read from HBM once per block on the other side (A N/bn times, B M/bm
@@ -125,10 +125,9 @@ ROWS_PER_DOT = 512
 #: gives no time at all for the grouped fwd+bwd (8 x 512 x 7168 x 2048).
 GROUPED_VMEM_LIMIT = 48 << 20
 
-# Mosaic's native tiles: 8-bit data is tiled (32, 128); every block's last
-# dimension is a multiple of 128.
+# Mosaic's native tiles: 8-bit data is tiled (32, 128), float32 (F32_SUBLANES,
+# 128); every block's last dimension is a multiple of 128.
 _SUBLANE_FP8 = 32
-_SUBLANE_F32 = 8
 _LANE = 128
 
 
@@ -172,7 +171,7 @@ def _step_rows(j: int, kc: int) -> int:
     """Rows of the scale block of a K step of ``j`` runs (of ``kc`` in all): j where that
     is a legal block (a multiple of the float32 sublane tile, 8, or all the runs), else
     j padded to a whole tile."""
-    return j if j % _SUBLANE_F32 == 0 or j == kc else round_up(j, _SUBLANE_F32)
+    return j if j % F32_SUBLANES == 0 or j == kc else round_up(j, F32_SUBLANES)
 
 
 def _step_scales(s: jax.Array, j: int, width: int, col: Callable) -> tuple[jax.Array, Any]:
@@ -234,9 +233,9 @@ def _resident_a_blocks(
         return est.bytes_accessed
 
     def vmem(bm_, bn_):
-        step_scales = 4 * round_up(kc, _SUBLANE_F32)
+        step_scales = 4 * round_up(kc, F32_SUBLANES)
         # A requantizing kernel's A scales are the cache's, (tiles, tokens).
-        a_scales = 4 * round_up(bm_ // _LANE, _SUBLANE_F32) * kp if requant else step_scales * bm_
+        a_scales = 4 * round_up(bm_ // _LANE, F32_SUBLANES) * kp if requant else step_scales * bm_
         # A's codes in the kernel's single copy (_copy_row_block); every
         # pipelined input block double-buffered.
         inputs = kp * bm_ + 2 * (kp * bn_ + a_scales + step_scales * bn_)
@@ -609,59 +608,49 @@ def _dense(
     # redone for each column block, or once where the requantized A stays (one K step).
     a_work = 60 * kp * mp * (1 if one_step and requant is not None else np_ // bn)
     scratch = a_copy + acc
-    if quant is not None and not keep_codes:
-        kernel = functools.partial(
-            _quantizing_kernel, j=j, run=run, quant=dict(quant), orient=orient
-        )
-        a_in, a_args = [a_spec], [a_p]
-        # A's codes and scales for this step's dots only.
-        fmt = dict(quant)["fmt"]
-        scratch = [pltpu.VMEM((bm, bk), fmt), pltpu.VMEM((_step_rows(j, kcp), bm), jnp.float32)]
-        scratch += acc
-        # A read in its own dtype rather than one byte a code, once per column block.
-        a_extra = mp * kp * (jnp.dtype(a.dtype).itemsize - 1) * (np_ // bn)
-        cost = pl.CostEstimate(
-            flops=cost.flops + a_work,
-            transcendentals=0,
-            bytes_accessed=cost.bytes_accessed + a_extra,
-        )
-    elif quant is not None:
+    if quant is not None:
         kernel = functools.partial(
             _quantizing_kernel, j=j, run=run, quant=dict(quant), orient=orient
         )
         a_in, a_args = [a_spec], [a_p]
         rows = _step_rows(j, kcp)
-        # x's codes and transposed scales are outputs, in the blocks the plain
-        # kernel reads them in, written by the first column block.  An output
-        # block must not be visited again once left, so the other column
-        # blocks write theirs to one spare block per row block (past row mp).
         n_m, n_n = mp // bm, np_ // bn
-        spare = n_m * bm if n_n > 1 else 0
+        # A read in its own dtype rather than one byte a code, once per column block.
+        a_extra = mp * kp * (jnp.dtype(a.dtype).itemsize - 1) * n_n
+        if keep_codes:
+            # x's codes and transposed scales are outputs, in the blocks the plain
+            # kernel reads them in, written by the first column block.  An output
+            # block must not be visited again once left, so the other column
+            # blocks write theirs to one spare block per row block (past row mp).
+            spare = n_m * bm if n_n > 1 else 0
 
-        def codes_at(i, jn, kk):
-            return jnp.where(jn == 0, i, n_m + i), jnp.where(jn == 0, kk, 0)
+            def codes_at(i, jn, kk):
+                return jnp.where(jn == 0, i, n_m + i), jnp.where(jn == 0, kk, 0)
 
-        def scales_at(i, jn, kk):
-            at = jnp.where(jn == 0, kk, 0), jnp.where(jn == 0, i, n_m + i)
-            # Steps whose j rows are padded to a tile: (steps, rows, M) (_step_scales).
-            return at if rows == j else (at[0], 0, at[1])
+            def scales_at(i, jn, kk):
+                at = jnp.where(jn == 0, kk, 0), jnp.where(jn == 0, i, n_m + i)
+                # Steps whose j rows are padded to a tile: (steps, rows, M) (_step_scales).
+                return at if rows == j else (at[0], 0, at[1])
 
-        # The scales as the plain kernel reads them (_step_scales).
-        st_shape = (kcp, mp + spare) if rows == j else (kcp // j, rows, mp + spare)
-        out_shape += [
-            jax.ShapeDtypeStruct((mp + spare, kp), dict(quant)["fmt"]),
-            jax.ShapeDtypeStruct(st_shape, jnp.float32),
-        ]
-        st_block = (j, bm) if rows == j else (None, rows, bm)
-        out_specs += [pl.BlockSpec((bm, bk), codes_at), pl.BlockSpec(st_block, scales_at)]
-        # x read in its own dtype rather than one byte a code, once per column
-        # block; its codes and scales written once, and a spare block per row block.
-        x_extra = mp * kp * (jnp.dtype(a.dtype).itemsize - 1) * n_n
-        written = mp * kp + 4 * kcp * mp + (n_m * bm * bk if spare else 0)
+            # The scales as the plain kernel reads them (_step_scales).
+            st_shape = (kcp, mp + spare) if rows == j else (kcp // j, rows, mp + spare)
+            out_shape += [
+                jax.ShapeDtypeStruct((mp + spare, kp), dict(quant)["fmt"]),
+                jax.ShapeDtypeStruct(st_shape, jnp.float32),
+            ]
+            st_block = (j, bm) if rows == j else (None, rows, bm)
+            out_specs += [pl.BlockSpec((bm, bk), codes_at), pl.BlockSpec(st_block, scales_at)]
+            # Its codes and scales written once, and a spare block per row block.
+            written = mp * kp + 4 * kcp * mp + (n_m * bm * bk if spare else 0)
+        else:
+            # A's codes and scales for this step's dots only.
+            fmt = dict(quant)["fmt"]
+            scratch = [pltpu.VMEM((bm, bk), fmt), pltpu.VMEM((rows, bm), jnp.float32), *acc]
+            written = 0
         cost = pl.CostEstimate(
             flops=cost.flops + a_work,
             transcendentals=0,
-            bytes_accessed=cost.bytes_accessed + x_extra + written,
+            bytes_accessed=cost.bytes_accessed + a_extra + written,
         )
     elif requant is None:
         kernel = functools.partial(_dense_kernel, j=j, orient=orient, run=run)

@@ -20,6 +20,10 @@ from jax.experimental.pallas import tpu as pltpu
 #: is 473.4 us and 502.7 MiB rather than 475.1 us and 508.8 MiB.
 VMEM_LIMIT = 60 << 20
 
+#: float32's sublane tile in Mosaic's native (8, 128) tiling: a float32 block's
+#: second-to-last dimension, and a dynamic store of rows, start at multiples of it.
+F32_SUBLANES = 8
+
 
 def compiler_params(
     semantics: tuple[str, ...], vmem_limit: int = VMEM_LIMIT

@@ -58,12 +58,10 @@ from jax.experimental.pallas import tpu as pltpu
 
 from fp8jax import formats, platforms, scaling
 from fp8jax.kernels.block_gemm import _pad_to, cdiv, round_up
-from fp8jax.kernels.tpu_params import compiler_params
+from fp8jax.kernels.tpu_params import F32_SUBLANES, compiler_params
 
 #: The group length (DeepSeek-V3's 128).
 GROUP = 128
-# float32's sublane tile: a dynamic store of scale rows starts at a multiple of it.
-_SUBLANES = 8
 ORIENTS = ("row", "col", "block")
 
 #: Bytes of x per "row" block (at least 32 rows, at most 256); groups of 128
@@ -225,7 +223,7 @@ def requantize_block(
     same bits; for a block of many groups, a multiple of 8)."""
     subnormal = flag_ref[0:1, 0:1] != 0
 
-    def requant(d_ref, q_ref, rows, cols, row_scales):
+    def requant(rows, cols, row_scales):
         # One 128 x 128 group: its codes into q_ref, its row of 128 scales returned.
         x = dequantize_group(d_ref[rows, cols], row_scales, subnormal, fmt_in)
         scale = _scale(scaling._bits_amax(x, 0, True), fmt, pow2, amax_floor, ue8m0)
@@ -238,20 +236,20 @@ def requantize_block(
         # rows, so the kernel holds the code of 8 groups.
         def eight(g, carry):
             scales = [[] for _ in range(col_groups)]
-            for u in range(_SUBLANES):
-                first = pl.multiple_of((g * _SUBLANES + u) * GROUP, GROUP)
+            for u in range(F32_SUBLANES):
+                first = pl.multiple_of((g * F32_SUBLANES + u) * GROUP, GROUP)
                 rows = pl.ds(first, GROUP)
                 # This group's scales, one column per 128-column tile of the block.
                 s_cols = jnp.transpose(st_ref[:, rows])
                 for c in range(col_groups):
                     cols = slice(c * GROUP, (c + 1) * GROUP)
-                    scales[c].append(requant(d_ref, q_ref, rows, cols, s_cols[:, c : c + 1]))
-            at = pl.ds(pl.multiple_of(g * _SUBLANES, _SUBLANES), _SUBLANES)
+                    scales[c].append(requant(rows, cols, s_cols[:, c : c + 1]))
+            at = pl.ds(pl.multiple_of(g * F32_SUBLANES, F32_SUBLANES), F32_SUBLANES)
             for c in range(col_groups):
                 s_ref[at, c * GROUP : (c + 1) * GROUP] = jnp.concatenate(scales[c], axis=0)
             return carry
 
-        lax.fori_loop(0, groups // _SUBLANES, eight, 0)
+        lax.fori_loop(0, groups // F32_SUBLANES, eight, 0)
         return
     # The cached tiles' scales, one column per 128-column tile of the block.
     s_cols = jnp.transpose(st_ref[...])
@@ -259,7 +257,7 @@ def requantize_block(
         rows = slice(t * GROUP, (t + 1) * GROUP)
         for c in range(col_groups):
             cols = slice(c * GROUP, (c + 1) * GROUP)
-            s_ref[t : t + 1, cols] = requant(d_ref, q_ref, rows, cols, s_cols[rows, c : c + 1])
+            s_ref[t : t + 1, cols] = requant(rows, cols, s_cols[rows, c : c + 1])
 
 
 def dequantize_group(codes, row_scales, subnormal, fmt) -> jax.Array:
