@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import fp8jax
 from fp8jax import path_record, recipes, registry, scaling
+from fp8jax.kernels import tpu_block_gemm
 
 pytest.importorskip("libtpu")
 from jax.experimental import topologies  # noqa: E402
@@ -123,3 +124,26 @@ def test_named_impls_compile(chip, impl):
     if impl in ("fp8", "fp8_fast") and chip == "tpu7x":
         # Ironwood multiplies the FP8 operands themselves.
         assert "f8e4m3fn" in text.lower()
+
+
+def test_quantizing_fprop_of_one_k_step_fits_tpu7x_vmem():
+    # K in one step of the kernel (1024) with a 2048 x 1024 output block: the
+    # quantizer's squares unrolled over the whole block overflowed tpu7x's VMEM
+    # with spilled registers; a loop over the rows of squares compiles.
+    sharding = NamedSharding(
+        jax.sharding.Mesh(np.array([_device("tpu7x")]), ("x",)), PartitionSpec()
+    )
+    args = [
+        jax.ShapeDtypeStruct((2048, 1024), jnp.bfloat16, sharding=sharding),
+        jax.ShapeDtypeStruct((1024, 1024), jnp.float8_e4m3fn, sharding=sharding),
+        jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=sharding),
+    ]
+
+    def fprop(x, b, sb):
+        return tpu_block_gemm.block_scaled_matmul_quantizing(
+            x, b, sb, fmt=jnp.float8_e4m3fn, pow2=True, interpret=False
+        )
+
+    lowered = jax.jit(fprop).trace(*args).lower(lowering_platforms=("tpu",))
+    text = lowered.compile().as_text()
+    assert "fp8_block_scaled_matmul_nn_quantizing" in text
