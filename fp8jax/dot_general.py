@@ -122,7 +122,15 @@ def _fp8_bmm_bwd(recipe, dtypes, with_stats, res, g):
         quantize_operand, spec=recipe.wgrad.rhs, caxis=_WGRAD_DY_AXIS, recipe=recipe
     )
     dx, qdy_w, new_dy = dgrad_quantizing(
-        dy, w_d, recipe.dgrad.lhs, recipe, take_both, take_wgrad, x_dtype, state_part(state, "dy")
+        dy,
+        w_d,
+        recipe.dgrad.lhs,
+        recipe,
+        take_both,
+        take_wgrad,
+        x_dtype,
+        state_part(state, "dy"),
+        wgrad_spec=recipe.wgrad.rhs,
     )
     # Wgrad: dw = x^T @ dy, contraction over the token axis M.
     x_c = after_gradient(x_cached, qdy_w)

@@ -508,6 +508,7 @@ def dgrad_quantizing(
     take_wgrad: Callable[..., tuple[Any, Any]],
     out_dtype: Any = jnp.float32,
     dstate: Any = None,
+    wgrad_spec: QuantSpec | None = None,
 ) -> tuple[jax.Array, Any, Any]:
     """The Dgrad of ``dy`` (B, M, N) and ``b`` (w, (B, K, N)), with dy's Wgrad operand:
     (dx as ``out_dtype``, dy's Wgrad operand, dy's updated delayed state).
@@ -521,7 +522,10 @@ def dgrad_quantizing(
     the Dgrad kernel quantizes dy's tiles itself
     (``tpu_block_gemm.block_scaled_matmul_nt_quantizing``, the same bits) and
     only the Wgrad's 128-token tiles are written: one pass over dy fewer, the
-    same bytes.  Elsewhere ``take_both`` then :func:`gemm`.
+    same bytes.  Where ``wgrad_spec`` (what ``take_wgrad`` quantizes with) has the
+    Dgrad spec's settings, the kernel writes those 128-token tiles too, from
+    its own read of dy (``col_codes``): dy is read once in all.  Elsewhere
+    ``take_both`` then :func:`gemm`.
     """
     out_dtype = jnp.dtype(out_dtype)
 
@@ -548,24 +552,62 @@ def dgrad_quantizing(
             qdy=abstract_qdy(),
             take_wgrad=take_wgrad,
             out_dtype=out_dtype,
+            wgrad_spec=wgrad_spec,
         )
 
     return platforms.choose(decide, build, (dy, b, dstate))
 
 
 def _tpu_dgrad_quantizing(
-    dy, b: QTensor, dstate, *, spec: QuantSpec, recipe: Recipe, qdy: QTensor, take_wgrad, out_dtype
+    dy,
+    b: QTensor,
+    dstate,
+    *,
+    spec: QuantSpec,
+    recipe: Recipe,
+    qdy: QTensor,
+    take_wgrad,
+    out_dtype,
+    wgrad_spec: QuantSpec | None,
 ):
     """The Mosaic TPU Dgrad kernel that quantizes dy (B, M, N) itself against w (B, K, N)
-    blocks, and dy's Wgrad operand from ``take_wgrad`` (an online spec: no delayed
-    state to update); ``qdy``: dy's Dgrad operand, abstract."""
+    blocks, and dy's Wgrad operand (an online spec: no delayed state to update):
+    the kernel's own 128-token tiles where :func:`_dgrad_writes_wgrad_tiles`, else
+    from ``take_wgrad``; ``qdy``: dy's Dgrad operand, abstract."""
     del dstate
     fn = tpu_block_gemm.block_scaled_matmul_nt_quantizing
-    run = _tpu_quantizing_kernel("dgrad", fn, spec, recipe, qdy, b, out_dtype)
     out = jax.ShapeDtypeStruct(_out_shape(dy, b, "dgrad"), out_dtype)
-    dx = _on_kernel_platform("mosaic", run, dy, b.data, b.scale, out_shape=out)
-    qdy_w, _ = take_wgrad(dy)
-    return dx, qdy_w, None
+    qdy_w = jax.eval_shape(take_wgrad, dy)[0]
+    if not _dgrad_writes_wgrad_tiles(dy, spec, wgrad_spec, qdy_w):
+        run = _tpu_quantizing_kernel("dgrad", fn, spec, recipe, qdy, b, out_dtype)
+        dx = _on_kernel_platform("mosaic", run, dy, b.data, b.scale, out_shape=out)
+        return dx, take_wgrad(dy)[0], None
+    fn = partial(fn, col_codes=True)
+    run = _tpu_quantizing_kernel("dgrad", fn, spec, recipe, qdy, b, out_dtype)
+    shapes = (out, qdy_w.data, qdy_w.scale)
+    dx, codes, scales = _on_kernel_platform("mosaic", run, dy, b.data, b.scale, out_shape=shapes)
+    return dx, dataclasses.replace(qdy_w, data=codes, scale=scales), None
+
+
+def _dgrad_writes_wgrad_tiles(dy, spec: QuantSpec, wgrad_spec, qdy_w) -> bool:
+    """Whether the quantizing Dgrad kernel's 128-token tiles of ``dy`` (B, M, N)
+    (``col_codes``) are dy's Wgrad operand ``qdy_w`` (abstract): ``wgrad_spec`` an
+    online FP8 spec of 128-long tiles with the Dgrad ``spec``'s settings, and
+    ``qdy_w`` those tiles along M in the column quantizer's form (codes as dy,
+    float32 scales (B, ceil(M/128), N))."""
+    if wgrad_spec is None or not kernel_tiles(wgrad_spec):
+        return False
+    if kernel_settings(wgrad_spec) != kernel_settings(spec) or not isinstance(qdy_w, QTensor):
+        return False
+    b, m, n = dy.shape
+    return (
+        qdy_w.layout == Layout("tile", 1, 128)
+        and qdy_w.tensor_scale is None
+        and qdy_w.data.shape == dy.shape
+        and qdy_w.data.dtype == kernel_settings(spec)["fmt"]
+        and qdy_w.scale.shape == (b, -(-m // 128), n)
+        and qdy_w.scale.dtype == jnp.float32
+    )
 
 
 def _out_shape(a, b, kind: str) -> tuple[int, int, int]:

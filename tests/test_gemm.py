@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -299,3 +300,26 @@ def test_indexed_b_equals_gathered_b(use_jit, impl, kind, spec):
     if ref is None:
         ref = np.einsum("bmn,bkn->bmk", _f64(a), wf)
     np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "change, want",
+    [({}, True), ({"pow2": True}, False), ({"amax_floor": 1e-4}, False), ({"tile": 64}, False)],
+)
+def test_dgrad_writes_the_wgrad_tiles_only_where_they_are_the_wgrads(change, want):
+    # The quantizing Dgrad kernel's 128-token tiles of dy replace the column
+    # quantizer's only where the Wgrad spec quantizes as the Dgrad's does, and
+    # where the Wgrad's operand has the kernel's form (codes as dy, float32
+    # scales (B, ceil(M/128), N)).
+    from fp8jax.operands import quantize_operand
+
+    recipe = fp8jax.recipes.deepseek_v3()
+    dy = jax.ShapeDtypeStruct((1, 300, 256), jnp.bfloat16)
+    wgrad_spec = dataclasses.replace(recipe.wgrad.rhs, **change)
+    take = functools.partial(quantize_operand, spec=wgrad_spec, caxis=1, recipe=recipe)
+    qdy_w = jax.eval_shape(take, dy)[0]
+    got = gemm._dgrad_writes_wgrad_tiles(dy, recipe.dgrad.lhs, wgrad_spec, qdy_w)
+    assert got == want
+    if want:
+        assert qdy_w.scale.shape == (1, 3, 256) and qdy_w.data.dtype == jnp.float8_e4m3fn
+    assert not gemm._dgrad_writes_wgrad_tiles(dy, recipe.dgrad.lhs, None, qdy_w)

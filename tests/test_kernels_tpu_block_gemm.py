@@ -170,6 +170,64 @@ def test_dgrad_quantizing_its_dy_gives_the_quantizers_bits(m, k, n, dtype, block
         )
 
 
+@pytest.mark.parametrize(
+    "m, k, n, block_m, opts",
+    [
+        (300, 260, 130, 128, {}),
+        (1100, 1100, 300, 1024, dict(pow2=True, ue8m0=True)),
+        (37, 300, 200, None, dict(amax_floor=1e-4)),
+    ],
+)
+def test_dgrad_quantizing_writes_dys_column_tiles_bits(m, k, n, block_m, opts):
+    # From the same read of dy the kernel also writes its 128-token tiles (the
+    # Wgrad's operand): the column quantizer's codes and scales, bit for bit,
+    # and the product unchanged.  A tiny row (subnormal scale), a column of
+    # zeros, padding in M and K, two K steps (1100), two row blocks of 640
+    # (five rows of scales each, stored padded to eight).
+    from fp8jax import quant
+    from fp8jax.kernels import tpu_quantize as tq
+
+    rng = np.random.default_rng(m + k + 7)
+    dy = rng.standard_normal((m, k)) * np.exp(2 * rng.standard_normal((1, k)))
+    dy[3] *= 1e-39
+    dy[:, 5] = 0.0
+    dy = jnp.asarray(dy, jnp.bfloat16)
+    w = quant.quantize(jnp.asarray(rng.standard_normal((n, k)), jnp.float32), E4M3, "block")
+    kw = dict(block_m=block_m, block_n=384, interpret=True, out_dtype=jnp.bfloat16)
+    want = tg.block_scaled_matmul_nt_quantizing(dy, w.data, w.scale, fmt=E4M3, **opts, **kw)
+    # The column quantizer (tested against quant.quantize in its own tests).
+    col_codes, col_scales = tq.quantize_2d(dy, fmt=E4M3, orient="col", interpret=True, **opts)
+
+    def fused(dy, bt, sbt):
+        return tg.block_scaled_matmul_nt_quantizing(
+            dy, bt, sbt, fmt=E4M3, col_codes=True, **opts, **kw
+        )
+
+    for f in (fused, jax.jit(fused)):
+        out, c, s = f(dy, w.data, w.scale)
+        assert c.shape == (m, k) and s.shape == (-(-m // 128), k)
+        np.testing.assert_array_equal(
+            np.asarray(out).view(np.uint16), np.asarray(want).view(np.uint16)
+        )
+        np.testing.assert_array_equal(
+            np.asarray(c).view(np.uint8), np.asarray(col_codes).view(np.uint8)
+        )
+        np.testing.assert_array_equal(
+            np.asarray(s).view(np.uint32), np.asarray(col_scales).view(np.uint32)
+        )
+
+
+def test_dgrad_column_tiles_need_one_column_block():
+    from fp8jax import quant
+
+    w = quant.quantize(jnp.ones((512, 256)), E4M3, "block")
+    dy = jnp.ones((128, 256), jnp.bfloat16)
+    with pytest.raises(ValueError, match="one column block"):
+        tg.block_scaled_matmul_nt_quantizing(
+            dy, w.data, w.scale, fmt=E4M3, col_codes=True, block_n=256, interpret=True
+        )
+
+
 @pytest.mark.parametrize("n, itemsize, want", [(1536, 2, True), (4096, 2, False), (1536, 4, False)])
 def test_dgrad_quantizes_in_kernel_where_that_reads_no_more(n, itemsize, want):
     # dy's column quantizer reads it anyway: one column block of bfloat16 dy

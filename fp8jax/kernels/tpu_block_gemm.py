@@ -436,13 +436,25 @@ def _fetch_a_kernel(a_hbm, sa_ref, b_ref, sb_ref, o_ref, a_ref, sem, *acc, j, or
     _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient=orient, run=run)
 
 
-def _quantizing_kernel(x_ref, b_ref, sb_ref, o_ref, q_ref, st_ref, *acc, j, run, quant, orient):
+def _quantizing_kernel(x_ref, b_ref, sb_ref, o_ref, *refs, j, run, quant, orient, cols=False):
     """ "nn" or "nt" with A unquantized (x, or dy): the block's 1x128 tiles are quantized
     into ``q_ref`` and ``st_ref`` (j, bm) (the quantizer's body, the same bits), output
     blocks (x's codes for the Wgrad's cache) or VMEM scratch, then accumulated from
-    them as any block of ``orient``."""
-    tpu_quantize.rows_t_block(
-        x_ref, q_ref, st_ref, groups=q_ref.shape[0] // _LANE, col_groups=j, **quant
+    them as any block of ``orient``.  ``cols``: the block's 128x1 tiles too (dy's for
+    the Wgrad), into the output blocks ``qc_ref`` (bm, bk) and ``sc_ref`` (at least
+    bm / 128 rows, bk), the first ``refs``."""
+    qc_ref, sc_ref = (refs[0], refs[1]) if cols else (None, None)
+    q_ref, st_ref, *acc = refs[2:] if cols else refs
+    tpu_quantize.rows_cols_kernel(
+        x_ref,
+        q_ref,
+        st_ref,
+        qc_ref,
+        sc_ref,
+        groups=q_ref.shape[0] // _LANE,
+        col_groups=j,
+        looped=True,
+        **quant,
     )
     _dense_kernel(q_ref, st_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient=orient, run=run)
 
@@ -525,6 +537,7 @@ def _interpret(interpret: bool):
         "requant",
         "quant",
         "keep_codes",
+        "col_codes",
     ),
 )
 def _dense(
@@ -544,6 +557,7 @@ def _dense(
     requant=None,
     quant=None,
     keep_codes=True,
+    col_codes=False,
 ):
     """Pad, launch, crop.  ``a``/``b`` as stored (module docstring); ``sa_t`` (Kc, M),
     ``sb_cols`` (Kc, N) with Kc = ceil(K / run).  ``run``: the K run of one scale
@@ -557,7 +571,9 @@ def _dense(
     ``quant`` ("nn" or "nt"; a tuple of ``tpu_quantize.quantize_2d``'s settings):
     ``a`` (M, K) is x (or dy) in float32 or bfloat16, quantized in 1x128 tiles in
     the kernel; the result is (out, x's codes (M, K), their scales (M, Kc)), or,
-    ``keep_codes=False``, out alone (the codes and scales in VMEM only).
+    ``keep_codes=False``, out alone (the codes and scales in VMEM only), or,
+    ``col_codes`` ("nt", N in one column block), out and ``a``'s 128x1 tiles (along
+    M): their codes (M, K) and scales (ceil(M/128), K).
     """
     if orient == "tn":
         k, m = a.shape
@@ -610,11 +626,12 @@ def _dense(
     scratch = a_copy + acc
     if quant is not None:
         kernel = functools.partial(
-            _quantizing_kernel, j=j, run=run, quant=dict(quant), orient=orient
+            _quantizing_kernel, j=j, run=run, quant=dict(quant), orient=orient, cols=col_codes
         )
         a_in, a_args = [a_spec], [a_p]
         rows = _step_rows(j, kcp)
         n_m, n_n = mp // bm, np_ // bn
+        fmt = dict(quant)["fmt"]
         # A read in its own dtype rather than one byte a code, once per column block.
         a_extra = mp * kp * (jnp.dtype(a.dtype).itemsize - 1) * n_n
         if keep_codes:
@@ -644,9 +661,25 @@ def _dense(
             written = mp * kp + 4 * kcp * mp + (n_m * bm * bk if spare else 0)
         else:
             # A's codes and scales for this step's dots only.
-            fmt = dict(quant)["fmt"]
             scratch = [pltpu.VMEM((bm, bk), fmt), pltpu.VMEM((rows, bm), jnp.float32), *acc]
             written = 0
+        if col_codes:
+            if keep_codes or orient != "nt" or n_n > 1:
+                raise ValueError("col_codes: the Dgrad kernel, N in one column block")
+            # A's 128x1 tiles, written by the one column block: codes in the blocks
+            # of A, and each row block's bm / 128 rows of scales padded to the
+            # float32 sublane tile (a legal block for any bm), cropped below.
+            col_rows = round_up(bm // _LANE, F32_SUBLANES)
+            out_shape += [
+                jax.ShapeDtypeStruct((mp, kp), fmt),
+                jax.ShapeDtypeStruct((n_m, col_rows, kp), jnp.float32),
+            ]
+            out_specs += [
+                pl.BlockSpec((bm, bk), lambda i, jn, kk: (i, kk)),
+                pl.BlockSpec((None, col_rows, bk), lambda i, jn, kk: (i, 0, kk)),
+            ]
+            written += mp * kp + 4 * n_m * col_rows * kp
+            a_work += 60 * kp * mp
         cost = pl.CostEstimate(
             flops=cost.flops + a_work,
             transcendentals=0,
@@ -687,6 +720,9 @@ def _dense(
         interpret=_interpret(interpret),
         name=f"fp8_block_scaled_matmul_{orient}{suffix}",
     )(*a_args, b_p, sb_p)
+    if col_codes:
+        scales = outs[2][:, : bm // _LANE].reshape(mp // _LANE, kp)
+        return outs[0][:m, :n], outs[1][:m, :k], scales[: cdiv(m, _LANE), :k]
     if quant is None or not keep_codes:
         return outs[0][:m, :n]
     st = outs[2]
@@ -830,13 +866,13 @@ def block_scaled_matmul_quantizing(
 
 
 def _launch_quantizing(
-    name: str, a, b_data, b_scale, orient: str, quant: tuple, blocks: tuple, interpret
+    name: str, a, b_data, b_scale, orient: str, quant: tuple, blocks: tuple, interpret, cols=False
 ):
     """A quantizing kernel of ``orient`` ("nn": the Fprop, b (K, N) and its codes and
-    scales kept; "nt": the Dgrad, b (N, K) and its codes in VMEM only) on ``a`` (M, K),
-    float32 or bfloat16, called ``name`` in errors.  ``blocks``: (out_dtype, block_m,
-    block_n, runs_per_step), block_m None as :func:`block_scaled_matmul_quantizing`
-    says."""
+    scales kept; "nt": the Dgrad, b (N, K) and its codes in VMEM only, its 128x1 tiles
+    written where ``cols``) on ``a`` (M, K), float32 or bfloat16, called ``name`` in
+    errors.  ``blocks``: (out_dtype, block_m, block_n, runs_per_step), block_m None as
+    :func:`block_scaled_matmul_quantizing` says."""
     if a.ndim != 2 or jnp.dtype(a.dtype) not in KERNEL_FLOATS:
         raise ValueError(f"{name} must be 2-D float32 or bfloat16, got {a.dtype} {a.shape}")
     out_dtype, block_m, block_n, runs_per_step = blocks
@@ -857,6 +893,7 @@ def _launch_quantizing(
         interpret=interpret,
         quant=quant,
         keep_codes=orient == "nn",
+        col_codes=cols,
         **_dense_kw(out_dtype, block_m, block_n, runs_per_step),
     )
 
@@ -902,7 +939,8 @@ def block_scaled_matmul_nt_quantizing(
     block_n: int = DENSE_BLOCK_N,
     runs_per_step: int = RUNS_PER_STEP,
     interpret: bool | None = None,
-) -> jax.Array:
+    col_codes: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array, jax.Array]:
     """Dgrad ("nt") of an unquantized ``a`` (M, K), float32 or bfloat16 (dy, K its
     contraction axis), quantized in 1x128 tiles inside the kernel, and ``bt`` (N, K)
     in 128x128 blocks as :func:`block_scaled_matmul_nt` takes it: ``out`` (M, N).
@@ -913,10 +951,16 @@ def block_scaled_matmul_nt_quantizing(
     multiplies those codes; they are not written out, so ``a`` is read once per
     column block and its codes never reach HBM.  ``block_m`` None as in
     :func:`block_scaled_matmul_quantizing`.
+
+    ``col_codes`` (N within one column block of ``block_n``): also ``a``'s 128x1
+    tiles from the same read, (out, codes (M, K), scales (ceil(M/128), K)), the
+    bits of ``quantize_2d(a, orient="col", ...)`` (dy's Wgrad operand).
     """
     quant = _settings(fmt=jnp.dtype(fmt), pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0)
     blocks = (out_dtype, block_m, block_n, runs_per_step)
-    return _launch_quantizing("a", a, bt_data, bt_scale, "nt", quant, blocks, interpret)
+    return _launch_quantizing(
+        "a", a, bt_data, bt_scale, "nt", quant, blocks, interpret, cols=col_codes
+    )
 
 
 def block_scaled_matmul_tn(

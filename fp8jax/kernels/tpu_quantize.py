@@ -156,24 +156,6 @@ def _row_tiles(xs, q_ref, s_ref, t: int | jax.Array, c: int, scales_t: bool, cas
         s_ref[rows, c : c + 1] = row_scale
 
 
-def rows_t_block(x_ref, q_ref, st_ref, *, groups: int, col_groups: int, **kw) -> None:
-    """The 1x128 tiles of a block of ``groups`` x ``col_groups`` 128 x 128 squares:
-    codes into ``q_ref``, their scales transposed into ``st_ref`` (C/128, R), the form
-    the GEMM kernel reads (the body of the Fprop kernel that quantizes its x,
-    ``fp8jax.kernels.tpu_block_gemm``); ``quantize_2d(orient="row")``'s bits."""
-
-    # A loop over the rows of squares, each row's squares unrolled: unrolled
-    # over a 2048 x 1024 block (one K step of the GEMM), Mosaic spilled 67 MiB of
-    # registers into VMEM, past tpu7x's 64 MiB.
-    def square_row(t, carry):
-        for c in range(col_groups):
-            xs = x_ref[_group(t), c * GROUP : (c + 1) * GROUP]
-            _row_tiles(xs.astype(jnp.float32), q_ref, st_ref, t, c, True, None, kw)
-        return carry
-
-    lax.fori_loop(0, groups, square_row, 0)
-
-
 def rows_cols_kernel(
     x_ref,
     qr_ref,
@@ -186,19 +168,34 @@ def rows_cols_kernel(
     cast=None,
     row_scales_t=True,
     cols_t=False,
+    looped=False,
     **kw,
 ):
     """Both tile layouts of a block of ``groups`` x ``col_groups`` 128 x 128 squares
     (also the body of :func:`fp8jax.kernels.gpu_quantize.quantize_rows_cols`, with its
     ``cast`` (see :func:`_codes`) and its 1x128 tiles' scales untransposed,
     ``row_scales_t=False``: ``srt_ref`` then takes them as (R, C/128); and its 128x1
-    tiles' codes and scales transposed, ``cols_t=True``: (C, R) and (C, R/128))."""
-    for t in range(groups):
-        rows = slice(t * GROUP, (t + 1) * GROUP)
+    tiles' codes and scales transposed, ``cols_t=True``: (C, R) and (C, R/128)).
+    ``qc_ref`` None: the 1x128 tiles alone.
+
+    ``looped`` (not with ``cols_t``): the rows of squares in a loop, each row's
+    squares unrolled, the same bits (the body of the GEMM kernels that quantize
+    their A, ``fp8jax.kernels.tpu_block_gemm``: unrolled over a 2048 x 1024 block,
+    one K step of theirs, Mosaic spilled 67 MiB of registers into VMEM, past
+    tpu7x's 64 MiB).  ``sc_ref`` then has ``groups`` rows rounded up to 8.
+    """
+
+    def square_row(t) -> list[jax.Array]:
+        # The row of squares t: both tile layouts' codes stored, the 128x1 tiles'
+        # scales returned (one (1, 128) row per square) where not stored here.
+        rows = _group(t)
+        col_scales = []
         for c in range(col_groups):
             cols = slice(c * GROUP, (c + 1) * GROUP)
             xs = x_ref[rows, cols].astype(jnp.float32)
             _row_tiles(xs, qr_ref, srt_ref, t, c, row_scales_t, cast, kw)
+            if qc_ref is None:
+                continue
             # 128x1 tiles: the square's columns are whole tiles.
             if cols_t:
                 # The same tiles as rows of the transposed square.
@@ -209,7 +206,31 @@ def rows_cols_kernel(
             else:
                 col_scale = _scale(scaling._bits_amax(xs, 0, True), **kw)
                 qc_ref[rows, cols] = _codes(xs, col_scale, kw["fmt"], cast)
-                sc_ref[t : t + 1, cols] = col_scale
+                if looped:
+                    col_scales.append(col_scale)
+                else:
+                    sc_ref[t : t + 1, cols] = col_scale
+        return col_scales
+
+    if not looped:
+        for t in range(groups):
+            square_row(t)
+        return
+    if qc_ref is None:
+        lax.fori_loop(0, groups, lambda t, carry: (square_row(t), carry)[1], 0)
+        return
+    # A store of one row of scales at a traced row is no legal access (8-row
+    # tiles): the rows of 8 squares' scales are gathered in the loop's carry and
+    # stored as one aligned (8, C) block.
+    for first in range(0, groups, F32_SUBLANES):
+
+        def add_row(u, rows8, first=first):
+            row = jnp.concatenate(square_row(first + u), axis=1)
+            return jnp.where(lax.broadcasted_iota(jnp.int32, rows8.shape, 0) == u, row, rows8)
+
+        rows8 = jnp.zeros((F32_SUBLANES, col_groups * GROUP), jnp.float32)
+        count = min(F32_SUBLANES, groups - first)
+        sc_ref[first : first + F32_SUBLANES, :] = lax.fori_loop(0, count, add_row, rows8)
 
 
 def requantize_block(
