@@ -184,6 +184,8 @@ def rows_cols_kernel(
     one K step of theirs, Mosaic spilled 67 MiB of registers into VMEM, past
     tpu7x's 64 MiB).  ``sc_ref`` then has ``groups`` rows rounded up to 8.
     """
+    if looped and cols_t:
+        raise ValueError("rows_cols_kernel: looped takes the 128x1 tiles untransposed")
 
     def square_row(t) -> list[jax.Array]:
         # The row of squares t: both tile layouts' codes stored, the 128x1 tiles'
