@@ -126,10 +126,22 @@ def test_named_impls_compile(chip, impl):
         assert "f8e4m3fn" in text.lower()
 
 
-def test_quantizing_fprop_of_one_k_step_fits_tpu7x_vmem():
+@pytest.mark.parametrize(
+    "kernel, name",
+    [
+        (tpu_block_gemm.block_scaled_matmul_quantizing, "nn_quantizing"),
+        (
+            functools.partial(tpu_block_gemm.block_scaled_matmul_nt_quantizing, col_codes=True),
+            "nt_quantizing",
+        ),
+    ],
+)
+def test_quantizing_kernels_of_one_k_step_fit_tpu7x_vmem(kernel, name):
     # K in one step of the kernel (1024) with a 2048 x 1024 output block: the
     # quantizer's squares unrolled over the whole block overflowed tpu7x's VMEM
-    # with spilled registers; a loop over the rows of squares compiles.
+    # with spilled registers; a loop over the rows of squares compiles.  The
+    # Dgrad also writes the block's 128-token tiles: 16 rows of their scales
+    # gathered in the loop and stored 8 at a time.
     sharding = NamedSharding(
         jax.sharding.Mesh(np.array([_device("tpu7x")]), ("x",)), PartitionSpec()
     )
@@ -139,11 +151,9 @@ def test_quantizing_fprop_of_one_k_step_fits_tpu7x_vmem():
         jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=sharding),
     ]
 
-    def fprop(x, b, sb):
-        return tpu_block_gemm.block_scaled_matmul_quantizing(
-            x, b, sb, fmt=jnp.float8_e4m3fn, pow2=True, interpret=False
-        )
+    def gemm(a, b, sb):
+        return kernel(a, b, sb, fmt=jnp.float8_e4m3fn, pow2=True, interpret=False)
 
-    lowered = jax.jit(fprop).trace(*args).lower(lowering_platforms=("tpu",))
+    lowered = jax.jit(gemm).trace(*args).lower(lowering_platforms=("tpu",))
     text = lowered.compile().as_text()
-    assert "fp8_block_scaled_matmul_nn_quantizing" in text
+    assert f"fp8_block_scaled_matmul_{name}" in text
