@@ -636,29 +636,33 @@ def _dense(
         a_extra = mp * kp * (jnp.dtype(a.dtype).itemsize - 1) * n_n
         if keep_codes:
             # x's codes and transposed scales are outputs, in the blocks the plain
-            # kernel reads them in, written by the first column block.  An output
-            # block must not be visited again once left, so the other column
-            # blocks write theirs to one spare block per row block (past row mp).
-            spare = n_m * bm if n_n > 1 else 0
+            # kernel reads them in, written by the first column block.  The later
+            # column blocks quantize x again into the row block's last output
+            # blocks, where the first left off: an output block is written back
+            # when its index changes, so those stay as they are (the row block's
+            # last step writes the same bits again), no block is visited again
+            # once left, and the codes need no crop (a spare block per row block
+            # did: an XLA copy of the codes, 50 MB at 4096^3).
+            last = kcp // j - 1
 
             def codes_at(i, jn, kk):
-                return jnp.where(jn == 0, i, n_m + i), jnp.where(jn == 0, kk, 0)
+                return i, jnp.where(jn == 0, kk, last)
 
             def scales_at(i, jn, kk):
-                at = jnp.where(jn == 0, kk, 0), jnp.where(jn == 0, i, n_m + i)
+                at = jnp.where(jn == 0, kk, last)
                 # Steps whose j rows are padded to a tile: (steps, rows, M) (_step_scales).
-                return at if rows == j else (at[0], 0, at[1])
+                return (at, i) if rows == j else (at, 0, i)
 
             # The scales as the plain kernel reads them (_step_scales).
-            st_shape = (kcp, mp + spare) if rows == j else (kcp // j, rows, mp + spare)
+            st_shape = (kcp, mp) if rows == j else (kcp // j, rows, mp)
             out_shape += [
-                jax.ShapeDtypeStruct((mp + spare, kp), dict(quant)["fmt"]),
+                jax.ShapeDtypeStruct((mp, kp), dict(quant)["fmt"]),
                 jax.ShapeDtypeStruct(st_shape, jnp.float32),
             ]
             st_block = (j, bm) if rows == j else (None, rows, bm)
             out_specs += [pl.BlockSpec((bm, bk), codes_at), pl.BlockSpec(st_block, scales_at)]
-            # Its codes and scales written once, and a spare block per row block.
-            written = mp * kp + 4 * kcp * mp + (n_m * bm * bk if spare else 0)
+            # Its codes and scales written once.
+            written = mp * kp + 4 * kcp * mp
         else:
             # A's codes and scales for this step's dots only.
             scratch = [pltpu.VMEM((bm, bk), fmt), pltpu.VMEM((rows, bm), jnp.float32), *acc]
