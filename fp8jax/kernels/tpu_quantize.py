@@ -274,8 +274,7 @@ def requantize_block(
         def eight(g, carry):
             scales = [[] for _ in range(col_groups)]
             for u in range(F32_SUBLANES):
-                first = pl.multiple_of((g * F32_SUBLANES + u) * GROUP, GROUP)
-                rows = pl.ds(first, GROUP)
+                rows = _group(g * F32_SUBLANES + u)
                 # This group's scales, one column per 128-column tile of the block.
                 s_cols = jnp.transpose(st_ref[:, rows])
                 for c in range(col_groups):
