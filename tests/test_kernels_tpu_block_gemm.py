@@ -180,8 +180,9 @@ def test_dgrad_quantizing_writes_dys_column_tiles_bits(m, k, n, block_m, opts):
     # From the same read of dy the kernel also writes its 128-token tiles (the
     # Wgrad's operand): the column quantizer's codes and scales, bit for bit,
     # and the product unchanged.  A tiny row (subnormal scale), a column of
-    # zeros, padding in M and K, two K steps (1100), two row blocks of 640
-    # (five rows of scales each, stored padded to eight).
+    # zeros, NaN, +-Inf and a value past every FP8 range, padding in M and K,
+    # two K steps (1100), two row blocks of 640 (five rows of scales each,
+    # stored padded to eight).
     from fp8jax import quant
     from fp8jax.kernels import tpu_quantize as tq
 
@@ -189,6 +190,7 @@ def test_dgrad_quantizing_writes_dys_column_tiles_bits(m, k, n, block_m, opts):
     dy = rng.standard_normal((m, k)) * np.exp(2 * rng.standard_normal((1, k)))
     dy[3] *= 1e-39
     dy[:, 5] = 0.0
+    dy[0, 1], dy[1, 0], dy[2, 2], dy[6, 7] = np.nan, np.inf, -np.inf, 3e38
     dy = jnp.asarray(dy, jnp.bfloat16)
     w = quant.quantize(jnp.asarray(rng.standard_normal((n, k)), jnp.float32), E4M3, "block")
     kw = dict(block_m=block_m, block_n=384, interpret=True, out_dtype=jnp.bfloat16)
