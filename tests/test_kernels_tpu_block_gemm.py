@@ -27,6 +27,7 @@ from test_kernels_grouped_block_gemm import (
     make_token_tiles,
     wgrad_oracle,
 )
+from test_kernels_tpu_quantize import kernel_equations
 
 from fp8jax.groups import group_layout
 from fp8jax.kernels import block_gemm as bg
@@ -300,6 +301,32 @@ def test_wgrad_requantizing_its_cache_gives_the_requantized_operands_bits(
         np.testing.assert_array_equal(
             np.asarray(f(*args)).view(np.uint32), np.asarray(want).view(np.uint32)
         )
+
+
+def test_kernels_hold_the_code_of_one_slice_and_one_row_of_groups():
+    # The K step's runs go through a 2048-row block in a loop over slices of
+    # ROWS_PER_DOT rows, and the Wgrad's requantization through its rows of
+    # 128 x 128 groups in a loop: the kernels hold about the code of a block
+    # of one slice and of one row of groups (unrolled, libtpu compiled the
+    # quantizing Fprop of 4096^3 16 s and the requantizing Wgrad 14 s).
+    k, n = 1024, 256
+
+    def fprop(m):
+        x, b = jnp.zeros((m, k), jnp.bfloat16), jnp.zeros((k, n), E4M3)
+        sb = jnp.ones((k // 128, n // 128))
+        return kernel_equations(
+            lambda x, b, sb: tg.block_scaled_matmul_quantizing(x, b, sb, fmt=E4M3), x, b, sb
+        )
+
+    def wgrad(tokens):
+        m = 2048
+        d, s = jnp.zeros((tokens, m), E4M3), jnp.ones((tokens, m // 128))
+        b, sb = jnp.zeros((tokens, n), E4M3), jnp.ones((tokens // 128, n))
+        run = functools.partial(tg.block_scaled_matmul_tn_requant, fmt=E4M3)
+        return kernel_equations(lambda *a: run(a[0], a[1], jnp.bool_(False), *a[2:]), d, s, b, sb)
+
+    assert fprop(2048) < 1.05 * fprop(tg.ROWS_PER_DOT), (fprop(2048), fprop(tg.ROWS_PER_DOT))
+    assert wgrad(1024) < 1.5 * wgrad(128), (wgrad(1024), wgrad(128))
 
 
 def test_wgrad_of_a_cache_refuses_other_operands():

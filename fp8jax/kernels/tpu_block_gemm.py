@@ -15,9 +15,9 @@ bfloat16 ``out_dtype`` when the last K step is done (a float32 output block
 is the accumulator itself).
 
 Grid ``(M / bm, N / bn, K / (128 j))``: output tiles, then K steps of ``j``
-runs each (an unrolled inner loop over the runs of a step; at most
-:data:`RUNS_PER_STEP`, a divisor of K's runs where that costs less than
-padding K, :func:`_step_runs`); the K axis is
+runs each (at most :data:`RUNS_PER_STEP`, a divisor of K's runs where
+that costs less than padding K, :func:`_step_runs`; the runs unrolled
+inside a loop over slices of the block's rows, :func:`_accumulate`); the K axis is
 "arbitrary" (sequential: the accumulator carries across it), the two
 output axes "parallel".  Where all of K fits one step next to a narrower
 output block, the plain kernels and the Wgrad that requantizes its A take
@@ -285,31 +285,51 @@ def _run_dot(a, b, orient: str):
 def _accumulate(a_ref, sa_ref, b_ref, sb_ref, acc_ref, *, j: int, orient: str, run: int) -> None:
     """Add the ``j`` runs (of ``run`` along K each) of this K step to the float32 accumulator.
 
-    The rows go through in slices of at most :data:`ROWS_PER_DOT`, so that one
-    run's float32 partial stays small next to the accumulator; every output
-    element still gets each run's whole 128-long dot, then its scale.
+    The rows go through in a loop over slices of :data:`ROWS_PER_DOT` rows (a
+    shorter last slice after them), so that one run's float32 partial stays
+    small next to the accumulator; a slice's runs are unrolled, in a loop over
+    groups of :data:`RUNS_PER_STEP` where a step has many (all of K).  The
+    kernel's code and VMEM temporaries are then those of one slice's group:
+    unrolled over a 2048-row block, libtpu compiled the quantizing Fprop of
+    4096^3 three times as long; over a 4096-row block of all of K, Mosaic held
+    23 MiB more.  Every output element gets each run's whole 128-long dot, then
+    its scale, run by run in K's order.
     """
-    if j > RUNS_PER_STEP and j % RUNS_PER_STEP == 0:
-        _accumulate_in_loop(a_ref, sa_ref, b_ref, sb_ref, acc_ref, j=j, orient=orient, run=run)
-        return
-    # sa_ref (j, bm): one row of A's scales per run; as columns, (bm, j).
-    sa_cols = jnp.transpose(sa_ref[...])
     bm = acc_ref.shape[0]
     step = min(bm, ROWS_PER_DOT)
-    for r in range(0, bm, step):
-        rows = slice(r, min(r + step, bm))
-        for t in range(j):
-            ks = slice(t * run, (t + 1) * run)
-            _add_run(
-                a_ref,
-                b_ref,
-                acc_ref,
-                rows,
-                ks,
-                sa_cols[rows, t : t + 1],
-                sb_ref[t : t + 1, :],
-                orient,
-            )
+    per = RUNS_PER_STEP if j > RUNS_PER_STEP and j % RUNS_PER_STEP == 0 else j
+
+    def group(first):
+        def add_slice(rows):
+            # This group's rows of the slice's A scales (per, rows), as columns.
+            sa_cols = jnp.transpose(sa_ref[pl.ds(first, per), rows])
+            for u in range(per):
+                ks = pl.ds(_aligned((first + u) * run, run), run)
+                sb_row = sb_ref[pl.ds(first + u, 1), :]
+                _add_run(a_ref, b_ref, acc_ref, rows, ks, sa_cols[:, u : u + 1], sb_row, orient)
+
+        def full_slice(r, carry):
+            add_slice(pl.ds(pl.multiple_of(r * step, step), step))
+            return carry
+
+        lax.fori_loop(0, bm // step, full_slice, 0)
+        if bm % step:
+            add_slice(slice(bm - bm % step, bm))
+
+    if per == j:
+        group(0)
+        return
+
+    def next_group(g, carry):
+        group(pl.multiple_of(g * per, per))
+        return carry
+
+    lax.fori_loop(0, j // per, next_group, 0)
+
+
+def _aligned(index, multiple: int):
+    """``index`` (a Python int or a traced one) as known to be a multiple of ``multiple``."""
+    return index if isinstance(index, int) else pl.multiple_of(index, multiple)
 
 
 def _add_run(a_ref, b_ref, acc_ref, rows, ks, sa_col, sb_row, orient: str) -> None:
@@ -319,41 +339,6 @@ def _add_run(a_ref, b_ref, acc_ref, rows, ks, sa_col, sb_row, orient: str) -> No
     partial = _run_dot(a, b, orient)
     # Promotion: the run's float32 partial times fl32(a_scale * b_scale).
     acc_ref[rows, :] += partial * (sa_col * sb_row)
-
-
-def _accumulate_in_loop(a_ref, sa_ref, b_ref, sb_ref, acc_ref, *, j: int, orient: str, run: int):
-    """:func:`_accumulate` for a step of many runs (all of K): a loop over groups of
-    :data:`RUNS_PER_STEP` runs and, within a group, over slices of
-    :data:`ROWS_PER_DOT` rows (a shorter last slice unrolled after them), the runs
-    of a slice unrolled, so that the kernel's code and its VMEM temporaries stay
-    those of one slice's group (unrolled over a 4096-row block, Mosaic held 23 MiB
-    more).  Each output element gets the same products in the same order as the
-    unrolled form (run by run)."""
-    bm = acc_ref.shape[0]
-    step = min(bm, ROWS_PER_DOT)
-    per = RUNS_PER_STEP
-
-    def group(g, carry):
-        first = pl.multiple_of(g * per, per)
-
-        def add_slice(rows):
-            # This group's rows of the slice's A scales (per, rows), as columns.
-            sa_cols = jnp.transpose(sa_ref[pl.ds(first, per), rows])
-            for u in range(per):
-                ks = pl.ds(pl.multiple_of((first + u) * run, run), run)
-                sb_row = sb_ref[pl.ds(first + u, 1), :]
-                _add_run(a_ref, b_ref, acc_ref, rows, ks, sa_cols[:, u : u + 1], sb_row, orient)
-
-        def full_slice(r, carry):
-            add_slice(pl.ds(pl.multiple_of(r * step, step), step))
-            return carry
-
-        carry = lax.fori_loop(0, bm // step, full_slice, carry)
-        if bm % step:
-            add_slice(slice(bm - bm % step, bm))
-        return carry
-
-    lax.fori_loop(0, j // per, group, 0)
 
 
 def _copy_row_block(a_hbm, a_ref, sem, orient: str) -> None:
@@ -409,7 +394,6 @@ def _requant_tn_kernel(
             s_ref,
             groups=j,
             col_groups=q_ref.shape[1] // _LANE,
-            looped=j > RUNS_PER_STEP,
             **requant,
         )
 

@@ -139,6 +139,35 @@ def _group(t) -> slice | Any:
     return pl.ds(pl.multiple_of(t * GROUP, GROUP), GROUP)
 
 
+def _rows_in_eights(groups: int, width: int, row: Callable, out_ref) -> None:
+    """``out_ref[t] = row(t)`` for each of ``groups`` rows t, ``row`` giving a (1, width)
+    float32 row (and storing whatever else it writes), one traced t at a time.
+
+    A store of one row at a traced row is no legal access (8-row tiles): each
+    run of 8 rows is gathered in a loop's carry and stored as one aligned
+    (8, width) block, a last run of fewer rows as those rows.  Two loops, over
+    the runs and within a run, so the kernel holds the code of one row's work.
+    """
+
+    def run_of(first, count: int) -> jax.Array:
+        def add_row(u, rows8):
+            at = lax.broadcasted_iota(jnp.int32, rows8.shape, 0) == u
+            return jnp.where(at, row(first + u), rows8)
+
+        return lax.fori_loop(0, count, add_row, jnp.zeros((F32_SUBLANES, width), jnp.float32))
+
+    def full_run(g, carry):
+        first = pl.multiple_of(g * F32_SUBLANES, F32_SUBLANES)
+        out_ref[pl.ds(first, F32_SUBLANES), :] = run_of(first, F32_SUBLANES)
+        return carry
+
+    full = groups // F32_SUBLANES
+    lax.fori_loop(0, full, full_run, 0)
+    if groups % F32_SUBLANES:
+        first, count = full * F32_SUBLANES, groups % F32_SUBLANES
+        out_ref[first : first + count, :] = run_of(first, count)[:count]
+
+
 def _row_tiles(xs, q_ref, s_ref, t: int | jax.Array, c: int, scales_t: bool, cast, kw) -> None:
     """The 1x128 tiles of the 128 x 128 square (t, c) of a block, float32 ``xs``: codes
     into ``q_ref``, scales into ``s_ref`` as (C/128, R) (``scales_t``) or (R, C/128)."""
@@ -182,7 +211,8 @@ def rows_cols_kernel(
     squares unrolled, the same bits (the body of the GEMM kernels that quantize
     their A, ``fp8jax.kernels.tpu_block_gemm``: unrolled over a 2048 x 1024 block,
     one K step of theirs, Mosaic spilled 67 MiB of registers into VMEM, past
-    tpu7x's 64 MiB).  ``sc_ref`` then has ``groups`` rows rounded up to 8.
+    tpu7x's 64 MiB; and of :func:`quantize_rows_cols`, whose 64 squares unrolled
+    took libtpu 6 s to compile).
     """
     if looped and cols_t:
         raise ValueError("rows_cols_kernel: looped takes the 128x1 tiles untransposed")
@@ -221,18 +251,9 @@ def rows_cols_kernel(
     if qc_ref is None:
         lax.fori_loop(0, groups, lambda t, carry: (square_row(t), carry)[1], 0)
         return
-    # A store of one row of scales at a traced row is no legal access (8-row
-    # tiles): the rows of 8 squares' scales are gathered in the loop's carry and
-    # stored as one aligned (8, C) block.
-    for first in range(0, groups, F32_SUBLANES):
-
-        def add_row(u, rows8, first=first):
-            row = jnp.concatenate(square_row(first + u), axis=1)
-            return jnp.where(lax.broadcasted_iota(jnp.int32, rows8.shape, 0) == u, row, rows8)
-
-        rows8 = jnp.zeros((F32_SUBLANES, col_groups * GROUP), jnp.float32)
-        count = min(F32_SUBLANES, groups - first)
-        sc_ref[first : first + F32_SUBLANES, :] = lax.fori_loop(0, count, add_row, rows8)
+    # The 128x1 tiles' scales: one row per row of squares.
+    width = col_groups * GROUP
+    _rows_in_eights(groups, width, lambda t: jnp.concatenate(square_row(t), axis=1), sc_ref)
 
 
 def requantize_block(
@@ -249,15 +270,13 @@ def requantize_block(
     pow2,
     amax_floor,
     ue8m0,
-    looped=False,
 ):
     """FP8 codes ``d_ref`` (128 groups x 128 col_groups) in 1x128 tiles (their scales
     ``st_ref`` as (tiles, rows), at least ``col_groups`` rows) quantized again in 128x1
     tiles into ``q_ref`` and ``s_ref`` (groups, columns): the body of
     :func:`requantize_col`, and of the Wgrad GEMM kernel that requantizes its cache
     (``fp8jax.kernels.tpu_block_gemm``).  ``flag_ref[0, 0]`` != 0: some scale of the
-    cache is subnormal.  ``looped``: the groups in a loop rather than unrolled (the
-    same bits; for a block of many groups, a multiple of 8)."""
+    cache is subnormal."""
     subnormal = flag_ref[0:1, 0:1] != 0
 
     def requant(rows, cols, row_scales):
@@ -267,33 +286,20 @@ def requantize_block(
         q_ref[rows, cols] = _codes(x, scale, fmt)
         return scale
 
-    if looped:
-        # Many groups (all of a GEMM's K in one step): a loop over runs of 8 of them
-        # (8 rows of scales: one aligned store each), the same code on each group's
-        # rows, so the kernel holds the code of 8 groups.
-        def eight(g, carry):
-            scales = [[] for _ in range(col_groups)]
-            for u in range(F32_SUBLANES):
-                rows = _group(g * F32_SUBLANES + u)
-                # This group's scales, one column per 128-column tile of the block.
-                s_cols = jnp.transpose(st_ref[:, rows])
-                for c in range(col_groups):
-                    cols = slice(c * GROUP, (c + 1) * GROUP)
-                    scales[c].append(requant(rows, cols, s_cols[:, c : c + 1]))
-            at = pl.ds(pl.multiple_of(g * F32_SUBLANES, F32_SUBLANES), F32_SUBLANES)
-            for c in range(col_groups):
-                s_ref[at, c * GROUP : (c + 1) * GROUP] = jnp.concatenate(scales[c], axis=0)
-            return carry
-
-        lax.fori_loop(0, groups // F32_SUBLANES, eight, 0)
-        return
-    # The cached tiles' scales, one column per 128-column tile of the block.
-    s_cols = jnp.transpose(st_ref[...])
-    for t in range(groups):
-        rows = slice(t * GROUP, (t + 1) * GROUP)
+    # A loop over the block's rows of groups, each row's groups unrolled, so the
+    # kernel holds the code of one row of them (8 rows of a 2048-wide block
+    # unrolled, 128 groups, took libtpu 13 s to compile).
+    def group_row(t) -> jax.Array:
+        rows = _group(t)
+        # This row's cached scales, one column per 128-column tile of the block.
+        s_cols = jnp.transpose(st_ref[:, rows])
+        scales = []
         for c in range(col_groups):
             cols = slice(c * GROUP, (c + 1) * GROUP)
-            s_ref[t : t + 1, cols] = requant(rows, cols, s_cols[rows, c : c + 1])
+            scales.append(requant(rows, cols, s_cols[:, c : c + 1]))
+        return jnp.concatenate(scales, axis=1)
+
+    _rows_in_eights(groups, col_groups * GROUP, group_row, s_ref)
 
 
 def dequantize_group(codes, row_scales, subnormal, fmt) -> jax.Array:
@@ -461,6 +467,7 @@ def quantize_rows_cols(
         pow2=pow2,
         amax_floor=amax_floor,
         ue8m0=ue8m0,
+        looped=True,
     )
     x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
     row_codes, row_scales_t, col_codes, col_scales = pl.pallas_call(
