@@ -97,39 +97,57 @@ def _codes(xs: jax.Array, scale: jax.Array, fmt, cast=None) -> jax.Array:
 
 
 def row_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0, cast=None):
-    for t in range(groups):
-        cols = slice(t * GROUP, (t + 1) * GROUP)
+    def tile(t, scales):
+        cols = _group(t)
         # float32: bfloat16 / float16 values are exact in it, and the amax of
         # the float32 bit patterns is the amax of the values.
         xs = x_ref[:, cols].astype(jnp.float32)
         amax = scaling._bits_amax(xs, 1, True)
         scale = _scale(amax, fmt, pow2, amax_floor, ue8m0)
         q_ref[:, cols] = _codes(xs, scale, fmt, cast)
-        s_ref[:, t : t + 1] = scale
+        if scales is None:
+            s_ref[:, t : t + 1] = scale
+            return None
+        # The tile's column of scales, placed in the carry (a store of one
+        # column at a traced column is no legal access).
+        return jnp.where(lax.broadcasted_iota(jnp.int32, scales.shape, 1) == t, scale, scales)
+
+    if groups == 1:
+        tile(0, None)
+        return
+    # The tiles of a row block in a loop (all of C: 56 of them unrolled at
+    # C = 7168 took libtpu 4 s to compile), their scales stored at the end.
+    s_ref[...] = lax.fori_loop(0, groups, tile, jnp.zeros(s_ref.shape, jnp.float32))
 
 
 def col_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0, cast=None):
-    for t in range(groups):
-        rows = slice(t * GROUP, (t + 1) * GROUP)
+    def tile_row(t) -> jax.Array:
+        rows = _group(t)
         xs = x_ref[rows, :].astype(jnp.float32)
         amax = scaling._bits_amax(xs, 0, True)
         scale = _scale(amax, fmt, pow2, amax_floor, ue8m0)
         q_ref[rows, :] = _codes(xs, scale, fmt, cast)
-        s_ref[t : t + 1, :] = scale
+        return scale
+
+    _each_row(groups, s_ref.shape[1], tile_row, s_ref)
 
 
 def block_kernel(
     x_ref, q_ref, s_ref, *, groups, col_groups, fmt, pow2, amax_floor, ue8m0, cast=None
 ):
-    for t in range(groups):
-        rows = slice(t * GROUP, (t + 1) * GROUP)
+    def block_row(t) -> jax.Array:
+        rows = _group(t)
+        scales = []
         for c in range(col_groups):
             cols = slice(c * GROUP, (c + 1) * GROUP)
             xs = x_ref[rows, cols].astype(jnp.float32)
             amax = scaling._bits_amax(scaling._bits_amax(xs, 1, True), 0, True)
             scale = _scale(amax, fmt, pow2, amax_floor, ue8m0)
             q_ref[rows, cols] = _codes(xs, scale, fmt, cast)
-            s_ref[t : t + 1, cols] = jnp.broadcast_to(scale, (1, GROUP))
+            scales.append(jnp.broadcast_to(scale, (1, GROUP)))
+        return jnp.concatenate(scales, axis=1)
+
+    _each_row(groups, col_groups * GROUP, block_row, s_ref)
 
 
 def _group(t) -> slice | Any:
@@ -137,6 +155,15 @@ def _group(t) -> slice | Any:
     if isinstance(t, int):
         return slice(t * GROUP, (t + 1) * GROUP)
     return pl.ds(pl.multiple_of(t * GROUP, GROUP), GROUP)
+
+
+def _each_row(groups: int, width: int, row: Callable, out_ref) -> None:
+    """``out_ref[t] = row(t)`` for each of ``groups`` rows of 128 x 128 groups: one row
+    as it is (a GPU kernel's one group), more in a loop (:func:`_rows_in_eights`)."""
+    if groups == 1:
+        out_ref[0:1, :] = row(0)
+    else:
+        _rows_in_eights(groups, width, row, out_ref)
 
 
 def _rows_in_eights(groups: int, width: int, row: Callable, out_ref) -> None:
