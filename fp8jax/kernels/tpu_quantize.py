@@ -97,7 +97,7 @@ def _codes(xs: jax.Array, scale: jax.Array, fmt, cast=None) -> jax.Array:
 
 
 def row_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0, cast=None):
-    def tile(t, scales):
+    def tile(t) -> jax.Array:
         cols = _group(t)
         # float32: bfloat16 / float16 values are exact in it, and the amax of
         # the float32 bit patterns is the amax of the values.
@@ -105,19 +105,21 @@ def row_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0, cas
         amax = scaling._bits_amax(xs, 1, True)
         scale = _scale(amax, fmt, pow2, amax_floor, ue8m0)
         q_ref[:, cols] = _codes(xs, scale, fmt, cast)
-        if scales is None:
-            s_ref[:, t : t + 1] = scale
-            return None
-        # The tile's column of scales, placed in the carry (a store of one
-        # column at a traced column is no legal access).
-        return jnp.where(lax.broadcasted_iota(jnp.int32, scales.shape, 1) == t, scale, scales)
+        return scale
 
     if groups == 1:
-        tile(0, None)
+        s_ref[:, 0:1] = tile(0)
         return
+
     # The tiles of a row block in a loop (all of C: 56 of them unrolled at
-    # C = 7168 took libtpu 4 s to compile), their scales stored at the end.
-    s_ref[...] = lax.fori_loop(0, groups, tile, jnp.zeros(s_ref.shape, jnp.float32))
+    # C = 7168 took libtpu 4 s to compile); each tile's column of scales goes
+    # into the carry (a store of one column at a traced column is no legal
+    # access), stored at the end.
+    def add_tile(t, scales):
+        scale = tile(t)
+        return jnp.where(lax.broadcasted_iota(jnp.int32, scales.shape, 1) == t, scale, scales)
+
+    s_ref[...] = lax.fori_loop(0, groups, add_tile, jnp.zeros(s_ref.shape, jnp.float32))
 
 
 def col_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0, cast=None):
