@@ -199,7 +199,8 @@ def test_requantize_of_nine_row_groups_gives_dequantize_then_quantize_bits():
 
 
 def kernel_equations(fn, *args) -> int:
-    """Equations of the Pallas kernel ``fn`` traces (its bodies, loops' bodies once)."""
+    """Equations of ``fn``'s jaxpr, those of every nested jaxpr (the Pallas kernel's
+    body, a loop's body) counted once each."""
 
     def count(jaxpr) -> int:
         total = 0

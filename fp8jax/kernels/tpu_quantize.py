@@ -131,7 +131,7 @@ def col_kernel(x_ref, q_ref, s_ref, *, groups, fmt, pow2, amax_floor, ue8m0, cas
         q_ref[rows, :] = _codes(xs, scale, fmt, cast)
         return scale
 
-    _each_row(groups, s_ref.shape[1], tile_row, s_ref)
+    _rows_in_eights(groups, s_ref.shape[1], tile_row, s_ref)
 
 
 def block_kernel(
@@ -149,7 +149,7 @@ def block_kernel(
             scales.append(jnp.broadcast_to(scale, (1, GROUP)))
         return jnp.concatenate(scales, axis=1)
 
-    _each_row(groups, col_groups * GROUP, block_row, s_ref)
+    _rows_in_eights(groups, col_groups * GROUP, block_row, s_ref)
 
 
 def _group(t) -> slice | Any:
@@ -157,15 +157,6 @@ def _group(t) -> slice | Any:
     if isinstance(t, int):
         return slice(t * GROUP, (t + 1) * GROUP)
     return pl.ds(pl.multiple_of(t * GROUP, GROUP), GROUP)
-
-
-def _each_row(groups: int, width: int, row: Callable, out_ref) -> None:
-    """``out_ref[t] = row(t)`` for each of ``groups`` rows of 128 x 128 groups: one row
-    as it is (a GPU kernel's one group), more in a loop (:func:`_rows_in_eights`)."""
-    if groups == 1:
-        out_ref[0:1, :] = row(0)
-    else:
-        _rows_in_eights(groups, width, row, out_ref)
 
 
 def _rows_in_eights(groups: int, width: int, row: Callable, out_ref) -> None:
@@ -176,7 +167,11 @@ def _rows_in_eights(groups: int, width: int, row: Callable, out_ref) -> None:
     run of 8 rows is gathered in a loop's carry and stored as one aligned
     (8, width) block, a last run of fewer rows as those rows.  Two loops, over
     the runs and within a run, so the kernel holds the code of one row's work.
+    A single row (a GPU kernel's one group, a 128-row block) needs no loop.
     """
+    if groups == 1:
+        out_ref[0:1, :] = row(0)
+        return
 
     def run_of(first, count: int) -> jax.Array:
         def add_row(u, rows8):
