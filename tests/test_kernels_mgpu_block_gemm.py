@@ -13,6 +13,7 @@ the H100's shared memory and registers.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +38,7 @@ from test_kernels_grouped_block_gemm import (
 
 import fp8jax
 from fp8jax import path_record, platforms, recipes
-from fp8jax.bench import mgpu_ir
+from fp8jax.bench import compilers, mgpu_ir, predicted
 from fp8jax.kernels import block_gemm as bg
 from fp8jax.kernels import grouped_block_gemm as gg
 from fp8jax.kernels import mgpu_block_gemm as mgpu
@@ -61,6 +62,44 @@ def test_dense_kernel_is_race_free_and_exact_to_float32(a_fmt, b_fmt):
     # The jnp reference sums in another float32 order: summation-order apart.
     want = np.asarray(bg.block_scaled_matmul_reference(a, sa, b, sb, out_dtype=jnp.float32))
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
+def test_dense_kernel_takes_edge_tiles_in_place_with_the_padded_bits():
+    # M a multiple of 8 and N of a float32 output's 32 swizzled columns reach the
+    # kernel as they are (TMA reads the edge tiles' missing rows as zeros and
+    # drops the writes past the edges); K is padded to whole runs of 128.
+    m, k, n = 288, 400, 160
+    a, sa, _, _ = make_case(6, m, k, n, dtype=E4M3)
+    _, _, b, sb = make_case(7, m, k, n, dtype=E4M3)
+    run = lambda a, sa, b, sb: bg.block_scaled_matmul(
+        a, sa, b, sb, out_dtype=jnp.float32, interpret=RACES
+    )
+    assert str(jax.make_jaxpr(run)(a, sa, b, sb)).count(" pad[") == 2  # a's and b^T's K
+    got = run(a, sa, b, sb)
+    assert_close(got, a, sa, b, sb, jnp.float32)
+    # Every dimension padded to 128 by hand: the same bits.
+    pad = lambda x, shape, v: bg._pad_to(x, shape, v)[None]
+    padded = mgpu.matmul_nt(
+        pad(a, (384, 512), 0),
+        pad(sa.T, (4, 384), 1.0),
+        pad(b.T, (256, 512), 0),
+        pad(sb, (4, 2), 1.0),
+        b_cols=False,
+        out_dtype=jnp.float32,
+        interpret=RACES,
+    )[0, :m, :n]
+    np.testing.assert_array_equal(_bits32(got), _bits32(padded))
+
+
+def _bits32(x) -> np.ndarray:
+    return np.asarray(x, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize(
+    "d,multiple,want", [(272, 8, 272), (272, 32, 384), (100, 4, 128), (4096, 64, 4096)]
+)
+def test_edge_dim_keeps_what_tma_takes_in_place(d, multiple, want):
+    assert mgpu.edge_dim(d, multiple) == want
 
 
 def test_wgrad_kernel_with_column_scales_is_race_free():
@@ -97,6 +136,17 @@ def test_kernel_contract_is_checked():
     with pytest.raises(ValueError, match="multiple of 128"):
         mgpu.matmul_nt(
             a, jnp.ones((1, 1, 100)), b, jnp.ones((1, 1, 1)), b_cols=False, out_dtype=jnp.float32
+        )
+    # Output columns a bfloat16 tile cannot store in place (160: not a multiple of 64).
+    b160 = jnp.zeros((1, 160, 128), jnp.float8_e4m3fn)
+    with pytest.raises(ValueError, match="or of 64 and at least 128"):
+        mgpu.matmul_nt(
+            b,
+            jnp.ones((1, 1, 128)),
+            b160,
+            jnp.ones((1, 1, 2)),
+            b_cols=False,
+            out_dtype=jnp.bfloat16,
         )
     # B's scales in two layouts at once, or of the wrong shape for the one asked.
     square = lambda sb, **kw: mgpu.matmul_nt(b, jnp.ones((1, 1, 128)), b, sb, **kw)
@@ -263,3 +313,19 @@ def test_deepseek_v3_fwd_bwd_compiles_for_an_h100():
     assert gemms and len(gemms) < len(codes)
     for code in gemms:
         assert code.mma_sync == 0 and code.tma_loads > 0
+
+
+@pytest.mark.skipif(compilers.unavailable(compilers.target("h100")) is not None, reason="no client")
+def test_unaligned_n_reaches_the_h100_kernels_unpadded():
+    # N = 576 (DeepSeek-V3's 7168 -> 576): a multiple of 64, so the quantizers and
+    # the GEMMs take x, w, dy and their results with their edge tiles in place.
+    # Only the Dgrad's contraction over N is padded to whole runs of 128, in
+    # FP8 codes; nothing in bfloat16 or float32 is padded.
+    fn = predicted.gemm_program(recipes.deepseek_v3())
+    s = jax.ShapeDtypeStruct
+    compiled = compilers.compile_for(
+        fn, (s((256, 512), jnp.bfloat16), s((512, 576), jnp.bfloat16)), compilers.target("h100")
+    )
+    assert compilers.census(compiled).gemm_kernels == {"Mosaic GPU": 3}
+    pads = re.findall(r"= (\w+)\[[^\]]*\][^ ]* pad\(", compiled.text)
+    assert pads and set(pads) <= {"f8e4m3fn"}

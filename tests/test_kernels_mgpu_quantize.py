@@ -73,6 +73,28 @@ def test_requantize_gives_dequantize_then_quantize_bits_transposed(cache_fmt):
     _assert_same(codes_t.T, scales_t.T, want)
 
 
+@pytest.mark.parametrize("shape", [(288, 160), (300, 288)])
+def test_edges_read_in_place_give_quantize_bits(shape):
+    # Dimensions that are multiples of 32 and at least 128 reach the kernels as
+    # they are (TMA reads an edge square's missing elements as zeros and drops
+    # the writes past the edge); the others are padded: (288, 160) neither,
+    # (300, 288) its rows only.
+    x = _data(shape, jnp.bfloat16, seed=11)
+    padded = int(shape[0] % 32 != 0) + int(shape[1] % 32 != 0)
+    for orient in mq.ORIENTS:
+        run = functools.partial(mq.quantize_2d, fmt=E4M3, orient=orient, interpret=True)
+        assert str(jax.make_jaxpr(run)(x)).count(" pad[") == min(padded, 1)
+        _assert_same(*run(x), _reference(x, E4M3, orient))
+    x32 = x.astype(jnp.float32)
+    rc, rs, cc, cs = mq.quantize_rows_cols(x32, fmt=E5M2, interpret=True)
+    _assert_same(rc, rs, quant.quantize(x32, E5M2, "tile", axis=1))
+    _assert_same(cc, cs, quant.quantize(x32, E5M2, "tile", axis=0))
+    cached = quant.float32_scales(quant.quantize(x, E4M3, "tile", axis=-1))
+    codes_t, scales_t = mq.requantize_col_t(cached.data, cached.scale, fmt=E4M3, interpret=True)
+    want = quant.quantize(quant.dequantize(cached, jnp.float32), E4M3, "tile", axis=0)
+    _assert_same(codes_t.T, scales_t.T, want)
+
+
 def test_stacked_matrices_by_vmap_give_quantize_bits():
     # The experts' weights: a stack of matrices, each its own 128x128 blocks
     # (fp8jax.quant maps the kernel over the leading axes).
@@ -83,8 +105,9 @@ def test_stacked_matrices_by_vmap_give_quantize_bits():
 
 
 def test_shared_memory_is_race_free():
-    # The kernels whose threads read each other's stores (the transposed reads).
-    x = _data((256, 128), jnp.float32, seed=4)
+    # The kernels whose threads read each other's stores (the transposed reads),
+    # on squares that end past both edges of x (read and written in place).
+    x = _data((288, 160), jnp.float32, seed=4)
     rc, rs, cc, cs = mq.quantize_rows_cols(x, fmt=E4M3, interpret=RACES)
     _assert_same(cc, cs, quant.quantize(x, E4M3, "tile", axis=0))
     cached = quant.float32_scales(quant.quantize(x, E4M3, "tile", axis=-1))

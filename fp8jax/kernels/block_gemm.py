@@ -304,10 +304,19 @@ def _interpreted(kernel, args, kw) -> jax.Array:
     jax.jit, static_argnames=("b_cols", "b_scale_nk", "out_dtype", "interpret", "stages")
 )
 def _padded_nt(a, a_scale, bt, b_scale_kc, *, b_cols, b_scale_nk, out_dtype, interpret, stages):
-    """Pad to the kernel's tiles, run it, crop.  Shapes: see :func:`batched_matmul_nt`."""
+    """Pad to the kernel's tiles, run it, crop.  Shapes: see :func:`batched_matmul_nt`.
+
+    K is padded to whole runs of 128; M and N only where the kernel's TMA
+    copies cannot take their edge tiles in place
+    (:func:`fp8jax.kernels.mgpu_block_gemm.edge_dim`: M a multiple of 32, N
+    of 32 and of the output's swizzled columns), so most shapes' operands and
+    results reach the kernel and leave it with no copy.  The same products
+    either way.
+    """
     nb, m, k = a.shape
     n = bt.shape[1]
-    mp, kp, np_ = round_up(m, CHUNK), round_up(k, CHUNK), round_up(n, CHUNK)
+    mp, kp = mgpu.edge_dim(m, mgpu.ROWS_IN_PLACE), round_up(k, CHUNK)
+    np_ = mgpu.edge_dim(n, max(mgpu.ROWS_IN_PLACE, mgpu.out_multiple(out_dtype)))
     kc = kp // CHUNK
     # Zero data padding adds exact zeros; unit scale padding keeps it inert.
     a_p = _pad_to(a, (nb, mp, kp), 0)

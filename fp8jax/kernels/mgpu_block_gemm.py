@@ -16,8 +16,11 @@ transposes"), which is DeepGEMM's NT-only constraint::
 
 with ``s_b(c, n) = b_scale[c, n // 128]`` (blocks), ``b_scale[n // 128, c]``
 (blocks, ``b_scale_nk``: Dgrad's weight scales as stored, no transpose) or
-``b_scale[c, n]`` (columns).  Mp, Np and Kp are multiples of 128 (the callers
-pad: zero codes add nothing, unit scales keep padding inert) and Kc = Kp / 128.
+``b_scale[c, n]`` (columns).  Kp is a multiple of 128 and Kc = Kp / 128; Mp
+and Np are too (the callers pad: zero codes add nothing, unit scales keep
+padding inert), or, for the dense kernel, dimensions :func:`edge_dim` leaves
+as they are (TMA reads an edge tile's missing rows as zeros and drops the
+output's rows and columns past the edge: the same products, no padded copy).
 E4M3 and E5M2 operands may be mixed (FP8 ``wgmma`` takes its two types
 separately).
 
@@ -247,7 +250,7 @@ def _batch_call(batch: int, a, b, out_dtype, interpret, stages: int, **layout):
     _, mp, kp = a.shape
     np_ = b.shape[1]
     out = jax.ShapeDtypeStruct((batch, mp, np_), out_dtype)
-    grid = (mp // BLOCK_M, np_ // BLOCK_N, batch)
+    grid = (pl.cdiv(mp, BLOCK_M), pl.cdiv(np_, BLOCK_N), batch)
     return _call(
         out, grid, ("m", "n", "b"), interpret, kp=kp, stages=stages, grouped=False, **layout
     )
@@ -265,12 +268,41 @@ def b_scale_shape(batch: int, n: int, kc: int, *, b_cols: bool, b_scale_nk: bool
     return (batch, blocks, kc) if b_scale_nk else (batch, kc, blocks)
 
 
+def edge_dim(d: int, multiple: int) -> int:
+    """A dimension ``d`` as a kernel is given it: as it is where its TMA copies take
+    the edge tile in place, at least one tile (128) and a multiple of ``multiple``,
+    else zero-padded to a multiple of 128.
+
+    TMA reads the elements of a tile past an array's edge as zeros (codes that
+    add nothing, scales that multiply only those zeros) and drops the writes
+    past it, so an edge tile computes what a padded one does, without a padded
+    copy of the operand or a crop of the result.  ``multiple`` is what the
+    copies along ``d`` need: row strides of 16 bytes, and for a swizzled
+    shared-memory tile a whole number of its rows (8) or of its 128-byte
+    columns.
+    """
+    return d if d >= CHUNK and d % multiple == 0 else pl.cdiv(d, CHUNK) * CHUNK
+
+
+#: The multiple of an operand's rows (A's M, B's N) the kernel reads in place: the
+#: float32 scales along them (A's per row and K run, Wgrad's B's too) are copied
+#: as swizzled 128-byte tiles, 32 of them.
+ROWS_IN_PLACE = 32
+
+
+def out_multiple(out_dtype) -> int:
+    """The multiple of the output's columns the kernel stores in place: its 128-byte
+    swizzled tile's columns (64 bfloat16, 32 float32)."""
+    return 128 // jnp.dtype(out_dtype).itemsize
+
+
 def check_padded(a, b, a_scale_t, b_scale, *, b_cols: bool, b_scale_nk: bool = False) -> None:
     """The kernel's shape contract (see the module docstring)."""
     for name, x in (("a", a), ("b", b)):
-        if x.ndim != 3 or x.shape[1] % BLOCK_M or x.shape[2] % CHUNK:
+        if x.ndim != 3 or x.shape[2] % CHUNK or edge_dim(x.shape[1], ROWS_IN_PLACE) != x.shape[1]:
             raise ValueError(
-                f"{name} must be (batch, multiple of 128, multiple of 128), got {x.shape}"
+                f"{name} must be (batch, rows, K) with K a multiple of 128 and the rows a"
+                f" multiple of 128, or of {ROWS_IN_PLACE} and at least 128, got {x.shape}"
             )
     if a.shape[2] != b.shape[2]:
         raise ValueError(f"contraction mismatch: a {a.shape}, b {b.shape}")
@@ -303,12 +335,20 @@ def matmul_nt(
     """Batched dense kernel: ``out[i] = A[i] @ B[i]^T`` with block scales, (B, Mp, Np).
 
     ``a`` (B, Mp, Kp), ``a_scale_t`` (B, Kc, Mp), ``b`` (B, Np, Kp), ``b_scale``
-    (B, Kc, Np // 128) block scales ((B, Np // 128, Kc) with ``b_scale_nk``) or,
-    with ``b_cols``, (B, Kc, Np) per-row scales of ``b`` (module docstring).
+    (B, Kc, ceil(Np / 128)) block scales ((B, ceil(Np / 128), Kc) with
+    ``b_scale_nk``) or, with ``b_cols``, (B, Kc, Np) per-row scales of ``b``
+    (module docstring); Mp and Np multiples of 128 or as :func:`edge_dim` leaves
+    them (Np with the output's :func:`out_multiple`).
     """
     check_padded(a, b, a_scale_t, b_scale, b_cols=b_cols, b_scale_nk=b_scale_nk)
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"batch mismatch: a {a.shape}, b {b.shape}")
+    cols = out_multiple(out_dtype)
+    if edge_dim(b.shape[1], cols) != b.shape[1]:
+        raise ValueError(
+            f"b's rows (the output's columns) must be a multiple of 128, or of {cols} and at"
+            f" least 128 for a {jnp.dtype(out_dtype).name} output, got {b.shape[1]}"
+        )
     call = _batch_call(
         a.shape[0], a, b, out_dtype, interpret, stages, b_cols=b_cols, b_scale_nk=b_scale_nk
     )

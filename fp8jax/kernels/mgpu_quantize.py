@@ -62,14 +62,20 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from fp8jax import scaling
 from fp8jax.inline_ops import isfinite
-from fp8jax.kernels.block_gemm import _pad_to, cdiv, round_up
+from fp8jax.kernels.block_gemm import _pad_to, cdiv
 from fp8jax.kernels.gpu_codes import cast_with_specials, code_values
+from fp8jax.kernels.mgpu_block_gemm import edge_dim
 from fp8jax.kernels.mgpu_ptxas import ask_ptxas_once
 from fp8jax.kernels.tpu_quantize import GROUP, ORIENTS, _codes, _scale, check_2d, crop
 
 __all__ = ["ORIENTS", "quantize_2d", "quantize_rows_cols", "requantize_col_t"]
 
 _STATIC = ("fmt", "pow2", "amax_floor", "ue8m0", "interpret")
+
+# The dimensions the quantizers' TMA copies take in place: the int8 codes' rows
+# (and, transposed, their columns) are 16-byte multiples there, and the float32
+# scales along either dimension are copied in 128-byte tiles of 32.
+_EDGE = 32
 
 
 def _square(ref, i, j):
@@ -384,13 +390,15 @@ def _square_in(xp: jax.Array):
 
 
 def _padded(x: jax.Array) -> jax.Array:
-    # Zero padding to whole squares: a zero changes no amax; the pad is cropped.
+    """``x`` as the kernel reads it: each dimension as it is where TMA takes its edge
+    squares in place (``mgpu_block_gemm.edge_dim``, a multiple of 32), else
+    zero-padded to whole squares (a zero changes no amax; the pad is cropped)."""
     r, c = x.shape
-    return _pad_to(x, (round_up(r, GROUP), round_up(c, GROUP)), 0)
+    return _pad_to(x, (edge_dim(r, _EDGE), edge_dim(c, _EDGE)), 0)
 
 
 def _grid(xp: jax.Array) -> tuple[int, int]:
-    return xp.shape[0] // GROUP, xp.shape[1] // GROUP
+    return cdiv(xp.shape[0], GROUP), cdiv(xp.shape[1], GROUP)
 
 
 def _codes_out(rows: int, cols: int, transposed: bool = False):
@@ -547,8 +555,9 @@ def requantize_col_t(
     rp, cp = dp.shape
     gi, gj = _grid(dp)
     # The scales transposed, (C/128, R): each square's 128 contiguous, copied
-    # in with its codes.
-    st = _pad_to(row_scales.astype(jnp.float32).T, (cp // GROUP, rp), 1.0)
+    # in with its codes (past R's edge TMA reads zeros, which scale only the
+    # zero codes there).
+    st = _pad_to(row_scales.astype(jnp.float32).T, (gj, rp), 1.0)
 
     def body(d_s, st_s, bytes_s, q_s, s_s):
         # The square's codes as int16 bytes, read back transposed (K x tokens).
