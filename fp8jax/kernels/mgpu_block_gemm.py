@@ -277,9 +277,9 @@ def edge_dim(d: int, multiple: int) -> int:
     add nothing, scales that multiply only those zeros) and drops the writes
     past it, so an edge tile computes what a padded one does, without a padded
     copy of the operand or a crop of the result.  ``multiple`` is what the
-    copies along ``d`` need: row strides of 16 bytes, and for a swizzled
-    shared-memory tile a whole number of its rows (8) or of its 128-byte
-    columns.
+    copies along ``d`` need: whole 16-byte row strides and whole swizzled
+    128-byte tiles (:data:`ROWS_IN_PLACE`, :func:`out_multiple`; Mosaic GPU
+    refuses a copy whose global shape splits one).
     """
     return d if d >= CHUNK and d % multiple == 0 else pl.cdiv(d, CHUNK) * CHUNK
 
