@@ -65,7 +65,7 @@ def test_dense_kernel_is_race_free_and_exact_to_float32(a_fmt, b_fmt):
 
 
 def test_dense_kernel_takes_edge_tiles_in_place_with_the_padded_bits():
-    # M a multiple of 8 and N of a float32 output's 32 swizzled columns reach the
+    # M a multiple of 32 and N of a float32 output's 32 swizzled columns reach the
     # kernel as they are (TMA reads the edge tiles' missing rows as zeros and
     # drops the writes past the edges); K is padded to whole runs of 128.
     m, k, n = 288, 400, 160
