@@ -306,18 +306,16 @@ def _interpreted(kernel, args, kw) -> jax.Array:
 def _padded_nt(a, a_scale, bt, b_scale_kc, *, b_cols, b_scale_nk, out_dtype, interpret, stages):
     """Pad to the kernel's tiles, run it, crop.  Shapes: see :func:`batched_matmul_nt`.
 
-    K is padded to whole runs of 128; M and N only where the kernel's TMA
-    copies cannot take their edge tiles in place
-    (:func:`fp8jax.kernels.mgpu_block_gemm.edge_dim`: M a multiple of 32, N
-    of 32 and of the output's swizzled columns), so most shapes' operands and
+    Only dimensions whose edge tiles the kernel's TMA copies cannot take in
+    place are padded (:func:`fp8jax.kernels.mgpu_block_gemm.edge_dim`: others
+    than multiples of 32 of at least 128), so most shapes' operands and
     results reach the kernel and leave it with no copy.  The same products
-    either way.
+    either way (a K that ends inside a run: zeros in the rest of it).
     """
     nb, m, k = a.shape
     n = bt.shape[1]
-    mp, kp = mgpu.edge_dim(m, mgpu.ROWS_IN_PLACE), round_up(k, CHUNK)
-    np_ = mgpu.edge_dim(n, max(mgpu.ROWS_IN_PLACE, mgpu.out_multiple(out_dtype)))
-    kc = kp // CHUNK
+    mp, kp, np_ = (mgpu.edge_dim(d, mgpu.IN_PLACE) for d in (m, k, n))
+    kc = cdiv(kp, CHUNK)
     # Zero data padding adds exact zeros; unit scale padding keeps it inert.
     a_p = _pad_to(a, (nb, mp, kp), 0)
     b_p = _pad_to(bt, (nb, np_, kp), 0)

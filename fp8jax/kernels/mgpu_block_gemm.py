@@ -16,11 +16,12 @@ transposes"), which is DeepGEMM's NT-only constraint::
 
 with ``s_b(c, n) = b_scale[c, n // 128]`` (blocks), ``b_scale[n // 128, c]``
 (blocks, ``b_scale_nk``: Dgrad's weight scales as stored, no transpose) or
-``b_scale[c, n]`` (columns).  Kp is a multiple of 128 and Kc = Kp / 128; Mp
-and Np are too (the callers pad: zero codes add nothing, unit scales keep
-padding inert), or, for the dense kernel, dimensions :func:`edge_dim` leaves
-as they are (TMA reads an edge tile's missing rows as zeros and drops the
-output's rows and columns past the edge: the same products, no padded copy).
+``b_scale[c, n]`` (columns).  Mp, Np and Kp are multiples of 128 (the callers
+pad: zero codes add nothing, unit scales keep padding inert), or, for the
+dense kernel, dimensions :func:`edge_dim` leaves as they are (TMA reads an
+edge tile's missing rows and K columns as zeros and drops the output's rows
+and columns past the edge: the same products, no padded copy); Kc =
+ceil(Kp / 128).
 E4M3 and E5M2 operands may be mixed (FP8 ``wgmma`` takes its two types
 separately).
 
@@ -90,10 +91,13 @@ def interpret_params(detect_races: bool = False) -> plgpu.InterpretGPUParams:
     return plgpu.InterpretGPUParams(detect_races=detect_races)
 
 
-def _swizzled():
+def _swizzled(k: int):
+    """The shared-memory tiles of the FP8 operands for a contraction of ``k``."""
     # FP8 rows of 128 elements are 128 bytes: the 128-byte swizzle wgmma reads
-    # without bank conflicts.
-    swizzle = plgpu.find_swizzle(CHUNK * 8)
+    # without bank conflicts.  A K that ends inside a run (a multiple of 32,
+    # taken in place: edge_dim) needs tiles that do not split its last run:
+    # 32-byte ones, 32 FP8 columns each, which wgmma reads as well.
+    swizzle = plgpu.find_swizzle(CHUNK * 8) if k % CHUNK == 0 else IN_PLACE
     return (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
 
 
@@ -164,8 +168,12 @@ def _body(
         return acc + partial * scale
 
     in_specs = [
-        plgpu.BlockSpec((BLOCK_M, CHUNK), lambda c: (i, run_of(c)), transforms=_swizzled()),
-        plgpu.BlockSpec((BLOCK_N, CHUNK), lambda c: (j, run_of(c)), transforms=_swizzled()),
+        plgpu.BlockSpec(
+            (BLOCK_M, CHUNK), lambda c: (i, run_of(c)), transforms=_swizzled(a_g.shape[-1])
+        ),
+        plgpu.BlockSpec(
+            (BLOCK_N, CHUNK), lambda c: (j, run_of(c)), transforms=_swizzled(a_g.shape[-1])
+        ),
         plgpu.BlockSpec((None, BLOCK_M), lambda c: (run_of(c), i)),
     ]
     if b_cols:
@@ -199,7 +207,7 @@ def _body(
     @functools.partial(
         pl.run_scoped,
         allocs=pipeline(ignore, ignore).get_allocations(*operands),
-        o_s=plgpu.SMEM((_CONSUMERS, _WG_ROWS, BLOCK_N), out_dtype),
+        o_s=plgpu.SMEM((_CONSUMERS, _WG_ROWS, BLOCK_N), out_dtype, **_out_tile(o_g)),
         collective_axes="wg",
     )
     def _scope(allocs, o_s):
@@ -225,11 +233,12 @@ def _body(
 
 
 def _call(out_shape, grid, names, interpret, *, kp: int, stages: int, **layout):
-    """The kernel of :func:`_body` for ``out_shape``, K (padded) ``kp`` and B's
-    ``layout`` (``b_cols``, ``b_scale_nk``, ``grouped``, ``k_groups``)."""
+    """The kernel of :func:`_body` for ``out_shape``, K ``kp`` (a last run may end
+    inside its 128: :func:`edge_dim`) and B's ``layout`` (``b_cols``,
+    ``b_scale_nk``, ``grouped``, ``k_groups``)."""
     ask_ptxas_once()
     body = functools.partial(
-        _body, kc=kp // CHUNK, stages=stages, out_dtype=out_shape.dtype, **layout
+        _body, kc=pl.cdiv(kp, CHUNK), stages=stages, out_dtype=out_shape.dtype, **layout
     )
     return plgpu.kernel(
         body,
@@ -278,35 +287,47 @@ def edge_dim(d: int, multiple: int) -> int:
     past it, so an edge tile computes what a padded one does, without a padded
     copy of the operand or a crop of the result.  ``multiple`` is what the
     copies along ``d`` need: whole 16-byte row strides and whole swizzled
-    128-byte tiles (:data:`ROWS_IN_PLACE`, :func:`out_multiple`; Mosaic GPU
-    refuses a copy whose global shape splits one).
+    shared-memory tiles (:data:`IN_PLACE`; Mosaic GPU refuses a copy whose
+    global shape splits one).
     """
     return d if d >= CHUNK and d % multiple == 0 else pl.cdiv(d, CHUNK) * CHUNK
 
 
-#: The multiple of an operand's rows (A's M, B's N) the kernel reads in place: the
-#: float32 scales along them (A's per row and K run, Wgrad's B's too) are copied
-#: as swizzled 128-byte tiles, 32 of them.
-ROWS_IN_PLACE = 32
+#: The multiple of a dimension the dense kernel takes in place (:func:`edge_dim`):
+#: the float32 scales along M and N are copied as swizzled 128-byte tiles of
+#: 32, the output's columns are staged in tiles of 32 (:func:`_out_tile`), and
+#: a K that ends inside a run is read in 32-byte tiles (:func:`_swizzled`).
+IN_PLACE = 32
 
 
-def out_multiple(out_dtype) -> int:
-    """The multiple of the output's columns the kernel stores in place: its 128-byte
-    swizzled tile's columns (64 bfloat16, 32 float32)."""
-    return 128 // jnp.dtype(out_dtype).itemsize
+def _out_tile(o_g) -> dict:
+    """The output staging buffer's shared-memory tiling: Mosaic GPU's own choice (a
+    128-byte swizzle: 64 bfloat16 or 32 float32 columns per tile) where the
+    output's columns are a whole number of such tiles, else tiles of 32 columns
+    (a 64-byte swizzle for bfloat16), so that a TMA store can take an edge tile
+    of any multiple of 32 columns in place."""
+    itemsize = jnp.dtype(o_g.dtype).itemsize
+    if o_g.shape[-1] % (128 // itemsize) == 0:
+        return {}
+    return {
+        "transforms": (
+            plgpu.TilingTransform((8, IN_PLACE)),
+            plgpu.SwizzleTransform(IN_PLACE * itemsize),
+        )
+    }
 
 
 def check_padded(a, b, a_scale_t, b_scale, *, b_cols: bool, b_scale_nk: bool = False) -> None:
     """The kernel's shape contract (see the module docstring)."""
     for name, x in (("a", a), ("b", b)):
-        if x.ndim != 3 or x.shape[2] % CHUNK or edge_dim(x.shape[1], ROWS_IN_PLACE) != x.shape[1]:
+        if x.ndim != 3 or any(edge_dim(d, IN_PLACE) != d for d in x.shape[1:]):
             raise ValueError(
-                f"{name} must be (batch, rows, K) with K a multiple of 128 and the rows a"
-                f" multiple of 128, or of {ROWS_IN_PLACE} and at least 128, got {x.shape}"
+                f"{name} must be (batch, rows, K), each of rows and K a multiple of 128 or"
+                f" of {IN_PLACE} and at least 128, got {x.shape}"
             )
     if a.shape[2] != b.shape[2]:
         raise ValueError(f"contraction mismatch: a {a.shape}, b {b.shape}")
-    kc = a.shape[2] // CHUNK
+    kc = pl.cdiv(a.shape[2], CHUNK)
     if a_scale_t.shape != (a.shape[0], kc, a.shape[1]):
         raise ValueError(f"a_scale_t must be {(a.shape[0], kc, a.shape[1])}, got {a_scale_t.shape}")
     want = b_scale_shape(b.shape[0], b.shape[1], kc, b_cols=b_cols, b_scale_nk=b_scale_nk)
@@ -338,17 +359,11 @@ def matmul_nt(
     (B, Kc, ceil(Np / 128)) block scales ((B, ceil(Np / 128), Kc) with
     ``b_scale_nk``) or, with ``b_cols``, (B, Kc, Np) per-row scales of ``b``
     (module docstring); Mp and Np multiples of 128 or as :func:`edge_dim` leaves
-    them (Np with the output's :func:`out_multiple`).
+    them.
     """
     check_padded(a, b, a_scale_t, b_scale, b_cols=b_cols, b_scale_nk=b_scale_nk)
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"batch mismatch: a {a.shape}, b {b.shape}")
-    cols = out_multiple(out_dtype)
-    if edge_dim(b.shape[1], cols) != b.shape[1]:
-        raise ValueError(
-            f"b's rows (the output's columns) must be a multiple of 128, or of {cols} and at"
-            f" least 128 for a {jnp.dtype(out_dtype).name} output, got {b.shape[1]}"
-        )
     call = _batch_call(
         a.shape[0], a, b, out_dtype, interpret, stages, b_cols=b_cols, b_scale_nk=b_scale_nk
     )
