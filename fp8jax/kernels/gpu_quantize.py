@@ -41,6 +41,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import itertools
 import logging
 import os
 from collections.abc import Iterator
@@ -433,8 +434,10 @@ def check_array() -> np.ndarray:
 
 
 def compare_with_cpu(interpret: bool, kind: str = "triton") -> str | None:
-    """Run every kernel of ``kind`` (:func:`module`) on :func:`check_array` (E4M3 and E5M2, bfloat16 and float32
-    x; each orientation, both layouts at once, the requantized E4M3 cache of x)
+    """Run every kernel of ``kind`` (:func:`module`) on :func:`check_array` (E4M3 and
+    E5M2, bfloat16 and float32 x) and on its 160 x 224 corner (edges inside
+    squares; bfloat16 to E4M3, float32 to E5M2) (each orientation, both
+    layouts at once, the requantized E4M3 cache of x)
     here and in Pallas' interpreter on the CPU backend, in a thread of its own
     (so that a jit trace asking for it does not stage it); None where every
     code and scale has the same bits (a NaN code as any of its sign,
@@ -468,18 +471,24 @@ def _run_all(kernels, x: jax.Array, fmt, interpret: bool) -> dict[str, tuple[jax
 def _compare(interpret: bool, kernels) -> str | None:
     cpu = jax.devices("cpu")[0]
     found = []
+    # The whole array in each type and format, and a corner of it whose edges end
+    # inside squares (160 x 224: multiples of 32 that the Mosaic GPU kernels read
+    # and write in place) from each type.
+    full, corner = check_array(), check_array()[:160, :224]
+    e4m3, e5m2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+    cases = [(full, d, f) for d, f in itertools.product((jnp.bfloat16, jnp.float32), (e4m3, e5m2))]
+    cases += [(corner, jnp.bfloat16, e4m3), (corner, jnp.float32, e5m2)]
     try:
-        for dtype in (jnp.bfloat16, jnp.float32):
-            for fmt in (jnp.float8_e4m3fn, jnp.float8_e5m2):
-                x = jnp.asarray(check_array(), dtype)
-                with jax.default_device(cpu):
-                    want = _run_all(kernels, jax.device_put(x, cpu), fmt, interpret=True)
-                got = _run_all(kernels, x, fmt, interpret=interpret)
-                kind = f"{jnp.dtype(fmt).name} from {jnp.dtype(dtype).name}"
-                for name, outs in got.items():
-                    diff = _difference(*(np.asarray(v) for v in (*outs, *want[name])))
-                    if diff:
-                        found.append(f"{name} ({kind}) differ from the CPU's: {diff}")
+        for array, dtype, fmt in cases:
+            x = jnp.asarray(array, dtype)
+            with jax.default_device(cpu):
+                want = _run_all(kernels, jax.device_put(x, cpu), fmt, interpret=True)
+            got = _run_all(kernels, x, fmt, interpret=interpret)
+            kind = f"{jnp.dtype(fmt).name} from {jnp.dtype(dtype).name} {x.shape}"
+            for name, outs in got.items():
+                diff = _difference(*(np.asarray(v) for v in (*outs, *want[name])))
+                if diff:
+                    found.append(f"{name} ({kind}) differ from the CPU's: {diff}")
     except Exception as e:  # a lowering / compile / run failure is the answer
         found.append(f"{type(e).__name__}: {str(e)[:300]}")
     return "; ".join(found) or None
