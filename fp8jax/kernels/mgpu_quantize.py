@@ -64,18 +64,13 @@ from fp8jax import scaling
 from fp8jax.inline_ops import isfinite
 from fp8jax.kernels.block_gemm import _pad_to, cdiv
 from fp8jax.kernels.gpu_codes import cast_with_specials, code_values
-from fp8jax.kernels.mgpu_block_gemm import edge_dim
+from fp8jax.kernels.mgpu_block_gemm import IN_PLACE, edge_dim
 from fp8jax.kernels.mgpu_ptxas import ask_ptxas_once
 from fp8jax.kernels.tpu_quantize import GROUP, ORIENTS, _codes, _scale, check_2d, crop
 
 __all__ = ["ORIENTS", "quantize_2d", "quantize_rows_cols", "requantize_col_t"]
 
 _STATIC = ("fmt", "pow2", "amax_floor", "ue8m0", "interpret")
-
-# The dimensions the quantizers' TMA copies take in place: the int8 codes' rows
-# (and, transposed, their columns) are 16-byte multiples there, and the float32
-# scales along either dimension are copied in 128-byte tiles of 32.
-_EDGE = 32
 
 
 def _square(ref, i, j):
@@ -391,10 +386,12 @@ def _square_in(xp: jax.Array):
 
 def _padded(x: jax.Array) -> jax.Array:
     """``x`` as the kernel reads it: each dimension as it is where TMA takes its edge
-    squares in place (``mgpu_block_gemm.edge_dim``, a multiple of 32), else
+    squares in place (``mgpu_block_gemm.edge_dim``, a multiple of 32: the int8
+    codes' rows and, transposed, their columns are then 16-byte multiples, and
+    the float32 scales along either dimension whole 128-byte tiles of 32), else
     zero-padded to whole squares (a zero changes no amax; the pad is cropped)."""
     r, c = x.shape
-    return _pad_to(x, (edge_dim(r, _EDGE), edge_dim(c, _EDGE)), 0)
+    return _pad_to(x, (edge_dim(r, IN_PLACE), edge_dim(c, IN_PLACE)), 0)
 
 
 def _grid(xp: jax.Array) -> tuple[int, int]:
