@@ -307,14 +307,14 @@ def _padded_nt(a, a_scale, bt, b_scale_kc, *, b_cols, b_scale_nk, out_dtype, int
     """Pad to the kernel's tiles, run it, crop.  Shapes: see :func:`batched_matmul_nt`.
 
     Only dimensions whose edge tiles the kernel's TMA copies cannot take in
-    place are padded (:func:`fp8jax.kernels.mgpu_block_gemm.edge_dim`: others
-    than multiples of 32 of at least 128), so most shapes' operands and
-    results reach the kernel and leave it with no copy.  The same products
+    place are padded (:func:`fp8jax.kernels.mgpu_block_gemm.edge_dim`: those
+    under 128 or not a multiple of 32), so most shapes' operands and results
+    reach the kernel and leave it with no copy.  The same products
     either way (a K that ends inside a run: zeros in the rest of it).
     """
     nb, m, k = a.shape
     n = bt.shape[1]
-    mp, kp, np_ = (mgpu.edge_dim(d, mgpu.IN_PLACE) for d in (m, k, n))
+    mp, kp, np_ = (mgpu.edge_dim(d) for d in (m, k, n))
     kc = cdiv(kp, CHUNK)
     # Zero data padding adds exact zeros; unit scale padding keeps it inert.
     a_p = _pad_to(a, (nb, mp, kp), 0)

@@ -167,13 +167,10 @@ def _body(
         partial = pl.run_scoped(mma, plgpu.ACC((_WG_ROWS, BLOCK_N), jnp.float32))
         return acc + partial * scale
 
+    tiles = _swizzled(a_g.shape[-1])
     in_specs = [
-        plgpu.BlockSpec(
-            (BLOCK_M, CHUNK), lambda c: (i, run_of(c)), transforms=_swizzled(a_g.shape[-1])
-        ),
-        plgpu.BlockSpec(
-            (BLOCK_N, CHUNK), lambda c: (j, run_of(c)), transforms=_swizzled(a_g.shape[-1])
-        ),
+        plgpu.BlockSpec((BLOCK_M, CHUNK), lambda c: (i, run_of(c)), transforms=tiles),
+        plgpu.BlockSpec((BLOCK_N, CHUNK), lambda c: (j, run_of(c)), transforms=tiles),
         plgpu.BlockSpec((None, BLOCK_M), lambda c: (run_of(c), i)),
     ]
     if b_cols:
@@ -277,20 +274,20 @@ def b_scale_shape(batch: int, n: int, kc: int, *, b_cols: bool, b_scale_nk: bool
     return (batch, blocks, kc) if b_scale_nk else (batch, kc, blocks)
 
 
-def edge_dim(d: int, multiple: int) -> int:
+def edge_dim(d: int) -> int:
     """A dimension ``d`` as a kernel is given it: as it is where its TMA copies take
-    the edge tile in place, at least one tile (128) and a multiple of ``multiple``,
-    else zero-padded to a multiple of 128.
+    the edge tile in place, at least one tile (128) and a multiple of
+    :data:`IN_PLACE`, else zero-padded to a multiple of 128.
 
     TMA reads the elements of a tile past an array's edge as zeros (codes that
     add nothing, scales that multiply only those zeros) and drops the writes
     past it, so an edge tile computes what a padded one does, without a padded
-    copy of the operand or a crop of the result.  ``multiple`` is what the
+    copy of the operand or a crop of the result.  The multiple is what the
     copies along ``d`` need: whole 16-byte row strides and whole swizzled
-    shared-memory tiles (:data:`IN_PLACE`; Mosaic GPU refuses a copy whose
-    global shape splits one).
+    shared-memory tiles (Mosaic GPU refuses a copy whose global shape splits
+    one).
     """
-    return d if d >= CHUNK and d % multiple == 0 else pl.cdiv(d, CHUNK) * CHUNK
+    return d if d >= CHUNK and d % IN_PLACE == 0 else pl.cdiv(d, CHUNK) * CHUNK
 
 
 #: The multiple of a dimension the dense kernel takes in place (:func:`edge_dim`):
@@ -320,7 +317,7 @@ def _out_tile(o_g) -> dict:
 def check_padded(a, b, a_scale_t, b_scale, *, b_cols: bool, b_scale_nk: bool = False) -> None:
     """The kernel's shape contract (see the module docstring)."""
     for name, x in (("a", a), ("b", b)):
-        if x.ndim != 3 or any(edge_dim(d, IN_PLACE) != d for d in x.shape[1:]):
+        if x.ndim != 3 or any(edge_dim(d) != d for d in x.shape[1:]):
             raise ValueError(
                 f"{name} must be (batch, rows, K), each of rows and K a multiple of 128 or"
                 f" of {IN_PLACE} and at least 128, got {x.shape}"

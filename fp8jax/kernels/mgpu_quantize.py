@@ -64,7 +64,7 @@ from fp8jax import scaling
 from fp8jax.inline_ops import isfinite
 from fp8jax.kernels.block_gemm import _pad_to, cdiv
 from fp8jax.kernels.gpu_codes import cast_with_specials, code_values
-from fp8jax.kernels.mgpu_block_gemm import IN_PLACE, edge_dim
+from fp8jax.kernels.mgpu_block_gemm import edge_dim
 from fp8jax.kernels.mgpu_ptxas import ask_ptxas_once
 from fp8jax.kernels.tpu_quantize import GROUP, ORIENTS, _codes, _scale, check_2d, crop
 
@@ -391,7 +391,7 @@ def _padded(x: jax.Array) -> jax.Array:
     the float32 scales along either dimension whole 128-byte tiles of 32), else
     zero-padded to whole squares (a zero changes no amax; the pad is cropped)."""
     r, c = x.shape
-    return _pad_to(x, (edge_dim(r, IN_PLACE), edge_dim(c, IN_PLACE)), 0)
+    return _pad_to(x, (edge_dim(r), edge_dim(c)), 0)
 
 
 def _grid(xp: jax.Array) -> tuple[int, int]:
