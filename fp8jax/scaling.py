@@ -101,6 +101,9 @@ def ieee_division(
     ``keeps_subnormals``: ``divide`` is IEEE for subnormal operands and
     results too (PTX ``div.rn.f32``, no ``.ftz``), so :func:`divide_offset`
     divides directly, without its offset for tiny scales.
+    The division is read when a body is traced and is no part of jax's trace
+    caches' keys: trace the body inside the block itself, not a ``jax.jit``
+    of a function that may have been traced (and cached) outside it.
     """
     _DIVISIONS.append((divide, corrected, keeps_subnormals))
     try:
