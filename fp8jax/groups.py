@@ -185,12 +185,77 @@ def _to_tiles_tpu(a: jax.Array, layout: GroupLayout, fill=0) -> jax.Array:
     )
 
 
-@traced_inline
 def from_tiles(t: jax.Array, layout: GroupLayout) -> jax.Array:
-    """(num_tiles, tile, ...) -> (M, ...) in the caller's row order; rows in no group are 0."""
+    """(num_tiles, tile, ...) -> (M, ...) in the caller's row order; rows in no group are 0.
+
+    A gather of rows; on a TPU lowering, where :func:`to_tiles` takes its
+    kernel, :func:`fp8jax.kernels.tpu_tiles.window_rows` (each block of
+    ``tile`` rows assembled from the windows of its experts' rows).  The same
+    values either way.
+    """
+    from fp8jax.kernels import tpu_tiles
+
+    kernel = t.size > 0 and tpu_tiles.moves(t.dtype, layout.tile)
+    return platforms.choose(
+        lambda p: "tpu kernel" if kernel and p == "tpu" else "rows",
+        lambda how: _from_tiles_tpu if how == "tpu kernel" else _from_tile_rows,
+        (t, layout),
+    )
+
+
+@traced_inline
+def _from_tile_rows(t: jax.Array, layout: GroupLayout) -> jax.Array:
     flat = t.reshape((-1,) + t.shape[2:])
     valid = layout.in_group.reshape((-1,) + (1,) * (flat.ndim - 1))
     return jnp.where(valid, flat[layout.dst_row], jnp.zeros((), t.dtype))
+
+
+@traced_inline
+def window_segments(layout: GroupLayout) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """(block, start, lo_row, hi_row) of :func:`~fp8jax.kernels.tpu_tiles.window_rows` that
+    take the tiles back to the caller's rows: a segment begins at every block of
+    ``tile`` rows and wherever a row's shift into the tiles (``dst_row - row``)
+    or its being in a group changes, so at most ceil(M / tile) + E + 1 of them
+    (the rest are empty, past the last row).  A segment of rows in no group
+    writes none (they stay zeros)."""
+    tile = layout.tile
+    rows = layout.dst_row.shape[0]
+    n_blocks = -(-rows // tile)
+    num_groups = layout.num_tiles - n_blocks
+    m = jnp.arange(rows, dtype=jnp.int32)
+    shift = layout.dst_row - m
+    before = jnp.maximum(m - 1, 0)
+    change = (
+        (m % tile == 0) | (shift != shift[before]) | (layout.in_group != layout.in_group[before])
+    )
+    (begin,) = jnp.nonzero(change, size=n_blocks + num_groups + 1, fill_value=rows)
+    begin = begin.astype(jnp.int32)
+    end = jnp.concatenate([begin[1:], jnp.full((1,), rows, jnp.int32)])
+    block = jnp.minimum(begin // tile, n_blocks - 1)
+    first = jnp.minimum(begin, rows - 1)
+    valid = (begin < rows) & layout.in_group[first]
+    start = jnp.where(valid, block * tile + shift[first], 0)
+    lo_row = begin - block * tile
+    hi_row = jnp.where(valid, end - block * tile, lo_row)
+    return block, start, lo_row, hi_row
+
+
+def _from_tiles_kernel(t: jax.Array, layout: GroupLayout, interpret: bool = False) -> jax.Array:
+    """:func:`from_tiles` by the Pallas TPU kernel (``interpret``: its interpret mode)."""
+    from fp8jax.kernels import tpu_tiles
+
+    rows = layout.dst_row.shape[0]
+    flat = t.reshape(t.shape[0] * t.shape[1], -1)
+    out = tpu_tiles.window_rows(
+        flat, *window_segments(layout), rows=rows, tile=layout.tile, interpret=interpret
+    )
+    return out.reshape((rows,) + t.shape[2:])
+
+
+def _from_tiles_tpu(t: jax.Array, layout: GroupLayout) -> jax.Array:
+    """:func:`_from_tiles_kernel`, traced and lowered for TPU only."""
+    out = jax.ShapeDtypeStruct((layout.dst_row.shape[0],) + t.shape[2:], t.dtype)
+    return platforms.only_on(("tpu",), _from_tiles_kernel, t, layout, out_shape=out)
 
 
 def sum_tiles(per_tile: jax.Array, layout: GroupLayout, num_groups: int) -> jax.Array:

@@ -639,7 +639,7 @@ def _gemm_kernels(text: str) -> int:
     """The GEMM kernels among a TPU program's Mosaic kernels; every other one must be
     the quantizer's (fp8jax.kernels.tpu_quantize) or the expert tiles' (tpu_tiles)."""
     calls = [line for line in text.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
-    others = ("block_scaled_matmul", "fp8_quantize_", "fp8_window_tiles")
+    others = ("block_scaled_matmul", "fp8_quantize_", "fp8_window_tiles", "fp8_window_rows")
     assert all(any(o in c for o in others) for c in calls), [c[:120] for c in calls]
     return sum("block_scaled_matmul" in c for c in calls)
 

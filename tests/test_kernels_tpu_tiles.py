@@ -1,7 +1,7 @@
-"""The Pallas TPU kernel that lays rows out in expert-aligned tiles, in TPU interpret mode on
-CPU: every row's bit pattern where numpy's gather puts it and the values of
-``fp8jax.groups``' gather of rows (NaN, -0, Inf, every dtype width the kernel moves); and,
-where libtpu is installed, the kernel in a TPU program.
+"""The Pallas TPU kernels that lay rows out in expert-aligned tiles and take them back, in
+TPU interpret mode on CPU: every row's bit pattern where numpy's gather puts it and the
+values of ``fp8jax.groups``' gathers of rows (NaN, -0, Inf, every dtype width the kernels
+move); and, where libtpu is installed, the kernels in a TPU program.
 """
 
 from __future__ import annotations
@@ -78,6 +78,63 @@ def _numpy_tiles(a, layout, fill):
     return out.reshape((layout.num_tiles, layout.tile) + bits.shape[1:])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "sizes, m, tail",
+    [
+        ([100, 0, 57, 120], 300, (256,)),  # blocks of several experts, an empty one
+        ([5, 300, 0, 130, 1, 256], 700, (3, 5)),  # trailing axes, rows past the groups
+        ([128, 128], 256, ()),  # whole tiles: every window on a tile's first row
+        ([0, 0], 40, (8,)),  # no rows in any group: zeros
+        ([40], 40, (600,)),  # fewer rows than a tile, columns past one block
+    ],
+)
+def test_kernel_rows_are_the_row_gather(sizes, m, tail, dtype):
+    layout = groups.group_layout(jnp.asarray(sizes, jnp.int32), m)
+    t = _rows((layout.num_tiles, layout.tile) + tail, dtype, seed=m + 1)
+    got = groups._from_tiles_kernel(t, layout, interpret=True)
+    want = groups._from_tile_rows(t, layout)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    for ref in (_numpy_rows(t, layout), _bits(want)):
+        _assert_same_bits(got, ref)
+
+
+def _numpy_rows(t, layout):
+    """The rows' bit patterns by numpy: row m is its aligned row's bits, or zeros."""
+    bits = _bits(t).reshape((-1,) + t.shape[2:])
+    out = np.zeros((layout.dst_row.shape[0],) + bits.shape[1:], bits.dtype)
+    in_group = np.asarray(layout.in_group)
+    out[in_group] = bits[np.asarray(layout.dst_row)[in_group]]
+    return out
+
+
+def test_window_segments_cover_every_block_in_order():
+    # Segments begin at every block and wherever the shift changes; those past
+    # the last row write nothing.
+    sizes = jnp.asarray([3, 0, 200, 61, 130], jnp.int32)
+    layout = groups.group_layout(sizes, 500)
+    block, start, lo_row, hi_row = map(np.asarray, groups.window_segments(layout))
+    assert block.shape == (4 + 5 + 1,)
+    assert np.all(np.diff(block) >= 0) and set(block) == {0, 1, 2, 3}
+    written = hi_row > lo_row
+    assert np.all(np.diff(start[written]) >= 0)
+    # Every row in a group is written by exactly one segment.
+    rows = np.zeros(500, int)
+    for b, lo, hi in zip(block, lo_row, hi_row):
+        rows[b * 128 + lo : b * 128 + hi] += 1
+    np.testing.assert_array_equal(rows, np.asarray(layout.in_group).astype(int))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_kernel_rows_under_jit(jit):
+    layout = groups.group_layout(jnp.asarray([70, 200, 0, 129], jnp.int32), 500)
+    t = _rows((layout.num_tiles, layout.tile, 128), jnp.float32, seed=4)
+    run = groups._from_tiles_kernel
+    if jit:
+        run = jax.jit(run, static_argnums=(2,))
+    _assert_same_bits(run(t, layout, True), _numpy_rows(t, layout))
+
+
 @pytest.mark.parametrize("jit", [False, True])
 def test_kernel_tiles_under_jit(jit):
     a = _rows((500, 128), jnp.bfloat16, seed=3)
@@ -100,6 +157,15 @@ def test_kernel_refuses_what_it_cannot_move():
             tpu_tiles.window_tiles(jnp.zeros((256, 8), dtype), start, count, tile=128)
     with pytest.raises(ValueError, match="same 1-D shape"):
         tpu_tiles.window_tiles(jnp.zeros((256, 8)), start, count[:1], tile=128)
+    segs = (start,) * 4
+    with pytest.raises(ValueError, match="2-D"):
+        tpu_tiles.window_rows(jnp.zeros((256,)), *segs, rows=256, tile=128)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        tpu_tiles.window_rows(jnp.zeros((256, 8)), *segs, rows=256, tile=100)
+    with pytest.raises(ValueError, match="1-, 2- and 4-byte"):
+        tpu_tiles.window_rows(jnp.zeros((256, 8), jnp.bool_), *segs, rows=256, tile=128)
+    with pytest.raises(ValueError, match="one 1-D shape"):
+        tpu_tiles.window_rows(jnp.zeros((256, 8)), *segs[:3], start[:1], rows=256, tile=128)
 
 
 def test_tpu_program_takes_the_kernel():
@@ -148,6 +214,6 @@ def test_tpu_grouped_gemm_takes_the_kernel_and_keeps_its_gemms():
         jax.ShapeDtypeStruct((4, 256, 256), jnp.bfloat16),
     )
     compiled = compilers.compile_for(fwd_bwd, args, t)
-    assert "fp8_window_tiles" in compiled.text
+    assert "fp8_window_tiles" in compiled.text and "fp8_window_rows" in compiled.text
     # Fprop, Dgrad and Wgrad.
     assert compilers.census(compiled).gemm_kernels == {"Mosaic TPU": 3}

@@ -134,7 +134,7 @@ _GEMM_TARGETS = (
     ("tpu_custom_call", "Mosaic TPU"),
 )
 #: Pallas kernels that are no GEMM, by the kernel names fp8jax gives them (the
-#: quantizers', the TPU telemetry's, SwiGLU's backward, the expert tiles'):
+#: quantizers', the TPU telemetry's, SwiGLU's backward, the expert tiles' both ways):
 #: their custom calls share the GEMM kernels' targets.
 _NOT_GEMM_KERNELS = (
     "fp8_quantize_",
@@ -142,6 +142,7 @@ _NOT_GEMM_KERNELS = (
     "fp8_operand_telemetry",
     "fp8_swiglu_grad",
     "fp8_window_tiles",
+    "fp8_window_rows",
 )
 #: A Mosaic GPU kernel is a GEMM where its module holds a tensor-core instruction
 #: (a kernel's name is lost where it is batched by vmap: "batched_body").
