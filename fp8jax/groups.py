@@ -37,7 +37,9 @@ class GroupLayout(NamedTuple):
 
     src_row / row_valid (Mp,): which input row fills aligned row r (if valid);
     tile_group (Mp // tile,): expert of each tile, -1 for a tile of padding only;
-    dst_row / in_group (M,): where input row m lands (if it belongs to a group).
+    dst_row / in_group (M,): where input row m lands (if it belongs to a group);
+    group_end / group_shift (E,): where each group's rows end (``sum(g[:e+1])``)
+    and how many rows further its aligned rows sit (``dst_row - m`` for its rows).
     """
 
     src_row: jax.Array
@@ -45,6 +47,8 @@ class GroupLayout(NamedTuple):
     tile_group: jax.Array
     dst_row: jax.Array
     in_group: jax.Array
+    group_end: jax.Array
+    group_shift: jax.Array
 
     @property
     def num_tiles(self) -> int:
@@ -127,7 +131,7 @@ def group_layout(group_sizes: jax.Array, num_rows: int, tile: int = 128) -> Grou
     g_m = jnp.clip(_search_right(ends, m), 0, num_groups - 1)
     in_group = m < ends[-1] if num_groups else jnp.zeros((num_rows,), bool)
     dst_row = jnp.where(in_group, aligned_offs[g_m] + (m - offs[g_m]), 0)
-    return GroupLayout(src_row, row_valid, tile_group, dst_row, in_group)
+    return GroupLayout(src_row, row_valid, tile_group, dst_row, in_group, ends, aligned_offs - offs)
 
 
 def _search_right(edges: jax.Array, v: jax.Array) -> jax.Array:
@@ -214,28 +218,27 @@ def _from_tile_rows(t: jax.Array, layout: GroupLayout) -> jax.Array:
 def window_segments(layout: GroupLayout) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """(block, start, lo_row, hi_row) of :func:`~fp8jax.kernels.tpu_tiles.window_rows` that
     take the tiles back to the caller's rows: a segment begins at every block of
-    ``tile`` rows and wherever a row's shift into the tiles (``dst_row - row``)
-    or its being in a group changes, so at most ceil(M / tile) + E + 1 of them
-    (the rest are empty, past the last row).  A segment of rows in no group
-    writes none (they stay zeros)."""
+    ``tile`` rows and at every group's end (where the next group, or the rows of
+    none, begin), so ceil(M / tile) + E of them, sorted; a group's rows share
+    one shift into the tiles.  A segment of rows in no group (or of none)
+    writes none: they stay zeros.  Index arithmetic on those few segments,
+    none on the M rows."""
     tile = layout.tile
     rows = layout.dst_row.shape[0]
     n_blocks = -(-rows // tile)
-    num_groups = layout.num_tiles - n_blocks
-    m = jnp.arange(rows, dtype=jnp.int32)
-    shift = layout.dst_row - m
-    before = jnp.maximum(m - 1, 0)
-    change = (
-        (m % tile == 0) | (shift != shift[before]) | (layout.in_group != layout.in_group[before])
-    )
-    (begin,) = jnp.nonzero(change, size=n_blocks + num_groups + 1, fill_value=rows)
-    begin = begin.astype(jnp.int32)
+    num_groups = layout.group_end.shape[0]
+    blocks = jnp.arange(n_blocks, dtype=jnp.int32) * tile
+    begin = jnp.sort(jnp.concatenate([blocks, layout.group_end.astype(jnp.int32)]))
     end = jnp.concatenate([begin[1:], jnp.full((1,), rows, jnp.int32)])
     block = jnp.minimum(begin // tile, n_blocks - 1)
-    first = jnp.minimum(begin, rows - 1)
-    valid = (begin < rows) & layout.in_group[first]
-    start = jnp.where(valid, block * tile + shift[first], 0)
     lo_row = begin - block * tile
+    if num_groups == 0:
+        return block, jnp.zeros_like(block), lo_row, lo_row
+    # The group a segment's rows are in: the first whose end is past its begin.
+    group = _search_right(layout.group_end, begin)
+    valid = group < num_groups
+    shift = layout.group_shift[jnp.minimum(group, num_groups - 1)]
+    start = jnp.where(valid, block * tile + shift, 0)
     hi_row = jnp.where(valid, end - block * tile, lo_row)
     return block, start, lo_row, hi_row
 

@@ -109,12 +109,12 @@ def _numpy_rows(t, layout):
 
 
 def test_window_segments_cover_every_block_in_order():
-    # Segments begin at every block and wherever the shift changes; those past
-    # the last row write nothing.
+    # Segments begin at every block and at every group's end; those of rows in
+    # no group write nothing.
     sizes = jnp.asarray([3, 0, 200, 61, 130], jnp.int32)
     layout = groups.group_layout(sizes, 500)
     block, start, lo_row, hi_row = map(np.asarray, groups.window_segments(layout))
-    assert block.shape == (4 + 5 + 1,)
+    assert block.shape == (4 + 5,)
     assert np.all(np.diff(block) >= 0) and set(block) == {0, 1, 2, 3}
     written = hi_row > lo_row
     assert np.all(np.diff(start[written]) >= 0)
