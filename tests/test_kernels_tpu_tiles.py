@@ -83,6 +83,7 @@ def _numpy_tiles(a, layout, fill):
     "sizes, m, tail",
     [
         ([100, 0, 57, 120], 300, (256,)),  # blocks of several experts, an empty one
+        ([3, 700], 703, (128,)),  # a shifted group over blocks: first tiles carried
         ([5, 300, 0, 130, 1, 256], 700, (3, 5)),  # trailing axes, rows past the groups
         ([128, 128], 256, ()),  # whole tiles: every window on a tile's first row
         ([0, 0], 40, (8,)),  # no rows in any group: zeros

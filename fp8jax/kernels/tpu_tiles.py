@@ -146,8 +146,9 @@ def window_tiles(
 
 
 def _rows_kernel(
-    block_ref, start_ref, lo_row_ref, hi_row_ref, lo_tile, hi_tile, lo_ref, hi_ref, o_ref, *, tile
-):
+    block_ref, start_ref, lo_row_ref, hi_row_ref, carried_ref, lo_tile, hi_tile,
+    lo_ref, hi_ref, o_ref, carry_ref, *, tile,
+):  # fmt: skip
     s = pl.program_id(1)
     # A block's first segment starts it from zeros (the rows of no segment:
     # past the last expert); the blocks of segments come in order, so a
@@ -155,7 +156,9 @@ def _rows_kernel(
     first = (s == 0) | (block_ref[s] != block_ref[jnp.maximum(s - 1, 0)])
     off = jax.lax.rem(start_ref[s], tile)
     shift = jax.lax.rem(tile - off, tile)
-    lo = pltpu.roll(_widened(lo_ref[...]), shift, 0)
+    # The first tile is the step before's second where ``carried`` says so.
+    lo_tile_rows = jnp.where(carried_ref[s] != 0, carry_ref[...], lo_ref[...])
+    lo = pltpu.roll(_widened(lo_tile_rows), shift, 0)
     hi = pltpu.roll(_widened(hi_ref[...]), shift, 0)
     row = jax.lax.broadcasted_iota(jnp.int32, lo.shape, 0)
     window = jnp.where(row < tile - off, lo, hi)
@@ -164,6 +167,7 @@ def _rows_kernel(
     out = jnp.where(mine, window, kept)
     ints = _INT[jnp.dtype(o_ref.dtype).itemsize]
     o_ref[...] = jax.lax.bitcast_convert_type(out.astype(ints), o_ref.dtype)
+    carry_ref[...] = hi_ref[...]
 
 
 @functools.partial(jax.jit, static_argnames=("rows", "tile", "interpret"))
@@ -203,26 +207,32 @@ def window_rows(
     n_blocks = cdiv(rows, tile)
     segs = tuple(x.astype(jnp.int32) for x in segs)
     block, start, lo_row, hi_row = segs
-    # The two tiles a segment's rows come from; a segment that needs no row of
-    # one keeps the tile the step before it read (a running maximum: windows
-    # of written rows start in order), which the pipeline then does not fetch
-    # again: an empty segment, or a window that starts on a tile's first row,
-    # reads at most one tile.
+    # The two tiles a segment's rows come from.  A segment's second tile is
+    # the next one's first wherever a group's rows go on past a block: kept in
+    # VMEM (``carried``), not read again.  A tile a segment needs no row of
+    # stays the one the step before read (a running maximum: windows of
+    # written rows start in order), which the pipeline does not fetch again.
     first_tile = jax.lax.div(start, tile)
     split = tile - jax.lax.rem(start, tile)
-    lo_tile = jax.lax.cummax(jnp.where(lo_row < jnp.minimum(hi_row, split), first_tile, 0))
-    hi_tile = jax.lax.cummax(jnp.where(hi_row > jnp.maximum(lo_row, split), first_tile + 1, 0))
+    lo_needed = lo_row < jnp.minimum(hi_row, split)
+    hi_needed = hi_row > jnp.maximum(lo_row, split)
+    hi_tile = jnp.minimum(jax.lax.cummax(jnp.where(hi_needed, first_tile + 1, 0)), last)
+    held = jnp.concatenate([jnp.full((1,), -1, jnp.int32), hi_tile[:-1]])
+    carried = lo_needed & (first_tile == held)
+    lo_tile = jax.lax.cummax(jnp.where(lo_needed & ~carried, first_tile, 0))
 
     def tile_map(tiles):
         return lambda j, s, *refs: (jnp.minimum(refs[tiles][s], last), j)
 
     # Column blocks outermost: each output block is visited in one run of
-    # consecutive steps (its segments), which Mosaic needs of a block it keeps.
+    # consecutive steps (its segments), which Mosaic needs of a block it keeps;
+    # a column block's first segment carries nothing in (``held`` starts at -1).
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=6,
+        num_scalar_prefetch=7,
         grid=(cdiv(c, bc), block.shape[0]),
-        in_specs=[pl.BlockSpec((tile, bc), tile_map(4)), pl.BlockSpec((tile, bc), tile_map(5))],
+        in_specs=[pl.BlockSpec((tile, bc), tile_map(5)), pl.BlockSpec((tile, bc), tile_map(6))],
         out_specs=pl.BlockSpec((tile, bc), lambda j, s, block_ref, *_: (block_ref[s], j)),
+        scratch_shapes=[pltpu.VMEM((tile, bc), a.dtype)],
     )
     moved = tile * c * width
     out = pl.pallas_call(
@@ -230,12 +240,13 @@ def window_rows(
         out_shape=jax.ShapeDtypeStruct((n_blocks * tile, c), a.dtype),
         grid_spec=grid_spec,
         compiler_params=None if interpret else compiler_params(("parallel", "arbitrary")),
-        # At most two tiles read per segment (a block's rows shifted off the
-        # tiles' edges), each block written once.
+        # A tile read for each block and two more for each further segment (a
+        # group's first window: its second tile, and a first tile not carried),
+        # each block written once: 2 x segments tiles moved.
         cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=(2 * block.shape[0] + n_blocks) * moved
+            flops=0, transcendentals=0, bytes_accessed=2 * block.shape[0] * moved
         ),
         interpret=pltpu.InterpretParams() if interpret else False,
         name="fp8_window_rows",
-    )(*segs, lo_tile, hi_tile, a, a)
+    )(*segs, carried.astype(jnp.int32), lo_tile, hi_tile, a, a)
     return out if n_blocks * tile == rows else out[:rows]
