@@ -8,10 +8,13 @@ consecutive input rows starting at its first row ``start[t]``, its first
 ``count[t]`` rows valid and the rest ``fill``.  XLA gathers those rows one by
 one, and libtpu prices a gather of single rows at several times the bytes
 it moves (3,072 rows of a (2,048, 256) bfloat16 array: 18.4 MB accessed for
-1.6 MB of rows).  Here grid step (t, j) reads the two aligned blocks of
+1.6 MB of rows).  Here grid step (j, t) takes the two aligned blocks of
 ``tile`` rows (and the j-th block of columns) that the window spans and
-rotates them into place in VMEM: every block is read at most twice, the
-tiles written once.
+rotates them into place in VMEM.  The steps of a column block go in order,
+and a tile's second block is the next tile's first where a group goes on:
+kept in VMEM, not read again (:func:`_fetched`), so a block is read about
+once, twice where a group's first window starts in it; the tiles are
+written once.
 
 The rows are moved as signed integers of their width (a bitcast in the
 kernel), widened to int32 for the rotation and narrowed back, so every bit
@@ -28,8 +31,9 @@ output's rows in blocks of ``tile``, each block assembled over segments of
 consecutive rows that share one shift into the tiles (a block spans as many
 segments as experts whose rows it holds, plus one past the last expert), each
 segment's window of ``tile`` rows rotated out of the two aligned tiles it
-spans.  XLA's gather of those rows cost libtpu's model 230 of 1,090 us at
-8 experts x 512 x 7168 x 2048 (deepseek_v3's fwd+bwd on tpu7x).
+spans, the second carried to the next segment as above.  XLA's gather of
+those rows cost libtpu's model 230 of 1,090 us at 8 experts x 512 x 7168 x
+2048 (deepseek_v3's fwd+bwd on tpu7x).
 """
 
 from __future__ import annotations
@@ -62,20 +66,57 @@ def moves(dtype, tile: int) -> bool:
     return tile % TILE_MULTIPLE == 0 and dtype.itemsize in _INT and dtype != jnp.bool_
 
 
-def _kernel(start_ref, count_ref, lo_ref, hi_ref, o_ref, *, tile: int, fill_bits: int):
-    t = pl.program_id(0)
+def _kernel(
+    start_ref,
+    count_ref,
+    carried_ref,
+    lo_tile,
+    hi_tile,
+    lo_ref,
+    hi_ref,
+    o_ref,
+    carry_ref,
+    *,
+    tile: int,
+    fill_bits: int,
+):
+    t = pl.program_id(1)
     # Starts are non-negative: the remainder and quotient need no sign fix-up.
     off = jax.lax.rem(start_ref[t], tile)
     # Rotate both blocks up by the window's offset within the first one: its
-    # rows then sit in place, the first tile - off of them from ``lo``.
+    # rows then sit in place, the first tile - off of them from ``lo``.  The
+    # first block is the step before's second where ``carried`` says so.
     shift = jax.lax.rem(tile - off, tile)
-    lo = pltpu.roll(_widened(lo_ref[...]), shift, 0)
+    lo_rows = jnp.where(carried_ref[t] != 0, carry_ref[...], lo_ref[...])
+    lo = pltpu.roll(_widened(lo_rows), shift, 0)
     hi = pltpu.roll(_widened(hi_ref[...]), shift, 0)
     row = jax.lax.broadcasted_iota(jnp.int32, lo.shape, 0)
     window = jnp.where(row < tile - off, lo, hi)
     out = jnp.where(row < count_ref[t], window, fill_bits)
     ints = _INT[jnp.dtype(o_ref.dtype).itemsize]
     o_ref[...] = jax.lax.bitcast_convert_type(out.astype(ints), o_ref.dtype)
+    carry_ref[...] = hi_ref[...]
+
+
+def _fetched(start, lo_row, hi_row, *, tile: int, last: int):
+    """(carried, first block, second block) per step of a kernel whose step s writes the
+    rows ``lo_row[s]`` .. ``hi_row[s]`` of the window of ``tile`` rows from ``start[s]``.
+
+    A step's second block is the next step's first wherever rows go on past a
+    block (a group's next tile, or its window in the next block of rows): kept
+    in VMEM (``carried``), not read again.  A block a step needs no row of stays
+    the one the step before read (a running maximum: the windows of the steps
+    that need rows start in order), which the pipeline does not fetch again.
+    """
+    first = jax.lax.div(start, tile)
+    split = tile - jax.lax.rem(start, tile)
+    lo_needed = lo_row < jnp.minimum(hi_row, split)
+    hi_needed = hi_row > jnp.maximum(lo_row, split)
+    hi_tile = jnp.minimum(jax.lax.cummax(jnp.where(hi_needed, first + 1, 0)), last)
+    held = jnp.concatenate([jnp.full((1,), -1, jnp.int32), hi_tile[:-1]])
+    carried = lo_needed & (first == held)
+    lo_tile = jnp.minimum(jax.lax.cummax(jnp.where(lo_needed & ~carried, first, 0)), last)
+    return carried.astype(jnp.int32), lo_tile, hi_tile
 
 
 def _widened(x: jax.Array) -> jax.Array:
@@ -116,39 +157,56 @@ def window_tiles(
     fill_bits = int(np.asarray(fill, jnp.dtype(a.dtype)).view(jnp.dtype(ints)))
     last = cdiv(m, tile) - 1
     bc = c if c <= BLOCK_COLS else BLOCK_COLS
+    start, count = start.astype(jnp.int32), count.astype(jnp.int32)
+    fetched = _fetched(start, jnp.zeros_like(count), count, tile=tile, last=last)
 
-    # The window's two aligned blocks; past the end the last block (those rows
-    # are beyond ``count``, never kept).
-    def lo_map(t, j, start_ref, count_ref):
-        return jnp.minimum(jax.lax.div(start_ref[t], tile), last), j
+    def block_map(blocks):
+        return lambda j, t, *refs: (refs[blocks][t], j)
 
-    def hi_map(t, j, start_ref, count_ref):
-        return jnp.minimum(jax.lax.div(start_ref[t], tile) + 1, last), j
-
+    # Column blocks outermost, the tiles of one in order ("arbitrary"): a
+    # tile's second block is carried to the next; a column block's first tile
+    # carries nothing in.
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2,
-        grid=(n_tiles, cdiv(c, bc)),
-        in_specs=[pl.BlockSpec((tile, bc), lo_map), pl.BlockSpec((tile, bc), hi_map)],
-        out_specs=pl.BlockSpec((tile, bc), lambda t, j, s, n: (t, j)),
+        num_scalar_prefetch=5,
+        grid=(cdiv(c, bc), n_tiles),
+        in_specs=[pl.BlockSpec((tile, bc), block_map(3)), pl.BlockSpec((tile, bc), block_map(4))],
+        out_specs=pl.BlockSpec((tile, bc), lambda j, t, *_: (t, j)),
+        scratch_shapes=[pltpu.VMEM((tile, bc), a.dtype)],
     )
-    moved = n_tiles * tile * c * width
+    moved = tile * c * width
+    # A block read per tile and one more per group (n_tiles - ceil(M / tile) of
+    # them in fp8jax.groups' layout: a group's first window, not carried), each
+    # tile written once.
+    reads = n_tiles + max(n_tiles - cdiv(m, tile), 0)
     out = pl.pallas_call(
         functools.partial(_kernel, tile=tile, fill_bits=fill_bits),
         out_shape=jax.ShapeDtypeStruct((n_tiles * tile, c), a.dtype),
         grid_spec=grid_spec,
-        compiler_params=None if interpret else compiler_params(("parallel", "parallel")),
-        # Two blocks read and one written per tile.
-        cost_estimate=pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=3 * moved),
+        compiler_params=None if interpret else compiler_params(("parallel", "arbitrary")),
+        cost_estimate=pl.CostEstimate(
+            flops=0, transcendentals=0, bytes_accessed=(reads + n_tiles) * moved
+        ),
         interpret=pltpu.InterpretParams() if interpret else False,
         name="fp8_window_tiles",
-    )(start.astype(jnp.int32), count.astype(jnp.int32), a, a)
+    )(start, count, *fetched, a, a)
     return out
 
 
 def _rows_kernel(
-    block_ref, start_ref, lo_row_ref, hi_row_ref, carried_ref, lo_tile, hi_tile,
-    lo_ref, hi_ref, o_ref, carry_ref, *, tile,
-):  # fmt: skip
+    block_ref,
+    start_ref,
+    lo_row_ref,
+    hi_row_ref,
+    carried_ref,
+    lo_tile,
+    hi_tile,
+    lo_ref,
+    hi_ref,
+    o_ref,
+    carry_ref,
+    *,
+    tile,
+):
     s = pl.program_id(1)
     # A block's first segment starts it from zeros (the rows of no segment:
     # past the last expert); the blocks of segments come in order, so a
@@ -207,22 +265,10 @@ def window_rows(
     n_blocks = cdiv(rows, tile)
     segs = tuple(x.astype(jnp.int32) for x in segs)
     block, start, lo_row, hi_row = segs
-    # The two tiles a segment's rows come from.  A segment's second tile is
-    # the next one's first wherever a group's rows go on past a block: kept in
-    # VMEM (``carried``), not read again.  A tile a segment needs no row of
-    # stays the one the step before read (a running maximum: windows of
-    # written rows start in order), which the pipeline does not fetch again.
-    first_tile = jax.lax.div(start, tile)
-    split = tile - jax.lax.rem(start, tile)
-    lo_needed = lo_row < jnp.minimum(hi_row, split)
-    hi_needed = hi_row > jnp.maximum(lo_row, split)
-    hi_tile = jnp.minimum(jax.lax.cummax(jnp.where(hi_needed, first_tile + 1, 0)), last)
-    held = jnp.concatenate([jnp.full((1,), -1, jnp.int32), hi_tile[:-1]])
-    carried = lo_needed & (first_tile == held)
-    lo_tile = jax.lax.cummax(jnp.where(lo_needed & ~carried, first_tile, 0))
+    carried, lo_tile, hi_tile = _fetched(start, lo_row, hi_row, tile=tile, last=last)
 
     def tile_map(tiles):
-        return lambda j, s, *refs: (jnp.minimum(refs[tiles][s], last), j)
+        return lambda j, s, *refs: (refs[tiles][s], j)
 
     # Column blocks outermost: each output block is visited in one run of
     # consecutive steps (its segments), which Mosaic needs of a block it keeps;
@@ -248,5 +294,5 @@ def window_rows(
         ),
         interpret=pltpu.InterpretParams() if interpret else False,
         name="fp8_window_rows",
-    )(*segs, carried.astype(jnp.int32), lo_tile, hi_tile, a, a)
+    )(*segs, carried, lo_tile, hi_tile, a, a)
     return out if n_blocks * tile == rows else out[:rows]
