@@ -81,21 +81,31 @@ def _kernel(
     fill_bits: int,
 ):
     t = pl.program_id(1)
+    window, row = _window(t, start_ref, carried_ref, lo_ref, hi_ref, carry_ref, tile=tile)
+    _store(o_ref, jnp.where(row < count_ref[t], window, fill_bits))
+
+
+def _window(step, start_ref, carried_ref, lo_ref, hi_ref, carry_ref, *, tile: int):
+    """(window, row): the ``tile`` rows of a kernel's window at ``start_ref[step]`` as int32
+    bit patterns, and each one's row.  Both blocks are rotated up by the window's
+    offset within the first, so that its rows sit in place, the first tile - off
+    of them from the first block: the step before's second where ``carried_ref``
+    says so (:func:`_fetched`).  This step's second block is kept for the next."""
     # Starts are non-negative: the remainder and quotient need no sign fix-up.
-    off = jax.lax.rem(start_ref[t], tile)
-    # Rotate both blocks up by the window's offset within the first one: its
-    # rows then sit in place, the first tile - off of them from ``lo``.  The
-    # first block is the step before's second where ``carried`` says so.
+    off = jax.lax.rem(start_ref[step], tile)
     shift = jax.lax.rem(tile - off, tile)
-    lo_rows = jnp.where(carried_ref[t] != 0, carry_ref[...], lo_ref[...])
-    lo = pltpu.roll(_widened(lo_rows), shift, 0)
+    first = jnp.where(carried_ref[step] != 0, carry_ref[...], lo_ref[...])
+    lo = pltpu.roll(_widened(first), shift, 0)
     hi = pltpu.roll(_widened(hi_ref[...]), shift, 0)
-    row = jax.lax.broadcasted_iota(jnp.int32, lo.shape, 0)
-    window = jnp.where(row < tile - off, lo, hi)
-    out = jnp.where(row < count_ref[t], window, fill_bits)
-    ints = _INT[jnp.dtype(o_ref.dtype).itemsize]
-    o_ref[...] = jax.lax.bitcast_convert_type(out.astype(ints), o_ref.dtype)
     carry_ref[...] = hi_ref[...]
+    row = jax.lax.broadcasted_iota(jnp.int32, lo.shape, 0)
+    return jnp.where(row < tile - off, lo, hi), row
+
+
+def _store(o_ref, bits: jax.Array) -> None:
+    """int32 bit patterns narrowed to ``o_ref``'s width and written as its dtype."""
+    ints = _INT[jnp.dtype(o_ref.dtype).itemsize]
+    o_ref[...] = jax.lax.bitcast_convert_type(bits.astype(ints), o_ref.dtype)
 
 
 def _fetched(start, lo_row, hi_row, *, tile: int, last: int):
@@ -212,20 +222,10 @@ def _rows_kernel(
     # past the last expert); the blocks of segments come in order, so a
     # block's segments are consecutive grid steps and it stays in VMEM.
     first = (s == 0) | (block_ref[s] != block_ref[jnp.maximum(s - 1, 0)])
-    off = jax.lax.rem(start_ref[s], tile)
-    shift = jax.lax.rem(tile - off, tile)
-    # The first tile is the step before's second where ``carried`` says so.
-    lo_tile_rows = jnp.where(carried_ref[s] != 0, carry_ref[...], lo_ref[...])
-    lo = pltpu.roll(_widened(lo_tile_rows), shift, 0)
-    hi = pltpu.roll(_widened(hi_ref[...]), shift, 0)
-    row = jax.lax.broadcasted_iota(jnp.int32, lo.shape, 0)
-    window = jnp.where(row < tile - off, lo, hi)
+    window, row = _window(s, start_ref, carried_ref, lo_ref, hi_ref, carry_ref, tile=tile)
     kept = jnp.where(first, 0, _widened(o_ref[...]))
     mine = (row >= lo_row_ref[s]) & (row < hi_row_ref[s])
-    out = jnp.where(mine, window, kept)
-    ints = _INT[jnp.dtype(o_ref.dtype).itemsize]
-    o_ref[...] = jax.lax.bitcast_convert_type(out.astype(ints), o_ref.dtype)
-    carry_ref[...] = hi_ref[...]
+    _store(o_ref, jnp.where(mine, window, kept))
 
 
 @functools.partial(jax.jit, static_argnames=("rows", "tile", "interpret"))
