@@ -199,7 +199,8 @@ def from_tiles(t: jax.Array, layout: GroupLayout) -> jax.Array:
     """
     from fp8jax.kernels import tpu_tiles
 
-    kernel = t.size > 0 and tpu_tiles.moves(t.dtype, layout.tile)
+    rows = layout.dst_row.shape[0]
+    kernel = t.size > 0 and rows > 0 and tpu_tiles.moves(t.dtype, layout.tile)
     return platforms.choose(
         lambda p: "tpu kernel" if kernel and p == "tpu" else "rows",
         lambda how: _from_tiles_tpu if how == "tpu kernel" else _from_tile_rows,
