@@ -62,8 +62,9 @@ _INT = {1: jnp.int8, 2: jnp.int16, 4: jnp.int32}
 
 
 def moves(dtype, tile: int) -> bool:
-    """Whether :func:`window_tiles` moves values of ``dtype`` in tiles of ``tile`` rows:
-    1-, 2- and 4-byte numbers (an integer view of their width), whole sublane tiles."""
+    """Whether the tile kernels (:func:`window_tiles`, :func:`window_rows`) move values of
+    ``dtype`` in tiles of ``tile`` rows: 1-, 2- and 4-byte numbers (an integer view of
+    their width), whole sublane tiles."""
     dtype = jnp.dtype(dtype)
     return tile % TILE_MULTIPLE == 0 and dtype.itemsize in _INT and dtype != jnp.bool_
 
@@ -151,57 +152,106 @@ def window_tiles(
 ) -> jax.Array:
     """(T * tile, C): tile t is rows ``start[t]`` .. ``start[t] + tile`` of the 2-D ``a``,
     those from ``count[t]`` on replaced by ``fill`` (module docstring)."""
-    if a.ndim != 2:
-        raise ValueError(f"window_tiles takes a 2-D array, got shape {a.shape}")
-    if tile % TILE_MULTIPLE:
-        raise ValueError(f"tile must be a multiple of {TILE_MULTIPLE}, got {tile}")
-    if not moves(a.dtype, tile):
-        raise ValueError(f"window_tiles moves 1-, 2- and 4-byte numbers, got {a.dtype}")
-    width = jnp.dtype(a.dtype).itemsize
+    _check_moved("window_tiles", a, tile)
     if start.shape != count.shape or start.ndim != 1:
         raise ValueError(
             f"start and count must be the same 1-D shape, {start.shape}, {count.shape}"
         )
-    m, c = a.shape
+    m = a.shape[0]
     n_tiles = start.shape[0]
-    ints = _INT[width]
+    ints = _INT[jnp.dtype(a.dtype).itemsize]
     # fill's bit pattern in a's dtype, as that width's signed integer.
     fill_bits = int(np.asarray(fill, jnp.dtype(a.dtype)).view(jnp.dtype(ints)))
-    last = cdiv(m, tile) - 1
-    bc = c if c <= BLOCK_COLS else BLOCK_COLS
     start, count = start.astype(jnp.int32), count.astype(jnp.int32)
-    fetched = _fetched(start, jnp.zeros_like(count), count, tile=tile, last=last)
-
-    def block_map(blocks):
-        return lambda j, t, *refs: (refs[blocks][t], j)
-
-    # Column blocks outermost, the tiles of one in order ("arbitrary"): a
-    # tile's second block is carried to the next; a column block's first tile
-    # carries nothing in.
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=5,
-        grid=(cdiv(c, bc), n_tiles),
-        in_specs=[pl.BlockSpec((tile, bc), block_map(3)), pl.BlockSpec((tile, bc), block_map(4))],
-        out_specs=pl.BlockSpec((tile, bc), lambda j, t, *_: (t, j)),
-        scratch_shapes=[pltpu.VMEM((tile, bc), a.dtype)],
-    )
-    moved = tile * c * width
     # A block read per tile and one more per group (n_tiles - ceil(M / tile) of
     # them in fp8jax.groups' layout: a group's first window, not carried), each
     # tile written once.
     reads = n_tiles + max(n_tiles - cdiv(m, tile), 0)
-    out = pl.pallas_call(
+    return _launch(
         functools.partial(_kernel, tile=tile, fill_bits=fill_bits),
-        out_shape=jax.ShapeDtypeStruct((n_tiles * tile, c), a.dtype),
+        "fp8_window_tiles",
+        a,
+        (start, count),
+        start,
+        jnp.zeros_like(count),
+        count,
+        out_block=lambda t, refs: t,
+        out_rows=n_tiles * tile,
+        tiles_moved=reads + n_tiles,
+        tile=tile,
+        interpret=interpret,
+    )
+
+
+def _check_moved(name: str, a: jax.Array, tile: int) -> None:
+    """Refuse what the tile kernels cannot move: ``a`` not 2-D, a tile length that is no
+    whole number of sublane tiles, values other than 1-, 2- and 4-byte numbers."""
+    if a.ndim != 2:
+        raise ValueError(f"{name} takes a 2-D array, got shape {a.shape}")
+    if tile % TILE_MULTIPLE:
+        raise ValueError(f"tile must be a multiple of {TILE_MULTIPLE}, got {tile}")
+    if not moves(a.dtype, tile):
+        raise ValueError(f"{name} moves 1-, 2- and 4-byte numbers, got {a.dtype}")
+
+
+def _launch(
+    kernel,
+    name: str,
+    a: jax.Array,
+    scalars: tuple[jax.Array, ...],
+    start: jax.Array,
+    lo_row: jax.Array,
+    hi_row: jax.Array,
+    *,
+    out_block,
+    out_rows: int,
+    tiles_moved: int,
+    tile: int,
+    interpret: bool,
+) -> jax.Array:
+    """Either tile kernel over ``a``, one step per entry of ``start``: step s writes rows
+    ``lo_row[s]`` .. ``hi_row[s]`` of the window of ``tile`` rows of ``a`` from
+    ``start[s]`` into the output's block ``out_block(s, refs)`` of ``tile`` rows.
+
+    The kernel is given ``scalars`` (``start`` among them), then :func:`_fetched`'s
+    three arrays, all prefetched to SMEM; the window's two blocks of ``a``; the
+    output block; and the VMEM buffer that carries a block to the next step.
+    Column blocks of :data:`BLOCK_COLS` go outermost, the steps of one in order
+    ("arbitrary"): an output block is visited in one run of consecutive steps,
+    which Mosaic needs of a block it keeps, and a column block's first step
+    carries nothing in.  ``tiles_moved``: the blocks of ``tile`` rows read and
+    written, the cost estimate's bytes.
+    """
+    c = a.shape[1]
+    bc = c if c <= BLOCK_COLS else BLOCK_COLS
+    fetched = _fetched(start, lo_row, hi_row, tile=tile, last=cdiv(a.shape[0], tile) - 1)
+    lo_at = len(scalars) + 1
+
+    def block_of(at):
+        return lambda j, s, *refs: (refs[at][s], j)
+
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=len(scalars) + len(fetched),
+        grid=(cdiv(c, bc), start.shape[0]),
+        in_specs=[
+            pl.BlockSpec((tile, bc), block_of(lo_at)),
+            pl.BlockSpec((tile, bc), block_of(lo_at + 1)),
+        ],
+        out_specs=pl.BlockSpec((tile, bc), lambda j, s, *refs: (out_block(s, refs), j)),
+        scratch_shapes=[pltpu.VMEM((tile, bc), a.dtype)],
+    )
+    moved = tile * c * jnp.dtype(a.dtype).itemsize
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((out_rows, c), a.dtype),
         grid_spec=grid_spec,
         compiler_params=None if interpret else compiler_params(("parallel", "arbitrary")),
         cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=(reads + n_tiles) * moved
+            flops=0, transcendentals=0, bytes_accessed=tiles_moved * moved
         ),
         interpret=pltpu.InterpretParams() if interpret else False,
-        name="fp8_window_tiles",
-    )(start, count, *fetched, a, a)
-    return out
+        name=name,
+    )(*scalars, *fetched, a, a)
 
 
 def _rows_kernel(
@@ -251,50 +301,25 @@ def window_rows(
     must ``start`` over the segments that write rows, each window within
     ``a``'s rows wherever its segment writes one.
     """
-    if a.ndim != 2:
-        raise ValueError(f"window_rows takes a 2-D array, got shape {a.shape}")
-    if tile % TILE_MULTIPLE:
-        raise ValueError(f"tile must be a multiple of {TILE_MULTIPLE}, got {tile}")
-    if not moves(a.dtype, tile):
-        raise ValueError(f"window_rows moves 1-, 2- and 4-byte numbers, got {a.dtype}")
+    _check_moved("window_rows", a, tile)
     segs = (block, start, lo_row, hi_row)
     if any(x.shape != block.shape for x in segs) or block.ndim != 1:
         raise ValueError(f"the segments must share one 1-D shape, {[x.shape for x in segs]}")
-    c = a.shape[1]
-    width = jnp.dtype(a.dtype).itemsize
-    last = cdiv(a.shape[0], tile) - 1
-    bc = c if c <= BLOCK_COLS else BLOCK_COLS
     n_blocks = cdiv(rows, tile)
     segs = tuple(x.astype(jnp.int32) for x in segs)
-    block, start, lo_row, hi_row = segs
-    carried, lo_tile, hi_tile = _fetched(start, lo_row, hi_row, tile=tile, last=last)
-
-    def tile_map(tiles):
-        return lambda j, s, *refs: (refs[tiles][s], j)
-
-    # Column blocks outermost: each output block is visited in one run of
-    # consecutive steps (its segments), which Mosaic needs of a block it keeps;
-    # a column block's first segment carries nothing in (``held`` starts at -1).
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=7,
-        grid=(cdiv(c, bc), block.shape[0]),
-        in_specs=[pl.BlockSpec((tile, bc), tile_map(5)), pl.BlockSpec((tile, bc), tile_map(6))],
-        out_specs=pl.BlockSpec((tile, bc), lambda j, s, block_ref, *_: (block_ref[s], j)),
-        scratch_shapes=[pltpu.VMEM((tile, bc), a.dtype)],
-    )
-    moved = tile * c * width
-    out = pl.pallas_call(
+    out = _launch(
         functools.partial(_rows_kernel, tile=tile),
-        out_shape=jax.ShapeDtypeStruct((n_blocks * tile, c), a.dtype),
-        grid_spec=grid_spec,
-        compiler_params=None if interpret else compiler_params(("parallel", "arbitrary")),
+        "fp8_window_rows",
+        a,
+        segs,
+        *segs[1:],
+        out_block=lambda s, refs: refs[0][s],
+        out_rows=n_blocks * tile,
         # A tile read for each block and two more for each further segment (a
         # group's first window: its second tile, and a first tile not carried),
         # each block written once: 2 x segments tiles moved.
-        cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=2 * block.shape[0] * moved
-        ),
-        interpret=pltpu.InterpretParams() if interpret else False,
-        name="fp8_window_rows",
-    )(*segs, carried, lo_tile, hi_tile, a, a)
+        tiles_moved=2 * block.shape[0],
+        tile=tile,
+        interpret=interpret,
+    )
     return out if n_blocks * tile == rows else out[:rows]
