@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp8jax import path_record, scaling
-from fp8jax.gemm import dgrad_quantizing, fprop_quantizing, gemm, with_dot_algorithm
+from fp8jax.gemm import dgrad_quantizing, fprop_with_weight, gemm, with_dot_algorithm
 from fp8jax.operands import (
     after_gradient,
     cache_for_wgrad,
@@ -87,11 +87,12 @@ def _fp8_bmm(x, w, state, recipe: Recipe, dtypes: tuple[str, str, str], with_sta
 
 
 def _fp8_bmm_fwd(x, w, state, recipe, dtypes, with_stats):
-    qw, new_w = take_operand(w, recipe.fprop.rhs, _FPROP_W_AXIS, recipe, state_part(state, "w"))
+    take_w = partial(take_operand, spec=recipe.fprop.rhs, caxis=_FPROP_W_AXIS, recipe=recipe)
     take_x = partial(take_operand, spec=recipe.fprop.lhs, caxis=_FPROP_X_AXIS, recipe=recipe)
-    # x quantized, then the Fprop (one kernel for both where a TPU runs them).
-    y, qx, new_x = fprop_quantizing(
-        x, qw, recipe.fprop.lhs, recipe, take_x, dtypes[0], state_part(state, "x")
+    # w quantized (in both layouts where a Hopper GPU reads them), x quantized,
+    # then the Fprop (one kernel for x's quantization and the GEMM on a TPU).
+    y, qx, new_x, qw, new_w = fprop_with_weight(
+        x, w, recipe, take_x, take_w, dtypes[0], state_part(state, "x"), state_part(state, "w")
     )
     # A pre-quantized operand's values, for telemetry and an E5M6 cache only.
     x_hp, w_hp = (source_values(t, jnp.float32) if is_quantized(t) else t for t in (x, w))

@@ -44,7 +44,7 @@ from fp8jax import accumulate, blockscaled, host_cpu, path_record, platforms, qu
 from fp8jax.formats import IEEE_FP8, KERNEL_FLOATS
 from fp8jax.groups import GroupLayout, from_tiles, sum_tiles, to_tiles
 from fp8jax.inline_ops import traced_inline
-from fp8jax.kernels import tpu_block_gemm, tpu_quantize
+from fp8jax.kernels import gpu_quantize, tpu_block_gemm, tpu_quantize
 from fp8jax.kernels.availability import kernel_available
 from fp8jax.kernels.block_gemm import CHUNK, batched_matmul_nt
 from fp8jax.kernels.grouped_block_gemm import grouped_block_scaled_matmul_aligned, grouped_wgrad
@@ -381,6 +381,7 @@ def gemm(
     b_index: jax.Array | None = None,
     out_dtype: Any = jnp.float32,
     a_source: Requantizable | None = None,
+    b_codes_t: jax.Array | None = None,
 ) -> jax.Array:
     """One dense GEMM of the canonical layouts (module docstring), as ``out_dtype``.
 
@@ -398,6 +399,12 @@ def gemm(
     (``fp8jax.operands.requantizable``), that cache; the Mosaic TPU kernel
     then requantizes it itself (the same codes, never written to HBM), and
     ``a`` is left unused there.
+
+    ``b_codes_t``: an Fprop's weight codes with their last two axes swapped
+    (B, N, K), where its quantizer wrote them beside ``b``'s
+    (``fp8jax.fprop_weight``); the Mosaic GPU kernel, which reads the
+    weight K-major, takes them instead of transposing ``b``'s.  The same
+    codes: nothing else reads them.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -409,7 +416,7 @@ def gemm(
     out_dtype = jnp.dtype(out_dtype)
     return platforms.choose(
         decisions.__getitem__,
-        lambda d: lambda: _run(d, a, b, kind, recipe, b_index, out_dtype, a_source),
+        lambda d: lambda: _run(d, a, b, kind, recipe, b_index, out_dtype, a_source, b_codes_t),
     )
 
 
@@ -497,6 +504,82 @@ def _tpu_quantizing_kernel(
     settings; its path recorded as the Mosaic kernel's on ``q`` (abstract) and ``b``."""
     path_record.note(kind, {"tpu": describe_path("pallas", recipe, q, b, "mosaic")})
     return _per_matrix(partial(fn, **kernel_settings(spec), out_dtype=out_dtype, interpret=False))
+
+
+def fprop_with_weight(
+    x: jax.Array,
+    w,
+    recipe: Recipe,
+    take: Callable[..., tuple[Any, Any]],
+    take_w: Callable[..., tuple[Any, Any]],
+    out_dtype: Any = jnp.float32,
+    dstate: Any = None,
+    w_dstate: Any = None,
+) -> tuple[jax.Array, Any, Any, Any, Any]:
+    """The Fprop of ``x`` (B, M, K) and the weight ``w`` (B, K, N) with w's quantization:
+    (y as ``out_dtype``, x's operand, its updated state, w's operand, its updated state),
+    where ``take_w(w, dstate=w_dstate)`` = (operand, state) quantizes w as
+    ``recipe.fprop.rhs`` says and ``take`` x as for :func:`fprop_quantizing`.
+
+    On a Hopper CUDA target where w's quantizer is the Mosaic GPU block kernel
+    and the Fprop the Mosaic GPU GEMM, one kernel writes w's codes in both
+    layouts (``mgpu_quantize.quantize_block_both``): the Fprop reads the
+    transposed ones (K-major, the only layout of FP8 ``wgmma``) and the
+    operand returned, which the Dgrad reads as stored, holds the others.
+    The same codes and scales as ``take_w``'s, without the transpose of the
+    codes the GEMM would otherwise make.  Elsewhere ``take_w`` then
+    :func:`fprop_quantizing`.
+    """
+    out_dtype = jnp.dtype(out_dtype)
+
+    def separate(x, w, dstate, w_dstate):
+        qw, new_w = take_w(w, dstate=w_dstate)
+        y, qx, new = fprop_quantizing(x, qw, recipe.fprop.lhs, recipe, take, out_dtype, dstate)
+        return y, qx, new, qw, new_w
+
+    # The operands as the takes give them (shapes and layout only), asked once.
+    abstract_qw = cache(lambda: jax.eval_shape(partial(take_w, dstate=None), w)[0])
+    abstract_qx = cache(lambda: jax.eval_shape(partial(take, dstate=None), x)[0])
+
+    def both_layouts(x, w, dstate, w_dstate):
+        del w_dstate  # an online spec: no state
+        run = partial(quant.gpu_kernels().quantize_block_both, **kernel_settings(recipe.fprop.rhs))
+        codes, codes_t, scales = gpu_quantize.on_gpu(run, w)
+        # take_w's operand (its layout and metadata), with the kernel's codes and scales.
+        qw = dataclasses.replace(abstract_qw(), data=codes, scale=scales)
+        qx, new = take(x, dstate=dstate)
+        y = gemm(qx, qw, "fprop", recipe, out_dtype=out_dtype, b_codes_t=codes_t)
+        return y, qx, new, qw, None
+
+    def decide(p: str) -> str:
+        return (
+            "both layouts"
+            if _both_layouts_fit(p, w, recipe, abstract_qx, abstract_qw)
+            else "separate"
+        )
+
+    build = {"separate": separate, "both layouts": both_layouts}.__getitem__
+    return platforms.choose(decide, build, (x, w, dstate, w_dstate))
+
+
+def _both_layouts_fit(p: str, w, recipe: Recipe, abstract_qx, abstract_qw) -> bool:
+    """Whether, lowered for ``p``, one Mosaic GPU kernel quantizes ``w`` (B, K, N) in
+    both layouts for :func:`fprop_with_weight`: a CUDA target whose quantizers are the
+    Mosaic GPU ones (the Triton ones write one layout), w a bfloat16 / float32 array
+    that ``recipe.fprop.rhs`` quantizes online in the block kernel's 128x128 blocks,
+    and the Fprop the compiled Mosaic GPU GEMM."""
+    spec = recipe.fprop.rhs
+    if p != "cuda" or is_quantized(w) or w.ndim != 3 or not kernel_tiles(spec, "block"):
+        return False
+    if quant.tpu_quantizer_orient(w, spec.fmt, "block", 1, spec.tile) != "block":
+        return False
+    kernels = quant.gpu_kernels()
+    if getattr(kernels, "quantize_block_both", None) is None:
+        return False
+    qw = abstract_qw()
+    if not isinstance(qw, QTensor) or qw.tensor_scale is not None or qw.scale.dtype != jnp.float32:
+        return False
+    return _decision(recipe, abstract_qx(), qw, "fprop", p) == ("pallas", "compiled")
 
 
 def dgrad_quantizing(
@@ -620,7 +703,15 @@ def _out_shape(a, b, kind: str) -> tuple[int, int, int]:
 
 
 def _run(
-    decision: tuple[str, str], a, b, kind: str, recipe: Recipe, b_index, out_dtype, a_source=None
+    decision: tuple[str, str],
+    a,
+    b,
+    kind: str,
+    recipe: Recipe,
+    b_index,
+    out_dtype,
+    a_source=None,
+    b_codes_t=None,
 ) -> jax.Array:
     """The GEMM as ``decision`` = (impl, how) of :func:`_decision` runs it, as ``out_dtype``."""
     impl, how = decision
@@ -634,12 +725,16 @@ def _run(
         b, b_index = take_batch(b, b_index), None
     if impl == "pallas" and out_dtype in KERNEL_FLOATS:
         # The kernel rounds its float32 accumulator to the caller's dtype itself.
-        return _pallas(a, b, kind, how=how, out_dtype=out_dtype, a_source=a_source)
-    return _run_float32(impl, how, a, b, kind, recipe, b_index, a_source).astype(out_dtype)
+        return _pallas(
+            a, b, kind, how=how, out_dtype=out_dtype, a_source=a_source, b_codes_t=b_codes_t
+        )
+    return _run_float32(impl, how, a, b, kind, recipe, b_index, a_source, b_codes_t).astype(
+        out_dtype
+    )
 
 
 def _run_float32(
-    impl: str, how: str, a, b, kind: str, recipe: Recipe, b_index, a_source=None
+    impl: str, how: str, a, b, kind: str, recipe: Recipe, b_index, a_source=None, b_codes_t=None
 ) -> jax.Array:
     """The GEMM on ``impl`` with its float32 result (``b`` already gathered where
     ``impl`` does not gather a run at a time)."""
@@ -654,7 +749,7 @@ def _run_float32(
         dt = jnp.dtype(recipe.dequant_dtype)
         return dot(materialize(a, dt), materialize(b, dt), DIMS[kind])
     if impl == "pallas":
-        return _pallas(a, b, kind, how=how, a_source=a_source)
+        return _pallas(a, b, kind, how=how, a_source=a_source, b_codes_t=b_codes_t)
     if impl == "scaled_matmul":
         lhs, rhs = _orient(a, b, kind)
         # The native block GEMM takes both operands with the contraction last.
@@ -789,6 +884,7 @@ def _pallas(
     how: str,
     out_dtype=jnp.float32,
     a_source: Requantizable | None = None,
+    b_codes_t: jax.Array | None = None,
 ) -> jax.Array:
     """The block-scaled Pallas kernel, writing ``out_dtype`` from its float32 accumulator:
     the Mosaic GPU kernel compiled for a CUDA target (how "compiled") or in its
@@ -797,8 +893,9 @@ def _pallas(
 
     The Mosaic GPU kernel reads both operands K-major (the contraction axis
     minor), the only layout of Hopper's FP8 ``wgmma``: Dgrad's weight is that
-    as stored; Fprop's weight and Wgrad's two token-tiled operands are
-    transposed in XLA first (FP8 codes, exact; their scales only change places).
+    as stored; Fprop's weight (unless its quantizer wrote ``b_codes_t``, the
+    codes transposed) and Wgrad's two token-tiled operands are transposed in
+    XLA first (FP8 codes, exact; their scales only change places).
     """
     # The result's shape: the kernel is traced only when a program is lowered
     # for its platform (fp8jax.platforms.only_on).
@@ -809,7 +906,8 @@ def _pallas(
         return _tpu_pallas(a, b, kind, out_dtype, out)
     if kind == "fprop":
         # x (B, M, K) 1x128 tiles; w (B, K, N) 128x128 blocks -> w^T (B, N, K).
-        args = (a.data, a.scale, _swap12(b.data), b.scale)
+        w_t = _swap12(b.data) if b_codes_t is None else b_codes_t
+        args = (a.data, a.scale, w_t, b.scale)
     elif kind == "dgrad":
         # dy (B, M, N) tiles along N; w (B, K, N) is K-major for a contraction over N,
         # and the kernel reads its block scales (B, K/128, N/128) as stored (b_scale_nk).

@@ -286,14 +286,15 @@ def requantize_kernel_fits(cached: QTensor, spec: QuantSpec, caxis: int) -> bool
     )
 
 
-def kernel_tiles(spec: QuantSpec) -> bool:
+def kernel_tiles(spec: QuantSpec, granularity: str = "tile") -> bool:
     """Whether ``spec`` quantizes as the quantizing kernels do: online (plain) scales of
-    128-long tiles, E4M3 or E5M2 (:func:`kernel_settings` names the rest)."""
+    128-long tiles (or, ``granularity`` "block", 128x128 blocks), E4M3 or E5M2
+    (:func:`kernel_settings` names the rest)."""
     return (
         spec.quantized
         and schemes.scheme_of(spec.fmt) == "fp8"
         and as_format(spec.fmt) in IEEE_FP8
-        and spec.granularity == "tile"
+        and spec.granularity == granularity
         and spec.tile == 128
         and spec.scaling == "current"
         and not (spec.hadamard or spec.stochastic)

@@ -8,6 +8,7 @@ test asserts a time: only structure (which kernels, loops, temporaries).
 """
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -208,6 +209,20 @@ def test_h100_auto_fwd_bwd_has_three_fp8_kernels_and_no_gemm_loop():
     assert auto.gemm_flops == pytest.approx(bf16.gemm_flops)
     # Temporaries bounded by twice bf16's (its GEMMs' float32 outputs and workspace).
     assert auto.temp_bytes <= 2 * bf16.temp_bytes
+
+
+@pytest.mark.parametrize("n", [256, 576])
+def test_h100_auto_fwd_bwd_moves_no_fp8_codes_outside_its_kernels(n):
+    # Every FP8 array of the program is a kernel's output, as it wrote it (a
+    # bitcast at most): the weight's codes reach the Fprop K-major from the
+    # quantizer that wrote both layouts, the Wgrad's from the kernels that
+    # write them token-major; no XLA transpose or copy of codes.
+    t = _cuda_or_skip()
+    fn = predicted.gemm_program(fp8jax.recipes.deepseek_v3())
+    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((288, 512), (512, n))]
+    text = compilers.compile_for(fn, args, t).text
+    made = {m.group(1) for m in re.finditer(r"= f8e\w+\[[^\]]*\]\S* ([\w-]+)\(", text)}
+    assert made == {"bitcast"}, made
 
 
 @pytest.mark.slow  # two deviceless compiles of a train step: about 100 s on 2 cores

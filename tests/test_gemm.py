@@ -323,3 +323,25 @@ def test_dgrad_writes_the_wgrad_tiles_only_where_they_are_the_wgrads(change, wan
     if want:
         assert qdy_w.scale.shape == (1, 3, 256) and qdy_w.data.dtype == jnp.float8_e4m3fn
     assert not gemm._dgrad_writes_wgrad_tiles(dy, recipe.dgrad.lhs, None, qdy_w)
+
+
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_fprop_reads_the_weights_transposed_codes_where_its_quantizer_wrote_them(use_jit):
+    # The Mosaic GPU kernel (its interpreter here) reads w K-major: given the
+    # codes transposed (as fp8jax.mgpu_quantize.quantize_block_both writes them
+    # beside w's), it reads those instead of transposing w's: the same product.
+    r = dataclasses.replace(fp8jax.recipes.deepseek_v3(), impl="pallas")
+    rng = np.random.default_rng(3)
+    qx = _q(rng.normal(size=(1, 128, 256)), "tile", 2)
+    qw = _q(rng.normal(size=(1, 256, 128)), "block")
+    codes_t = jnp.swapaxes(qw.data, 1, 2)
+
+    def run(codes_t):
+        return gemm.gemm(qx, qw, "fprop", r, out_dtype=jnp.bfloat16, b_codes_t=codes_t)
+
+    run = jax.jit(run) if use_jit else run
+    want = np.asarray(run(None), np.float32)
+    np.testing.assert_array_equal(np.asarray(run(codes_t), np.float32), want)
+    # They are what the kernel reads: other codes, another product.
+    other = np.asarray(run(jnp.flip(codes_t, axis=1)), np.float32)
+    assert not np.array_equal(other, want)

@@ -30,6 +30,7 @@ from fp8jax import platforms, quant
 from fp8jax.bench import compilers, mgpu_ir
 from fp8jax.kernels import gpu_quantize as gq
 from fp8jax.kernels import mgpu_quantize as mq
+from fp8jax.kernels import tpu_quantize
 
 RACES = plgpu.InterpretGPUParams(detect_races=True)
 
@@ -58,6 +59,26 @@ def test_kernel_gives_both_layouts_bits(dtype, fmt):
     rc, rs, cc, cs = mq.quantize_rows_cols(x, fmt=fmt, interpret=True)
     _assert_same(rc, rs, quant.quantize(x, fmt, "tile", axis=1))
     _assert_same(cc, cs, quant.quantize(x, fmt, "tile", axis=0))
+
+
+def _assert_block_both(x, fmt, interpret=True):
+    codes, codes_t, scales = mq.quantize_block_both(x, fmt=fmt, interpret=interpret)
+    _assert_same(codes, scales, quant.quantize(x, fmt, "block"))
+    # The transposed codes are the same bytes moved.
+    assert codes_t.dtype == codes.dtype and codes_t.shape == codes.shape[::-1]
+    np.testing.assert_array_equal(_bytes(codes_t), _bytes(codes).T)
+
+
+def _bytes(codes):
+    return np.asarray(codes).view(np.uint8)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+def test_block_kernel_writes_both_layouts_with_quantize_bits(dtype, fmt):
+    # NaN, +-Inf, zero blocks and values past the range among the data; edge
+    # blocks on both sides (300 x 260).
+    _assert_block_both(_data((300, 260), dtype, seed=12), fmt)
 
 
 @pytest.mark.parametrize("cache_fmt", [E4M3, E5M2])
@@ -102,6 +123,18 @@ def test_stacked_matrices_by_vmap_give_quantize_bits():
     run = functools.partial(mq.quantize_2d, fmt=E4M3, orient="block", interpret=True)
     codes, scales = jax.vmap(run)(x)
     _assert_same(codes, scales, quant.quantize(x, E4M3, "block"))
+    # Both layouts as the GPU quantizers' runner maps a kernel over a stack,
+    # with the result shapes it declares for the lowering.
+    both = functools.partial(mq.quantize_block_both, fmt=E4M3, interpret=True)
+
+    def call(fn, arrays, out_shape):
+        out = fn(*arrays)
+        assert [(o.shape, o.dtype) for o in out] == [(o.shape, o.dtype) for o in out_shape]
+        return out
+
+    codes, codes_t, scales = tpu_quantize.over_matrices(both, (x,), call)
+    _assert_same(codes, scales, quant.quantize(x, E4M3, "block"))
+    np.testing.assert_array_equal(_bytes(codes_t), _bytes(codes).transpose(0, 2, 1))
 
 
 def test_shared_memory_is_race_free():
@@ -117,6 +150,8 @@ def test_shared_memory_is_race_free():
     # The block's scale, stored to global memory by every lane of the warpgroup.
     codes, scales = mq.quantize_2d(x, fmt=E4M3, orient="block", interpret=RACES)
     _assert_same(codes, scales, quant.quantize(x, E4M3, "block"))
+    # The block's codes read back transposed by other threads.
+    _assert_block_both(x, E4M3, interpret=RACES)
 
 
 def test_scale_options_under_jit():
@@ -131,6 +166,8 @@ def test_refuses_what_is_not_a_matrix_and_unknown_orientations():
         mq.requantize_col_t(jnp.zeros((128,), E4M3), jnp.ones((1,)), fmt=E4M3, interpret=True)
     with pytest.raises(ValueError, match="orient"):
         mq.quantize_2d(jnp.zeros((128, 128)), fmt=E4M3, orient="diagonal", interpret=True)
+    with pytest.raises(ValueError, match="quantize_block_both takes a 2-D array"):
+        mq.quantize_block_both(jnp.zeros((2, 128, 128)), fmt=E4M3, interpret=True)
 
 
 def test_check_against_the_cpu_passes_interpreted():
@@ -165,7 +202,7 @@ def test_compiles_for_an_h100_as_quantizer_kernels_not_gemms():
     assert "fp8_quantize_rows_cols" in compiled.text
 
 
-@pytest.mark.parametrize("kernel", ["row", "block", "rows_cols", "requantize"])
+@pytest.mark.parametrize("kernel", ["row", "block", "block_both", "rows_cols", "requantize"])
 def test_h100_code_reads_by_tma_and_keeps_its_temporaries_in_registers(kernel):
     why = mgpu_ir.unavailable()
     if why:
@@ -175,6 +212,7 @@ def test_h100_code_reads_by_tma_and_keeps_its_temporaries_in_registers(kernel):
     fn = {
         "row": lambda x: mq.quantize_2d(x, fmt=E4M3, orient="row"),
         "block": lambda x: mq.quantize_2d(x, fmt=E4M3, orient="block"),
+        "block_both": lambda x: mq.quantize_block_both(x, fmt=E4M3),
         "rows_cols": lambda x: mq.quantize_rows_cols(x, fmt=E4M3),
         "requantize": lambda c, s: mq.requantize_col_t(c, s, fmt=E4M3),
     }[kernel]

@@ -4,6 +4,8 @@ The entry points and outputs are :mod:`fp8jax.kernels.gpu_quantize`'s (and
 so :mod:`fp8jax.kernels.tpu_quantize`'s), the same bits:
 
 * :func:`quantize_2d`: 1x128 tiles, 128x1 tiles or 128x128 blocks;
+* :func:`quantize_block_both`: 128x128 blocks, the codes written in both
+  layouts (a weight's, for the Fprop and the Dgrad);
 * :func:`quantize_rows_cols`: an output gradient's two tile layouts from one
   read, Wgrad's 128x1 tiles written token-major (its GEMM reads them K-major);
 * :func:`requantize_col_t`: Wgrad's cached x, from its FP8 codes, into
@@ -68,7 +70,13 @@ from fp8jax.kernels.mgpu_block_gemm import edge_dim
 from fp8jax.kernels.mgpu_ptxas import ask_ptxas_once
 from fp8jax.kernels.tpu_quantize import GROUP, ORIENTS, _codes, _scale, check_2d, crop
 
-__all__ = ["ORIENTS", "quantize_2d", "quantize_rows_cols", "requantize_col_t"]
+__all__ = [
+    "ORIENTS",
+    "quantize_2d",
+    "quantize_block_both",
+    "quantize_rows_cols",
+    "requantize_col_t",
+]
 
 _STATIC = ("fmt", "pow2", "amax_floor", "ue8m0", "interpret")
 
@@ -268,7 +276,7 @@ def _row_tiles(load, rows, q_s, s_s, kw: dict) -> None:
     s_s[rows] = scale
 
 
-def _columns(x_s, q_s, s_s, kw: dict, block: bool) -> None:
+def _columns(x_s, q_s, s_s, kw: dict, block: bool, transposed=None) -> None:
     """A square's 128x1 tiles (or, where ``block``, the square as one block): int8 codes
     into ``q_s``, float32 scales into ``s_s``: a column's each, or (``block``) the
     block's, written to global memory at the square's place in the grid.
@@ -276,6 +284,11 @@ def _columns(x_s, q_s, s_s, kw: dict, block: bool) -> None:
     Each column's amax over both halves first (on the bit patterns, one axis
     at a time: Mosaic GPU reduces one axis per step), then each half's codes,
     a chunk of columns at a time.
+
+    ``transposed``: (an int16 scratch square, the codes' transposed square):
+    the codes are also kept as int16 and read back transposed into the second
+    (Mosaic GPU reads only 16-bit data through a transposed view): the same
+    bytes, moved.
     """
     zeros = jnp.zeros((COLS,), jnp.int32)
 
@@ -305,13 +318,26 @@ def _columns(x_s, q_s, s_s, kw: dict, block: bool) -> None:
         def half(rows):
             xs = _f32(x_s, rows, cols)
             s = lax.broadcast_in_dim(scale, xs.shape, (1,))
-            q_s[rows, cols] = _codes(xs, s, kw["fmt"], cast_with_specials)
+            codes = _codes(xs, s, kw["fmt"], cast_with_specials)
+            q_s[rows, cols] = codes
+            if transposed is not None:
+                transposed[0][rows, cols] = codes.astype(jnp.int16)
 
         _each_half(half)
         if not block:
             s_s[cols] = scale
 
     _each_chunk(chunk)
+    if transposed is not None:
+        bytes_s, qt_s = transposed
+        # Other threads' codes are read next: a warpgroup barrier (with the fence).
+        plgpu.commit_smem()
+
+        def piece(rows, cols):
+            # int16 -> int8 keeps the low byte: the code, sign-extended before.
+            qt_s[rows, cols] = _load(bytes_s, rows, cols, transposed=True).astype(jnp.int8)
+
+        _each_piece(piece)
 
 
 def _kernel(body, ins, scratch, outs, grid, name: str, interpret):
@@ -469,6 +495,57 @@ def quantize_2d(
     if orient == "block":
         return codes[:r, :c], s[: cdiv(r, GROUP), : cdiv(c, GROUP)]
     return crop(orient, codes, s.T if orient == "row" else s, r, c)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def quantize_block_both(
+    x: jax.Array,
+    *,
+    fmt,
+    pow2: bool = False,
+    amax_floor: float = 0.0,
+    ue8m0: bool = False,
+    interpret=False,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(codes, codes transposed, float32 block scales (ceil(R/128), ceil(C/128))) of a
+    2-D ``x`` in 128x128 blocks from one read: :func:`quantize_2d`'s "block" outputs,
+    the same bits, and the codes' transpose beside them.
+
+    A weight's two layouts for Hopper's FP8 ``wgmma``, which reads both
+    operands K-major: the Fprop reads W^T (N, K), the Dgrad W (K, N) as it
+    is.  Writing both from the kernel costs one write of the codes; the
+    transpose it saves (an XLA pass over the codes) costs a read and a write.
+    """
+    if x.ndim != 2:
+        raise ValueError(f"quantize_block_both takes a 2-D array, got shape {x.shape}")
+    kw = _settings(fmt, pow2, amax_floor, ue8m0)
+    r, c = x.shape
+    xp = _padded(x)
+    rp, cp = xp.shape
+    gi, gj = _grid(xp)
+
+    def body(x_s, bytes_s, q_s, qt_s, s_g):
+        _columns(x_s, q_s, s_g, kw, block=True, transposed=(bytes_s, qt_s))
+
+    codes, codes_t, s = _kernel(
+        body,
+        [_square_in(xp)],
+        [((GROUP, GROUP), jnp.int16)],
+        [
+            _codes_out(rp, cp),
+            _codes_out(cp, rp, transposed=True),
+            (jax.ShapeDtypeStruct((gi, gj), jnp.float32), None, None),
+        ],
+        (gi, gj),
+        "fp8_quantize_block_both",
+        interpret,
+    )
+    fmt = kw["fmt"]
+    return (
+        lax.bitcast_convert_type(codes[:r, :c], fmt),
+        lax.bitcast_convert_type(codes_t[:c, :r], fmt),
+        s[: cdiv(r, GROUP), : cdiv(c, GROUP)],
+    )
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)

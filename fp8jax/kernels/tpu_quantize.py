@@ -691,6 +691,9 @@ def result_shapes(fn, shape: tuple[int, int]) -> tuple[jax.ShapeDtypeStruct, ...
         return None if scales is None else (codes, scales)
     if name == "quantize_rows_cols":
         return codes, rows, codes, cols
+    if name == "quantize_block_both":
+        blocks = jax.ShapeDtypeStruct((cdiv(r, GROUP), cdiv(c, GROUP)), jnp.float32)
+        return codes, jax.ShapeDtypeStruct((c, r), codes.dtype), blocks
     if name == "requantize_col":
         return codes, cols
     if name == "requantize_col_t":
