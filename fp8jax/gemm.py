@@ -402,7 +402,7 @@ def gemm(
 
     ``b_codes_t``: an Fprop's weight codes with their last two axes swapped
     (B, N, K), where its quantizer wrote them beside ``b``'s
-    (``fp8jax.fprop_weight``); the Mosaic GPU kernel, which reads the
+    (:func:`weight_both_layouts`); the Mosaic GPU kernel, which reads the
     weight K-major, takes them instead of transposing ``b``'s.  The same
     codes: nothing else reads them.
     """
@@ -428,10 +428,12 @@ def fprop_quantizing(
     take: Callable[..., tuple[Any, Any]],
     out_dtype: Any = jnp.float32,
     dstate: Any = None,
+    b_codes_t: jax.Array | None = None,
 ) -> tuple[jax.Array, Any, Any]:
     """The Fprop of ``x`` (B, M, K) and ``b``: (y as ``out_dtype``, x's operand, its
     updated delayed state), where ``take(x, dstate=dstate)`` = (operand, state) quantizes
-    x as ``spec`` says along K (or takes it as it comes, quantized).
+    x as ``spec`` says along K (or takes it as it comes, quantized).  ``b_codes_t``:
+    as for :func:`gemm` (given only where a CUDA target is lowered for).
 
     On a TPU where that is the quantizer's 1x128-tile kernel and the GEMM the
     Mosaic kernel, one kernel does both
@@ -445,7 +447,7 @@ def fprop_quantizing(
 
     def separate(x, b, dstate):
         qx, new = take(x, dstate=dstate)
-        return gemm(qx, b, "fprop", recipe, out_dtype=out_dtype), qx, new
+        return gemm(qx, b, "fprop", recipe, out_dtype=out_dtype, b_codes_t=b_codes_t), qx, new
 
     # x's operand as take gives it (shapes and layout only), asked once.
     abstract_qx = cache(lambda: jax.eval_shape(partial(take, dstate=None), x)[0])
@@ -519,67 +521,87 @@ def fprop_with_weight(
     """The Fprop of ``x`` (B, M, K) and the weight ``w`` (B, K, N) with w's quantization:
     (y as ``out_dtype``, x's operand, its updated state, w's operand, its updated state),
     where ``take_w(w, dstate=w_dstate)`` = (operand, state) quantizes w as
-    ``recipe.fprop.rhs`` says and ``take`` x as for :func:`fprop_quantizing`.
-
-    On a Hopper CUDA target where w's quantizer is the Mosaic GPU block kernel
-    and the Fprop the Mosaic GPU GEMM, one kernel writes w's codes in both
-    layouts (``mgpu_quantize.quantize_block_both``): the Fprop reads the
-    transposed ones (K-major, the only layout of FP8 ``wgmma``) and the
-    operand returned, which the Dgrad reads as stored, holds the others.
-    The same codes and scales as ``take_w``'s, without the transpose of the
-    codes the GEMM would otherwise make.  Elsewhere ``take_w`` then
-    :func:`fprop_quantizing`.
+    ``recipe.fprop.rhs`` says and ``take`` x as for :func:`fprop_quantizing`; w's
+    codes in both layouts where :func:`weight_both_layouts` says, else ``take_w``
+    then :func:`fprop_quantizing`.
     """
     out_dtype = jnp.dtype(out_dtype)
-
-    def separate(x, w, dstate, w_dstate):
-        qw, new_w = take_w(w, dstate=w_dstate)
-        y, qx, new = fprop_quantizing(x, qw, recipe.fprop.lhs, recipe, take, out_dtype, dstate)
-        return y, qx, new, qw, new_w
-
-    # The operands as the takes give them (shapes and layout only), asked once.
-    abstract_qw = cache(lambda: jax.eval_shape(partial(take_w, dstate=None), w)[0])
+    # x's operand as take gives it (shapes and layout only), asked once.
     abstract_qx = cache(lambda: jax.eval_shape(partial(take, dstate=None), x)[0])
 
-    def both_layouts(x, w, dstate, w_dstate):
+    def fprop(qw, codes_t, x, dstate):
+        spec = recipe.fprop.lhs
+        return fprop_quantizing(x, qw, spec, recipe, take, out_dtype, dstate, b_codes_t=codes_t)
+
+    def kernel_reads(p: str, qw: QTensor) -> bool:
+        return _decision(recipe, abstract_qx(), qw, "fprop", p) == ("pallas", "compiled")
+
+    (y, qx, new), qw, new_w = weight_both_layouts(
+        w, recipe, take_w, w_dstate, fprop, (x, dstate), kernel_reads
+    )
+    return y, qx, new, qw, new_w
+
+
+def weight_both_layouts(
+    w,
+    recipe: Recipe,
+    take_w: Callable[..., tuple[Any, Any]],
+    w_dstate: Any,
+    fprop: Callable[..., Any],
+    operands: tuple[Any, ...],
+    kernel_reads: Callable[[str, QTensor], bool],
+) -> tuple[Any, Any, Any]:
+    """(``fprop(qw, codes_t, *operands)``, w's operand qw, its updated state), where
+    ``take_w(w, dstate=w_dstate)`` = (qw, state) quantizes the weight ``w`` (E, K, N)
+    as ``recipe.fprop.rhs`` says and ``codes_t`` is None or qw's codes transposed
+    (E, N, K).
+
+    On a Hopper CUDA target whose quantizers are the Mosaic GPU ones, where
+    ``recipe.fprop.rhs`` quantizes w (a bfloat16 / float32 array) online in
+    128x128 blocks and ``kernel_reads(p, qw)`` says a Mosaic GPU GEMM reads
+    qw there, one kernel writes w's codes in both layouts
+    (``mgpu_quantize.quantize_block_both``): the Fprop reads the transposed
+    ones (K-major, the only layout of FP8 ``wgmma``), the Dgrad the returned
+    operand's as stored.  The same codes and scales as ``take_w``'s, and no
+    transpose of them in XLA.  Elsewhere ``take_w``, and codes_t None.
+    """
+
+    def separate(w, w_dstate, *operands):
+        qw, new_w = take_w(w, dstate=w_dstate)
+        return fprop(qw, None, *operands), qw, new_w
+
+    # w's operand as take_w gives it (shapes and layout only), asked once.
+    abstract_qw = cache(lambda: jax.eval_shape(partial(take_w, dstate=None), w)[0])
+
+    def both_layouts(w, w_dstate, *operands):
         del w_dstate  # an online spec: no state
         run = partial(quant.gpu_kernels().quantize_block_both, **kernel_settings(recipe.fprop.rhs))
         codes, codes_t, scales = gpu_quantize.on_gpu(run, w)
         # take_w's operand (its layout and metadata), with the kernel's codes and scales.
         qw = dataclasses.replace(abstract_qw(), data=codes, scale=scales)
-        qx, new = take(x, dstate=dstate)
-        y = gemm(qx, qw, "fprop", recipe, out_dtype=out_dtype, b_codes_t=codes_t)
-        return y, qx, new, qw, None
+        return fprop(qw, codes_t, *operands), qw, None
 
     def decide(p: str) -> str:
-        return (
-            "both layouts"
-            if _both_layouts_fit(p, w, recipe, abstract_qx, abstract_qw)
-            else "separate"
-        )
+        fits = _both_layouts_fit(p, w, recipe.fprop.rhs, abstract_qw)
+        return "both layouts" if fits and kernel_reads(p, abstract_qw()) else "separate"
 
     build = {"separate": separate, "both layouts": both_layouts}.__getitem__
-    return platforms.choose(decide, build, (x, w, dstate, w_dstate))
+    return platforms.choose(decide, build, (w, w_dstate) + tuple(operands))
 
 
-def _both_layouts_fit(p: str, w, recipe: Recipe, abstract_qx, abstract_qw) -> bool:
-    """Whether, lowered for ``p``, one Mosaic GPU kernel quantizes ``w`` (B, K, N) in
-    both layouts for :func:`fprop_with_weight`: a CUDA target whose quantizers are the
-    Mosaic GPU ones (the Triton ones write one layout), w a bfloat16 / float32 array
-    that ``recipe.fprop.rhs`` quantizes online in the block kernel's 128x128 blocks,
-    and the Fprop the compiled Mosaic GPU GEMM."""
-    spec = recipe.fprop.rhs
+def _both_layouts_fit(p: str, w, spec: QuantSpec, abstract_qw) -> bool:
+    """Whether, lowered for ``p``, one Mosaic GPU kernel quantizes ``w`` (E, K, N) as
+    ``spec`` says in both layouts: a CUDA target whose quantizers are the Mosaic GPU
+    ones (the Triton ones write one layout), w a bfloat16 / float32 array that
+    ``spec`` quantizes online in the block kernel's 128x128 blocks into float32 scales."""
     if p != "cuda" or is_quantized(w) or w.ndim != 3 or not kernel_tiles(spec, "block"):
         return False
     if quant.tpu_quantizer_orient(w, spec.fmt, "block", 1, spec.tile) != "block":
         return False
-    kernels = quant.gpu_kernels()
-    if getattr(kernels, "quantize_block_both", None) is None:
+    if getattr(quant.gpu_kernels(), "quantize_block_both", None) is None:
         return False
     qw = abstract_qw()
-    if not isinstance(qw, QTensor) or qw.tensor_scale is not None or qw.scale.dtype != jnp.float32:
-        return False
-    return _decision(recipe, abstract_qx(), qw, "fprop", p) == ("pallas", "compiled")
+    return isinstance(qw, QTensor) and qw.tensor_scale is None and qw.scale.dtype == jnp.float32
 
 
 def dgrad_quantizing(
@@ -1007,7 +1029,14 @@ def take_batch(op, index: jax.Array):
 
 
 def grouped_gemm(
-    a, b, layout: GroupLayout, kind: str, recipe: Recipe, num_groups: int, out_dtype=jnp.float32
+    a,
+    b,
+    layout: GroupLayout,
+    kind: str,
+    recipe: Recipe,
+    num_groups: int,
+    out_dtype=jnp.float32,
+    b_codes_t: jax.Array | None = None,
 ):
     """One grouped GEMM, accumulated in float32 and rounded once to ``out_dtype``.
 
@@ -1016,7 +1045,9 @@ def grouped_gemm(
     wgrad: a = x (T, tile, K), b = dy (T, tile, N) already in tiles -> (E, K, N).
     Rows in no group give 0.  Runs as a batched :func:`gemm` over the tiles
     of ``layout`` (or a grouped kernel, which reads that layout and writes
-    ``out_dtype`` itself: no float32 result in memory).
+    ``out_dtype`` itself: no float32 result in memory).  ``b_codes_t``: the
+    Fprop's weight codes transposed (E, N, K), which the Mosaic GPU grouped
+    kernel then reads in place of a transpose (:func:`weight_both_layouts`).
     """
     # The kernels write bfloat16 or float32; another dtype is rounded from float32.
     kernel_dtype = jnp.dtype(out_dtype) if out_dtype in KERNEL_FLOATS else jnp.dtype(jnp.float32)
@@ -1024,7 +1055,7 @@ def grouped_gemm(
         if kind == "wgrad":
             y = _grouped_wgrad(a, b, layout, recipe, num_groups, kernel_dtype)
         else:
-            y = _grouped_rows(a, b, layout, kind, recipe, kernel_dtype)
+            y = _grouped_rows(a, b, layout, kind, recipe, kernel_dtype, b_codes_t)
     return y.astype(out_dtype)
 
 
@@ -1101,21 +1132,30 @@ def _grouped_wgrad(a, b, layout: GroupLayout, recipe: Recipe, num_groups: int, o
     return platforms.choose(lambda p: kernel.get(p, ""), build)
 
 
-def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe, out_dtype):
+def grouped_kernels(a, b, layout: GroupLayout, kind: str, recipe: Recipe) -> dict:
+    """{platform: (impl, how)} of the platforms where a grouped kernel runs the fprop /
+    dgrad grouped GEMM of ``a`` (rows or tiles) and ``b``: "pallas" decisions on
+    128-row tiles (other tile lengths run the dense kernel per tile)."""
+    # Rows: their tiles' shapes and layout (the decision reads no values).
+    a_t = a if len(a.shape) == 3 else jax.eval_shape(tile_rows, a, layout)
+    decisions = {p: _decision(recipe, a_t, b, kind, p) for p in platforms.PLATFORMS}
+    return {p: d for p, d in decisions.items() if d[0] == "pallas" and layout.tile == CHUNK}
+
+
+def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe, out_dtype, b_codes_t):
     """The fprop / dgrad grouped GEMM of :func:`grouped_gemm`."""
     # Rows (M, C), or operands already laid out in tiles (T, tile, C).
     a_t = a if len(a.shape) == 3 else tile_rows(a, layout)
-    decisions = {p: _decision(recipe, a_t, b, kind, p) for p in platforms.PLATFORMS}
-    # The grouped kernel reads 128-row tiles; other tile lengths run the dense
-    # kernel per tile.
-    kernel = {p: d for p, d in decisions.items() if d[0] == "pallas" and layout.tile == CHUNK}
+    kernel = grouped_kernels(a_t, b, layout, kind, recipe)
     others = tuple(p for p in platforms.PLATFORMS if p not in kernel)
     if kernel:
         path_record.note(kind, {p: _grouped_path(how) for p, (_, how) in kernel.items()})
 
     def build(d):
         if d[0] == "pallas":
-            return lambda: _grouped_kernel(a_t, b, layout, kind, how=d[1], out_dtype=out_dtype)
+            return lambda: _grouped_kernel(
+                a_t, b, layout, kind, how=d[1], out_dtype=out_dtype, b_codes_t=b_codes_t
+            )
 
         def dense_tiles():
             # Each tile's expert (padding tiles take expert 0).
@@ -1129,10 +1169,18 @@ def _grouped_rows(a, b, layout: GroupLayout, kind: str, recipe: Recipe, out_dtyp
     return platforms.choose(lambda p: kernel.get(p, ("dense tiles", "")), build)
 
 
-def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, how: str, out_dtype) -> jax.Array:
+def _grouped_kernel(
+    a_t, b, layout: GroupLayout, kind: str, *, how: str, out_dtype, b_codes_t=None
+) -> jax.Array:
     """The grouped kernel (Mosaic GPU, or Mosaic TPU where ``how`` is "mosaic") on the
     aligned rows and each tile's expert id (``how`` as in :func:`_pallas`)."""
     mp = layout.src_row.shape[0]
+    b_data, b_scale, b_layout = b.data, b.scale, "kn" if kind == "fprop" else "nk"
+    if b_codes_t is not None and how != "mosaic":
+        # The Fprop's weight codes K-major as their quantizer wrote them: the
+        # kernel's own layout, with the block scales beside them (E, Nc, Kc),
+        # a transpose of E x K/128 x N/128 float32 in place of one of the codes.
+        b_data, b_scale, b_layout = b_codes_t, jnp.swapaxes(b.scale, 1, 2), "nk"
 
     if how == "mosaic":
         kernel = tpu_block_gemm.grouped_block_scaled_matmul_aligned
@@ -1147,11 +1195,11 @@ def _grouped_kernel(a_t, b, layout: GroupLayout, kind: str, *, how: str, out_dty
             b_scale,
             tile_group,
             out_dtype=out_dtype,
-            b_layout="kn" if kind == "fprop" else "nk",
+            b_layout=b_layout,
             interpret=how == "interpret",
         )
 
-    args = (a_t.data, a_t.scale, b.data, b.scale, layout.tile_group)
+    args = (a_t.data, a_t.scale, b_data, b_scale, layout.tile_group)
     # (rows, N), N the output columns (_out_shape's convention): declared, so a
     # compiled kernel is traced only when a program is lowered for its platform.
     n = b.shape[2] if kind == "fprop" else b.shape[1]

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from fp8jax import platforms, scaling, schemes
-from fp8jax.gemm import grouped_gemm, tile_rows
+from fp8jax.gemm import grouped_gemm, grouped_kernels, tile_rows, weight_both_layouts
 from fp8jax.groups import (
     GroupLayout,
     check_group_sizes,
@@ -187,9 +187,20 @@ def _grouped_fwd(x, w, group_sizes, state, recipe, dtypes, with_stats):
         qx, new_x = take_operand(x, recipe.fprop.lhs, 1, recipe)
     else:
         qx, new_x = _quantize_rows(x, recipe.fprop.lhs, recipe, state_part(state, "x"))
-    # A weight gathered in FP8 arrives quantized: used as is.
-    qw, new_w = take_operand(w, recipe.fprop.rhs, 1, recipe, state_part(state, "w"))
-    y = grouped_gemm(qx, qw, layout, "fprop", recipe, w.shape[0], dtypes[0])
+    # A weight gathered in FP8 arrives quantized: used as is.  Otherwise its
+    # codes in both layouts where a Hopper GPU's grouped kernel reads them.
+    take_w = partial(take_operand, spec=recipe.fprop.rhs, caxis=1, recipe=recipe)
+
+    # The layout is an operand: a branch lowered later closes over no traced value.
+    def fprop(qw, codes_t, qx, layout):
+        return grouped_gemm(qx, qw, layout, "fprop", recipe, w.shape[0], dtypes[0], codes_t)
+
+    def kernel_reads(p: str, qw) -> bool:
+        return grouped_kernels(qx, qw, layout, "fprop", recipe).get(p) == ("pallas", "compiled")
+
+    y, qw, new_w = weight_both_layouts(
+        w, recipe, take_w, state_part(state, "w"), fprop, (qx, layout), kernel_reads
+    )
     # A pre-quantized input's values, only for telemetry / an E5M6 cache.
     x_hp, w_hp = (source_values(t, jnp.float32) if is_quantized(t) else t for t in (x, w))
     out = (y, {"x": operand_stats(x_hp, qx), "w": operand_stats(w_hp, qw)}) if with_stats else y

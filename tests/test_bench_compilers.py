@@ -225,6 +225,19 @@ def test_h100_auto_fwd_bwd_moves_no_fp8_codes_outside_its_kernels(n):
     assert made == {"bitcast"}, made
 
 
+def test_h100_grouped_fprop_reads_the_experts_codes_as_their_quantizer_wrote_them():
+    # The experts' weights (2, 256, 384): the grouped Fprop kernel reads them
+    # K-major, (2, 384, 256), as the block quantizer wrote them beside the
+    # Dgrad's; no XLA transpose of the codes makes that array.
+    t = _cuda_or_skip()
+    fn = predicted.grouped_program(fp8jax.recipes.deepseek_v3(), 2)
+    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((512, 256), (2, 256, 384))]
+    text = compilers.compile_for(fn, args, t).text
+    assert "fp8_quantize_block_both" in text
+    made = re.findall(r"= f8e4m3fn\[2,384,256\]\S* ([\w-]+)\(", text)
+    assert made == ["bitcast"], made
+
+
 @pytest.mark.slow  # two deviceless compiles of a train step: about 100 s on 2 cores
 def test_h100_microbatched_step_quantizes_its_weights_before_the_loop():
     # XLA leaves loop-invariant work in the microbatch loop: the step makes

@@ -26,7 +26,7 @@ bring the operands there:
   ``bt = W`` as stored.
 * :func:`block_scaled_matmul` ((K, N) B, Fprop's W): the caller's B is
   transposed once in XLA (FP8 codes, exact; its 128x128 block scales only
-  change places).  ``fp8jax.gemm.fprop_with_weight`` saves that pass where
+  change places).  ``fp8jax.gemm.weight_both_layouts`` saves that pass where
   W's quantizer writes W^T beside W (``mgpu_quantize.quantize_block_both``).
 * :func:`block_scaled_matmul_tn` (Wgrad ``x^T dy``, 128x1 tiles along the
   tokens on both sides): both operands are transposed once (codes and scales)
