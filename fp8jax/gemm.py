@@ -408,6 +408,13 @@ def gemm(
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if b_codes_t is not None:
+        want = tuple(b.shape[:-2]) + (b.shape[-1], b.shape[-2])
+        if kind != "fprop" or b_index is not None or tuple(b_codes_t.shape) != want:
+            raise ValueError(
+                f"b_codes_t: an Fprop's weight codes transposed, {want}, without b_index; "
+                f"got {tuple(b_codes_t.shape)} for {kind!r}"
+            )
     # One decision per platform; the lowering keeps the one it lowers for.
     decisions = {p: _decision(recipe, a, b, kind, p) for p in platforms.PLATFORMS}
     path_record.note(

@@ -345,3 +345,8 @@ def test_fprop_reads_the_weights_transposed_codes_where_its_quantizer_wrote_them
     # They are what the kernel reads: other codes, another product.
     other = np.asarray(run(jnp.flip(codes_t, axis=1)), np.float32)
     assert not np.array_equal(other, want)
+    # Codes of another shape, or for another GEMM, are refused.
+    with pytest.raises(ValueError, match="b_codes_t"):
+        run(qw.data)
+    with pytest.raises(ValueError, match="b_codes_t"):
+        gemm.gemm(qx, qw, "dgrad", r, b_codes_t=codes_t)
