@@ -62,6 +62,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
+import math
 import operator
 from dataclasses import dataclass, replace
 from functools import partial
@@ -534,7 +535,7 @@ def _quantize_kernel(
     ue8m0 = scale_fmt == "ue8m0"
     # Tiles along the last axis: the leading axes are rows (a reshape that
     # keeps TPU's tiled layout: the last axis stays where it is).
-    x2 = x.reshape(-1, x.shape[-1]) if orient == "row" else x
+    x2 = x.reshape(_row_view(x.shape, tile)) if orient == "row" else x
     run = partial(
         module.quantize_2d,
         fmt=as_format(fmt),
@@ -546,10 +547,23 @@ def _quantize_kernel(
     data, scale = on(run, x2)
     if orient == "row":
         data = data.reshape(x.shape)
-        scale = scale.reshape(x.shape[:-1] + scale.shape[-1:])
+        scale = scale.reshape(x.shape[:-1] + (-(-x.shape[-1] // tile),))
     layout = Layout(granularity, _norm_axis(axis, x.ndim), tile)
     # UE8M0: the kernel's scales are the powers of two the bytes hold.
     return QTensor(data, encode_e8m0(scale) if ue8m0 else scale, layout)
+
+
+def _row_view(shape: tuple[int, ...], tile: int) -> tuple[int, int]:
+    """The 2-D (rows, columns) a row kernel quantizes an array of ``shape`` as, in
+    1 x ``tile`` tiles along its last axis: the leading axes as rows, or, where the
+    second-to-last axis is a short one (fewer than 8: a split such as SwiGLU's
+    gate and up, (..., 2, F)) and the last a whole number of tiles, those two
+    axes as one row.  The tiles are the same either way; the second keeps the
+    (..., 2F) array such a split was made from as it lies in a TPU's tiled
+    layout, which (..., 2, F) as 2 x ... rows of F does not (a copy of x)."""
+    if len(shape) >= 3 and shape[-2] < 8 and shape[-1] % tile == 0:
+        return math.prod(shape[:-2]), shape[-2] * shape[-1]
+    return math.prod(shape[:-1]), shape[-1]
 
 
 def quantize_rows_and_cols(

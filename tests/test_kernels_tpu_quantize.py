@@ -12,6 +12,7 @@ range) and on shapes that are not multiples of the blocks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -373,6 +374,42 @@ def test_a_stack_of_matrices_is_quantized_as_each_matrix_alone(shape, as_rows):
         for k, g in enumerate(got):
             want = np.stack([np.asarray(a[k]) for a in alone]).reshape(g.shape)
             np.testing.assert_array_equal(_bits(g), _bits(want), err_msg=f"{name} result {k}")
+
+
+@pytest.mark.parametrize(
+    "shape, view",
+    [((64, 2, 256), (64, 512)), ((3, 32, 2, 384), (96, 768)), ((64, 2, 200), (128, 200))]
+    + [((64, 8, 256), (512, 256)), ((128, 256), (128, 256))],
+)
+def test_a_short_split_axis_joins_the_rows_it_was_split_from(shape, view):
+    # (..., 2, F): SwiGLU's gate and up, split from a (..., 2F) GEMM output.
+    # With F a whole number of tiles the row kernel quantizes (..., 2F) rows
+    # (the tiles are the same), else (..., 2) rows of F; a longer axis is rows.
+    assert quant._row_view(shape, 128) == view
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal(shape) * np.exp2(rng.uniform(-9, 9, shape)), jnp.bfloat16)
+    run = functools.partial(tq.quantize_2d, fmt=E4M3, orient="row", interpret=True)
+    codes, scales = run(x.reshape(view))
+    want = quant.quantize(x, E4M3, "tile", axis=-1)
+    np.testing.assert_array_equal(_bits(codes.reshape(shape)), _bits(want.data))
+    np.testing.assert_array_equal(_bits(scales.reshape(want.scale.shape)), _bits(want.scale))
+
+
+def test_a_split_quantizes_for_tpu_as_the_array_it_was_split_from():
+    pytest.importorskip("libtpu")
+    from fp8jax.bench import compilers
+
+    def q(h):
+        out = quant.quantize(h.reshape(256, 2, 384), E4M3, "tile", axis=-1)
+        return out.data, out.scale
+
+    c = compilers.compile_for(q, [jax.ShapeDtypeStruct((256, 768), jnp.bfloat16)], "tpu7x")
+    kernels = [
+        line for line in c.text.splitlines() if "fp8_quantize_" in line and "custom-call(" in line
+    ]
+    # The kernel reads h as it is: no copy of it into 512 rows of 384.
+    assert len(kernels) == 1 and "bf16[256,768]" in kernels[0], kernels
+    assert "bf16[512,384]" not in c.text
 
 
 def test_a_stack_of_matrices_compiles_to_one_two_dimensional_kernel_for_tpu():
