@@ -533,8 +533,8 @@ def _quantize_kernel(
     Mosaic GPU or Triton; one read of x, the same codes and scales)."""
     module, on = _quantizer_kernels(platform)
     ue8m0 = scale_fmt == "ue8m0"
-    # Tiles along the last axis: the leading axes are rows (a reshape that
-    # keeps TPU's tiled layout: the last axis stays where it is).
+    # Tiles along the last axis: a 2-D view whose rows hold whole tiles, as x
+    # lies in a TPU's tiled layout (_row_view).
     x2 = x.reshape(_row_view(x.shape, tile)) if orient == "row" else x
     run = partial(
         module.quantize_2d,
