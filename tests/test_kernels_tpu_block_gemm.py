@@ -294,7 +294,7 @@ def test_wgrad_requantizing_its_cache_gives_the_requantized_operands_bits(
 
     args = (cached.data, cached.scale, flag, qdy.data, qdy.scale)
     kc = -(-t // 128)
-    bm, bn, _ = tg._blocks(m, n, kc, block_m, 128, 8, "tn")
+    bm, bn = tg._blocks(m, n, block_m, 128, "tn")
     resident = tg._resident_a_blocks(m, n, kc, bm, bn, "tn", jnp.float32, 128, requant=True)
     assert (resident is not None) == (t == 2048)
     for f in (fused, jax.jit(fused)):
@@ -404,7 +404,7 @@ def test_k_steps_of_six_runs_keep_the_values(orient):
 )
 def test_one_k_step_reads_a_once_where_that_moves_fewer_bytes(m, n, k, orient):
     kc = k // 128
-    bm, bn, _ = tg._blocks(m, n, kc, tg.DENSE_BLOCK_M, tg.DENSE_BLOCK_N, 8, orient)
+    bm, bn = tg._blocks(m, n, tg.DENSE_BLOCK_M, tg.DENSE_BLOCK_N, orient)
     got = tg._resident_a_blocks(m, n, kc, bm, bn, orient, jnp.bfloat16, 128)
     assert got is not None
     rbm, rbn = got
@@ -428,7 +428,7 @@ def test_one_k_step_reads_a_once_where_that_moves_fewer_bytes(m, n, k, orient):
     [(4096, 4096, 8, "nn"), (4096, 24576, 12, "nn"), (4096, 7168, 512, "nt")],
 )
 def test_k_steps_stay_where_one_step_cannot_hold_k(m, n, kc, orient):
-    bm, bn, _ = tg._blocks(m, n, kc, tg.DENSE_BLOCK_M, tg.DENSE_BLOCK_N, 8, orient)
+    bm, bn = tg._blocks(m, n, tg.DENSE_BLOCK_M, tg.DENSE_BLOCK_N, orient)
     assert tg._resident_a_blocks(m, n, kc, bm, bn, orient, jnp.bfloat16, 128) is None
 
 
@@ -445,7 +445,7 @@ def test_one_k_step_gives_the_k_steps_bits(monkeypatch, orient, m, block_m):
     a, sa, b, sb = make_case(k + len(orient) + m, m, k, n)
     kw = dict(block_m=block_m, block_n=128, interpret=True, out_dtype=jnp.float32)
     kc = k // 128
-    bm, bn, _ = tg._blocks(m, n, kc, block_m, 128, 8, orient)
+    bm, bn = tg._blocks(m, n, block_m, 128, orient)
     resident = tg._resident_a_blocks(m, n, kc, bm, bn, orient, jnp.float32, 128)
     assert resident is not None
     assert m < 512 or (resident[0] % tg.ROWS_PER_DOT and bg.cdiv(m, resident[0]) == 2)
@@ -477,7 +477,7 @@ def test_fprop_quantizes_in_kernel_while_it_reads_fewer_bytes(n, itemsize, want)
 def test_split_blocks_keep_the_values():
     # 520 rows in blocks of at most 512: two blocks of 384 (not two of 512);
     # 300 columns in blocks of at most 256: two of 256.
-    assert tg._blocks(520, 300, 2, 512, 256, 8, "nn")[:2] == (384, 256)
+    assert tg._blocks(520, 300, 512, 256, "nn") == (384, 256)
     a, sa, b, sb = make_case(520, 256, 300, 41)
     kw = dict(block_m=512, block_n=256, out_dtype=jnp.float32, interpret=True)
     call = functools.partial(tg.block_scaled_matmul, **kw)
@@ -494,7 +494,7 @@ def test_rows_in_slices_keep_the_values(monkeypatch, out_dtype):
     m, k, n = 300, 300, 140
     a, sa, b, sb = make_case(7, m, k, n)
     kw = dict(block_m=384, block_n=256, out_dtype=out_dtype, interpret=True)
-    assert tg._blocks(m, n, 3, 384, 256, 8, "nn")[0] == 320
+    assert tg._blocks(m, n, 384, 256, "nn")[0] == 320
     bt, sbt = np.ascontiguousarray(b.T), np.ascontiguousarray(sb.T)
     nn = functools.partial(tg.block_scaled_matmul, **kw)
     nt = functools.partial(tg.block_scaled_matmul_nt, **kw)
@@ -551,6 +551,59 @@ def test_grouped_aligned_matches_float64(gs, layout):
     assert_near_reference(
         got, gg.grouped_block_scaled_matmul_reference(a, sa, b, sb, gs, out_dtype=jnp.float32)
     )
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_grouped_one_k_step_equals_steps_of_runs(layout):
+    # All of K's 16 runs in one step (an expert's consecutive tiles sharing its
+    # weight block) against steps of 8: the same runs in the same order, so the
+    # same bits; an empty expert and a tile of padding between them.
+    gs = [150, 0, 100]
+    m, k, n = 300, 2048, 256
+    a, sa, b, sb, gs = make_grouped(3, m, k, n, gs)
+    lay = group_layout(jnp.asarray(gs), m, 128)
+    valid = np.asarray(lay.row_valid)[:, None]
+    src = np.asarray(lay.src_row)
+    a_al = np.where(valid, a[src], np.zeros((), a.dtype))
+    sa_al = np.where(valid, sa[src], 1.0).astype(np.float32)
+    if layout == "nk":
+        b, sb = np.swapaxes(b, 1, 2).copy(), np.swapaxes(sb, 1, 2).copy()
+    assert (np.asarray(lay.tile_group) < 0).any()
+    assert tg._grouped_blocks(n, k // 128, tg.BLOCK_N, None) == (256, 16)
+    run = functools.partial(
+        tg.grouped_block_scaled_matmul_aligned,
+        a_al,
+        sa_al,
+        b,
+        sb,
+        lay.tile_group,
+        out_dtype=jnp.float32,
+        b_layout=layout,
+        interpret=True,
+    )
+    one_step = np.asarray(run())
+    np.testing.assert_array_equal(
+        one_step.view(np.uint32), np.asarray(run(runs_per_step=8)).view(np.uint32)
+    )
+    np.testing.assert_array_equal(
+        one_step.view(np.uint32), np.asarray(jax.jit(lambda: run(block_n=128))()).view(np.uint32)
+    )
+
+
+@pytest.mark.parametrize(
+    "n,kc,runs,want",
+    [
+        (2048, 56, None, (1024, 56)),  # K 7168: 2 x 7 MiB of an expert's weight
+        (7168, 16, None, (1024, 16)),  # the Dgrad's K 2048
+        (2048, 128, None, (768, 128)),  # K 16384: narrower blocks for one step
+        (2048, 12, None, (1024, 8)),  # 12 runs would be unrolled whole: steps of 8
+        (2048, 6, None, (1024, 6)),
+        (384, 56, 8, (384, 8)),  # steps asked for
+        (384, 4, 8, (384, 4)),
+    ],
+)
+def test_grouped_blocks(n, kc, runs, want):
+    assert tg._grouped_blocks(n, kc, tg.BLOCK_N, runs) == want
 
 
 @pytest.mark.parametrize(
@@ -674,6 +727,34 @@ def test_auto_compiles_one_mosaic_kernel_per_gemm_for_ironwood(n):
     assert bool(re.search(r"fp8_quantize_row(?!s_cols)", text)) != fused
     assert "fp8_block_scaled_matmul_tn_requant" in text
     assert "fp8_quantize_requantize_col" not in text
+
+
+def test_grouped_kernel_reads_each_experts_weight_once_per_column_block_on_ironwood():
+    # DeepSeek-V3's expert Fprop (K 7168, N 2048): all of K in one step fits
+    # the grouped kernels' VMEM, and the bytes libtpu is given for the kernel
+    # are each expert's weight once, not once per tile (10 tiles, 2 experts).
+    pytest.importorskip("libtpu")
+    sh = _sharding("tpu7x:2x2x1")
+    e, k, n, tiles = 2, 7168, 2048, 10
+    f8 = jnp.float8_e4m3fn
+    args = [
+        jax.ShapeDtypeStruct(shape, dt, sharding=sh)
+        for shape, dt in (
+            ((tiles * 128, k), f8),
+            ((tiles * 128, k // 128), jnp.float32),
+            ((e, k, n), f8),
+            ((e, k // 128, n // 128), jnp.float32),
+            ((tiles,), jnp.int32),
+        )
+    ]
+    f = jax.jit(functools.partial(tg.grouped_block_scaled_matmul_aligned, interpret=False))
+    text = f.trace(*args).lower(lowering_platforms=("tpu",)).compile().as_text()
+    (kernel,) = [line for line in text.splitlines() if "fp8_grouped_block_scaled_matmul_nn" in line]
+    weight = k * n * (1 + 4 / 128)  # codes and their per-column scales per run
+    a_codes = tiles * 128 * k * (1 + 4 / 128) * (n // tg.BLOCK_N)
+    out = tiles * 128 * n * 2
+    got = int(re.search(r"bytes_accessed\W+(\d+)", kernel).group(1))
+    assert got == e * weight + a_codes + out
 
 
 @pytest.mark.slow

@@ -58,9 +58,12 @@ shrink to it (rounded up to the hardware tiles).
 The grouped kernel (MoE experts) reads the expert-aligned layout the GEMM
 core builds (``fp8jax.groups.group_layout``): rows sorted by expert in tiles
 of ``tile`` rows, ``tile_group[t]`` the expert of tile t, -1 for a tile of
-padding (written as zeros, no matrix-unit work, one block of reads).
+padding (written as zeros, no matrix-unit work, no reads).
 The tile ids reach the kernel as scalar prefetch (SMEM), so each tile's
-weight blocks are DMA'd from its own expert.
+weight blocks are DMA'd from its own expert.  Its grid is ``(N / bn,
+tiles, K steps)`` with all of K in one step where an expert's weight block
+fits: an expert's consecutive tiles then share its weight block, read once
+per column block.
 
 ``interpret=True`` runs the kernel in Pallas' TPU interpret mode (DMAs and
 the grid simulated on CPU), the way the tests check it without a TPU.
@@ -124,6 +127,10 @@ ROWS_PER_DOT = 512
 #: The grouped (MoE) GEMM kernels' scoped VMEM: with them at 60 MiB libtpu
 #: gives no time at all for the grouped fwd+bwd (8 x 512 x 7168 x 2048).
 GROUPED_VMEM_LIMIT = 48 << 20
+#: The double-buffered VMEM an expert's weight block for all of K may take in
+#: the grouped Fprop / Dgrad kernel (:func:`_grouped_blocks`): K 7168 by 1024
+#: columns of E4M3 is 2 x 7 MiB.
+GROUPED_WEIGHT_VMEM = 24 << 20
 
 # Mosaic's native tiles: 8-bit data is tiled (32, 128), float32 (F32_SUBLANES,
 # 128); every block's last dimension is a multiple of 128.
@@ -141,20 +148,13 @@ def _fit(size: int, block: int, tile: int) -> int:
     return round_up(cdiv(size, cdiv(size, block)), _LANE)
 
 
-def _blocks(
-    m: int, n: int, kc: int, block_m: int, block_n: int, runs: int, orient: str, squares=False
-):
-    """(bm, bn, j) clipped to the operand (rounded up to the hardware tiles); j is the
-    grouped kernels' K step (their (j, tile) scale blocks take no padded steps), the
-    dense kernels take :func:`_step_runs`'s.
+def _blocks(m: int, n: int, block_m: int, block_n: int, orient: str, squares=False):
+    """A dense kernel's (bm, bn), clipped to the operand (rounded up to the hardware
+    tiles); its K step is :func:`_step_runs`'s.
     ``squares``: A is quantized in the kernel, in 128 x 128 squares."""
     # In "tn" A's rows sit on the lanes of its (K, M) blocks.
     m_tile = _LANE if orient == "tn" or squares else _SUBLANE_FP8
-    bm = _fit(m, block_m, m_tile)
-    bn = _fit(n, block_n, _LANE)
-    # A step of j runs: its (j, bm) scale block needs j % 8 == 0 or j == all runs.
-    j = kc if kc <= runs else runs
-    return bm, bn, j
+    return _fit(m, block_m, m_tile), _fit(n, block_n, _LANE)
 
 
 def _step_runs(kc: int, runs: int) -> int:
@@ -472,6 +472,7 @@ def cost_estimate(
     out_dtype,
     run: int = CHUNK,
     resident_a: bool = False,
+    b_passes: int | None = None,
 ) -> pl.CostEstimate:
     """What the kernel moves and computes: 2 M N K flops; codes, scales and output bytes.
 
@@ -479,11 +480,12 @@ def cost_estimate(
     scales) once, each of the ``M / bm`` row blocks all of B; the output is
     written once.  ``resident_a``: the grid has one K step, so A's block index
     stays the same across a row block's column blocks and the pipeline fetches
-    it once: all of A is read once.
+    it once: all of A is read once.  ``b_passes``: B (one expert's weight, in
+    the grouped kernels) is read that many times in all instead.
     """
     n_m, n_n, kc = mp // bm, np_ // bn, kp // run
     a_bytes = (mp * kp + kc * mp * 4) * (1 if resident_a else n_n)
-    b_bytes = (kp * np_ + kc * np_ * 4) * n_m
+    b_bytes = (kp * np_ + kc * np_ * 4) * (n_m if b_passes is None else b_passes)
     out_bytes = mp * np_ * jnp.dtype(out_dtype).itemsize
     return pl.CostEstimate(
         flops=2 * mp * np_ * kp, transcendentals=0, bytes_accessed=a_bytes + b_bytes + out_bytes
@@ -565,7 +567,7 @@ def _dense(
         m, k = a.shape
     n = b.shape[0] if orient == "nt" else b.shape[1]
     kc = cdiv(k, run)
-    bm, bn, _ = _blocks(m, n, kc, block_m, block_n, runs, orient, squares=quant is not None)
+    bm, bn = _blocks(m, n, block_m, block_n, orient, squares=quant is not None)
     j = _step_runs(kc, runs)
     resident = None
     if quant is None:
@@ -1061,9 +1063,10 @@ def block_scaled_matmul_tn_requant(
 
 
 def _grouped_kernel(
-    group_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, acc_ref, *, j: int, orient: str
+    group_ref, src_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, acc_ref, *, j: int, orient: str
 ):
-    t, k = pl.program_id(0), pl.program_id(2)
+    del src_ref  # the blocks' indices
+    t, k = pl.program_id(1), pl.program_id(2)
     expert = group_ref[t]
 
     @pl.when(k == 0)
@@ -1080,6 +1083,25 @@ def _grouped_kernel(
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
 
+def _grouped_blocks(n: int, kc: int, block_n: int, runs: int | None) -> tuple[int, int]:
+    """(bn, j) of the grouped kernel: its column block and the runs per K step.
+
+    ``runs`` None: all of K in one step where an expert's (K, bn) weight
+    block, double-buffered, fits :data:`GROUPED_WEIGHT_VMEM` (bn narrowed to
+    fit, 128 at least) and :func:`_accumulate` loops over K's runs in groups
+    (their number at most, or a multiple of, :data:`RUNS_PER_STEP`; others
+    would be unrolled whole), else steps of :data:`RUNS_PER_STEP`; an int:
+    steps of that many runs (all of K where it has no more).
+    """
+    if runs is None:
+        cap = GROUPED_WEIGHT_VMEM // (2 * kc * CHUNK) // _LANE * _LANE
+        if cap >= _LANE and (kc <= RUNS_PER_STEP or kc % RUNS_PER_STEP == 0):
+            return _fit(n, min(block_n, cap), _LANE), kc
+        runs = RUNS_PER_STEP
+    # A step of j runs: its (j, tile) scale block needs j % 8 == 0 or j == all runs.
+    return _fit(n, block_n, _LANE), kc if kc <= runs else runs
+
+
 @functools.partial(jax.jit, static_argnames=("orient", "out_dtype", "block_n", "runs", "interpret"))
 def _grouped(a, sa_t, b, sb_cols, tile_group, *, orient, out_dtype, block_n, runs, interpret):
     """``a`` (Mp, K) aligned rows, ``sa_t`` (Kc, Mp), ``b`` (E, K, N) ("nn") or (E, N, K)
@@ -1087,52 +1109,66 @@ def _grouped(a, sa_t, b, sb_cols, tile_group, *, orient, out_dtype, block_n, run
     mp, k = a.shape
     num_groups = b.shape[0]
     n = b.shape[1] if orient == "nt" else b.shape[2]
-    tile = mp // tile_group.shape[0]
+    num_tiles = tile_group.shape[0]
+    tile = mp // num_tiles
     kc = cdiv(k, CHUNK)
-    _, bn, j = _blocks(tile, n, kc, tile, block_n, runs, orient)
+    bn, j = _grouped_blocks(n, kc, block_n, runs)
     np_, kcp = round_up(n, bn), round_up(kc, j)
     kp, bk = kcp * CHUNK, j * CHUNK
+    last_step = kcp // j - 1
 
     a_p = _pad_to(a, (mp, kp), 0)
     b_p = _pad_to(b, (num_groups, np_, kp) if orient == "nt" else (num_groups, kp, np_), 0)
     sa_p = _pad_to(sa_t, (kcp, mp), 1.0)
     sb_p = _pad_to(sb_cols, (num_groups, kcp, np_), 1.0)
 
-    # A padding tile (expert -1) reads expert 0's first blocks, once (the block
-    # index stays put across its steps, so Pallas issues no further DMA).
-    def step(t, kk, g):
-        live = g[t] >= 0
-        return jnp.where(live, kk, 0), jnp.maximum(g[t], 0)
+    # Column blocks outermost, the tiles within them: with all of K in one step
+    # the weight block's index, (expert, column block), stays put across an
+    # expert's consecutive tiles, so the pipeline fetches each expert's weight
+    # once per column block, not once per tile (A, whose block index changes
+    # with every tile, is read once per column block either way).  A padding
+    # tile (expert -1) reads what the last tile with an expert before it read
+    # at its last step, so its blocks' indices stay put: no DMA.
+    g = tile_group.astype(jnp.int32)
+    src = jnp.maximum(lax.cummax(jnp.where(g >= 0, jnp.arange(num_tiles), -1), axis=0), 0)
 
-    def a_map(t, jn, kk, g):
-        return t, step(t, kk, g)[0]
+    def blocks(t, kk, g, src):
+        s = src[t]
+        return s, jnp.where(g[t] >= 0, kk, last_step), jnp.maximum(g[s], 0)
 
-    def sa_map(t, jn, kk, g):
-        return step(t, kk, g)[0], t
+    def a_map(jn, t, kk, g, src):
+        s, kk, _ = blocks(t, kk, g, src)
+        return s, kk
 
-    def b_map(t, jn, kk, g):
-        kk, e = step(t, kk, g)
+    def sa_map(jn, t, kk, g, src):
+        s, kk, _ = blocks(t, kk, g, src)
+        return kk, s
+
+    def b_map(jn, t, kk, g, src):
+        _, kk, e = blocks(t, kk, g, src)
         return (e, jn, kk) if orient == "nt" else (e, kk, jn)
 
-    def sb_map(t, jn, kk, g):
-        kk, e = step(t, kk, g)
+    def sb_map(jn, t, kk, g, src):
+        _, kk, e = blocks(t, kk, g, src)
         return e, kk, jn
 
     b_block = (None, bn, bk) if orient == "nt" else (None, bk, bn)
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1,
-        grid=(mp // tile, np_ // bn, kcp // j),
+        num_scalar_prefetch=2,
+        grid=(np_ // bn, num_tiles, kcp // j),
         in_specs=[
             pl.BlockSpec((tile, bk), a_map),
             pl.BlockSpec((j, tile), sa_map),
             pl.BlockSpec(b_block, b_map),
             pl.BlockSpec((None, j, bn), sb_map),
         ],
-        out_specs=pl.BlockSpec((tile, bn), lambda t, jn, kk, g: (t, jn)),
+        out_specs=pl.BlockSpec((tile, bn), lambda jn, t, kk, g, src: (t, jn)),
         scratch_shapes=[pltpu.VMEM((tile, bn), jnp.float32)],
     )
-    # Every tile re-reads its expert's weight: M / tile passes over B at most.
-    cost = cost_estimate(mp, np_, kp, tile, bn, out_dtype)
+    # An expert's weight once per run of its tiles with one K step (at most
+    # one run per expert, tiles ascending), else once per tile.
+    passes = min(num_tiles, num_groups) if j == kcp else num_tiles
+    cost = cost_estimate(mp, np_, kp, tile, bn, out_dtype, b_passes=passes)
     out = pl.pallas_call(
         functools.partial(_grouped_kernel, j=j, orient=orient),
         out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
@@ -1141,7 +1177,7 @@ def _grouped(a, sa_t, b, sb_cols, tile_group, *, orient, out_dtype, block_n, run
         cost_estimate=cost,
         interpret=_interpret(interpret),
         name=f"fp8_grouped_block_scaled_matmul_{orient}",
-    )(tile_group.astype(jnp.int32), a_p, sa_p, b_p, sb_p)
+    )(g, src.astype(jnp.int32), a_p, sa_p, b_p, sb_p)
     return out[:, :n]
 
 
@@ -1155,7 +1191,7 @@ def grouped_block_scaled_matmul_aligned(
     out_dtype=jnp.bfloat16,
     b_layout: str = "kn",
     block_n: int = BLOCK_N,
-    runs_per_step: int = RUNS_PER_STEP,
+    runs_per_step: int | None = None,
     interpret: bool | None = None,
 ) -> jax.Array:
     """Grouped GEMM on expert-aligned rows (the layout of ``fp8jax.groups.group_layout``).
@@ -1167,7 +1203,10 @@ def grouped_block_scaled_matmul_aligned(
     groups own no tile).  ``b_layout`` "kn": ``b_data`` (E, K, N),
     ``b_scale`` (E, Kc, Nc) (fprop); "nk": (E, N, K), (E, Nc, Kc) (dgrad, the
     weights as stored).  Rows of tile t: ``out = a @ b[tile_group[t]]`` with
-    the module docstring's math.
+    the module docstring's math.  ``runs_per_step`` None: all of K in one
+    step where an expert's weight block for it fits VMEM, so that each
+    expert's weight is read once per column block rather than once per tile
+    (:func:`_grouped_blocks`); the same runs in the same order either way.
     """
     mp, _, n = check_operands(
         a_data, a_scale, b_data, b_scale, out_dtype, b_layout=b_layout, b_batch=True
@@ -1179,7 +1218,7 @@ def grouped_block_scaled_matmul_aligned(
     tile = mp // tile_group.shape[0]
     if tile % _SUBLANE_FP8 or (tile != mp and tile % _LANE):
         raise ValueError(f"tiles of {tile} rows: a multiple of 128 needed (or all rows)")
-    _check_blocks(_LANE, block_n, runs_per_step)
+    _check_blocks(_LANE, block_n, RUNS_PER_STEP if runs_per_step is None else runs_per_step)
     kn_scale = b_scale if b_layout == "kn" else jnp.swapaxes(b_scale, 1, 2)
     return launch(
         _grouped,
