@@ -517,6 +517,15 @@ def test_rows_in_slices_keep_the_values(monkeypatch, out_dtype):
         )
 
 
+def _aligned_rows(a, sa, lay):
+    """Rows ``a`` and their scales ``sa`` moved to the expert-aligned tiles of ``lay``:
+    padding rows zero codes with unit scales."""
+    valid = np.asarray(lay.row_valid)[:, None]
+    src = np.asarray(lay.src_row)
+    a_al = np.where(valid, a[src], np.zeros((), a.dtype))
+    return a_al, np.where(valid, sa[src], 1.0).astype(np.float32)
+
+
 @pytest.mark.parametrize(
     "gs,layout",
     [([70, 0, 100, 20], "kn"), ([0, 130, 0, 0], "nk"), ([5, 0, 0, 1], "kn")],
@@ -526,10 +535,7 @@ def test_grouped_aligned_matches_float64(gs, layout):
     m, k, n = 200, 300, 136
     a, sa, b, sb, gs = make_grouped(sum(gs) + len(gs), m, k, n, gs)
     lay = group_layout(jnp.asarray(gs), m, 128)
-    valid = np.asarray(lay.row_valid)[:, None]
-    src = np.asarray(lay.src_row)
-    a_al = np.where(valid, a[src], np.zeros((), a.dtype))
-    sa_al = np.where(valid, sa[src], 1.0).astype(np.float32)
+    a_al, sa_al = _aligned_rows(a, sa, lay)
     b_in = b if layout == "kn" else np.ascontiguousarray(np.swapaxes(b, 1, 2))
     sb_in = sb if layout == "kn" else np.ascontiguousarray(np.swapaxes(sb, 1, 2))
     y = tg.grouped_block_scaled_matmul_aligned(
@@ -562,10 +568,7 @@ def test_grouped_one_k_step_equals_steps_of_runs(layout):
     m, k, n = 300, 2048, 256
     a, sa, b, sb, gs = make_grouped(3, m, k, n, gs)
     lay = group_layout(jnp.asarray(gs), m, 128)
-    valid = np.asarray(lay.row_valid)[:, None]
-    src = np.asarray(lay.src_row)
-    a_al = np.where(valid, a[src], np.zeros((), a.dtype))
-    sa_al = np.where(valid, sa[src], 1.0).astype(np.float32)
+    a_al, sa_al = _aligned_rows(a, sa, lay)
     if layout == "nk":
         b, sb = np.swapaxes(b, 1, 2).copy(), np.swapaxes(sb, 1, 2).copy()
     assert (np.asarray(lay.tile_group) < 0).any()

@@ -1129,8 +1129,9 @@ def _grouped(a, sa_t, b, sb_cols, tile_group, *, orient, out_dtype, block_n, run
     # with every tile, is read once per column block either way).  A padding
     # tile (expert -1) reads what the last tile with an expert before it read
     # at its last step, so its blocks' indices stay put: no DMA.
-    g = tile_group.astype(jnp.int32)
-    src = jnp.maximum(lax.cummax(jnp.where(g >= 0, jnp.arange(num_tiles), -1), axis=0), 0)
+    tile_group = tile_group.astype(jnp.int32)
+    live = jnp.where(tile_group >= 0, jnp.arange(num_tiles, dtype=jnp.int32), -1)
+    last_live = jnp.maximum(lax.cummax(live, axis=0), 0)
 
     def blocks(t, kk, g, src):
         s = src[t]
@@ -1177,7 +1178,7 @@ def _grouped(a, sa_t, b, sb_cols, tile_group, *, orient, out_dtype, block_n, run
         cost_estimate=cost,
         interpret=_interpret(interpret),
         name=f"fp8_grouped_block_scaled_matmul_{orient}",
-    )(g, src.astype(jnp.int32), a_p, sa_p, b_p, sb_p)
+    )(tile_group, last_live, a_p, sa_p, b_p, sb_p)
     return out[:, :n]
 
 
