@@ -50,9 +50,12 @@ Inside the kernel the scales take one form: A's as ``(K/128, M)`` (one row of
 run; a 128x128 block scale repeated over its 128 columns).  A's row of
 scales becomes a column by one small transpose per K step.
 
-Shapes that are not multiples of the blocks are padded outside the kernel:
-data with zeros (a zero product adds nothing), scales with ones (inert), and
-the result is cropped.  Where the block sizes exceed a small operand they
+Shapes that are not multiples of the blocks: B and the output are taken in
+place along N (the last column block runs past N,
+:mod:`fp8jax.kernels.tpu_edges`), and the plain kernels' codes along K, zeroed
+past it in the last K step; M, and K where A is quantized in the kernel or
+copied whole, are padded outside it: data with zeros (a zero product adds
+nothing), scales with ones (inert), and the result is cropped.  Where the block sizes exceed a small operand they
 shrink to it (rounded up to the hardware tiles).
 
 The grouped kernel (MoE experts) reads the expert-aligned layout the GEMM
@@ -83,7 +86,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from fp8jax import platforms
 from fp8jax.formats import IEEE_FP8, KERNEL_FLOATS
-from fp8jax.kernels import tpu_quantize
+from fp8jax.kernels import tpu_edges, tpu_quantize
 from fp8jax.kernels.block_gemm import (
     CHUNK,
     _pad_to,
@@ -443,7 +446,21 @@ def _quantizing_kernel(x_ref, b_ref, sb_ref, o_ref, *refs, j, run, quant, orient
     _dense_kernel(q_ref, st_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient=orient, run=run)
 
 
-def _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *scratch, j: int, orient: str, run: int):
+def _dense_kernel(
+    a_ref,
+    sa_ref,
+    b_ref,
+    sb_ref,
+    o_ref,
+    *scratch,
+    j: int,
+    orient: str,
+    run: int,
+    k_valid: int | None = None,
+):
+    """``k_valid``: A and B are taken in place along K, whose last step's blocks run
+    past it (``k_valid`` elements of them inside): both are zeroed past it first
+    (:mod:`fp8jax.kernels.tpu_edges`), so those runs add zeros."""
     # A float32 output block is its own accumulator (it stays in VMEM across
     # the K steps); any other output gets a float32 scratch accumulator.
     acc_ref = scratch[0] if scratch else o_ref
@@ -452,6 +469,14 @@ def _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *scratch, j: int, orient:
     @pl.when(k == 0)
     def _init():
         acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    if k_valid is not None:
+
+        def _zero_past_k():
+            tpu_edges.zero_past(a_ref, 0 if orient == "tn" else 1, k_valid)
+            tpu_edges.zero_past(b_ref, 1 if orient == "nt" else 0, k_valid)
+
+        tpu_edges.at_last(2, _zero_past_k)
 
     _accumulate(a_ref, sa_ref, b_ref, sb_ref, acc_ref, j=j, orient=orient, run=run)
 
@@ -578,10 +603,18 @@ def _dense(
         (bm, bn), j = resident, kc
     mp, np_, kcp = round_up(m, bm), round_up(n, bn), round_up(kc, j)
     kp, bk = kcp * run, j * run
+    # B and the output are taken in place along N: the last column block runs past
+    # N, where an output column is computed from B's column alone and not written
+    # back (tpu_edges).  The plain stepped kernels take their codes in place along K
+    # too, zeroed past it in the last K step; A quantized in the kernel, or copied
+    # whole by it (one K step), is padded along K, and B with it.
+    k_in_place = quant is None and requant is None and resident is None
+    ka = k if k_in_place else kp
+    k_valid = tpu_edges.valid_in_last(k, bk) if k_in_place else None
 
     # Zero codes add nothing; unit scales keep the padding inert.
-    a_p = _pad_to(a, (kp, mp) if orient == "tn" else (mp, kp), 0)
-    b_p = _pad_to(b, (np_, kp) if orient == "nt" else (kp, np_), 0)
+    a_p = _pad_to(a, (ka, mp) if orient == "tn" else (mp, ka), 0)
+    b_p = _pad_to(b, (n, ka) if orient == "nt" else (ka, n), 0)
     sb_p, sb_spec = _step_scales(_pad_to(sb_cols, (kcp, np_), 1.0), j, bn, lambda i, jn: jn)
     one_step = kcp == j and quant is None
     cost = cost_estimate(mp, np_, kp, bm, bn, out_dtype, run, resident_a=one_step)
@@ -604,7 +637,7 @@ def _dense(
     else:
         b_spec = pl.BlockSpec((bk, bn), lambda i, jn, kk: (kk, jn))
     acc = [] if out_dtype == jnp.float32 else [pltpu.VMEM((bm, bn), jnp.float32)]
-    out_shape = [jax.ShapeDtypeStruct((mp, np_), out_dtype)]
+    out_shape = [jax.ShapeDtypeStruct((mp, n), out_dtype)]
     out_specs = [pl.BlockSpec((bm, bn), lambda i, jn, kk: (i, jn))]
     # The work of a quantization in the kernel per element (tpu_quantize.cost_estimate's),
     # redone for each column block, or once where the requantized A stays (one K step).
@@ -676,7 +709,7 @@ def _dense(
             bytes_accessed=cost.bytes_accessed + a_extra + written,
         )
     elif requant is None:
-        kernel = functools.partial(_dense_kernel, j=j, orient=orient, run=run)
+        kernel = functools.partial(_dense_kernel, j=j, orient=orient, run=run, k_valid=k_valid)
         sa_p, sa_spec = _step_scales(_pad_to(sa_t, (kcp, mp), 1.0), j, bm, lambda i, jn: i)
         if fetch:
             kernel = functools.partial(_fetch_a_kernel, j=j, orient=orient, run=run)

@@ -38,8 +38,10 @@ is (128 g, 128 h); each of its 128 x 128 squares holds whole tiles of both
 kinds, so both are quantized there.  Its 1x128 tiles' scales are written
 transposed, (C/128, R), the form the GEMM kernel reads them in.
 
-Shapes that are not multiples of the blocks are padded with zeros (a zero
-changes no amax) and the outputs cropped.  ``interpret=True`` runs the kernel
+Rows that are not a multiple of the blocks are padded with zeros (a zero
+changes no amax) and the outputs cropped; columns are taken in place, the
+last column block running past C (:mod:`fp8jax.kernels.tpu_edges`), zeroed
+there before the 1x128 tiles' and 128x128 blocks' amax.  ``interpret=True`` runs the kernel
 in Pallas' TPU interpret mode (the tests, on CPU).
 """
 
@@ -57,6 +59,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from fp8jax import formats, platforms, scaling
+from fp8jax.kernels import tpu_edges
 from fp8jax.kernels.block_gemm import _pad_to, cdiv, round_up
 from fp8jax.kernels.tpu_params import F32_SUBLANES, compiler_params
 
@@ -398,11 +401,12 @@ def quantize_2d(
     r, c = x.shape
     bm, bn = _blocks(r, c, orient, jnp.dtype(x.dtype).itemsize)
     rp, cp = round_up(r, bm), round_up(c, bn)
-    xp = _pad_to(x, (rp, cp), 0)
+    # Rows padded; columns taken in place, the last column block past C (tpu_edges).
+    xp = _pad_to(x, (rp, c), 0)
     kw = dict(fmt=fmt, pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0)
     if orient == "row":
         kernel = functools.partial(row_kernel, groups=bn // GROUP, **kw)
-        s_shape, s_block = (rp, cp // GROUP), (bm, bn // GROUP)
+        s_shape, s_block = (rp, cdiv(c, GROUP)), (bm, bn // GROUP)
         grid = (rp // bm,)
         x_spec = pl.BlockSpec((bm, bn), lambda i: (i, 0))
         s_spec = pl.BlockSpec(s_block, lambda i: (i, 0))
@@ -413,24 +417,29 @@ def quantize_2d(
             kernel = functools.partial(
                 block_kernel, groups=bm // GROUP, col_groups=bn // GROUP, **kw
             )
-        s_shape, s_block = (rp // GROUP, cp), (bm // GROUP, bn)
+        s_shape, s_block = (rp // GROUP, c), (bm // GROUP, bn)
         grid = (rp // bm, cp // bn)
         x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
         s_spec = pl.BlockSpec(s_block, lambda i, j: (i, j))
+    if orient != "col":
+        # A 1x128 tile's or 128x128 block's amax across C's edge: zeros past it.
+        # (A 128x1 tile past the edge is a column of its own, never written.)
+        valid = tpu_edges.valid_in_last(c, bn)
+        kernel = tpu_edges.zeroing_first(kernel, len(grid) - 1, 1, valid)
     params = None
     if not interpret:
         params = compiler_params(("parallel",) * len(grid))
     codes, scales = pl.pallas_call(
         kernel,
         out_shape=(
-            jax.ShapeDtypeStruct((rp, cp), fmt),
+            jax.ShapeDtypeStruct((rp, c), fmt),
             jax.ShapeDtypeStruct(s_shape, jnp.float32),
         ),
         grid=grid,
         in_specs=[x_spec],
         out_specs=(x_spec, s_spec),
         compiler_params=params,
-        cost_estimate=cost_estimate(rp, cp, jnp.dtype(x.dtype).itemsize),
+        cost_estimate=cost_estimate(rp, c, jnp.dtype(x.dtype).itemsize),
         interpret=pltpu.InterpretParams() if interpret else False,
         name=f"fp8_quantize_{orient}",
     )(xp)
@@ -482,7 +491,8 @@ def quantize_rows_cols(
     r, c = x.shape
     bm, bn = _dual_block(r), _dual_block(c)
     rp, cp = round_up(r, bm), round_up(c, bn)
-    xp = _pad_to(x, (rp, cp), 0)
+    # Rows padded; columns taken in place, the last column block past C (tpu_edges).
+    xp = _pad_to(x, (rp, c), 0)
     kernel = functools.partial(
         rows_cols_kernel,
         groups=bm // GROUP,
@@ -493,14 +503,16 @@ def quantize_rows_cols(
         ue8m0=ue8m0,
         looped=True,
     )
+    # The 1x128 tiles' amax across C's edge: zeros past it.
+    kernel = tpu_edges.zeroing_first(kernel, 1, 1, tpu_edges.valid_in_last(c, bn))
     x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
     row_codes, row_scales_t, col_codes, col_scales = pl.pallas_call(
         kernel,
         out_shape=(
-            jax.ShapeDtypeStruct((rp, cp), fmt),
-            jax.ShapeDtypeStruct((cp // GROUP, rp), jnp.float32),
-            jax.ShapeDtypeStruct((rp, cp), fmt),
-            jax.ShapeDtypeStruct((rp // GROUP, cp), jnp.float32),
+            jax.ShapeDtypeStruct((rp, c), fmt),
+            jax.ShapeDtypeStruct((cdiv(c, GROUP), rp), jnp.float32),
+            jax.ShapeDtypeStruct((rp, c), fmt),
+            jax.ShapeDtypeStruct((rp // GROUP, c), jnp.float32),
         ),
         grid=(rp // bm, cp // bn),
         in_specs=[x_spec],
@@ -511,7 +523,7 @@ def quantize_rows_cols(
             pl.BlockSpec((bm // GROUP, bn), lambda i, j: (i, j)),
         ),
         compiler_params=None if interpret else compiler_params(("parallel", "parallel")),
-        cost_estimate=cost_estimate(rp, cp, jnp.dtype(x.dtype).itemsize, layouts=2),
+        cost_estimate=cost_estimate(rp, c, jnp.dtype(x.dtype).itemsize, layouts=2),
         interpret=pltpu.InterpretParams() if interpret else False,
         name="fp8_quantize_rows_cols",
     )(xp)
