@@ -143,10 +143,11 @@ _LANE = 128
 
 def _fit(size: int, block: int, tile: int) -> int:
     """The block along an axis of ``size``: the whole axis (rounded up to ``tile``) when
-    it fits in ``block``, else equal blocks of at most ``block`` (multiples of 128), so
-    that the padding stays under one lane tile per block (1536 rows: two of 768, not
-    two of 1024)."""
-    if size <= block:
+    it fits in ``block`` and a sixteenth more (2112 columns against 2048: one block of
+    2176, where two of 1152 would read the other operand twice), else equal blocks of
+    at most ``block`` (multiples of 128), so that the padding stays under one lane
+    tile per block (1536 rows: two of 768, not two of 1024)."""
+    if round_up(size, tile) <= block + block // 16:
         return round_up(size, tile)
     return round_up(cdiv(size, cdiv(size, block)), _LANE)
 
