@@ -68,7 +68,7 @@ def test_zeroing_first_acts_at_the_last_grid_step_only():
     def copy(x_ref, o_ref):
         o_ref[...] = x_ref[...]
 
-    kernel = tpu_edges.zeroing_first(copy, 1, 1, tpu_edges.valid_in_last(200, 128))
+    kernel = tpu_edges.zeroing_first(copy, (1, 1, tpu_edges.valid_in_last(200, 128)))
     spec = pl.BlockSpec((32, 128), lambda i, j: (i, j))
     got = pl.pallas_call(
         kernel,
@@ -93,22 +93,25 @@ def _bits(a) -> np.ndarray:
     return a.view({1: np.uint8, 4: np.uint32}[a.dtype.itemsize])
 
 
-@pytest.mark.parametrize("orient", ["row", "block"])
-def test_a_quantizers_tiles_across_the_edge_take_the_values_inside_alone(orient):
-    # The quantizer's kernel body as quantize_2d wraps it, on one block of 128 x
-    # 256 whose columns from 200 on stand for what a TPU's VMEM may hold past an
-    # array of 200 columns: the tiles (or the block) across column 200 get the
-    # scales of quant.quantize on the 200 columns.
+@pytest.mark.parametrize("orient, axis", [("row", 1), ("block", 1), ("col", 0), ("block", 0)])
+def test_a_quantizers_tiles_across_the_edge_take_the_values_inside_alone(orient, axis):
+    # The quantizer's kernel body as quantize_2d wraps it, on one block of 256 x
+    # 256 whose columns (rows) from 200 on stand for what a TPU's VMEM may hold
+    # past an array of 200: the tiles (or blocks) across column (row) 200 get the
+    # scales of quant.quantize on the 200 columns (rows).
     valid = 200
-    x = _with_far_values_past(valid, (128, 256), jnp.bfloat16)
+    x = _with_far_values_past(valid, (256, 256), jnp.bfloat16, axis)
     kw = dict(fmt=jnp.dtype(E4M3), pow2=False, amax_floor=0.0, ue8m0=False)
     if orient == "row":
         body = functools.partial(tq.row_kernel, groups=2, **kw)
-        s_shape = (128, 2)
+        s_shape = (256, 2)
+    elif orient == "col":
+        body = functools.partial(tq.col_kernel, groups=2, **kw)
+        s_shape = (2, 256)
     else:
-        body = functools.partial(tq.block_kernel, groups=1, col_groups=2, **kw)
-        s_shape = (1, 256)
-    kernel = tpu_edges.zeroing_first(body, 0, 1, valid)
+        body = functools.partial(tq.block_kernel, groups=2, col_groups=2, **kw)
+        s_shape = (2, 256)
+    kernel = tpu_edges.zeroing_first(body, (0, axis, valid))
     codes, scales = pl.pallas_call(
         kernel,
         out_shape=(
@@ -123,8 +126,13 @@ def test_a_quantizers_tiles_across_the_edge_take_the_values_inside_alone(orient)
         ),
         interpret=INTERPRET,
     )(x)
-    want = quant.quantize(jnp.asarray(x[:, :valid]), E4M3, orient if orient == "block" else "tile")
+    inside = x[:, :valid] if axis == 1 else x[:valid]
+    granularity = "block" if orient == "block" else "tile"
+    want = quant.quantize(jnp.asarray(inside), E4M3, granularity, axis=-1 if orient == "row" else 0)
     if orient == "block":
         scales = scales[:, ::128]
-    np.testing.assert_array_equal(_bits(codes[:, :valid]), _bits(want.data))
-    np.testing.assert_array_equal(_bits(scales), _bits(want.scale))
+    codes = codes[:, :valid] if axis == 1 else codes[:valid]
+    if orient != "row" and axis == 1:
+        scales = scales[:, : want.scale.shape[1]]
+    np.testing.assert_array_equal(_bits(codes), _bits(want.data))
+    np.testing.assert_array_equal(_bits(scales[: want.scale.shape[0]]), _bits(want.scale))

@@ -50,12 +50,13 @@ Inside the kernel the scales take one form: A's as ``(K/128, M)`` (one row of
 run; a 128x128 block scale repeated over its 128 columns).  A's row of
 scales becomes a column by one small transpose per K step.
 
-Shapes that are not multiples of the blocks: B and the output are taken in
-place along N (the last column block runs past N,
-:mod:`fp8jax.kernels.tpu_edges`), and the plain kernels' codes along K, zeroed
-past it in the last K step; M, and K where A is quantized in the kernel or
-copied whole, are padded outside it: data with zeros (a zero product adds
-nothing), scales with ones (inert), and the result is cropped.  Where the block sizes exceed a small operand they
+Shapes that are not multiples of the blocks are taken in place, the last
+blocks running past the operands' edges (:mod:`fp8jax.kernels.tpu_edges`):
+an output column (row) is computed from B's column (A's row) alone and its
+part past the edge never written back, and a block whose K run crosses K's
+edge is zeroed past it before its dots (or its quantization in the
+kernel).  Only an A the kernel copies whole itself (one K step) is padded
+with zeros, and the scales (small) with ones (inert).  Where the block sizes exceed a small operand they
 shrink to it (rounded up to the hardware tiles).
 
 The grouped kernel (MoE experts) reads the expert-aligned layout the GEMM
@@ -378,6 +379,7 @@ def _requant_tn_kernel(
     requant,
     once,
     fetch,
+    k_valid=None,
 ):
     """ "tn" with A the FP8 cache in 1x128 tiles along M: the block's tiles are quantized
     again in 128-token tiles into VMEM (``q_ref`` codes, ``s_ref`` (j, bm) scales: the
@@ -412,19 +414,27 @@ def _requant_tn_kernel(
         pl.when(pl.program_id(1) == 0)(lambda: requantize(a_ref))
     else:
         requantize(a_ref)
-    _dense_kernel(q_ref, s_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient="tn", run=run)
+    _dense_kernel(
+        q_ref, s_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient="tn", run=run, k_valid=k_valid
+    )
 
 
-def _fetch_a_kernel(a_hbm, sa_ref, b_ref, sb_ref, o_ref, a_ref, sem, *acc, j, orient, run):
+def _fetch_a_kernel(
+    a_hbm, sa_ref, b_ref, sb_ref, o_ref, a_ref, sem, *acc, j, orient, run, k_valid=None
+):
     """A plain kernel whose grid has one K step, with A left in HBM (``a_hbm``): each row
     block's A is copied into ``a_ref`` at its first column block
     (:func:`_copy_row_block`), and the row block's column blocks, in order, read it
     from there."""
     pl.when(pl.program_id(1) == 0)(lambda: _copy_row_block(a_hbm, a_ref, sem, orient))
-    _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient=orient, run=run)
+    _dense_kernel(
+        a_ref, sa_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient=orient, run=run, k_valid=k_valid
+    )
 
 
-def _quantizing_kernel(x_ref, b_ref, sb_ref, o_ref, *refs, j, run, quant, orient, cols=False):
+def _quantizing_kernel(
+    x_ref, b_ref, sb_ref, o_ref, *refs, j, run, quant, orient, cols=False, k_valid=None
+):
     """ "nn" or "nt" with A unquantized (x, or dy): the block's 1x128 tiles are quantized
     into ``q_ref`` and ``st_ref`` (j, bm) (the quantizer's body, the same bits), output
     blocks (x's codes for the Wgrad's cache) or VMEM scratch, then accumulated from
@@ -444,7 +454,9 @@ def _quantizing_kernel(x_ref, b_ref, sb_ref, o_ref, *refs, j, run, quant, orient
         looped=True,
         **quant,
     )
-    _dense_kernel(q_ref, st_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient=orient, run=run)
+    _dense_kernel(
+        q_ref, st_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient=orient, run=run, k_valid=k_valid
+    )
 
 
 def _dense_kernel(
@@ -459,9 +471,10 @@ def _dense_kernel(
     run: int,
     k_valid: int | None = None,
 ):
-    """``k_valid``: A and B are taken in place along K, whose last step's blocks run
-    past it (``k_valid`` elements of them inside): both are zeroed past it first
-    (:mod:`fp8jax.kernels.tpu_edges`), so those runs add zeros."""
+    """``k_valid``: B is taken in place along K, whose last step's block runs past it
+    (``k_valid`` elements of it inside): zeroed past it first
+    (:mod:`fp8jax.kernels.tpu_edges`; A's codes are zero there too, padded or
+    zeroed by the caller), so those runs add zeros."""
     # A float32 output block is its own accumulator (it stays in VMEM across
     # the K steps); any other output gets a float32 scratch accumulator.
     acc_ref = scratch[0] if scratch else o_ref
@@ -472,12 +485,9 @@ def _dense_kernel(
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     if k_valid is not None:
-
-        def _zero_past_k():
-            tpu_edges.zero_past(a_ref, 0 if orient == "tn" else 1, k_valid)
-            tpu_edges.zero_past(b_ref, 1 if orient == "nt" else 0, k_valid)
-
-        tpu_edges.at_last(2, _zero_past_k)
+        # An FP8 code past K may be a NaN, and 0 x NaN is NaN.
+        b_axis = 1 if orient == "nt" else 0
+        tpu_edges.at_last(2, functools.partial(tpu_edges.zero_past, b_ref, b_axis, k_valid))
 
     _accumulate(a_ref, sa_ref, b_ref, sb_ref, acc_ref, j=j, orient=orient, run=run)
 
@@ -604,18 +614,26 @@ def _dense(
         (bm, bn), j = resident, kc
     mp, np_, kcp = round_up(m, bm), round_up(n, bn), round_up(kc, j)
     kp, bk = kcp * run, j * run
-    # B and the output are taken in place along N: the last column block runs past
-    # N, where an output column is computed from B's column alone and not written
-    # back (tpu_edges).  The plain stepped kernels take their codes in place along K
-    # too, zeroed past it in the last K step; A quantized in the kernel, or copied
-    # whole by it (one K step), is padded along K, and B with it.
-    k_in_place = quant is None and requant is None and resident is None
-    ka = k if k_in_place else kp
-    k_valid = tpu_edges.valid_in_last(k, bk) if k_in_place else None
-
-    # Zero codes add nothing; unit scales keep the padding inert.
-    a_p = _pad_to(a, (ka, mp) if orient == "tn" else (mp, ka), 0)
-    b_p = _pad_to(b, (n, ka) if orient == "nt" else (ka, n), 0)
+    # A kernel that takes all of K in one step where it fits (_resident_a_blocks)
+    # leaves A in HBM and copies each row block's into one VMEM buffer itself
+    # (_copy_row_block), A padded to whole blocks (zero codes add nothing).  Every
+    # other operand, and A otherwise, is taken in place (tpu_edges): the last
+    # blocks run past its edges, and the output's part past them is not written
+    # back.  Where a reduction crosses an edge the block is zeroed past it first:
+    # B's and A's last K step, A before its quantization in the kernel (1x128
+    # tiles along K; a requantized cache's 128-token tiles along K too), dy's
+    # rows before its 128x1 tiles (``col_codes``).  Scales are small and padded
+    # with ones (inert).
+    fetch = resident is not None
+    ma, ka = (mp, kp) if fetch else (m, k)
+    a_p = _pad_to(a, (ka, ma) if orient == "tn" else (ma, ka), 0)
+    k_valid = tpu_edges.valid_in_last(k, bk)
+    a_edges = []
+    if not fetch:
+        a_edges.append((2, 0 if orient == "tn" else 1, k_valid))
+        if col_codes:
+            a_edges.append((0, 0, tpu_edges.valid_in_last(m, bm)))
+    b_p = b
     sb_p, sb_spec = _step_scales(_pad_to(sb_cols, (kcp, np_), 1.0), j, bn, lambda i, jn: jn)
     one_step = kcp == j and quant is None
     cost = cost_estimate(mp, np_, kp, bm, bn, out_dtype, run, resident_a=one_step)
@@ -624,10 +642,7 @@ def _dense(
         a_spec = pl.BlockSpec((bk, bm), lambda i, jn, kk: (kk, i))
     else:
         a_spec = pl.BlockSpec((bm, bk), lambda i, jn, kk: (i, kk))
-    # A kernel that takes all of K in one step where it fits (_resident_a_blocks)
-    # leaves A in HBM and copies each row block's into one VMEM buffer itself
-    # (_copy_row_block); the scratch's first two entries.
-    fetch = resident is not None
+    # The copy of a fetched A: the scratch's first two entries.
     a_copy = []
     if fetch:
         a_spec = pl.BlockSpec(memory_space=pl.ANY)
@@ -638,7 +653,7 @@ def _dense(
     else:
         b_spec = pl.BlockSpec((bk, bn), lambda i, jn, kk: (kk, jn))
     acc = [] if out_dtype == jnp.float32 else [pltpu.VMEM((bm, bn), jnp.float32)]
-    out_shape = [jax.ShapeDtypeStruct((mp, n), out_dtype)]
+    out_shape = [jax.ShapeDtypeStruct((m, n), out_dtype)]
     out_specs = [pl.BlockSpec((bm, bn), lambda i, jn, kk: (i, jn))]
     # The work of a quantization in the kernel per element (tpu_quantize.cost_estimate's),
     # redone for each column block, or once where the requantized A stays (one K step).
@@ -646,7 +661,13 @@ def _dense(
     scratch = a_copy + acc
     if quant is not None:
         kernel = functools.partial(
-            _quantizing_kernel, j=j, run=run, quant=dict(quant), orient=orient, cols=col_codes
+            _quantizing_kernel,
+            j=j,
+            run=run,
+            quant=dict(quant),
+            orient=orient,
+            cols=col_codes,
+            k_valid=k_valid,
         )
         a_in, a_args = [a_spec], [a_p]
         rows = _step_rows(j, kcp)
@@ -676,7 +697,7 @@ def _dense(
             # The scales as the plain kernel reads them (_step_scales).
             st_shape = (kcp, mp) if rows == j else (kcp // j, rows, mp)
             out_shape += [
-                jax.ShapeDtypeStruct((mp, kp), dict(quant)["fmt"]),
+                jax.ShapeDtypeStruct((m, k), dict(quant)["fmt"]),
                 jax.ShapeDtypeStruct(st_shape, jnp.float32),
             ]
             st_block = (j, bm) if rows == j else (None, rows, bm)
@@ -695,7 +716,7 @@ def _dense(
             # float32 sublane tile (a legal block for any bm), cropped below.
             col_rows = round_up(bm // _LANE, F32_SUBLANES)
             out_shape += [
-                jax.ShapeDtypeStruct((mp, kp), fmt),
+                jax.ShapeDtypeStruct((m, k), fmt),
                 jax.ShapeDtypeStruct((n_m, col_rows, kp), jnp.float32),
             ]
             out_specs += [
@@ -713,11 +734,19 @@ def _dense(
         kernel = functools.partial(_dense_kernel, j=j, orient=orient, run=run, k_valid=k_valid)
         sa_p, sa_spec = _step_scales(_pad_to(sa_t, (kcp, mp), 1.0), j, bm, lambda i, jn: i)
         if fetch:
-            kernel = functools.partial(_fetch_a_kernel, j=j, orient=orient, run=run)
+            kernel = functools.partial(
+                _fetch_a_kernel, j=j, orient=orient, run=run, k_valid=k_valid
+            )
         a_in, a_args = [a_spec, sa_spec], [a_p, sa_p]
     else:
         kernel = functools.partial(
-            _requant_tn_kernel, j=j, run=run, requant=dict(requant), once=one_step, fetch=fetch
+            _requant_tn_kernel,
+            j=j,
+            run=run,
+            requant=dict(requant),
+            once=one_step,
+            fetch=fetch,
+            k_valid=k_valid,
         )
         a_in, a_args = _requant_inputs(a_spec, a_p, sa_t, flag, kp, mp, bk, bm)
         # The block's new codes and scales, in VMEM only.
@@ -729,7 +758,7 @@ def _dense(
         )
     suffix = "_quantizing" if quant else "_requant" if requant else ""
     outs = pl.pallas_call(
-        kernel,
+        tpu_edges.zeroing_first(kernel, *a_edges),
         out_shape=out_shape,
         grid=(mp // bm, np_ // bn, kcp // j),
         in_specs=[*a_in, b_spec, sb_spec],

@@ -18,6 +18,7 @@ inside:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -57,15 +58,18 @@ def valid_in_last(size: int, block: int) -> int | None:
     return size - (size // block) * block
 
 
-def zeroing_first(kernel: Callable, grid_axis: int, axis: int, valid: int | None) -> Callable:
-    """``kernel`` with its first input block zeroed past ``valid`` along ``axis`` at the
-    grid's last step along ``grid_axis``, before the kernel reads it; ``kernel`` itself
-    where ``valid`` is None."""
-    if valid is None:
+def zeroing_first(kernel: Callable, *edges: tuple[int, int, int | None]) -> Callable:
+    """``kernel`` with its first input block zeroed, before it reads it, past each edge
+    ``(grid_axis, axis, valid)``: from ``valid`` on along the block's ``axis`` at the
+    grid's last step along ``grid_axis``.  Edges whose ``valid`` is None (the blocks
+    divide the axis) are left out; ``kernel`` itself where none is left."""
+    edges = tuple(e for e in edges if e[2] is not None)
+    if not edges:
         return kernel
 
     def run(x_ref, *refs):
-        at_last(grid_axis, lambda: zero_past(x_ref, axis, valid))
+        for grid_axis, axis, valid in edges:
+            at_last(grid_axis, functools.partial(zero_past, x_ref, axis, valid))
         kernel(x_ref, *refs)
 
     return run

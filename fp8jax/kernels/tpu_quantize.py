@@ -38,10 +38,11 @@ is (128 g, 128 h); each of its 128 x 128 squares holds whole tiles of both
 kinds, so both are quantized there.  Its 1x128 tiles' scales are written
 transposed, (C/128, R), the form the GEMM kernel reads them in.
 
-Rows that are not a multiple of the blocks are padded with zeros (a zero
-changes no amax) and the outputs cropped; columns are taken in place, the
-last column block running past C (:mod:`fp8jax.kernels.tpu_edges`), zeroed
-there before the 1x128 tiles' and 128x128 blocks' amax.  ``interpret=True`` runs the kernel
+Shapes that are not multiples of the blocks are taken in place, the last
+row and column blocks running past x's edges
+(:mod:`fp8jax.kernels.tpu_edges`): zeroed there before the amax of a group
+that crosses an edge (a zero changes no amax), and their codes and scales
+there never written back.  ``interpret=True`` runs the kernel
 in Pallas' TPU interpret mode (the tests, on CPU).
 """
 
@@ -400,14 +401,13 @@ def quantize_2d(
     fmt = jnp.dtype(fmt)
     r, c = x.shape
     bm, bn = _blocks(r, c, orient, jnp.dtype(x.dtype).itemsize)
-    rp, cp = round_up(r, bm), round_up(c, bn)
-    # Rows padded; columns taken in place, the last column block past C (tpu_edges).
-    xp = _pad_to(x, (rp, c), 0)
+    # x taken in place: the last row and column blocks run past its edges (tpu_edges).
+    grid = (cdiv(r, bm), cdiv(c, bn))
     kw = dict(fmt=fmt, pow2=pow2, amax_floor=amax_floor, ue8m0=ue8m0)
     if orient == "row":
         kernel = functools.partial(row_kernel, groups=bn // GROUP, **kw)
-        s_shape, s_block = (rp, cdiv(c, GROUP)), (bm, bn // GROUP)
-        grid = (rp // bm,)
+        s_shape, s_block = (r, cdiv(c, GROUP)), (bm, bn // GROUP)
+        grid = grid[:1]
         x_spec = pl.BlockSpec((bm, bn), lambda i: (i, 0))
         s_spec = pl.BlockSpec(s_block, lambda i: (i, 0))
     else:
@@ -417,32 +417,32 @@ def quantize_2d(
             kernel = functools.partial(
                 block_kernel, groups=bm // GROUP, col_groups=bn // GROUP, **kw
             )
-        s_shape, s_block = (rp // GROUP, c), (bm // GROUP, bn)
-        grid = (rp // bm, cp // bn)
+        s_shape, s_block = (cdiv(r, GROUP), c), (bm // GROUP, bn)
         x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
         s_spec = pl.BlockSpec(s_block, lambda i, j: (i, j))
-    if orient != "col":
-        # A 1x128 tile's or 128x128 block's amax across C's edge: zeros past it.
-        # (A 128x1 tile past the edge is a column of its own, never written.)
-        valid = tpu_edges.valid_in_last(c, bn)
-        kernel = tpu_edges.zeroing_first(kernel, len(grid) - 1, 1, valid)
+    # A group's amax across an edge reduces over zeros past it: 1x128 tiles across
+    # C's, 128x1 tiles across R's, 128x128 blocks across both.  (A row or column past
+    # the edge that is a tile of its own is never written back.)
+    rows_edge = (0, 0, tpu_edges.valid_in_last(r, bm) if orient != "row" else None)
+    cols_edge = (len(grid) - 1, 1, tpu_edges.valid_in_last(c, bn) if orient != "col" else None)
+    kernel = tpu_edges.zeroing_first(kernel, rows_edge, cols_edge)
     params = None
     if not interpret:
         params = compiler_params(("parallel",) * len(grid))
     codes, scales = pl.pallas_call(
         kernel,
         out_shape=(
-            jax.ShapeDtypeStruct((rp, c), fmt),
+            jax.ShapeDtypeStruct((r, c), fmt),
             jax.ShapeDtypeStruct(s_shape, jnp.float32),
         ),
         grid=grid,
         in_specs=[x_spec],
         out_specs=(x_spec, s_spec),
         compiler_params=params,
-        cost_estimate=cost_estimate(rp, c, jnp.dtype(x.dtype).itemsize),
+        cost_estimate=cost_estimate(r, c, jnp.dtype(x.dtype).itemsize),
         interpret=pltpu.InterpretParams() if interpret else False,
         name=f"fp8_quantize_{orient}",
-    )(xp)
+    )(x)
     return crop(orient, codes, scales, r, c)
 
 
@@ -490,9 +490,6 @@ def quantize_rows_cols(
     fmt = jnp.dtype(fmt)
     r, c = x.shape
     bm, bn = _dual_block(r), _dual_block(c)
-    rp, cp = round_up(r, bm), round_up(c, bn)
-    # Rows padded; columns taken in place, the last column block past C (tpu_edges).
-    xp = _pad_to(x, (rp, c), 0)
     kernel = functools.partial(
         rows_cols_kernel,
         groups=bm // GROUP,
@@ -503,18 +500,21 @@ def quantize_rows_cols(
         ue8m0=ue8m0,
         looped=True,
     )
-    # The 1x128 tiles' amax across C's edge: zeros past it.
-    kernel = tpu_edges.zeroing_first(kernel, 1, 1, tpu_edges.valid_in_last(c, bn))
+    # x taken in place (tpu_edges): the 128x1 tiles' amax across R's edge and the 1x128
+    # tiles' across C's reduce over zeros past them.
+    kernel = tpu_edges.zeroing_first(
+        kernel, (0, 0, tpu_edges.valid_in_last(r, bm)), (1, 1, tpu_edges.valid_in_last(c, bn))
+    )
     x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
     row_codes, row_scales_t, col_codes, col_scales = pl.pallas_call(
         kernel,
         out_shape=(
-            jax.ShapeDtypeStruct((rp, c), fmt),
-            jax.ShapeDtypeStruct((cdiv(c, GROUP), rp), jnp.float32),
-            jax.ShapeDtypeStruct((rp, c), fmt),
-            jax.ShapeDtypeStruct((rp // GROUP, c), jnp.float32),
+            jax.ShapeDtypeStruct((r, c), fmt),
+            jax.ShapeDtypeStruct((cdiv(c, GROUP), r), jnp.float32),
+            jax.ShapeDtypeStruct((r, c), fmt),
+            jax.ShapeDtypeStruct((cdiv(r, GROUP), c), jnp.float32),
         ),
-        grid=(rp // bm, cp // bn),
+        grid=(cdiv(r, bm), cdiv(c, bn)),
         in_specs=[x_spec],
         out_specs=(
             x_spec,
@@ -523,10 +523,10 @@ def quantize_rows_cols(
             pl.BlockSpec((bm // GROUP, bn), lambda i, j: (i, j)),
         ),
         compiler_params=None if interpret else compiler_params(("parallel", "parallel")),
-        cost_estimate=cost_estimate(rp, c, jnp.dtype(x.dtype).itemsize, layouts=2),
+        cost_estimate=cost_estimate(r, c, jnp.dtype(x.dtype).itemsize, layouts=2),
         interpret=pltpu.InterpretParams() if interpret else False,
         name="fp8_quantize_rows_cols",
-    )(xp)
+    )(x)
     return (
         row_codes[:r, :c],
         row_scales_t[: cdiv(c, GROUP), :r].T,
