@@ -384,11 +384,13 @@ def test_k_steps_take_runs_that_divide_k(kc, runs, want):
 
 @pytest.mark.parametrize("orient", ["nn", "nt", "tn"])
 @pytest.mark.parametrize("k", [1536, 1300])
-def test_k_steps_of_six_runs_keep_the_values(orient, k):
+def test_k_steps_of_six_runs_keep_the_values(monkeypatch, orient, k):
     # K 1536: two K steps of 6 runs, each step's scales padded to 8 rows.
     # K 1300: 11 runs in two steps of 6, taken in place: the last step's
     # blocks run past K (its 5th run 20 long, its 6th wholly outside), where
-    # interpret mode reads NaN unless the kernel zeroes them.
+    # interpret mode reads NaN unless the kernel zeroes them.  (Steps kept:
+    # no VMEM for all of K in one step, _one_step.)
+    monkeypatch.setattr(tg, "ONE_STEP_CODES", 0)
     m, n = 40, 130
     a, sa, b, sb = make_case(k + len(orient), m, k, n)
     kw = dict(block_m=128, block_n=128, interpret=True, out_dtype=jnp.float32)
@@ -471,6 +473,42 @@ def test_one_k_step_gives_the_k_steps_bits(monkeypatch, orient, m, block_m):
     assert_close(one_step, a, sa, b, sb, jnp.float32)
     monkeypatch.setattr(tg, "_resident_a_blocks", lambda *_: None)
     np.testing.assert_array_equal(np.asarray(call(*args)), np.asarray(one_step))
+
+
+@pytest.mark.parametrize(
+    "kc, bm, bn, want",
+    [
+        (17, 2048, 1792, True),
+        (16, 2048, 1792, False),
+        (8, 128, 128, False),
+        (17, 4096, 4096, False),
+    ],
+)
+def test_an_unaligned_k_is_one_step_where_its_codes_fit(kc, bm, bn, want):
+    # K 2112 (17 runs) by 2048 x 1792 blocks: 15.9 MiB of codes double-buffered;
+    # 16 runs are steps of 8 (or the kernel's own copy of A); 4096 x 4096 blocks
+    # hold too much.
+    assert tg._one_step(kc, 8, bm, bn, 128) == want
+
+
+@pytest.mark.parametrize("orient", ["nn", "nt", "tn"])
+def test_one_step_of_an_unaligned_k_keeps_the_values(orient):
+    # K 1300: all 11 runs in one step (A read once per row block), its blocks
+    # past K zeroed; jitted around the kernel.
+    m, k, n = 72, 1300, 130
+    assert tg._one_step(11, 8, *tg._blocks(m, n, 128, 128, orient), 128)
+    a, sa, b, sb = make_case(k + m + len(orient), m, k, n)
+    kw = dict(block_m=128, block_n=128, interpret=True, out_dtype=jnp.float32)
+    if orient == "nn":
+        got = jax.jit(lambda *xs: tg.block_scaled_matmul(*xs, **kw))(a, sa, b, sb)
+    elif orient == "nt":
+        bt, sbt = np.ascontiguousarray(b.T), np.ascontiguousarray(sb.T)
+        got = jax.jit(lambda *xs: tg.block_scaled_matmul_nt(*xs, **kw))(a, sa, bt, sbt)
+    else:
+        sbc = np.repeat(sb, 128, axis=1)[:, :n]
+        at = np.ascontiguousarray(a.T)
+        got = jax.jit(lambda *xs: tg.block_scaled_matmul_tn(*xs, **kw))(at, sa.T, b, sbc)
+    assert_close(got, a, sa, b, sb, jnp.float32)
 
 
 @pytest.mark.parametrize(

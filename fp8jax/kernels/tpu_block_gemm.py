@@ -111,6 +111,10 @@ from fp8jax.kernels.tpu_params import F32_SUBLANES, VMEM_LIMIT, compiler_params
 #: (:data:`ROWS_PER_DOT`); "tn" holds more besides (57.5 MiB on tpu7x).
 DENSE_BLOCK_M = 2048
 DENSE_BLOCK_N = 2048
+#: The VMEM a plain kernel's codes may take, double-buffered, where all of an
+#: unaligned K is one step (:func:`_one_step`): twice that of a step of
+#: :data:`RUNS_PER_STEP` runs by DENSE_BLOCK_M x DENSE_BLOCK_N blocks.
+ONE_STEP_CODES = 16 << 20
 #: The grouped (MoE) kernels' blocks: a tile of rows by BLOCK_N columns, and
 #: BLOCK_M x BLOCK_N for the grouped Wgrad.
 BLOCK_M = 1024
@@ -170,6 +174,17 @@ def _step_runs(kc: int, runs: int) -> int:
     if kc <= runs:
         return kc
     return min(range(1, runs + 1), key=lambda j: (round_up(kc, j) + cdiv(kc, j) / 2, -j))
+
+
+def _one_step(kc: int, runs: int, bm: int, bn: int, run: int) -> bool:
+    """Whether a plain kernel takes all ``kc`` runs in one K step, A through the pipeline:
+    where steps of ``runs`` do not divide K (whose steps would pad K, or take fewer
+    runs each, and read A once per column block) and the step's codes, A's and B's
+    blocks double-buffered, fit :data:`ONE_STEP_CODES`.  A's block index then stays
+    the same across a row block's column blocks, so the pipeline reads A once (K
+    2112, 17 runs, by 2048-row and 1792-column blocks: 15.9 MiB, where three steps
+    of 6 runs read A four times)."""
+    return kc > runs and kc % runs != 0 and 2 * (bm + bn) * kc * run <= ONE_STEP_CODES
 
 
 def _step_rows(j: int, kc: int) -> int:
@@ -612,6 +627,8 @@ def _dense(
         )
     if resident is not None:
         (bm, bn), j = resident, kc
+    elif quant is None and requant is None and _one_step(kc, runs, bm, bn, run):
+        j = kc
     mp, np_, kcp = round_up(m, bm), round_up(n, bn), round_up(kc, j)
     kp, bk = kcp * run, j * run
     # A kernel that takes all of K in one step where it fits (_resident_a_blocks)

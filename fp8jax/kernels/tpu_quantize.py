@@ -38,11 +38,12 @@ is (128 g, 128 h); each of its 128 x 128 squares holds whole tiles of both
 kinds, so both are quantized there.  Its 1x128 tiles' scales are written
 transposed, (C/128, R), the form the GEMM kernel reads them in.
 
-Shapes that are not multiples of the blocks are taken in place, the last
-row and column blocks running past x's edges
-(:mod:`fp8jax.kernels.tpu_edges`): zeroed there before the amax of a group
-that crosses an edge (a zero changes no amax), and their codes and scales
-there never written back.  ``interpret=True`` runs the kernel
+Shapes that are not multiples of the blocks: :func:`quantize_2d` and
+:func:`quantize_rows_cols` take x in place, the last row and column blocks
+running past its edges (:mod:`fp8jax.kernels.tpu_edges`), zeroed there
+before the amax of a group that crosses an edge (a zero changes no amax),
+their codes and scales there never written back; :func:`requantize_col`
+pads its codes with zeros and crops its outputs.  ``interpret=True`` runs the kernel
 in Pallas' TPU interpret mode (the tests, on CPU).
 """
 
