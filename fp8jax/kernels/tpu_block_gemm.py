@@ -676,15 +676,11 @@ def _dense(
     # redone for each column block, or once where the requantized A stays (one K step).
     a_work = 60 * kp * mp * (1 if one_step and requant is not None else np_ // bn)
     scratch = a_copy + acc
+    # What every kernel body takes: its K step's runs, the run, K's edge.
+    steps = dict(j=j, run=run, k_valid=k_valid)
     if quant is not None:
         kernel = functools.partial(
-            _quantizing_kernel,
-            j=j,
-            run=run,
-            quant=dict(quant),
-            orient=orient,
-            cols=col_codes,
-            k_valid=k_valid,
+            _quantizing_kernel, quant=dict(quant), orient=orient, cols=col_codes, **steps
         )
         a_in, a_args = [a_spec], [a_p]
         rows = _step_rows(j, kcp)
@@ -748,22 +744,14 @@ def _dense(
             bytes_accessed=cost.bytes_accessed + a_extra + written,
         )
     elif requant is None:
-        kernel = functools.partial(_dense_kernel, j=j, orient=orient, run=run, k_valid=k_valid)
+        kernel = functools.partial(_dense_kernel, orient=orient, **steps)
         sa_p, sa_spec = _step_scales(_pad_to(sa_t, (kcp, mp), 1.0), j, bm, lambda i, jn: i)
         if fetch:
-            kernel = functools.partial(
-                _fetch_a_kernel, j=j, orient=orient, run=run, k_valid=k_valid
-            )
+            kernel = functools.partial(_fetch_a_kernel, orient=orient, **steps)
         a_in, a_args = [a_spec, sa_spec], [a_p, sa_p]
     else:
         kernel = functools.partial(
-            _requant_tn_kernel,
-            j=j,
-            run=run,
-            requant=dict(requant),
-            once=one_step,
-            fetch=fetch,
-            k_valid=k_valid,
+            _requant_tn_kernel, requant=dict(requant), once=one_step, fetch=fetch, **steps
         )
         a_in, a_args = _requant_inputs(a_spec, a_p, sa_t, flag, kp, mp, bk, bm)
         # The block's new codes and scales, in VMEM only.
