@@ -136,3 +136,47 @@ def test_a_quantizers_tiles_across_the_edge_take_the_values_inside_alone(orient,
         scales = scales[:, : want.scale.shape[1]]
     np.testing.assert_array_equal(_bits(codes), _bits(want.data))
     np.testing.assert_array_equal(_bits(scales[: want.scale.shape[0]]), _bits(want.scale))
+
+
+@pytest.mark.parametrize("orient", tq.ORIENTS)
+def test_the_quantizers_edges_reach_every_block_across_them(orient):
+    # x of 200 x 200 in 128 x 256 blocks (row: whole rows), two row blocks, as
+    # quantize_2d zeroes them (tq.edges): an array of 256 x 256 whose rows and
+    # columns from 200 on hold large values stands for the VMEM past x's edges.
+    # Every row block's 1x128 tiles cross column 200, the last row block's 128x1
+    # tiles row 200, and the 128x128 blocks both.
+    valid, bm, bn = 200, 128, 256
+    x = _with_far_values_past(valid, (256, 256), jnp.bfloat16, 1)
+    x = np.where(np.arange(256)[:, None] >= valid, x * 16384, x).astype(x.dtype)
+    kw = dict(fmt=jnp.dtype(E4M3), pow2=False, amax_floor=0.0, ue8m0=False)
+    body = {
+        "row": functools.partial(tq.row_kernel, groups=2, **kw),
+        "col": functools.partial(tq.col_kernel, groups=1, **kw),
+        "block": functools.partial(tq.block_kernel, groups=1, col_groups=2, **kw),
+    }[orient]
+    kernel = tpu_edges.zeroing_first(body, *tq.edges(orient, valid, valid, bm, bn))
+    s_block = (bm, 2) if orient == "row" else (1, bn)
+    codes, scales = pl.pallas_call(
+        kernel,
+        out_shape=(
+            jax.ShapeDtypeStruct(x.shape, E4M3),
+            jax.ShapeDtypeStruct(
+                (256, 2) if orient == "row" else (2, 256),
+                jnp.float32,
+            ),
+        ),
+        grid=(2, 1),
+        in_specs=[pl.BlockSpec((bm, bn), lambda i, j: (i, j))],
+        out_specs=(
+            pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
+            pl.BlockSpec(s_block, lambda i, j: (i, j)),
+        ),
+        interpret=INTERPRET,
+    )(x)
+    granularity, axis = {"row": ("tile", -1), "col": ("tile", 0), "block": ("block", -1)}[orient]
+    want = quant.quantize(jnp.asarray(x[:valid, :valid]), E4M3, granularity, axis=axis)
+    if orient == "block":
+        scales = scales[:, ::128]
+    np.testing.assert_array_equal(_bits(codes[:valid, :valid]), _bits(want.data))
+    got_s = scales[: want.scale.shape[0], : want.scale.shape[1]]
+    np.testing.assert_array_equal(_bits(got_s), _bits(want.scale))

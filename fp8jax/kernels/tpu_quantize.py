@@ -421,12 +421,7 @@ def quantize_2d(
         s_shape, s_block = (cdiv(r, GROUP), c), (bm // GROUP, bn)
         x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
         s_spec = pl.BlockSpec(s_block, lambda i, j: (i, j))
-    # A group's amax across an edge reduces over zeros past it: 1x128 tiles across
-    # C's, 128x1 tiles across R's, 128x128 blocks across both.  (A row or column past
-    # the edge that is a tile of its own is never written back.)
-    rows_edge = (0, 0, tpu_edges.valid_in_last(r, bm) if orient != "row" else None)
-    cols_edge = (len(grid) - 1, 1, tpu_edges.valid_in_last(c, bn) if orient != "col" else None)
-    kernel = tpu_edges.zeroing_first(kernel, rows_edge, cols_edge)
+    kernel = tpu_edges.zeroing_first(kernel, *edges(orient, r, c, bm, bn))
     params = None
     if not interpret:
         params = compiler_params(("parallel",) * len(grid))
@@ -445,6 +440,19 @@ def quantize_2d(
         name=f"fp8_quantize_{orient}",
     )(x)
     return crop(orient, codes, scales, r, c)
+
+
+def edges(orient: str, r: int, c: int, bm: int, bn: int) -> tuple[tuple, tuple]:
+    """``quantize_2d``'s edges of an (r, c) x in (bm, bn) blocks, as
+    :func:`fp8jax.kernels.tpu_edges.zeroing_first` takes them: a group's amax across an
+    edge reduces over zeros past it, 1x128 tiles across C's (every row block's
+    block of whole rows), 128x1 tiles across R's (the last row block), 128x128
+    blocks across both (the last row or column block).  A row or column past the
+    edge that is a tile of its own is never written back: nothing to zero."""
+    if orient == "row":
+        return (None, 1, tpu_edges.valid_in_last(c, bn)), (0, 0, None)
+    cols = tpu_edges.valid_in_last(c, bn) if orient == "block" else None
+    return (0, 0, tpu_edges.valid_in_last(r, bm)), (1, 1, cols)
 
 
 def crop(orient: str, codes: jax.Array, scales: jax.Array, r: int, c: int):
