@@ -56,8 +56,9 @@ an output column (row) is computed from B's column (A's row) alone and its
 part past the edge never written back, and a block whose K run crosses K's
 edge is zeroed past it before its dots (or its quantization in the
 kernel).  Only an A the kernel copies whole itself (one K step) is padded
-with zeros, and the scales (small) with ones (inert).  Where the block sizes exceed a small operand they
-shrink to it (rounded up to the hardware tiles).
+with zeros, and the scales (small) with ones (inert).  Where the block
+sizes exceed a small operand they shrink to it (rounded up to the hardware
+tiles).
 
 The grouped kernel (MoE experts) reads the expert-aligned layout the GEMM
 core builds (``fp8jax.groups.group_layout``): rows sorted by expert in tiles

@@ -43,8 +43,8 @@ Shapes that are not multiples of the blocks: :func:`quantize_2d` and
 running past its edges (:mod:`fp8jax.kernels.tpu_edges`), zeroed there
 before the amax of a group that crosses an edge (a zero changes no amax),
 their codes and scales there never written back; :func:`requantize_col`
-pads its codes with zeros and crops its outputs.  ``interpret=True`` runs the kernel
-in Pallas' TPU interpret mode (the tests, on CPU).
+pads its codes with zeros and crops its outputs.  ``interpret=True`` runs
+the kernel in Pallas' TPU interpret mode (the tests, on CPU).
 """
 
 from __future__ import annotations
@@ -456,7 +456,8 @@ def edges(orient: str, r: int, c: int, bm: int, bn: int) -> tuple[tuple, tuple]:
 
 
 def crop(orient: str, codes: jax.Array, scales: jax.Array, r: int, c: int):
-    """A padded kernel's (codes, scales) of an (r, c) input cut to ``quantize_2d``'s shapes."""
+    """A kernel's (codes, scales) of an (r, c) input cut to ``quantize_2d``'s shapes (the
+    codes already are; a 128x128 block's scale, written over its 128 columns, kept once)."""
     codes = codes[:r, :c]
     if orient == "row":
         return codes, scales[:r, : cdiv(c, GROUP)]
@@ -510,10 +511,8 @@ def quantize_rows_cols(
         looped=True,
     )
     # x taken in place (tpu_edges): the 128x1 tiles' amax across R's edge and the 1x128
-    # tiles' across C's reduce over zeros past them.
-    kernel = tpu_edges.zeroing_first(
-        kernel, (0, 0, tpu_edges.valid_in_last(r, bm)), (1, 1, tpu_edges.valid_in_last(c, bn))
-    )
+    # tiles' across C's reduce over zeros past them, as 128x128 blocks' do.
+    kernel = tpu_edges.zeroing_first(kernel, *edges("block", r, c, bm, bn))
     x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
     row_codes, row_scales_t, col_codes, col_scales = pl.pallas_call(
         kernel,
