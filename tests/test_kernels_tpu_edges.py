@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from test_kernels_tpu_quantize import _bits
 
 from fp8jax import quant
 from fp8jax.kernels import tpu_edges
@@ -60,7 +61,7 @@ def test_zero_past_zeroes_the_block_from_valid_on(dtype, axis, valid):
     np.testing.assert_array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8))
 
 
-def test_zeroing_first_acts_at_the_last_grid_step_only():
+def test_zeroing_acts_at_the_last_grid_step_only():
     # Two column blocks of 128: the first is left as it is, the second zeroed
     # from its 72nd column on.
     x = _with_far_values_past(200, (32, 256), np.float32)
@@ -68,7 +69,7 @@ def test_zeroing_first_acts_at_the_last_grid_step_only():
     def copy(x_ref, o_ref):
         o_ref[...] = x_ref[...]
 
-    kernel = tpu_edges.zeroing_first(copy, (1, 1, tpu_edges.valid_in_last(200, 128)))
+    kernel = tpu_edges.zeroing(copy, (1, 1, tpu_edges.valid_in_last(200, 128)))
     spec = pl.BlockSpec((32, 128), lambda i, j: (i, j))
     got = pl.pallas_call(
         kernel,
@@ -86,11 +87,6 @@ def test_zeroing_first_acts_at_the_last_grid_step_only():
 )
 def test_valid_in_last(size, block, want):
     assert tpu_edges.valid_in_last(size, block) == want
-
-
-def _bits(a) -> np.ndarray:
-    a = np.asarray(a)
-    return a.view({1: np.uint8, 4: np.uint32}[a.dtype.itemsize])
 
 
 @pytest.mark.parametrize("orient, axis", [("row", 1), ("block", 1), ("col", 0), ("block", 0)])
@@ -111,7 +107,7 @@ def test_a_quantizers_tiles_across_the_edge_take_the_values_inside_alone(orient,
     else:
         body = functools.partial(tq.block_kernel, groups=2, col_groups=2, **kw)
         s_shape = (2, 256)
-    kernel = tpu_edges.zeroing_first(body, (0, axis, valid))
+    kernel = tpu_edges.zeroing(body, (0, axis, valid))
     codes, scales = pl.pallas_call(
         kernel,
         out_shape=(
@@ -154,7 +150,7 @@ def test_the_quantizers_edges_reach_every_block_across_them(orient):
         "col": functools.partial(tq.col_kernel, groups=1, **kw),
         "block": functools.partial(tq.block_kernel, groups=1, col_groups=2, **kw),
     }[orient]
-    kernel = tpu_edges.zeroing_first(body, *tq.edges(orient, valid, valid, bm, bn))
+    kernel = tpu_edges.zeroing(body, *tq.edges(orient, valid, valid, bm, bn))
     s_block = (bm, 2) if orient == "row" else (1, bn)
     codes, scales = pl.pallas_call(
         kernel,

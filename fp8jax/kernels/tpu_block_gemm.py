@@ -395,7 +395,6 @@ def _requant_tn_kernel(
     requant,
     once,
     fetch,
-    k_valid=None,
 ):
     """ "tn" with A the FP8 cache in 1x128 tiles along M: the block's tiles are quantized
     again in 128-token tiles into VMEM (``q_ref`` codes, ``s_ref`` (j, bm) scales: the
@@ -430,27 +429,19 @@ def _requant_tn_kernel(
         pl.when(pl.program_id(1) == 0)(lambda: requantize(a_ref))
     else:
         requantize(a_ref)
-    _dense_kernel(
-        q_ref, s_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient="tn", run=run, k_valid=k_valid
-    )
+    _dense_kernel(q_ref, s_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient="tn", run=run)
 
 
-def _fetch_a_kernel(
-    a_hbm, sa_ref, b_ref, sb_ref, o_ref, a_ref, sem, *acc, j, orient, run, k_valid=None
-):
+def _fetch_a_kernel(a_hbm, sa_ref, b_ref, sb_ref, o_ref, a_ref, sem, *acc, j, orient, run):
     """A plain kernel whose grid has one K step, with A left in HBM (``a_hbm``): each row
     block's A is copied into ``a_ref`` at its first column block
     (:func:`_copy_row_block`), and the row block's column blocks, in order, read it
     from there."""
     pl.when(pl.program_id(1) == 0)(lambda: _copy_row_block(a_hbm, a_ref, sem, orient))
-    _dense_kernel(
-        a_ref, sa_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient=orient, run=run, k_valid=k_valid
-    )
+    _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient=orient, run=run)
 
 
-def _quantizing_kernel(
-    x_ref, b_ref, sb_ref, o_ref, *refs, j, run, quant, orient, cols=False, k_valid=None
-):
+def _quantizing_kernel(x_ref, b_ref, sb_ref, o_ref, *refs, j, run, quant, orient, cols=False):
     """ "nn" or "nt" with A unquantized (x, or dy): the block's 1x128 tiles are quantized
     into ``q_ref`` and ``st_ref`` (j, bm) (the quantizer's body, the same bits), output
     blocks (x's codes for the Wgrad's cache) or VMEM scratch, then accumulated from
@@ -470,27 +461,10 @@ def _quantizing_kernel(
         looped=True,
         **quant,
     )
-    _dense_kernel(
-        q_ref, st_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient=orient, run=run, k_valid=k_valid
-    )
+    _dense_kernel(q_ref, st_ref, b_ref, sb_ref, o_ref, *acc, j=j, orient=orient, run=run)
 
 
-def _dense_kernel(
-    a_ref,
-    sa_ref,
-    b_ref,
-    sb_ref,
-    o_ref,
-    *scratch,
-    j: int,
-    orient: str,
-    run: int,
-    k_valid: int | None = None,
-):
-    """``k_valid``: B is taken in place along K, whose last step's block runs past it
-    (``k_valid`` elements of it inside): zeroed past it first
-    (:mod:`fp8jax.kernels.tpu_edges`; A's codes are zero there too, padded or
-    zeroed by the caller), so those runs add zeros."""
+def _dense_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *scratch, j: int, orient: str, run: int):
     # A float32 output block is its own accumulator (it stays in VMEM across
     # the K steps); any other output gets a float32 scratch accumulator.
     acc_ref = scratch[0] if scratch else o_ref
@@ -499,11 +473,6 @@ def _dense_kernel(
     @pl.when(k == 0)
     def _init():
         acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    if k_valid is not None:
-        # An FP8 code past K may be a NaN, and 0 x NaN is NaN.
-        b_axis = 1 if orient == "nt" else 0
-        tpu_edges.at_last(2, functools.partial(tpu_edges.zero_past, b_ref, b_axis, k_valid))
 
     _accumulate(a_ref, sa_ref, b_ref, sb_ref, acc_ref, j=j, orient=orient, run=run)
 
@@ -651,7 +620,6 @@ def _dense(
         a_edges.append((2, 0 if orient == "tn" else 1, k_valid))
         if col_codes:
             a_edges.append((0, 0, tpu_edges.valid_in_last(m, bm)))
-    b_p = b
     sb_p, sb_spec = _step_scales(_pad_to(sb_cols, (kcp, np_), 1.0), j, bn, lambda i, jn: jn)
     one_step = kcp == j and quant is None
     cost = cost_estimate(mp, np_, kp, bm, bn, out_dtype, run, resident_a=one_step)
@@ -677,11 +645,9 @@ def _dense(
     # redone for each column block, or once where the requantized A stays (one K step).
     a_work = 60 * kp * mp * (1 if one_step and requant is not None else np_ // bn)
     scratch = a_copy + acc
-    # What every kernel body takes: its K step's runs, the run, K's edge.
-    steps = dict(j=j, run=run, k_valid=k_valid)
     if quant is not None:
         kernel = functools.partial(
-            _quantizing_kernel, quant=dict(quant), orient=orient, cols=col_codes, **steps
+            _quantizing_kernel, j=j, run=run, quant=dict(quant), orient=orient, cols=col_codes
         )
         a_in, a_args = [a_spec], [a_p]
         rows = _step_rows(j, kcp)
@@ -745,14 +711,14 @@ def _dense(
             bytes_accessed=cost.bytes_accessed + a_extra + written,
         )
     elif requant is None:
-        kernel = functools.partial(_dense_kernel, orient=orient, **steps)
+        kernel = functools.partial(_dense_kernel, j=j, orient=orient, run=run)
         sa_p, sa_spec = _step_scales(_pad_to(sa_t, (kcp, mp), 1.0), j, bm, lambda i, jn: i)
         if fetch:
-            kernel = functools.partial(_fetch_a_kernel, orient=orient, **steps)
+            kernel = functools.partial(_fetch_a_kernel, j=j, orient=orient, run=run)
         a_in, a_args = [a_spec, sa_spec], [a_p, sa_p]
     else:
         kernel = functools.partial(
-            _requant_tn_kernel, requant=dict(requant), once=one_step, fetch=fetch, **steps
+            _requant_tn_kernel, j=j, run=run, requant=dict(requant), once=one_step, fetch=fetch
         )
         a_in, a_args = _requant_inputs(a_spec, a_p, sa_t, flag, kp, mp, bk, bm)
         # The block's new codes and scales, in VMEM only.
@@ -763,8 +729,12 @@ def _dense(
             flops=cost.flops + a_work, transcendentals=0, bytes_accessed=cost.bytes_accessed
         )
     suffix = "_quantizing" if quant else "_requant" if requant else ""
+    # B zeroed past K in its last K step too (A's codes there are zero, padded or
+    # zeroed): an FP8 code past K may be a NaN, and 0 x NaN is NaN.
+    b_edge = (2, 1 if orient == "nt" else 0, k_valid)
+    kernel = tpu_edges.zeroing(kernel, b_edge, at=len(a_in))
     outs = pl.pallas_call(
-        tpu_edges.zeroing_first(kernel, *a_edges),
+        tpu_edges.zeroing(kernel, *a_edges),
         out_shape=out_shape,
         grid=(mp // bm, np_ // bn, kcp // j),
         in_specs=[*a_in, b_spec, sb_spec],
@@ -778,7 +748,7 @@ def _dense(
         cost_estimate=cost,
         interpret=_interpret(interpret),
         name=f"fp8_block_scaled_matmul_{orient}{suffix}",
-    )(*a_args, b_p, sb_p)
+    )(*a_args, b, sb_p)
     if col_codes:
         scales = outs[2][:, : bm // _LANE].reshape(mp // _LANE, kp)
         return outs[0][:m, :n], outs[1][:m, :k], scales[: cdiv(m, _LANE), :k]

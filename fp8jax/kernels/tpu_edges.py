@@ -58,24 +58,24 @@ def valid_in_last(size: int, block: int) -> int | None:
     return size - (size // block) * block
 
 
-def zeroing_first(kernel: Callable, *edges: tuple[int | None, int, int | None]) -> Callable:
-    """``kernel`` with its first input block zeroed, before it reads it, past each edge
-    ``(grid_axis, axis, valid)``: from ``valid`` on along the block's ``axis`` at the
-    grid's last step along ``grid_axis``, or at every step where ``grid_axis`` is None
-    (one block spans the axis, as a row quantizer's whole rows do).  Edges whose
-    ``valid`` is None (the blocks divide the axis) are left out; ``kernel`` itself
-    where none is left."""
+def zeroing(kernel: Callable, *edges: tuple[int | None, int, int | None], at: int = 0) -> Callable:
+    """``kernel`` with its input block ``at`` (the first by default) zeroed, before it
+    reads it, past each edge ``(grid_axis, axis, valid)``: from ``valid`` on along the
+    block's ``axis`` at the grid's last step along ``grid_axis``, or at every step where
+    ``grid_axis`` is None (one block spans the axis, as a row quantizer's whole rows
+    do).  Edges whose ``valid`` is None (the blocks divide the axis) are left out;
+    ``kernel`` itself where none is left."""
     edges = tuple(e for e in edges if e[2] is not None)
     if not edges:
         return kernel
 
-    def run(x_ref, *refs):
+    def run(*refs):
         for grid_axis, axis, valid in edges:
-            zero = functools.partial(zero_past, x_ref, axis, valid)
+            zero = functools.partial(zero_past, refs[at], axis, valid)
             if grid_axis is None:
                 zero()
             else:
                 at_last(grid_axis, zero)
-        kernel(x_ref, *refs)
+        kernel(*refs)
 
     return run

@@ -421,7 +421,7 @@ def quantize_2d(
         s_shape, s_block = (cdiv(r, GROUP), c), (bm // GROUP, bn)
         x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
         s_spec = pl.BlockSpec(s_block, lambda i, j: (i, j))
-    kernel = tpu_edges.zeroing_first(kernel, *edges(orient, r, c, bm, bn))
+    kernel = tpu_edges.zeroing(kernel, *edges(orient, r, c, bm, bn))
     params = None
     if not interpret:
         params = compiler_params(("parallel",) * len(grid))
@@ -444,7 +444,7 @@ def quantize_2d(
 
 def edges(orient: str, r: int, c: int, bm: int, bn: int) -> tuple[tuple, tuple]:
     """``quantize_2d``'s edges of an (r, c) x in (bm, bn) blocks, as
-    :func:`fp8jax.kernels.tpu_edges.zeroing_first` takes them: a group's amax across an
+    :func:`fp8jax.kernels.tpu_edges.zeroing` takes them: a group's amax across an
     edge reduces over zeros past it, 1x128 tiles across C's (every row block's
     block of whole rows), 128x1 tiles across R's (the last row block), 128x128
     blocks across both (the last row or column block).  A row or column past the
@@ -512,7 +512,7 @@ def quantize_rows_cols(
     )
     # x taken in place (tpu_edges): the 128x1 tiles' amax across R's edge and the 1x128
     # tiles' across C's reduce over zeros past them, as 128x128 blocks' do.
-    kernel = tpu_edges.zeroing_first(kernel, *edges("block", r, c, bm, bn))
+    kernel = tpu_edges.zeroing(kernel, *edges("block", r, c, bm, bn))
     x_spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
     row_codes, row_scales_t, col_codes, col_scales = pl.pallas_call(
         kernel,
